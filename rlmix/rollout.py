@@ -1,0 +1,132 @@
+"""The rollout record: what crosses from a sampler to the trainer.
+
+Everything per token is a tensor; nothing per token is a Python object (rendering 128
+candidates per token as objects is what makes some systems 3x slower). Shapes:
+
+    B  sequences in the batch
+    P  longest prompt            (prompts right-padded with ``pad_id``)
+    T  longest completion        (completions right-padded; ``mask`` marks real tokens)
+    K  top-K candidate slots     (-1 / -inf padding)
+    S  recorded sampling-support slots (-1 / 0.0 padding)
+
+Log-prob semantics (corrections.md §4): ``sampler_logprobs[b, t]`` is log q(a) under the
+distribution the token was actually drawn from (temperature applied, and renormalised over
+the kept set when top-p/top-k truncated it). ``head_logprobs`` are log-probs under the
+sampler's FULL-vocabulary softmax at the same temperature (not renormalised over the head).
+``support_probs`` are post-filter probabilities over the kept set (each row sums to 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How a sampler draws tokens. One instance per pool; constant for the whole run."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    max_new_tokens: int = 32
+    num_candidates: int = 0  # K: record the top-K candidates per token (0 = none)
+    support_slots: int = 0  # S: record up to S support slots when top_p < 1 or top_k > 0
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+    @property
+    def truncates(self) -> bool:
+        return self.top_p < 1.0 or self.top_k > 0
+
+
+@dataclass
+class Rollouts:
+    """B sampled completions with everything the trainer needs to correct for the sampler."""
+
+    prompt_ids: torch.Tensor  # (B, P) int64, right-padded
+    prompt_lens: torch.Tensor  # (B,) int64
+    completion_ids: torch.Tensor  # (B, T) int64, right-padded
+    mask: torch.Tensor  # (B, T) bool: tokens the sampler generated (the loss mask)
+    sampler_logprobs: torch.Tensor  # (B, T) float32, 0 where ~mask
+    policy_version: torch.Tensor  # (B,) int64: weight version that generated each sequence
+    pool: tuple[str, ...]  # (B,) pool name of the sampler that produced each sequence
+    finish_reason: tuple[str, ...]  # (B,) FINISH_STOP | FINISH_LENGTH
+    temperature: float = 1.0
+    head_ids: torch.Tensor | None = None  # (B, T, K) int64, -1 padding
+    head_logprobs: torch.Tensor | None = None  # (B, T, K) float32, -inf padding
+    support_ids: torch.Tensor | None = None  # (B, T, S) int64, -1 padding
+    support_probs: torch.Tensor | None = None  # (B, T, S) float32, 0 padding
+    # Filled in by the task after scoring; the sampler leaves the defaults.
+    task_ids: tuple[str, ...] = ()
+    group_ids: torch.Tensor | None = None  # (B,) int64: samples of one prompt share a group
+    rewards: torch.Tensor | None = None  # (B,) float32
+    format_ok: torch.Tensor | None = None  # (B,) bool
+    gen_time_s: float = 0.0
+    tags: dict[str, str] = field(default_factory=dict)  # accelerator, precision, kernel, backend
+
+    def __len__(self) -> int:
+        return self.completion_ids.shape[0]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.mask.sum())
+
+    def replace(self, **changes) -> Rollouts:
+        return dataclasses.replace(self, **changes)
+
+
+def _pad_cat(tensors: list[torch.Tensor | None], value: float | int) -> torch.Tensor | None:
+    """Concatenate along dim 0, right-padding every other dim to the largest size."""
+    if any(t is None for t in tensors):
+        if all(t is None for t in tensors):
+            return None
+        raise ValueError("cannot concatenate rollouts where only some carry an optional field")
+    if tensors[0].dim() == 1:
+        return torch.cat(tensors)
+    shape = [max(t.shape[d] for t in tensors) for d in range(1, tensors[0].dim())]
+    out = []
+    for t in tensors:
+        pad: list[int] = []
+        for d in reversed(range(1, t.dim())):
+            pad += [0, shape[d - 1] - t.shape[d]]
+        out.append(torch.nn.functional.pad(t, pad, value=value))
+    return torch.cat(out)
+
+
+def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
+    """Concatenate rollouts from several requests (and pools) into one training batch."""
+    if not parts:
+        raise ValueError("nothing to concatenate")
+    temps = {p.temperature for p in parts}
+    if len(temps) != 1:
+        raise ValueError(f"rollouts sampled at different temperatures {sorted(temps)} cannot share a batch")
+
+    def cat(name: str, value: float | int) -> torch.Tensor | None:
+        return _pad_cat([getattr(p, name) for p in parts], value)
+
+    return Rollouts(
+        prompt_ids=cat("prompt_ids", pad_id),
+        prompt_lens=cat("prompt_lens", 0),
+        completion_ids=cat("completion_ids", pad_id),
+        mask=cat("mask", False),
+        sampler_logprobs=cat("sampler_logprobs", 0.0),
+        policy_version=cat("policy_version", 0),
+        pool=sum((p.pool for p in parts), ()),
+        finish_reason=sum((p.finish_reason for p in parts), ()),
+        temperature=parts[0].temperature,
+        head_ids=cat("head_ids", -1),
+        head_logprobs=cat("head_logprobs", float("-inf")),
+        support_ids=cat("support_ids", -1),
+        support_probs=cat("support_probs", 0.0),
+        task_ids=sum((p.task_ids for p in parts), ()),
+        group_ids=cat("group_ids", 0),
+        rewards=cat("rewards", 0.0),
+        format_ok=cat("format_ok", False),
+        gen_time_s=sum(p.gen_time_s for p in parts),
+    )

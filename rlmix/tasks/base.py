@@ -1,0 +1,32 @@
+"""The task interface: prompts in, verifiable rewards out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Problem:
+    task_id: str
+    prompt: str  # the text the policy continues
+    difficulty: int
+    payload: object = None  # task-private data (hidden tests); never shown to the policy
+
+
+@dataclass(frozen=True)
+class Score:
+    reward: float  # 1.0 iff the answer is well-formed and correct
+    format_ok: bool  # False is a format error, counted apart from a wrong answer
+
+
+class Task(Protocol):
+    name: str
+
+    def sample(self, n: int, seed: int) -> list[Problem]:
+        """n training problems, deterministic in seed."""
+
+    def split(self, name: str) -> list[Problem]:
+        """A fixed evaluation split ("test", "hard51", ...)."""
+
+    def score(self, problem: Problem, completion: str) -> Score: ...
