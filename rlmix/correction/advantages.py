@@ -1,0 +1,29 @@
+"""Group-relative advantages (corrections.md §3.2 defaults, §5 arms).
+
+    A_i = r_i − mean_{j ∈ g(i)} r_j                          (normalize_std=False: sc, sc_mis)
+    A_i = (r_i − mean_g) / (std_g + eps)                     (normalize_std=True: grpo, icepop)
+
+std_g is the sample standard deviation (n − 1 in the denominator, as `torch.std`); a group of one
+has advantage 0.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def group_advantages(rewards: Tensor, group_ids: Tensor, normalize_std: bool, eps: float = 1e-6) -> Tensor:
+    """Per-sample advantages (B,) from rewards (B,) and any integer group labels (B,)."""
+    if rewards.shape != group_ids.shape or rewards.dim() != 1:
+        raise ValueError(f"rewards and group_ids must both be (B,), got {tuple(rewards.shape)}, {tuple(group_ids.shape)}")
+    rewards = rewards.to(torch.promote_types(rewards.dtype, torch.float32))
+    labels, group = torch.unique(group_ids, return_inverse=True)
+    zeros = rewards.new_zeros(labels.shape[0])
+    counts = zeros.index_add(0, group, torch.ones_like(rewards))
+    means = zeros.index_add(0, group, rewards) / counts
+    centred = rewards - means[group]
+    if not normalize_std:
+        return centred
+    var = zeros.index_add(0, group, centred.square()) / (counts - 1.0).clamp_min(1.0)
+    return centred / (var.sqrt()[group] + eps)

@@ -1,0 +1,87 @@
+"""Trainer log-probs of the sampled token and of a candidate set (corrections.md §3.2, §3.3, §4).
+
+Only the sampled column and the K candidate columns are gathered from the logits: the single
+O(V) operation is the log-normaliser (full-vocabulary logsumexp), and with a recorded support
+not even that (the normaliser is over the S support columns).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+LOG_RATIO_CLAMP = 20.0  # §3.3: lr = clamp(log p − log q, −20, 20)
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Per-token candidate set `H` with the sampler's log-probs over it.
+
+    ids:              (N, K) int64, padding slots clamped to column 0 (see `valid`)
+    valid:            (N, K) bool, False at padding (id −1 in the record)
+    sampler_logprobs: (N, K) log q(v); 0 at padding, −inf where q(v) = 0
+    exact:            True when `H` is the recorded sampling support (§4): q has no mass
+                      outside it and the trainer renormalises over it, so there is no tail.
+    """
+
+    ids: Tensor
+    valid: Tensor
+    sampler_logprobs: Tensor
+    exact: bool
+
+
+def head_candidates(head_ids: Tensor, head_logprobs: Tensor) -> Candidates:
+    """Top-K head (§3.2): log-probs under the sampler's full-vocabulary softmax."""
+    valid = head_ids >= 0
+    logq = torch.where(valid, head_logprobs, torch.zeros_like(head_logprobs))
+    return Candidates(head_ids.clamp_min(0), valid, logq, exact=False)
+
+
+def support_candidates(support_ids: Tensor, support_probs: Tensor | None, dtype: torch.dtype) -> Candidates:
+    """Recorded top-p/top-k support (§4): post-filter probabilities, each row summing to 1."""
+    valid = support_ids >= 0
+    if support_probs is None:  # renormalisation only needs the ids
+        logq = torch.zeros(support_ids.shape, dtype=dtype, device=support_ids.device)
+    else:
+        probs = support_probs.to(dtype)
+        logq = torch.where(valid, probs.log(), torch.zeros_like(probs))
+    return Candidates(support_ids.clamp_min(0), valid, logq, exact=True)
+
+
+def gather_logprobs(
+    logits: Tensor, sampled_ids: Tensor, candidates: Candidates | None
+) -> tuple[Tensor, Tensor | None]:
+    """Differentiable `log p(a)` (N,) and `log p(v), v ∈ H` (N, K) (0 at padding).
+
+    Without an exact candidate set: `log p(v) = z_v − logsumexp_V(z)` (full softmax).
+    With a recorded support S: `log p_S(v) = z_v − logsumexp_{u∈S}(z_u)` (§4). A row whose
+    support is empty gets `log p_S(a) = 0` and no gradient (nothing was recorded to learn from).
+    One gather of the (1 + K) columns, so the backward scatter happens once.
+    """
+    ids = sampled_ids[:, None]
+    if candidates is not None:
+        ids = torch.cat([ids, candidates.ids], dim=1)
+    z = logits.gather(1, ids)  # (N, 1 + K)
+    if candidates is not None and candidates.exact:
+        neg_inf = torch.full_like(z[:, :1], float("-inf"))
+        empty = ~candidates.valid.any(dim=1, keepdim=True)
+        # An empty row normalises over {a} alone, so no row is all −inf (whose logsumexp
+        # backward would produce NaN).
+        lse_in = torch.cat(
+            [torch.where(empty, z[:, :1], neg_inf), torch.where(candidates.valid, z[:, 1:], float("-inf"))], dim=1
+        )
+        log_norm = torch.logsumexp(lse_in, dim=1)
+    else:
+        log_norm = torch.logsumexp(logits, dim=1)
+    logp = z - log_norm[:, None]
+    if candidates is None:
+        return logp[:, 0], None
+    # Mask before any multiplication (§3.3): padding slots carry 0, never a stray log-prob.
+    return logp[:, 0], torch.where(candidates.valid, logp[:, 1:], torch.zeros_like(logp[:, 1:]))
+
+
+def log_ratio(trainer_logprobs: Tensor, sampler_logprobs: Tensor) -> Tensor:
+    """`lr = clamp(log p − log q, −20, 20)`, elementwise (§3.3; q underflow gives +20, not inf)."""
+    return (trainer_logprobs - sampler_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)

@@ -1,0 +1,186 @@
+"""Per-token policy-gradient losses with off-policy correction (corrections.md §2–§4).
+
+`token_loss` is the REINFORCE form with an importance weight and optional score centering;
+`ppo_clip_loss` is the PPO-clip objective of the `grpo`/`icepop` arms, with the sampler's
+log-probs as π_old. Both take flattened tokens (N of them) and return a `LossOutput`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from rlmix.correction.centering import centering_coefficients
+from rlmix.correction.diagnostics import centering_stats, kl_k3_per_token, mismatch_stats, weight_stats
+from rlmix.correction.logprobs import (
+    Candidates,
+    gather_logprobs,
+    head_candidates,
+    log_ratio,
+    support_candidates,
+)
+from rlmix.correction.weights import MODES, CorrectionMode, Weight, make_weight, parse_enum
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    """loss: 0-dim, differentiable. stats: 0-dim detached diagnostics (token means over N).
+
+    token_stats: (N,) detached per-token values: `log_ratio` (clamped log p(a) − log q(a)),
+    `kl_k3` (clamped to ≤ 10) and `weight` (the importance weight applied to the token).
+    """
+
+    loss: Tensor
+    stats: dict[str, Tensor]
+    token_stats: dict[str, Tensor]
+
+
+def token_loss(
+    logits: Tensor,
+    sampled_ids: Tensor,
+    sampler_logprobs: Tensor,
+    advantages: Tensor,
+    mode: CorrectionMode | str = CorrectionMode.sc_mis,
+    head_ids: Tensor | None = None,
+    head_logprobs: Tensor | None = None,
+    support_ids: Tensor | None = None,
+    support_probs: Tensor | None = None,
+    low: float = 0.5,
+    high: float = 5.0,
+    cap: float = 2.0,
+    num_tokens: int | Tensor | None = None,
+) -> LossOutput:
+    """Token-mean REINFORCE loss with correction `mode`.
+
+        loss_t = −A_t · ( sg(f(r_a)) · log p(a) − Σ_{v∈H} c_v · log p(v) )      (c = 0 unless SC)
+        loss   = Σ_t loss_t / num_tokens
+
+    logits (N, V) float, already divided by the sampling temperature; sampled_ids (N,) int64;
+    sampler_logprobs (N,) log q(a); advantages (N,) detached. head_ids/head_logprobs (N, K):
+    top-K candidates with full-vocabulary log-probs (−1/−inf padding). support_ids/support_probs
+    (N, S): the recorded sampling support; when given, p is renormalised over it everywhere and
+    it is the SC head with no tail (§4), and any head is ignored. SC modes need a head or a
+    support. `f` is none/TIS(cap)/MIS([low, high]) per §2; `c_v` per §3.2.
+    """
+    spec = MODES[parse_enum(CorrectionMode, mode, "mode")]
+    weight = make_weight(spec.weight, low=low, high=high, cap=cap)
+    logits = _as_float(logits)
+    _check_tokens(logits, sampled_ids, sampler_logprobs, advantages)
+    candidates = _candidates(logits, spec.centered, head_ids, head_logprobs, support_ids, support_probs)
+    logp_a, logp_h = gather_logprobs(logits, sampled_ids, candidates)
+    lr = log_ratio(logp_a.detach(), sampler_logprobs.to(logits.dtype))
+    w = weight.sampled(lr)
+    objective = w * logp_a  # (N,)
+    stats = mismatch_stats(lr)
+    if spec.weight is not Weight.none:
+        stats |= weight_stats(w, weight.masks)
+    if spec.centered:
+        assert candidates is not None and logp_h is not None  # guaranteed by _candidates
+        centering = centering_coefficients(logp_h, candidates.sampler_logprobs, candidates.valid, weight, candidates.exact)
+        objective = objective - (centering.coefficients * logp_h).sum(dim=1)
+        stats |= centering_stats(centering)
+    loss = -(advantages.to(logits.dtype).detach() * objective).sum() / _token_count(num_tokens, sampled_ids)
+    return LossOutput(loss, stats, _token_stats(lr, w))
+
+
+def ppo_clip_loss(
+    logits: Tensor,
+    sampled_ids: Tensor,
+    sampler_logprobs: Tensor,
+    advantages: Tensor,
+    weight: Weight | str = Weight.none,
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+    support_ids: Tensor | None = None,
+    support_probs: Tensor | None = None,
+    low: float = 0.5,
+    high: float = 5.0,
+    cap: float = 2.0,
+    num_tokens: int | Tensor | None = None,
+) -> LossOutput:
+    """PPO-clip with the sampler's log-probs as π_old (the `grpo`/`icepop` arms of §5).
+
+        r      = exp(clamp(log p(a) − log q(a), −20, 20))                (differentiable)
+        loss_t = −f_w · min(r·A, clip(r, 1 − eps_low, 1 + eps_high)·A)
+        loss   = Σ_t loss_t / num_tokens
+
+    `f_w` is detached and is the part of `f(r)` not already in `r`: `f(r)/r`, i.e. 1 for `none`,
+    `min(1, cap/r)` for `tis` (effective weight min(r, cap)), and `1[low ≤ r ≤ high]` for `mis`
+    (IcePop: PPO with tokens outside the band dropped, no renormalisation). Tokens with
+    |log r| ≥ 20 get no gradient through the clamp. Shapes and support replay as in `token_loss`.
+    """
+    weight_fn = make_weight(weight, low=low, high=high, cap=cap)
+    if not (0.0 <= eps_low < 1.0 and eps_high >= 0.0):
+        raise ValueError(f"PPO clip needs 0 <= eps_low < 1 and eps_high >= 0, got {eps_low}, {eps_high}")
+    logits = _as_float(logits)
+    _check_tokens(logits, sampled_ids, sampler_logprobs, advantages)
+    candidates = _candidates(logits, False, None, None, support_ids, support_probs)
+    logp_a, _ = gather_logprobs(logits, sampled_ids, candidates)
+    lr = log_ratio(logp_a, sampler_logprobs.to(logits.dtype))
+    ratio = lr.exp()
+    adv = advantages.to(logits.dtype).detach()
+    surrogate = torch.minimum(ratio * adv, ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv)
+    f_w = weight_fn.ppo(lr.detach())
+    loss = -(f_w * surrogate).sum() / _token_count(num_tokens, sampled_ids)
+    stats = mismatch_stats(lr.detach())
+    if parse_enum(Weight, weight, "weight") is not Weight.none:
+        stats |= weight_stats(f_w, weight_fn.masks)
+    return LossOutput(loss, stats, _token_stats(lr.detach(), f_w))
+
+
+def _as_float(logits: Tensor) -> Tensor:
+    # §3.3: fp32 log-softmax even for a BF16 model; fp64 passes through (tests use it).
+    return logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
+
+
+def _check_tokens(logits: Tensor, sampled_ids: Tensor, sampler_logprobs: Tensor, advantages: Tensor) -> None:
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be (N, V), got shape {tuple(logits.shape)}")
+    n = logits.shape[0]
+    for name, t in (("sampled_ids", sampled_ids), ("sampler_logprobs", sampler_logprobs), ("advantages", advantages)):
+        if tuple(t.shape) != (n,):
+            raise ValueError(f"{name} must be ({n},) to match logits, got shape {tuple(t.shape)}")
+
+
+def _check_slots(name: str, ids: Tensor, values: Tensor | None, n: int) -> None:
+    if ids.dim() != 2 or ids.shape[0] != n:
+        raise ValueError(f"{name}_ids must be ({n}, K), got shape {tuple(ids.shape)}")
+    if values is not None and values.shape != ids.shape:
+        raise ValueError(f"{name} values must match {name}_ids {tuple(ids.shape)}, got {tuple(values.shape)}")
+
+
+def _candidates(
+    logits: Tensor,
+    centered: bool,
+    head_ids: Tensor | None,
+    head_logprobs: Tensor | None,
+    support_ids: Tensor | None,
+    support_probs: Tensor | None,
+) -> Candidates | None:
+    """The candidate set: the support when recorded (§4), else the head for SC, else none."""
+    n = logits.shape[0]
+    if support_ids is not None:
+        _check_slots("support", support_ids, support_probs, n)
+        if centered and support_probs is None:
+            raise ValueError("score centering over a recorded support needs support_probs as well as support_ids")
+        return support_candidates(support_ids, support_probs, logits.dtype)
+    if not centered:
+        return None
+    if head_ids is None or head_logprobs is None:
+        raise ValueError(
+            "score-centering modes (sc, sc_tis, sc_mis) need the sampler's top-K candidates "
+            "(head_ids and head_logprobs) or its recorded sampling support (support_ids and support_probs)"
+        )
+    _check_slots("head", head_ids, head_logprobs, n)
+    return head_candidates(head_ids, head_logprobs.to(logits.dtype))
+
+
+def _token_count(num_tokens: int | Tensor | None, sampled_ids: Tensor) -> int | Tensor:
+    # The global token count (§3.2: token-mean over the whole batch, not per micro-batch).
+    return max(sampled_ids.shape[0], 1) if num_tokens is None else num_tokens
+
+
+def _token_stats(lr: Tensor, weights: Tensor) -> dict[str, Tensor]:
+    return {"log_ratio": lr, "kl_k3": kl_k3_per_token(lr), "weight": weights.detach()}

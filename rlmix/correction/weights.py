@@ -1,0 +1,167 @@
+"""Correction variants and importance-weight functions (corrections.md §2 and the §3.2 table).
+
+One way to pick a variant: a `CorrectionMode` names a weight function and whether score
+centering is on (`MODES`); a `Weight` maps to its implementation through `WEIGHTS`.
+
+Every weight function works on clamped log-ratios ``lr = clamp(log p − log q, −20, 20)``
+(§3.3: never exponentiate an unbounded ratio) and returns detached tensors.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+
+class CorrectionMode(str, Enum):
+    """The loss variant. Member names equal the YAML spelling (Hydra/OmegaConf needs that)."""
+
+    none = "none"
+    tis = "tis"
+    mis = "mis"
+    sc = "sc"
+    sc_tis = "sc_tis"
+    sc_mis = "sc_mis"
+
+
+class Weight(str, Enum):
+    """The per-token importance weight `f(r)` of corrections.md §2."""
+
+    none = "none"
+    tis = "tis"
+    mis = "mis"
+
+
+@dataclass(frozen=True)
+class ModeSpec:
+    weight: Weight
+    centered: bool  # add the score-centering term of §3
+
+
+MODES: dict[CorrectionMode, ModeSpec] = {
+    CorrectionMode.none: ModeSpec(Weight.none, centered=False),
+    CorrectionMode.tis: ModeSpec(Weight.tis, centered=False),
+    CorrectionMode.mis: ModeSpec(Weight.mis, centered=False),
+    CorrectionMode.sc: ModeSpec(Weight.none, centered=True),
+    CorrectionMode.sc_tis: ModeSpec(Weight.tis, centered=True),
+    CorrectionMode.sc_mis: ModeSpec(Weight.mis, centered=True),
+}
+
+
+class WeightFunction(Protocol):
+    """`f` in its four uses. Inputs are detached; shapes are elementwise."""
+
+    masks: bool  # True when f can set a token's weight to exactly 0 (MIS)
+
+    def sampled(self, log_ratio: Tensor) -> Tensor:
+        """`f(r_a)` for the sampled token (§2)."""
+
+    def head_term(self, p: Tensor, q: Tensor, log_ratio: Tensor) -> Tensor:
+        """`q_v · f(p_v / q_v)` for a head token, in closed form (§3.2 table)."""
+
+    def tail_scale(self, tail_ratio: Tensor) -> Tensor:
+        """`α = ρ · f(1/ρ)` (§3.2 table)."""
+
+    def ppo(self, log_ratio: Tensor) -> Tensor:
+        """The extra factor on a PPO-clip term whose ratio is already `p/q`: `f(r)/r`, 1 for `none`."""
+
+
+class NoWeight:
+    """`f ≡ 1`."""
+
+    masks = False
+
+    def sampled(self, log_ratio: Tensor) -> Tensor:
+        return torch.ones_like(log_ratio)
+
+    def head_term(self, p: Tensor, q: Tensor, log_ratio: Tensor) -> Tensor:
+        return q
+
+    def tail_scale(self, tail_ratio: Tensor) -> Tensor:
+        return tail_ratio
+
+    def ppo(self, log_ratio: Tensor) -> Tensor:
+        # PPO with the sampler as π_old already carries r = p/q; "none" adds nothing on top.
+        return torch.ones_like(log_ratio)
+
+
+@dataclass(frozen=True)
+class TruncatedIS:
+    """TIS: `f(r) = min(r, C)` (Yao et al. 2025)."""
+
+    cap: float
+    masks = False
+
+    def sampled(self, log_ratio: Tensor) -> Tensor:
+        return log_ratio.exp().clamp_max(self.cap)
+
+    def head_term(self, p: Tensor, q: Tensor, log_ratio: Tensor) -> Tensor:
+        # q·min(p/q, C) = min(p, C·q): exact even when q underflows to 0.
+        return torch.minimum(p, self.cap * q)
+
+    def tail_scale(self, tail_ratio: Tensor) -> Tensor:
+        return (self.cap * tail_ratio).clamp_max(1.0)
+
+    def ppo(self, log_ratio: Tensor) -> Tensor:
+        # min(r, C)/r = min(1, C/r): the effective ratio r·f_w is truncated at C.
+        return (math.log(self.cap) - log_ratio).exp().clamp_max(1.0)
+
+
+@dataclass(frozen=True)
+class MaskedIS:
+    """MIS / IcePop: `f(r) = r · 1[L ≤ r ≤ U]`, no renormalisation by the kept count."""
+
+    low: float
+    high: float
+    masks = True
+
+    def keep(self, log_ratio: Tensor) -> Tensor:
+        r = log_ratio.exp()
+        return (r >= self.low) & (r <= self.high)
+
+    def sampled(self, log_ratio: Tensor) -> Tensor:
+        return torch.where(self.keep(log_ratio), log_ratio.exp(), torch.zeros_like(log_ratio))
+
+    def head_term(self, p: Tensor, q: Tensor, log_ratio: Tensor) -> Tensor:
+        # q·(p/q)·1[band] = p·1[band]; q = 0 gives lr = +20 (clamped), outside any sane band.
+        return torch.where(self.keep(log_ratio), p, torch.zeros_like(p))
+
+    def tail_scale(self, tail_ratio: Tensor) -> Tensor:
+        inv = 1.0 / tail_ratio
+        return ((inv >= self.low) & (inv <= self.high)).to(tail_ratio.dtype)
+
+    def ppo(self, log_ratio: Tensor) -> Tensor:
+        # r·1[band]/r: IcePop's mask on a PPO term whose ratio already is p/q.
+        return self.keep(log_ratio).to(log_ratio.dtype)
+
+
+WEIGHTS: dict[Weight, Callable[[float, float, float], WeightFunction]] = {
+    Weight.none: lambda low, high, cap: NoWeight(),
+    Weight.tis: lambda low, high, cap: TruncatedIS(cap=cap),
+    Weight.mis: lambda low, high, cap: MaskedIS(low=low, high=high),
+}
+
+
+def make_weight(weight: Weight | str, *, low: float, high: float, cap: float) -> WeightFunction:
+    """The weight function for `weight` with MIS band [low, high] and TIS cap `cap`."""
+    weight = parse_enum(Weight, weight, "weight")
+    if not 0.0 < low <= high:
+        raise ValueError(f"MIS band needs 0 < low <= high, got low={low}, high={high}")
+    if not cap > 0.0:
+        raise ValueError(f"TIS cap must be > 0, got cap={cap}")
+    return WEIGHTS[weight](low, high, cap)
+
+
+def parse_enum(enum_type: type[Enum], value: Enum | str, name: str):
+    """`enum_type(value)` with an error that lists the allowed spellings."""
+    try:
+        return enum_type(value)
+    except ValueError:
+        allowed = ", ".join(m.value for m in enum_type)
+        raise ValueError(f"{name}={value!r} is not one of: {allowed}") from None
