@@ -1,0 +1,269 @@
+"""Collapse monitor: turns the per-step metric stream into a latched collapse verdict (corrections.md §6).
+
+Four rules, each with its own knobs and switch, evaluated once per trainer step:
+
+- ``reward_drop``   — the reward EMA falls below its running peak by ``max(drop·|peak|, min_drop)``.
+- ``kl_growth``     — the EMA of ``mismatch/kl_k3`` reaches ``factor ×`` its early baseline, jointly with
+  a falling reward or rising format errors (the implementable rule written in corrections.md §6).
+- ``format_errors`` — the format-error-rate EMA rises ``rise`` (absolute) above its early baseline
+  (the study saw 21% → 72% within ~10 steps, corrections.md §5).
+- ``grad_spikes``   — ``count`` gradient norms of at least ``factor ×`` the trailing median within
+  ``window`` steps.
+
+Timeline, counted in updates (not in step numbers, which may start anywhere): updates
+``[0, warmup_steps)`` only feed the EMAs; updates ``[warmup_steps, warmup_steps + baseline_steps)``
+also form the early baselines (plain means of the raw values) and start the reward peak; from then on
+the monitor is *armed* and the rules are checked.
+
+Noise: every level rule compares an EMA, not the raw value. With ``alpha = 2 / (span + 1)`` and i.i.d.
+per-step noise of std ``σ``, the EMA's std is ``σ · sqrt(alpha / (2 − alpha))`` (≈ 0.32σ at the default
+span 10), so a stable noisy stream stays far from the thresholds. The price is lag: after a jump from
+level ``a`` to ``b`` the EMA is ``b + (a − b)(1 − alpha)^k`` after ``k`` steps, so a rule whose threshold
+sits a distance ``θ`` from ``a`` fires ``ceil(ln(1 − θ/|a − b|) / ln(1 − alpha))`` steps after the
+jump (the first of them counted as 1). docs/monitor_and_report.md works this through.
+
+Pure Python, no logging, no I/O: the caller writes the verdict to ``metrics.jsonl``, ``summary.json``
+and W&B (``MonitorVerdict.as_metrics`` / ``as_summary``) and acts on ``MonitorConfig.action``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import statistics
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+REWARD_KEY = "reward/mean"
+KL_KEY = "mismatch/kl_k3"
+FORMAT_KEY = "format/error_rate"
+GRAD_NORM_KEY = "train/grad_norm"
+
+
+class MonitorAction(enum.Enum):
+    """What the training loop does on a collapse verdict. Member names are the YAML spelling."""
+
+    warn = "warn"  # log the verdict and keep training
+    stop = "stop"  # write the verdict, stop cleanly
+
+
+class CollapseRule(enum.Enum):
+    """Which rule fired. Values are the spelling used in ``reason`` strings and summaries."""
+
+    reward_drop = "reward_drop"
+    kl_growth = "kl_growth"
+    format_errors = "format_errors"
+    grad_spikes = "grad_spikes"
+
+
+@dataclass
+class RewardDropRule:
+    enabled: bool = True
+    drop: float = 0.3  # relative fall of the reward EMA below its running peak
+    min_drop: float = 0.05  # absolute floor on the fall, so a peak near 0 does not alarm on noise
+
+
+@dataclass
+class KLGrowthRule:
+    enabled: bool = True
+    factor: float = 3.0  # EMA of k3 ≥ factor × early baseline (corrections.md §6: "at least threefold")
+    require_decline: bool = True  # joint rule: also needs a falling reward or rising format errors
+    reward_decline: float = 0.1  # "falling reward" here: reward EMA ≤ (1 − reward_decline) × peak
+    format_increase: float = 0.05  # "rising format errors" here: EMA ≥ baseline + format_increase
+    kl_floor: float = 1e-8  # floor on the baseline, so an exactly on-policy start does not divide by 0
+
+
+@dataclass
+class FormatErrorRule:
+    enabled: bool = True
+    rise: float = 0.2  # absolute rise of the format-error EMA above its early baseline
+
+
+@dataclass
+class GradSpikeRule:
+    enabled: bool = True
+    factor: float = 5.0  # a spike: grad norm ≥ factor × median of the trailing non-spike norms
+    count: int = 3  # spikes needed ...
+    window: int = 20  # ... within this many steps; also the length of the median's history
+
+
+@dataclass
+class MonitorConfig:
+    """Schema for ``monitor.*`` (not frozen: Hydra composes into it)."""
+
+    action: MonitorAction = MonitorAction.warn
+    warmup_steps: int = 5  # updates that only feed the EMAs (the first steps are the noisiest)
+    baseline_steps: int = 10  # updates after warm-up whose raw means are the early baselines
+    ema_span: int = 10  # EMA smoothing: alpha = 2 / (ema_span + 1)
+    reward: RewardDropRule = field(default_factory=RewardDropRule)
+    kl: KLGrowthRule = field(default_factory=KLGrowthRule)
+    format: FormatErrorRule = field(default_factory=FormatErrorRule)
+    grad: GradSpikeRule = field(default_factory=GradSpikeRule)
+
+
+@dataclass(frozen=True)
+class MonitorVerdict:
+    """The latched outcome: the first step at which any enabled rule fired, and why."""
+
+    collapse: bool
+    step: int | None
+    reason: str  # "" when no collapse; "<rule>: <numbers>" (several rules joined by "; ")
+    rule: CollapseRule | None  # the first rule (in CollapseRule order) that fired at ``step``
+
+    def as_metrics(self) -> dict[str, float | str]:
+        """The ``monitor/*`` keys of one ``metrics.jsonl`` row / W&B step."""
+        return {"monitor/collapse": float(self.collapse), "monitor/reason": self.reason}
+
+    def as_summary(self) -> dict[str, bool | int | str | None]:
+        """The ``collapse`` object of ``summary.json``."""
+        return {"verdict": self.collapse, "step": self.step, "reason": self.reason}
+
+
+NO_COLLAPSE = MonitorVerdict(collapse=False, step=None, reason="", rule=None)
+
+
+class _Ema:
+    """Exponential moving average ``e ← e + alpha (x − e)``, started at the first value."""
+
+    def __init__(self, alpha: float) -> None:
+        self.alpha = alpha
+        self.value: float | None = None
+
+    def update(self, x: float) -> float:
+        self.value = x if self.value is None else self.value + self.alpha * (x - self.value)
+        return self.value
+
+
+class _Signal:
+    """One metric's EMA plus its early-baseline mean and (for reward) the running peak of the EMA."""
+
+    def __init__(self, alpha: float) -> None:
+        self.ema = _Ema(alpha)
+        self.baseline_values: list[float] = []
+        self.peak: float | None = None
+
+    @property
+    def baseline(self) -> float | None:
+        return statistics.fmean(self.baseline_values) if self.baseline_values else None
+
+    def update(self, x: float, in_baseline: bool, track_peak: bool) -> None:
+        ema = self.ema.update(x)
+        if in_baseline:
+            self.baseline_values.append(x)
+        if track_peak:
+            self.peak = ema if self.peak is None else max(self.peak, ema)
+
+
+def _finite(metrics: Mapping[str, float], key: str) -> float | None:
+    """The metric as a float, or None when absent or not finite (such a step leaves the signal alone)."""
+    if key not in metrics:
+        return None
+    value = float(metrics[key])
+    return value if math.isfinite(value) else None
+
+
+class CollapseMonitor:
+    """Stateful, deterministic evaluator of the rules in ``MonitorConfig`` over a metric stream."""
+
+    def __init__(self, cfg: MonitorConfig) -> None:
+        if cfg.ema_span < 1 or cfg.warmup_steps < 0 or cfg.baseline_steps < 1 or cfg.grad.window < 1:
+            raise ValueError("monitor needs ema_span >= 1, warmup_steps >= 0, baseline_steps >= 1, grad.window >= 1")
+        self.cfg = cfg
+        alpha = 2.0 / (cfg.ema_span + 1)
+        self._reward = _Signal(alpha)
+        self._kl = _Signal(alpha)
+        self._format = _Signal(alpha)
+        self._grad_history: deque[float] = deque(maxlen=cfg.grad.window)
+        self._spikes: deque[int] = deque()  # update indices of recent spikes
+        self._updates = 0
+        self._verdict = NO_COLLAPSE
+
+    @property
+    def verdict(self) -> MonitorVerdict:
+        return self._verdict
+
+    def update(self, step: int, metrics: Mapping[str, float]) -> MonitorVerdict:
+        """Feed one trainer step's metrics; return the (latched) verdict so far."""
+        i = self._updates
+        self._updates += 1
+        warm = i >= self.cfg.warmup_steps
+        in_baseline = warm and i < self.cfg.warmup_steps + self.cfg.baseline_steps
+        armed = i >= self.cfg.warmup_steps + self.cfg.baseline_steps
+        for signal, key in ((self._reward, REWARD_KEY), (self._kl, KL_KEY), (self._format, FORMAT_KEY)):
+            x = _finite(metrics, key)
+            if x is not None:
+                signal.update(x, in_baseline, track_peak=warm)
+        spike = self._grad_spike(i, metrics.get(GRAD_NORM_KEY), warm) if GRAD_NORM_KEY in metrics else ""
+        if self._verdict.collapse or not armed:
+            return self._verdict
+        fired = self._check_rules(spike)
+        if fired:
+            reason = "; ".join(f"{rule.value}: {why}" for rule, why in fired)
+            self._verdict = MonitorVerdict(collapse=True, step=step, reason=reason, rule=fired[0][0])
+        return self._verdict
+
+    def _check_rules(self, spike: str) -> list[tuple[CollapseRule, str]]:
+        checks = (
+            (CollapseRule.reward_drop, self.cfg.reward.enabled, self._reward_drop),
+            (CollapseRule.kl_growth, self.cfg.kl.enabled, self._kl_growth),
+            (CollapseRule.format_errors, self.cfg.format.enabled, self._format_rise),
+            (CollapseRule.grad_spikes, self.cfg.grad.enabled, lambda: spike),
+        )
+        return [(rule, why) for rule, enabled, check in checks if enabled and (why := check())]
+
+    def _reward_falling(self, drop: float, min_drop: float) -> str:
+        """'' unless peak − EMA ≥ max(drop·|peak|, min_drop); else the numbers that show it."""
+        ema, peak = self._reward.ema.value, self._reward.peak
+        if ema is None or peak is None:
+            return ""
+        if peak - ema >= max(drop * abs(peak), min_drop):
+            return f"reward EMA {ema:.4g} vs peak {peak:.4g}"
+        return ""
+
+    def _format_rising(self, rise: float) -> str:
+        ema, base = self._format.ema.value, self._format.baseline
+        if ema is None or base is None or ema - base < rise:
+            return ""
+        return f"format-error EMA {ema:.4g} vs baseline {base:.4g}"
+
+    def _reward_drop(self) -> str:
+        return self._reward_falling(self.cfg.reward.drop, self.cfg.reward.min_drop)
+
+    def _format_rise(self) -> str:
+        return self._format_rising(self.cfg.format.rise)
+
+    def _kl_growth(self) -> str:
+        rule = self.cfg.kl
+        ema, base = self._kl.ema.value, self._kl.baseline
+        if ema is None or base is None:
+            return ""
+        base = max(base, rule.kl_floor)
+        if ema < rule.factor * base:
+            return ""
+        why = f"k3 EMA {ema:.4g} = {ema / base:.3g}x baseline {base:.4g}"
+        if not rule.require_decline:
+            return why
+        # corrections.md §6: KL growth alone is not enough; it must come with a declining run.
+        decline = self._reward_falling(rule.reward_decline, 0.0) or self._format_rising(rule.format_increase)
+        return f"{why} with {decline}" if decline else ""
+
+    def _grad_spike(self, i: int, raw: float | None, warm: bool) -> str:
+        """Record update ``i``'s grad norm; return the spike summary once ``count`` spikes fall in ``window``.
+
+        A non-finite norm counts as a spike. Spikes stay out of the median's history, so a burst of
+        spikes does not raise the reference it is compared against.
+        """
+        rule = self.cfg.grad
+        value = float(raw) if raw is not None else math.nan
+        reference = statistics.median(self._grad_history) if self._grad_history else None
+        is_spike = warm and reference is not None and (not math.isfinite(value) or value >= rule.factor * reference)
+        if is_spike:
+            self._spikes.append(i)
+        elif math.isfinite(value):
+            self._grad_history.append(value)
+        while self._spikes and self._spikes[0] <= i - rule.window:
+            self._spikes.popleft()
+        if len(self._spikes) >= rule.count and reference is not None:
+            return f"{len(self._spikes)} grad-norm spikes >= {rule.factor:g}x median {reference:.4g} within {rule.window} steps"
+        return ""

@@ -1,0 +1,262 @@
+"""Collapse monitor on synthetic metric streams (corrections.md §6).
+
+Expected alarm steps come from the closed form of an EMA's response, written here independently of
+the monitor: after a jump from ``a`` to ``b`` the EMA's distance from ``a`` is
+``|a − b| (1 − (1 − alpha)^k)`` after ``k`` steps (the jump step counts as 1), and after a ramp
+``x_j = a + s (j + 1)`` it is ``s ((j + 1) − ((1 − alpha)/alpha)(1 − (1 − alpha)^(j+1)))``. Noiseless
+streams must alarm at exactly that step. Noisy streams get a tolerance derived from the EMA's noise:
+with per-step noise σ the EMA's std is ``σ_e = σ sqrt(alpha / (2 − alpha))``; the running peak can sit
+up to ~4 σ_e above the level and the current EMA ~4 σ_e below, so the threshold effectively moves by at
+most ``δ = 8 σ_e`` and the alarm lies between the closed-form steps for thresholds ``θ ∓ δ``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from omegaconf import OmegaConf
+
+from rlmix.monitor import (
+    CollapseMonitor,
+    CollapseRule,
+    MonitorAction,
+    MonitorConfig,
+    MonitorVerdict,
+)
+
+CFG = MonitorConfig()
+ALPHA = 2.0 / (CFG.ema_span + 1)
+N_STEPS = 120
+
+
+def run(stream: list[dict[str, float]], cfg: MonitorConfig = CFG, first_step: int = 0) -> MonitorVerdict:
+    monitor = CollapseMonitor(cfg)
+    verdict = None
+    for i, metrics in enumerate(stream):
+        verdict = monitor.update(first_step + i, metrics)
+    assert verdict is not None
+    return verdict
+
+
+def stable_stream(seed: int, n: int = N_STEPS) -> list[dict[str, float]]:
+    """A healthy run: slowly rising, noisy reward; noisy but level KL, format errors and grad norms."""
+    rng = random.Random(seed)
+    rows = []
+    for t in range(n):
+        rows.append({
+            "reward/mean": min(1.0, max(0.0, 0.4 + 0.002 * t + rng.gauss(0, 0.05))),
+            "mismatch/kl_k3": 1e-3 * math.exp(rng.gauss(0, 0.5)),
+            "format/error_rate": min(1.0, max(0.0, 0.2 - 0.0005 * t + rng.gauss(0, 0.04))),
+            "train/grad_norm": math.exp(rng.gauss(0, 0.4)),
+        })
+    return rows
+
+
+def level_stream(n: int = N_STEPS, **overrides: float) -> list[dict[str, float]]:
+    base = {"reward/mean": 0.5, "mismatch/kl_k3": 1e-3, "format/error_rate": 0.2, "train/grad_norm": 1.0}
+    return [dict(base, **overrides) for _ in range(n)]
+
+
+def jump_alarm_step(a: float, b: float, theta: float, start: int) -> int:
+    """First step at which an EMA sitting at ``a`` has moved ``theta`` toward ``b`` after a jump at ``start``."""
+    assert 0 < theta < abs(a - b)
+    k = math.ceil(math.log(1 - theta / abs(a - b)) / math.log(1 - ALPHA))
+    return start + k - 1
+
+
+def ramp_alarm_step(slope: float, length: int, theta: float, start: int) -> int:
+    """First step at which the EMA of a ramp ``a + slope (j + 1)``, j = 0..length-1, has risen ``theta``."""
+    for j in range(length):
+        rise = slope * ((j + 1) - (1 - ALPHA) / ALPHA * (1 - (1 - ALPHA) ** (j + 1)))
+        if rise >= theta:
+            return start + j
+    raise AssertionError("threshold not crossed within the ramp; the closed form does not apply")
+
+
+def ema_noise(sigma: float) -> float:
+    return sigma * math.sqrt(ALPHA / (2 - ALPHA))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_stable_noisy_stream_never_alarms(seed: int) -> None:
+    verdict = run(stable_stream(seed, n=300))
+    assert verdict == MonitorVerdict(collapse=False, step=None, reason="", rule=None)
+
+
+def test_reward_jump_alarms_at_closed_form_step() -> None:
+    start, a, b = 40, 0.5, 0.1
+    stream = level_stream()
+    for row in stream[start:]:
+        row["reward/mean"] = b
+    verdict = run(stream)
+    theta = max(CFG.reward.drop * a, CFG.reward.min_drop)
+    assert verdict.collapse and verdict.rule is CollapseRule.reward_drop
+    assert verdict.step == jump_alarm_step(a, b, theta, start) == 42
+    assert verdict.reason.startswith("reward_drop: ")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_noisy_reward_jump_alarms_within_derived_tolerance(seed: int) -> None:
+    start, a, b, sigma = 60, 0.5, 0.1, 0.03
+    rng = random.Random(seed)
+    stream = level_stream()
+    for t, row in enumerate(stream):
+        row["reward/mean"] = (a if t < start else b) + rng.gauss(0, sigma)
+    verdict = run(stream)
+    theta, delta = max(CFG.reward.drop * a, CFG.reward.min_drop), 8 * ema_noise(sigma)
+    assert verdict.rule is CollapseRule.reward_drop
+    assert jump_alarm_step(a, b, theta - delta, start) <= verdict.step <= jump_alarm_step(a, b, theta + delta, start)
+
+
+def kl_with_decline_stream(kl_start: int, reward_start: int) -> list[dict[str, float]]:
+    """Reward falls 0.5 → 0.4 (past the joint rule's 10% decline, short of reward_drop's 30%); KL ×10."""
+    stream = level_stream()
+    for t, row in enumerate(stream):
+        row["reward/mean"] = 0.5 if t < reward_start else 0.4
+        row["mismatch/kl_k3"] = 1e-3 if t < kl_start else 1e-2
+    return stream
+
+
+def test_kl_growth_with_falling_reward_alarms_when_kl_crosses() -> None:
+    # The reward decline starts 10 steps earlier, so the KL crossing is the binding condition.
+    verdict = run(kl_with_decline_stream(kl_start=50, reward_start=40))
+    theta = (CFG.kl.factor - 1) * 1e-3
+    assert verdict.rule is CollapseRule.kl_growth
+    assert verdict.step == jump_alarm_step(1e-3, 1e-2, theta, 50) == 51
+    assert "reward EMA" in verdict.reason
+
+
+def test_kl_growth_waits_for_the_reward_decline() -> None:
+    # KL jumps first; the joint rule fires only when the reward EMA has fallen 10% (0.05 of a 0.1 drop).
+    verdict = run(kl_with_decline_stream(kl_start=40, reward_start=50))
+    assert verdict.rule is CollapseRule.kl_growth
+    assert verdict.step == jump_alarm_step(0.5, 0.4, CFG.kl.reward_decline * 0.5, 50) == 53
+
+
+def test_kl_growth_alone_needs_require_decline_off() -> None:
+    stream = level_stream()
+    for row in stream[50:]:
+        row["mismatch/kl_k3"] = 1e-2
+    assert not run(stream).collapse
+    cfg = MonitorConfig()
+    cfg.kl.require_decline = False
+    verdict = run(stream, cfg)
+    assert verdict.rule is CollapseRule.kl_growth and verdict.step == 51
+
+
+def test_kl_below_factor_never_alarms_even_with_falling_reward() -> None:
+    stream = kl_with_decline_stream(kl_start=50, reward_start=40)
+    for row in stream[50:]:
+        row["mismatch/kl_k3"] = 2.9e-3  # < 3x the 1e-3 baseline
+    assert not run(stream).collapse
+
+
+def test_format_error_ramp_alarms_at_closed_form_step() -> None:
+    # corrections.md §5: format errors 21% -> 72% within ~10 steps.
+    start, length = 50, 10
+    slope = (0.72 - 0.21) / length
+    stream = level_stream(**{"format/error_rate": 0.21})
+    for j in range(N_STEPS - start):
+        stream[start + j]["format/error_rate"] = 0.21 + slope * min(j + 1, length)
+    verdict = run(stream)
+    assert verdict.rule is CollapseRule.format_errors
+    assert verdict.step == ramp_alarm_step(slope, length, CFG.format.rise, start) == 57
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_noisy_format_jump_alarms_within_derived_tolerance(seed: int) -> None:
+    # The baseline is a 10-step mean (std σ/sqrt(10) ≈ σ_e at span 10): up to ~4 σ_e off, plus ~4 σ_e
+    # on the current EMA, so again δ = 8 σ_e.
+    start, a, b, sigma = 60, 0.21, 0.72, 0.04
+    rng = random.Random(100 + seed)
+    stream = level_stream()
+    for t, row in enumerate(stream):
+        row["format/error_rate"] = (a if t < start else b) + rng.gauss(0, sigma)
+    verdict = run(stream)
+    theta, delta = CFG.format.rise, 8 * ema_noise(sigma)
+    assert verdict.rule is CollapseRule.format_errors
+    assert jump_alarm_step(a, b, theta - delta, start) <= verdict.step <= jump_alarm_step(a, b, theta + delta, start)
+
+
+def test_grad_spikes_alarm_on_the_count_th_spike_within_the_window() -> None:
+    stream = level_stream()
+    for t in (50, 55, 62):
+        stream[t]["train/grad_norm"] = 10.0
+    verdict = run(stream)
+    assert verdict.rule is CollapseRule.grad_spikes and verdict.step == 62
+    assert verdict.reason.startswith("grad_spikes: 3 grad-norm spikes")
+
+
+def test_grad_spikes_spread_wider_than_the_window_do_not_alarm() -> None:
+    stream = level_stream()
+    for t in (30, 30 + CFG.grad.window, 30 + 2 * CFG.grad.window):  # never 3 inside one window
+        stream[t]["train/grad_norm"] = 10.0
+    stream[90]["train/grad_norm"] = 4.9  # below factor 5: not a spike
+    assert not run(stream).collapse
+
+
+def test_non_finite_grad_norm_counts_as_a_spike() -> None:
+    stream = level_stream()
+    for t in (50, 51, 52):
+        stream[t]["train/grad_norm"] = math.inf
+    assert run(stream).step == 52
+
+
+def test_verdict_latches_first_step_and_reason() -> None:
+    stream = level_stream()
+    for row in stream[40:50]:
+        row["reward/mean"] = 0.1  # collapses, then recovers fully
+    monitor = CollapseMonitor(CFG)
+    verdicts = [monitor.update(t, row) for t, row in enumerate(stream)]
+    fired = [v for v in verdicts if v.collapse]
+    assert fired[0].step == 42 and all(v == fired[0] for v in fired)
+    assert verdicts[-1] == fired[0] == monitor.verdict
+
+
+def test_disabled_rule_does_not_fire_and_others_still_do() -> None:
+    stream = level_stream()
+    for row in stream[40:]:
+        row["reward/mean"] = 0.1
+    for t in (70, 71, 72):
+        stream[t]["train/grad_norm"] = 50.0
+    cfg = MonitorConfig()
+    cfg.reward.enabled = False
+    verdict = run(stream, cfg)
+    assert verdict.rule is CollapseRule.grad_spikes and verdict.step == 72
+
+
+def test_nothing_fires_before_warmup_plus_baseline_and_step_is_the_callers() -> None:
+    cfg = MonitorConfig(warmup_steps=2, baseline_steps=3)
+    stream = level_stream(n=20)
+    for t in range(5):
+        stream[t]["train/grad_norm"] = 100.0 if t >= 2 else 1.0  # 3 spikes during the baseline window
+    monitor = CollapseMonitor(cfg)
+    verdicts = [monitor.update(1000 + t, row) for t, row in enumerate(stream)]
+    assert not any(v.collapse for v in verdicts[:5])
+    assert verdicts[5].collapse and verdicts[5].step == 1005  # armed at update 5; the spikes are in the window
+
+
+def test_missing_and_non_finite_metrics_are_skipped() -> None:
+    stream = [{"reward/mean": 0.5 if t % 7 else math.nan} for t in range(N_STEPS)]
+    assert not run(stream).collapse
+    assert not run([{} for _ in range(N_STEPS)]).collapse
+
+
+def test_verdict_serialisations_match_the_run_dir_contract() -> None:
+    verdict = MonitorVerdict(collapse=True, step=42, reason="reward_drop: x", rule=CollapseRule.reward_drop)
+    assert verdict.as_metrics() == {"monitor/collapse": 1.0, "monitor/reason": "reward_drop: x"}
+    assert verdict.as_summary() == {"verdict": True, "step": 42, "reason": "reward_drop: x"}
+
+
+def test_config_is_a_valid_omegaconf_schema() -> None:
+    schema = OmegaConf.structured(MonitorConfig)
+    merged = OmegaConf.merge(schema, OmegaConf.create({"action": "stop", "kl": {"factor": 4.0}, "grad": {"enabled": False}}))
+    cfg = OmegaConf.to_object(merged)
+    assert isinstance(cfg, MonitorConfig)
+    assert cfg.action is MonitorAction.stop and cfg.kl.factor == 4.0 and not cfg.grad.enabled
+    with pytest.raises(Exception):
+        OmegaConf.merge(schema, OmegaConf.create({"action": "halt"}))
+    with pytest.raises(Exception):
+        OmegaConf.merge(schema, OmegaConf.create({"kl": {"factr": 4.0}}))
