@@ -1,0 +1,14 @@
+"""Multi-turn agentic evaluation on Harbor task directories (SWE-bench Pro V2, HARD-51; corrections.md §7).
+
+Entry point: ``run_swebench_eval`` (``rlmix.agentic.run``). Layout: ``harbor`` (task loading,
+subsets), ``sandbox`` (runtime interface, git snapshot/patch), ``local`` / ``docker`` (runtimes),
+``actions`` + ``episode`` (the agent loop), ``policy`` (policy interface, model adapter),
+``grading``, ``results``, ``records`` (episodes as Rollouts). See docs/hard51.md.
+"""
+
+from rlmix.agentic.config import RuntimeKind, SwebenchProConfig
+from rlmix.agentic.policy import AgentPolicy, ChatFormat, ModelPolicy, PolicyTurn, Transcript
+from rlmix.agentic.run import run_swebench_eval
+
+__all__ = ["AgentPolicy", "ChatFormat", "ModelPolicy", "PolicyTurn", "RuntimeKind", "SwebenchProConfig",
+           "Transcript", "run_swebench_eval"]

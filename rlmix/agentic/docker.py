@@ -1,0 +1,122 @@
+"""The ``docker`` runtime: the task's image, network off during the agent phase, limits from task.toml.
+
+The image is ``[environment] docker_image`` (pulled if absent) or built from ``environment/`` and
+tagged ``<prefix>/<task id>:latest``. A sandbox is a container started with ``sleep infinity``,
+``--cpus`` and ``--memory`` from task.toml, and ``--network none`` unless asked otherwise; commands
+run with ``docker exec`` in the task's WORKDIR under coreutils ``timeout`` (which signals the whole
+process group, then SIGKILLs it 5 s later). The task's tests are copied to ``/tests`` and the
+verifier writes to ``/logs/verifier``, as in Harbor.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+from rlmix.agentic.harbor import HarborTask
+from rlmix.agentic.sandbox import ExecResult, InfraError
+
+TIMEOUT_EXIT = 124  # coreutils timeout's exit status when the time limit was hit
+
+
+def _docker(args: list[str], timeout_s: float, data: bytes | None = None) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(["docker", *args], input=data, capture_output=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise InfraError(f"docker {args[0]} failed: {e}") from e
+
+
+def docker_available() -> bool:
+    """True when a Docker engine answers ``docker info``."""
+    try:
+        return subprocess.run(["docker", "info"], capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+class DockerSandbox:
+    def __init__(self, image: str, task: HarborTask, network: bool):
+        self.name = f"rlmix-{re.sub(r'[^a-zA-Z0-9_.-]', '-', task.task_id)[:40]}-{uuid.uuid4().hex[:8]}"
+        self.workdir, self.tests_dir, self.logs_dir = task.workdir, "/tests", "/logs"
+        args = ["run", "-d", "--name", self.name, "--cpus", f"{task.cpus:g}", "--memory", f"{task.memory_mb}m",
+                "--entrypoint", "sleep", "-w", self.workdir]
+        if not network:
+            args += ["--network", "none"]
+        res = _docker([*args, image, "infinity"], timeout_s=300.0)
+        if res.returncode != 0:
+            raise InfraError(f"docker run {image} failed: {res.stderr.decode(errors='replace')[-500:]}")
+
+    def run(self, command: str, timeout_s: float, env: Mapping[str, str] | None = None) -> ExecResult:
+        envs = {"APP_DIR": self.workdir, "TESTS_DIR": self.tests_dir, "LOGS_DIR": self.logs_dir, **(env or {})}
+        args = ["exec", "-w", self.workdir]
+        for k, v in envs.items():
+            args += ["-e", f"{k}={v}"]
+        args += [self.name, "timeout", "-k", "5", f"{timeout_s:g}", "bash", "-c", command]
+        start = time.monotonic()
+        res = _docker(args, timeout_s=timeout_s + 60.0)
+        out = (res.stdout + res.stderr).decode("utf-8", errors="replace")
+        if res.returncode in (125, 126, 127) and "Error response from daemon" in out:
+            raise InfraError(f"docker exec in {self.name} failed: {out[-500:]}")
+        timed_out = res.returncode in (TIMEOUT_EXIT, 137) and time.monotonic() - start >= timeout_s
+        return ExecResult(-1 if timed_out else res.returncode, out, timed_out, time.monotonic() - start)
+
+    def put_dir(self, host_dir: Path, sandbox_dir: str) -> None:
+        self.run(f"mkdir -p {shlex.quote(sandbox_dir)}", timeout_s=60.0)
+        res = _docker(["cp", f"{host_dir}/.", f"{self.name}:{sandbox_dir}"], timeout_s=300.0)
+        if res.returncode != 0:
+            raise InfraError(f"docker cp into {self.name} failed: {res.stderr.decode(errors='replace')[-500:]}")
+
+    def put_file(self, sandbox_path: str, data: bytes) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "f").write_bytes(data)
+            parent = sandbox_path.rsplit("/", 1)[0] or "/"
+            self.run(f"mkdir -p {shlex.quote(parent)}", timeout_s=60.0)
+            res = _docker(["cp", f"{tmp}/f", f"{self.name}:{sandbox_path}"], timeout_s=300.0)
+        if res.returncode != 0:
+            raise InfraError(f"docker cp into {self.name} failed: {res.stderr.decode(errors='replace')[-500:]}")
+
+    def read_file(self, sandbox_path: str) -> bytes | None:
+        res = _docker(["exec", self.name, "cat", sandbox_path], timeout_s=120.0)
+        return res.stdout if res.returncode == 0 else None
+
+    def close(self) -> None:
+        try:
+            _docker(["rm", "-f", self.name], timeout_s=120.0)
+        except InfraError:
+            pass  # nothing to recover; a leftover container is named rlmix-* for manual cleanup
+
+
+class DockerRuntime:
+    def __init__(self, image_prefix: str):
+        self._prefix = image_prefix
+        self._images: dict[str, str] = {}
+
+    def image_tag(self, task: HarborTask) -> str:
+        return f"{self._prefix}/{re.sub(r'[^a-z0-9_.-]', '-', task.task_id.lower())}:latest"
+
+    def prepare(self, task: HarborTask) -> None:
+        if task.task_id in self._images:
+            return
+        if task.docker_image:
+            image = task.docker_image
+            if _docker(["image", "inspect", image], timeout_s=60.0).returncode != 0:
+                res = _docker(["pull", image], timeout_s=task.build_timeout_s)
+                if res.returncode != 0:
+                    raise InfraError(f"docker pull {image} failed: {res.stderr.decode(errors='replace')[-500:]}")
+        else:
+            image = self.image_tag(task)
+            res = _docker(["build", "-t", image, str(task.path / "environment")], timeout_s=task.build_timeout_s)
+            if res.returncode != 0:
+                raise InfraError(f"docker build for {task.task_id} failed: "
+                                 f"{res.stderr.decode(errors='replace')[-500:]}")
+        self._images[task.task_id] = image
+
+    def start(self, task: HarborTask, network: bool) -> DockerSandbox:
+        self.prepare(task)
+        return DockerSandbox(self._images[task.task_id], task, network)

@@ -1,0 +1,141 @@
+"""One multi-turn agent episode: policy action -> sandbox -> observation, until submit or a limit.
+
+Limits (first hit ends the episode, ``Episode.end_reason``): ``submit``, ``max_turns``,
+``token_budget`` (context + policy tokens reach ``max_total_tokens``), ``agent_timeout`` (wall clock
+of the whole agent phase), ``format_errors`` (``max_format_errors`` malformed actions). A command
+that outlives ``turn_timeout_s`` is killed and reported to the policy; the episode goes on.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+from rlmix.agentic.actions import (SYSTEM_PROMPT, Command, FormatError, Submit, format_error_text,
+                                   observation_text, parse_action)
+from rlmix.agentic.harbor import HarborTask
+from rlmix.agentic.policy import AgentPolicy, Message, Transcript
+from rlmix.agentic.sandbox import Sandbox
+
+END_SUBMIT, END_MAX_TURNS, END_TOKENS = "submit", "max_turns", "token_budget"
+END_TIMEOUT, END_FORMAT = "agent_timeout", "format_errors"
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    max_turns: int
+    turn_timeout_s: float
+    agent_timeout_s: float
+    max_total_tokens: int
+    max_format_errors: int
+    max_output_chars: int
+
+
+@dataclass(frozen=True)
+class TurnLog:
+    """One line of ``episodes/<id>/<sample>.jsonl``."""
+
+    turn: int
+    action: str  # "command" | "submit" | "format_error"
+    policy_text: str
+    command: str | None
+    observation: str | None
+    exit_code: int | None
+    timed_out: bool
+    duration_s: float
+    policy_tokens: int
+
+
+@dataclass
+class EpisodeTokens:
+    """The token record: ``ids[:prompt_len]`` is the first prompt; after it, ``mask`` marks policy tokens.
+
+    Shapes (lists of length L = len(ids)): ``mask`` True where the policy generated the token,
+    ``sampler_logprobs`` its log q (0.0 where ~mask).
+    """
+
+    ids: list[int] = field(default_factory=list)
+    mask: list[bool] = field(default_factory=list)
+    sampler_logprobs: list[float] = field(default_factory=list)
+    prompt_len: int = 0
+    policy_version: int = 0
+
+    def add(self, ids: tuple[int, ...], policy: bool, logprobs: tuple[float, ...] = ()) -> None:
+        self.ids += ids
+        self.mask += [policy] * len(ids)
+        self.sampler_logprobs += list(logprobs) if policy else [0.0] * len(ids)
+
+
+@dataclass
+class Episode:
+    task_id: str
+    sample: int
+    end_reason: str = ""
+    turns: list[TurnLog] = field(default_factory=list)
+    format_errors: int = 0
+    tokens: EpisodeTokens = field(default_factory=EpisodeTokens)
+    wall_s: float = 0.0
+
+    @property
+    def num_actions(self) -> int:
+        return len(self.turns)
+
+
+def _step(action, sandbox: Sandbox, limits: EpisodeLimits, episode: Episode) -> tuple[str, dict]:
+    """Execute one parsed action; returns (observation text, TurnLog fields)."""
+    if isinstance(action, FormatError):
+        episode.format_errors += 1
+        obs = format_error_text(action, episode.format_errors, limits.max_format_errors)
+        return obs, dict(action="format_error", command=None, exit_code=None, timed_out=False, duration_s=0.0)
+    res = sandbox.run(action.command, timeout_s=limits.turn_timeout_s)
+    obs = observation_text(res.exit_code, res.output, res.timed_out, limits.turn_timeout_s,
+                           limits.max_output_chars)
+    return obs, dict(action="command", command=action.command, exit_code=res.exit_code,
+                     timed_out=res.timed_out, duration_s=res.duration_s)
+
+
+def run_episode(task: HarborTask, sample: int, policy: AgentPolicy, sandbox: Sandbox,
+                limits: EpisodeLimits) -> Episode:
+    """Run the agent phase in ``sandbox`` (already holding a clean repository); the caller grades it."""
+    start = time.monotonic()
+    episode = Episode(task_id=task.task_id, sample=sample)
+    transcript = Transcript(task.task_id, sample, [Message("system", SYSTEM_PROMPT), Message("user", task.instruction)],
+                            tokens_left=limits.max_total_tokens)
+    for turn in range(limits.max_turns):
+        if time.monotonic() - start >= limits.agent_timeout_s:
+            episode.end_reason = END_TIMEOUT
+            break
+        out = policy.act(transcript)
+        if turn == 0:
+            episode.tokens.prompt_len = len(out.context_ids)
+        episode.tokens.add(out.context_ids, policy=False)
+        episode.tokens.add(out.token_ids, policy=True, logprobs=out.logprobs)
+        episode.tokens.policy_version = out.policy_version
+        transcript.messages.append(Message("assistant", out.text))
+        transcript.token_ids += [*out.context_ids, *out.token_ids]
+        transcript.rendered = len(transcript.messages)
+        transcript.tokens_left = limits.max_total_tokens - len(transcript.token_ids)
+        action = parse_action(out.text)
+        if isinstance(action, Submit):
+            episode.turns.append(TurnLog(turn, "submit", out.text, None, None, None, False, 0.0, len(out.token_ids)))
+            episode.end_reason = END_SUBMIT
+            break
+        if transcript.tokens_left <= 0 or (out.finish_reason == "length" and not out.token_ids):
+            # No room for the observation and another turn: running the command would be wasted.
+            episode.end_reason = END_TOKENS
+            break
+        obs, fields = _step(action, sandbox, limits, episode)
+        episode.turns.append(TurnLog(turn=turn, policy_text=out.text, observation=obs,
+                                     policy_tokens=len(out.token_ids), **fields))
+        transcript.messages.append(Message("tool", obs))
+        if episode.format_errors >= limits.max_format_errors:
+            episode.end_reason = END_FORMAT
+            break
+    else:
+        episode.end_reason = END_MAX_TURNS
+    episode.wall_s = time.monotonic() - start
+    return episode
+
+
+def turn_dicts(episode: Episode) -> list[dict]:
+    return [asdict(t) for t in episode.turns]

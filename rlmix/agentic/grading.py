@@ -1,0 +1,97 @@
+"""Grading in a fresh sandbox (corrections.md §7): reward 1 iff every required test passes.
+
+1. Start a fresh sandbox from the task (same image / same repository copy as the agent got).
+2. Snapshot it, apply the agent's patch with ``git apply``, skipping every protected test path
+   (``[metadata] test_files`` or ``DEFAULT_TEST_GLOBS``): the benchmark's tests stay as shipped, so a
+   policy that edits the tests cannot pass by it.
+3. Copy the task's ``tests/`` in (never the agent's copy) and run ``bash $TESTS_DIR/test.sh`` with the
+   task's ``[verifier] env`` and ``timeout_sec``.
+4. The reward is ``$LOGS_DIR/verifier/reward.txt`` (a number; or ``reward.json`` with ``"reward"``),
+   else the exit code (0 passes). Reward 1 iff that number is >= 1.
+
+Sandbox failures (``InfraError``) are retried ``retries`` times and then reported as an infra failure,
+which is left out of pass@k, never scored 0. A patch that does not apply, a verifier that times out
+or a failing test are the policy's outcome: reward 0.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+from dataclasses import dataclass
+
+from rlmix.agentic.harbor import HarborTask
+from rlmix.agentic.sandbox import InfraError, Runtime, Sandbox, snapshot_baseline
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Grade:
+    reward: float  # 1.0 iff all required tests pass; 0.0 also when infra_error is set (not scored)
+    infra_error: str | None  # the last infrastructure failure when every attempt failed
+    attempts: int
+    patch_applied: bool
+    verifier_exit_code: int | None
+    verifier_timed_out: bool
+    log_tail: str  # end of the verifier's output
+
+
+def read_reward(sandbox: Sandbox, exit_code: int) -> float:
+    """The verifier's reward file if it wrote one, else 1.0 for exit code 0."""
+    vdir = f"{sandbox.logs_dir}/verifier"
+    text = sandbox.read_file(f"{vdir}/reward.txt")
+    if text is not None and text.strip():
+        try:
+            return float(text.decode().strip().split()[0])
+        except ValueError:
+            return 0.0  # an unreadable reward is not a pass
+    raw = sandbox.read_file(f"{vdir}/reward.json")
+    if raw is not None:
+        try:
+            return float(json.loads(raw)["reward"])
+        except (ValueError, KeyError, TypeError):
+            return 0.0
+    return 1.0 if exit_code == 0 else 0.0
+
+
+def _grade_once(task: HarborTask, patch: str, runtime: Runtime, network: bool) -> Grade:
+    sandbox = runtime.start(task, network=network)
+    try:
+        snapshot_baseline(sandbox)
+        applied = True
+        if patch.strip():
+            patch_path = f"{sandbox.logs_dir}/agent.patch"
+            sandbox.put_file(patch_path, patch.encode())
+            excludes = " ".join(f"--exclude={shlex.quote(g)}" for g in task.test_globs)
+            res = sandbox.run(f"git apply --binary --whitespace=nowarn {excludes} {shlex.quote(patch_path)}",
+                              timeout_s=300.0)
+            applied = res.exit_code == 0
+            if not applied:
+                return Grade(0.0, None, 1, False, None, False, f"patch does not apply: {res.output[-2000:]}")
+        sandbox.put_dir(task.tests_dir, sandbox.tests_dir)
+        sandbox.run(f"mkdir -p {shlex.quote(sandbox.logs_dir)}/verifier && rm -f "
+                    f"{shlex.quote(sandbox.logs_dir)}/verifier/reward.*", timeout_s=60.0)
+        res = sandbox.run(f"bash {shlex.quote(sandbox.tests_dir)}/test.sh", timeout_s=task.verifier_timeout_s,
+                          env=dict(task.verifier_env))
+        reward = 0.0 if res.timed_out else read_reward(sandbox, res.exit_code)
+        return Grade(1.0 if reward >= 1.0 else 0.0, None, 1, applied, res.exit_code, res.timed_out,
+                     res.output[-2000:])
+    finally:
+        sandbox.close()
+
+
+def grade_patch(task: HarborTask, patch: str, runtime: Runtime, retries: int, network: bool = False) -> Grade:
+    """Grade ``patch`` against ``task``; infrastructure failures are retried up to ``retries`` times."""
+    last = ""
+    for attempt in range(1, retries + 2):
+        try:
+            grade = _grade_once(task, patch, runtime, network)
+            return Grade(grade.reward, None, attempt, grade.patch_applied, grade.verifier_exit_code,
+                         grade.verifier_timed_out, grade.log_tail)
+        except InfraError as e:
+            last = str(e)
+            log.warning("grading %s: infrastructure failure (attempt %d of %d): %s", task.task_id, attempt,
+                        retries + 1, last)
+    return Grade(0.0, last, retries + 1, False, None, False, "")

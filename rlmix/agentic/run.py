@@ -1,0 +1,136 @@
+"""The library entry point of ``rlmix eval task=swebench_pro``: tasks -> episodes -> grades -> results.
+
+For each task and sample: start a sandbox (network off), snapshot the repository, run the episode,
+capture the patch, close the sandbox; then grade the patch in a fresh sandbox (``grading.py``).
+Infrastructure failures of the agent phase are retried ``grade_retries`` times, like grading's.
+Samples run one after another; a line per finished episode goes to ``progress``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlmix.agentic.config import RuntimeKind, SwebenchProConfig
+from rlmix.agentic.docker import DockerRuntime
+from rlmix.agentic.episode import Episode, EpisodeLimits, run_episode
+from rlmix.agentic.grading import grade_patch
+from rlmix.agentic.harbor import HarborTask, load_tasks, read_subset_file, select_subset
+from rlmix.agentic.local import LocalRuntime
+from rlmix.agentic.policy import AgentPolicy
+from rlmix.agentic.results import SampleOutcome, log_wandb, summarize, write_episode, write_results
+from rlmix.agentic.sandbox import InfraError, Runtime, capture_patch, snapshot_baseline
+from rlmix.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+RUNTIMES: dict[RuntimeKind, Callable[[SwebenchProConfig], Runtime]] = {
+    RuntimeKind.local: lambda cfg: LocalRuntime(memory_mb=cfg.local_memory_mb, max_procs=cfg.local_max_procs,
+                                                cpu_s=cfg.local_cpu_s, turn_timeout_s=cfg.turn_timeout_s),
+    RuntimeKind.docker: lambda cfg: DockerRuntime(image_prefix=cfg.docker_image_prefix),
+}
+
+
+def resolve_tasks(cfg: SwebenchProConfig) -> tuple[list[HarborTask], list[str] | None]:
+    """(tasks to evaluate, subset task ids or None when ``subset=all``); every input problem is a ConfigError."""
+    if not cfg.tasks_dir_set():
+        raise ConfigError("task.tasks_dir is not set: give the directory holding the Harbor task directories")
+    tasks = load_tasks(Path(cfg.tasks_dir))
+    if cfg.subset == "all":
+        return list(tasks.values()), None
+    if not cfg.subset_file:
+        raise ConfigError(f"task.subset={cfg.subset} needs task.subset_file (a list of instance ids), "
+                          f"or set task.subset=all")
+    ids = select_subset(tasks, read_subset_file(Path(cfg.subset_file)), cfg.expected_subset_size, cfg.subset_file)
+    chosen = list(tasks.values()) if cfg.eval_all_tasks else [tasks[t] for t in ids]
+    return chosen, ids
+
+
+def check_ks(ks: Sequence[int], samples: int) -> None:
+    if samples < 1:
+        raise ConfigError(f"eval.samples={samples} must be >= 1")
+    bad = [k for k in ks if not 1 <= k <= samples]
+    if not ks or bad:
+        raise ConfigError(f"eval.k={list(ks)} must be a non-empty list of values in 1..eval.samples={samples}")
+
+
+def episode_limits(cfg: SwebenchProConfig, task: HarborTask) -> EpisodeLimits:
+    return EpisodeLimits(max_turns=cfg.max_turns, turn_timeout_s=cfg.turn_timeout_s,
+                         agent_timeout_s=cfg.agent_timeout_s or task.agent_timeout_s,
+                         max_total_tokens=cfg.max_total_tokens, max_format_errors=cfg.max_format_errors,
+                         max_output_chars=cfg.max_output_chars)
+
+
+def _agent_phase(task: HarborTask, sample: int, policy: AgentPolicy, runtime: Runtime,
+                 cfg: SwebenchProConfig) -> tuple[Episode, str]:
+    """One episode and the patch it left; raises InfraError if the sandbox fails."""
+    sandbox = runtime.start(task, network=False)
+    try:
+        baseline = snapshot_baseline(sandbox)
+        episode = run_episode(task, sample, policy, sandbox, episode_limits(cfg, task))
+        return episode, capture_patch(sandbox, baseline)
+    finally:
+        sandbox.close()
+
+
+@dataclass(frozen=True)
+class SampleResult:
+    episode: Episode
+    outcome: SampleOutcome
+    patch: str
+
+
+def run_sample(task: HarborTask, sample: int, policy: AgentPolicy, runtime: Runtime,
+               cfg: SwebenchProConfig) -> SampleResult:
+    """Agent phase (retried on infra failure) then grading (retried inside ``grade_patch``)."""
+    start, error = time.monotonic(), None
+    for attempt in range(cfg.grade_retries + 1):
+        try:
+            runtime.prepare(task)
+            episode, patch = _agent_phase(task, sample, policy, runtime, cfg)
+            break
+        except InfraError as e:
+            error = str(e)
+            log.warning("%s sample %d: agent phase infrastructure failure (attempt %d): %s", task.task_id,
+                        sample, attempt + 1, error)
+    else:
+        outcome = SampleOutcome(task.task_id, sample, 0.0, error, "infra_error", 0, 0, 0, 0,
+                                time.monotonic() - start)
+        return SampleResult(Episode(task.task_id, sample, end_reason="infra_error"), outcome, "")
+    grade = grade_patch(task, patch, runtime, cfg.grade_retries, network=cfg.grade_network)
+    outcome = SampleOutcome(task.task_id, sample, grade.reward, grade.infra_error, episode.end_reason,
+                            episode.num_actions, episode.format_errors, len(patch.encode()), grade.attempts,
+                            time.monotonic() - start)
+    return SampleResult(episode, outcome, patch)
+
+
+def _progress_line(done: int, total: int, o: SampleOutcome) -> str:
+    verdict = f"infra failure ({o.infra_error[:80]})" if o.infra_error else f"reward {o.reward:g}"
+    return (f"[{done}/{total}] {o.task_id} #{o.sample}: {verdict}, {o.end_reason} after {o.actions} actions, "
+            f"{o.format_errors} format errors, {o.wall_s:.1f}s")
+
+
+def run_swebench_eval(cfg: SwebenchProConfig, policy: AgentPolicy, ks: list[int], samples: int, out_dir: Path,
+                      progress: Callable[[str], None] | None = None, wandb_run=None) -> dict:
+    """Evaluate ``policy`` on the configured tasks; writes the run directory and returns eval.json's content."""
+    check_ks(ks, samples)
+    tasks, subset_ids = resolve_tasks(cfg)
+    runtime = RUNTIMES[cfg.runtime](cfg)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    outcomes: list[SampleOutcome] = []
+    total = len(tasks) * samples
+    for task in tasks:
+        for sample in range(samples):
+            result = run_sample(task, sample, policy, runtime, cfg)
+            write_episode(out_dir, result.episode, result.outcome)
+            outcomes.append(result.outcome)
+            if progress is not None:
+                progress(_progress_line(len(outcomes), total, result.outcome))
+    summary = summarize(outcomes, ks, samples, cfg.subset, subset_ids)
+    write_results(out_dir, outcomes, summary)
+    log_wandb(wandb_run, outcomes, summary, subset_ids)
+    return summary

@@ -1,0 +1,80 @@
+"""The sandbox interface shared by the ``local`` and ``docker`` runtimes, and git helpers on top of it.
+
+A sandbox holds one copy of a task's repository. Each command runs in a fresh ``bash -c`` with the
+repository as its working directory, so state persists only through the file system. Paths the
+verifier needs are exposed as environment variables in every command:
+``TESTS_DIR`` (the task's tests/ once copied in), ``LOGS_DIR`` (``$LOGS_DIR/verifier/reward.txt``)
+and ``APP_DIR`` (the repository).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from rlmix.agentic.harbor import HarborTask
+
+GIT_ENV = "GIT_AUTHOR_NAME=rlmix GIT_AUTHOR_EMAIL=rlmix@localhost GIT_COMMITTER_NAME=rlmix " \
+          "GIT_COMMITTER_EMAIL=rlmix@localhost"
+
+
+class InfraError(RuntimeError):
+    """The sandbox itself failed (image build, engine, copy): retried, never scored as a failure."""
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int  # -1 when the command was killed at its time limit
+    output: str  # stdout and stderr interleaved
+    timed_out: bool
+    duration_s: float
+
+
+class Sandbox(Protocol):
+    workdir: str  # the repository, as commands see it
+    tests_dir: str  # where put_dir(task.tests_dir, ...) lands, as commands see it
+    logs_dir: str
+
+    def run(self, command: str, timeout_s: float, env: Mapping[str, str] | None = None) -> ExecResult: ...
+
+    def put_dir(self, host_dir: Path, sandbox_dir: str) -> None: ...
+
+    def put_file(self, sandbox_path: str, data: bytes) -> None: ...
+
+    def read_file(self, sandbox_path: str) -> bytes | None: ...
+
+    def close(self) -> None: ...
+
+
+class Runtime(Protocol):
+    def prepare(self, task: HarborTask) -> None:
+        """Whatever is needed once per task (build or pull the image); raises InfraError."""
+
+    def start(self, task: HarborTask, network: bool) -> Sandbox:
+        """A fresh sandbox with a clean copy of the task's repository; raises InfraError."""
+
+
+def snapshot_baseline(sandbox: Sandbox) -> str:
+    """Commit the pristine repository state and return its sha; the agent's patch is diffed against it.
+
+    Always a new commit (even on a clean git checkout) so untracked files present in the image are
+    part of the baseline, not of the agent's patch. Run in both the agent and the grading sandbox:
+    both come from the same image, so the patch applies.
+    """
+    cmd = (f"(git rev-parse --git-dir >/dev/null 2>&1 || git init -q) && git add -A && "
+           f"env {GIT_ENV} git commit -q --allow-empty --no-verify -m rlmix-baseline && git rev-parse HEAD")
+    res = sandbox.run(cmd, timeout_s=300.0)
+    sha = res.output.strip().splitlines()[-1] if res.output.strip() else ""
+    if res.exit_code != 0 or len(sha) != 40:
+        raise InfraError(f"could not snapshot the repository at {sandbox.workdir}: {res.output[-500:]}")
+    return sha
+
+
+def capture_patch(sandbox: Sandbox, baseline: str) -> str:
+    """The agent's changes (tracked, new and deleted files; binary-safe) as one git patch."""
+    res = sandbox.run(f"git add -A 2>/dev/null && git diff --cached --binary {baseline}", timeout_s=300.0)
+    if res.exit_code != 0:
+        raise InfraError(f"could not capture the patch: {res.output[-500:]}")
+    return res.output
