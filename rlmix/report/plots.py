@@ -1,0 +1,110 @@
+"""Per-arm curves against trainer step: mean over seeds, with a min–max band across seeds.
+
+matplotlib is imported lazily and used through its object API (``Figure`` + Agg canvas), so nothing
+here touches pyplot's global backend state or needs a display.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlmix.monitor import FORMAT_KEY, KL_KEY, REWARD_KEY
+from rlmix.report.runs import RunRecord
+
+
+@dataclass(frozen=True)
+class PlotSpec:
+    filename: str
+    key: str
+    title: str
+    ylabel: str
+    log: bool = False
+
+
+PLOTS = (
+    PlotSpec("reward.png", REWARD_KEY, "Reward", "reward/mean"),
+    PlotSpec("kl.png", KL_KEY, "Sampler–trainer KL (k3)", "mismatch/kl_k3 (log scale)", log=True),
+    PlotSpec("format_errors.png", FORMAT_KEY, "Format-error rate", "format/error_rate"),
+)
+
+
+@dataclass(frozen=True)
+class ArmCurve:
+    """One arm's curve: at each step, the mean / min / max over the seeds that logged that step."""
+
+    arm: str
+    seeds: int
+    steps: list[int]
+    mean: list[float]
+    low: list[float]
+    high: list[float]
+    collapse_steps: list[int]
+
+
+def arm_curves(runs: Sequence[RunRecord], key: str, positive_only: bool = False) -> list[ArmCurve]:
+    """Aggregate ``key`` per arm and step. ``positive_only`` drops values ≤ 0 (for a log axis)."""
+    by_arm: dict[str, list[RunRecord]] = defaultdict(list)
+    for run in runs:
+        by_arm[run.arm].append(run)
+    curves = []
+    for arm in sorted(by_arm):
+        per_step: dict[int, list[float]] = defaultdict(list)
+        collapse_steps = []
+        for run in by_arm[arm]:
+            for step, value in zip(*run.series(key)):
+                if value > 0 or not positive_only:
+                    per_step[step].append(value)
+            verdict, step, _ = run.collapse()
+            if verdict and step is not None:
+                collapse_steps.append(step)
+        if not per_step:
+            continue
+        steps = sorted(per_step)
+        curves.append(ArmCurve(
+            arm=arm,
+            seeds=len(by_arm[arm]),
+            steps=steps,
+            mean=[sum(per_step[s]) / len(per_step[s]) for s in steps],
+            low=[min(per_step[s]) for s in steps],
+            high=[max(per_step[s]) for s in steps],
+            collapse_steps=sorted(collapse_steps),
+        ))
+    return curves
+
+
+def write_plots(runs: Sequence[RunRecord], out_dir: Path) -> list[Path]:
+    """Write one PNG per ``PLOTS`` entry into ``out_dir``; an arm-less plot says "no data"."""
+    return [_plot(runs, spec, out_dir / spec.filename) for spec in PLOTS]
+
+
+def _plot(runs: Sequence[RunRecord], spec: PlotSpec, path: Path) -> Path:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 5), dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    curves = arm_curves(runs, spec.key, positive_only=spec.log)
+    for i, curve in enumerate(curves):
+        color = f"C{i % 10}"
+        ax.plot(curve.steps, curve.mean, color=color, label=f"{curve.arm} (n={curve.seeds})")
+        if curve.seeds > 1:
+            ax.fill_between(curve.steps, curve.low, curve.high, color=color, alpha=0.2, linewidth=0)
+        marks = [(s, m) for s, m in zip(curve.steps, curve.mean) if s in set(curve.collapse_steps)]
+        if marks:
+            ax.scatter(*zip(*marks), marker="x", s=60, color=color, zorder=3)
+    if spec.log and curves:
+        ax.set_yscale("log")
+    if not curves:
+        ax.text(0.5, 0.5, f"no data for {spec.key}", ha="center", va="center", transform=ax.transAxes)
+    ax.set_title(f"{spec.title} by arm (mean over seeds, band = min–max, x = collapse)")
+    ax.set_xlabel("trainer step")
+    ax.set_ylabel(spec.ylabel)
+    ax.grid(True, alpha=0.3)
+    if curves:
+        ax.legend(loc="best", fontsize="small")
+    fig.savefig(path)
+    return path

@@ -1,0 +1,141 @@
+"""Find and load run directories: a single run, a Hydra multirun, or a folder of either.
+
+A run directory is any directory holding ``metrics.jsonl`` (architecture.md, "Run directory"). Its
+``.hydra/config.yaml`` gives the arm (``name``) and ``seed``; ``.hydra/overrides.yaml`` the command-line
+overrides; ``summary.json`` (absent while a run is still going) the final verdict and wall time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlmix.errors import ConfigError
+
+# Overrides that do not make a different arm: the seed varies within an arm, and the experiment /
+# name overrides are already what ``name`` says. ``hydra.*`` only moves output directories.
+_NOT_AN_ARM = ("seed=", "+seed=", "experiment=", "+experiment=", "name=", "+name=", "hydra.", "+hydra.")
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One run as read from disk. ``metrics`` keeps ``metrics.jsonl``'s rows in file order."""
+
+    path: Path
+    label: str  # the run's path relative to the directory that was collected ("." for a single run)
+    arm: str  # ``name`` from the config, plus the overrides that set this run apart from the others
+    seed: int | None
+    overrides: tuple[str, ...]
+    metrics: tuple[Mapping[str, Any], ...]
+    summary: Mapping[str, Any] | None
+
+    def series(self, key: str) -> tuple[list[int], list[float]]:
+        """(steps, values) of one metric over the rows that have a finite number for it."""
+        steps, values = [], []
+        for row in self.metrics:
+            value = row.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                steps.append(int(row["step"]))
+                values.append(float(value))
+        return steps, values
+
+    def collapse(self) -> tuple[bool, int | None, str]:
+        """(verdict, step, reason): ``summary.json``'s ``collapse`` when there is one, else the first
+        ``metrics.jsonl`` row with ``monitor/collapse`` = 1 (a run still going, or killed)."""
+        if self.summary is not None and isinstance(self.summary.get("collapse"), dict):
+            c = self.summary["collapse"]
+            step = c.get("step")
+            return bool(c.get("verdict")), step if isinstance(step, int) else None, str(c.get("reason") or "")
+        for row in self.metrics:
+            if row.get("monitor/collapse"):
+                return True, int(row["step"]), str(row.get("monitor/reason") or "")
+        return False, None, ""
+
+
+def collect_runs(path: str | Path) -> list[RunRecord]:
+    """All run directories at or below ``path``, in natural path order (job 2 before job 10)."""
+    root = Path(path)
+    if not root.is_dir():
+        raise ConfigError(f"report: {root} is not a directory (give a run or multirun directory)")
+    run_dirs = sorted({p.parent for p in root.rglob("metrics.jsonl")}, key=_natural_key)
+    if not run_dirs:
+        raise ConfigError(f"report: no run directories (with metrics.jsonl) under {root}")
+    runs = [_load_run(d, root) for d in run_dirs]
+    return _label_arms(runs)
+
+
+def _natural_key(path: Path) -> list[tuple[int, int | str]]:
+    return [(0, int(tok)) if tok.isdigit() else (1, tok) for tok in re.split(r"(\d+)", path.as_posix()) if tok]
+
+
+def _load_run(run_dir: Path, root: Path) -> RunRecord:
+    config = _read_yaml(run_dir / ".hydra" / "config.yaml")
+    overrides = _read_yaml(run_dir / ".hydra" / "overrides.yaml")
+    if not isinstance(config, dict):
+        config = {}
+    seed = config.get("seed")
+    summary_path = run_dir / "summary.json"
+    return RunRecord(
+        path=run_dir,
+        label=run_dir.relative_to(root).as_posix(),
+        arm=str(config.get("name", run_dir.name)),
+        seed=seed if isinstance(seed, int) else None,
+        overrides=tuple(str(o) for o in overrides) if isinstance(overrides, list) else (),
+        metrics=tuple(read_metrics(run_dir / "metrics.jsonl")),
+        summary=_read_json(summary_path) if summary_path.is_file() else None,
+    )
+
+
+def _read_yaml(path: Path) -> Any:
+    if not path.is_file():
+        return None
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"report: {path} is not valid YAML ({exc.__class__.__name__})") from None
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"report: {path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """Rows of a ``metrics.jsonl``. A cut-off last line (a run killed mid-write) is dropped; any other
+    bad line is an error naming the file and line."""
+    lines = path.read_text().splitlines()
+    rows = []
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if lineno == len(lines):
+                break
+            raise ConfigError(f"report: {path}:{lineno} is not a JSON object") from None
+        if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+            raise ConfigError(f"report: {path}:{lineno} needs a JSON object with an integer 'step'")
+        rows.append(row)
+    return rows
+
+
+def _label_arms(runs: Sequence[RunRecord]) -> list[RunRecord]:
+    """Append to each ``name`` the overrides that not every run shares (e.g. ``trainer.lr=3e-5``), so
+    a sweep over something other than the experiment does not pool different settings as seeds."""
+    variants = [tuple(o for o in run.overrides if not o.startswith(_NOT_AN_ARM)) for run in runs]
+    shared = set.intersection(*(set(v) for v in variants))
+    labelled = []
+    for run, variant in zip(runs, variants):
+        extra = " ".join(o for o in variant if o not in shared)
+        labelled.append(replace(run, arm=f"{run.arm} {extra}") if extra else run)
+    return labelled

@@ -1,0 +1,163 @@
+"""One row per run: the numbers a sweep is judged by, and their markdown / CSV / JSON / console forms.
+
+Definitions (over the rows of ``metrics.jsonl`` that carry the metric, in step order):
+
+- final reward = mean of ``reward/mean`` over the last ``final_steps`` rows (one step is too noisy);
+- peak reward = max over the trailing means of ``final_steps`` consecutive rows (so final ≤ peak);
+- KL growth = mean ``mismatch/kl_k3`` over the last ``final_steps`` rows / its mean over the early
+  window: rows ``[skip_steps, skip_steps + early_steps)`` (the defaults mirror the collapse monitor's
+  ``warmup_steps`` and ``baseline_steps``); n/a when no row falls in the early window or its mean is 0;
+- final format-error rate = mean of ``format/error_rate`` over the last ``final_steps`` rows;
+- collapse verdict, step and reason = ``summary.json``'s ``collapse``, or, for a run without a summary
+  (still going, or killed), the first row with ``monitor/collapse`` = 1;
+- wall time = ``summary.json``'s ``wall_time_s``, else the last row's ``time``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from rlmix.monitor import FORMAT_KEY, KL_KEY, REWARD_KEY
+from rlmix.report.runs import RunRecord
+
+
+@dataclass(frozen=True)
+class ReportWindows:
+    final_steps: int = 5
+    skip_steps: int = 5
+    early_steps: int = 10
+
+
+@dataclass(frozen=True)
+class RunRow:
+    arm: str
+    seed: int | None
+    steps: int  # rows in metrics.jsonl
+    final_reward: float | None
+    peak_reward: float | None
+    kl_growth: float | None
+    final_format_error: float | None
+    collapse: bool
+    collapse_step: int | None
+    collapse_reason: str
+    wall_time_s: float | None
+    run: str  # the run's path relative to the collected directory
+
+
+def summarize(runs: Sequence[RunRecord], windows: ReportWindows = ReportWindows()) -> list[RunRow]:
+    """Rows sorted by (arm, seed, run)."""
+    rows = [_row(run, windows) for run in runs]
+    return sorted(rows, key=lambda r: (r.arm, r.seed if r.seed is not None else -1, r.run))
+
+
+def _row(run: RunRecord, w: ReportWindows) -> RunRow:
+    _, reward = run.series(REWARD_KEY)
+    _, kl = run.series(KL_KEY)
+    _, fmt = run.series(FORMAT_KEY)
+    collapse, step, reason = run.collapse()
+    return RunRow(
+        arm=run.arm,
+        seed=run.seed,
+        steps=len(run.metrics),
+        final_reward=_tail_mean(reward, w.final_steps),
+        peak_reward=max(_trailing_means(reward, w.final_steps), default=None),
+        kl_growth=_ratio(_tail_mean(kl, w.final_steps), _mean(kl[w.skip_steps : w.skip_steps + w.early_steps])),
+        final_format_error=_tail_mean(fmt, w.final_steps),
+        collapse=collapse,
+        collapse_step=step,
+        collapse_reason=reason,
+        wall_time_s=_wall_time(run),
+        run=run.label,
+    )
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def _tail_mean(values: Sequence[float], n: int) -> float | None:
+    return _mean(values[-n:])
+
+
+def _trailing_means(values: Sequence[float], n: int) -> list[float]:
+    """Means of every window of ``n`` consecutive values (one mean of all when fewer than ``n``)."""
+    if len(values) <= n:
+        return [statistics.fmean(values)] if values else []
+    return [statistics.fmean(values[i - n : i]) for i in range(n, len(values) + 1)]
+
+
+def _ratio(late: float | None, early: float | None) -> float | None:
+    return late / early if late is not None and early else None
+
+
+def _wall_time(run: RunRecord) -> float | None:
+    if run.summary is not None and isinstance(run.summary.get("wall_time_s"), (int, float)):
+        return float(run.summary["wall_time_s"])
+    times = [row["time"] for row in run.metrics if isinstance(row.get("time"), (int, float))]
+    return float(times[-1]) if times else None
+
+
+def _num(fmt: str) -> Callable[[float | None], str]:
+    return lambda v: "n/a" if v is None else format(v, fmt)
+
+
+# (header, field, formatter) for the human-readable tables; CSV/JSON keep full precision.
+_COLUMNS: tuple[tuple[str, str, Callable], ...] = (
+    ("arm", "arm", str),
+    ("seed", "seed", lambda v: "-" if v is None else str(v)),
+    ("steps", "steps", str),
+    ("final reward", "final_reward", _num(".3f")),
+    ("peak reward", "peak_reward", _num(".3f")),
+    ("KL growth", "kl_growth", lambda v: "n/a" if v is None else f"{v:.2f}x"),
+    ("final fmt err", "final_format_error", _num(".3f")),
+    ("collapse", "collapse", lambda v: "yes" if v else "no"),
+    ("collapse step", "collapse_step", lambda v: "-" if v is None else str(v)),
+    ("wall time (s)", "wall_time_s", _num(".1f")),
+    ("run", "run", str),
+)
+
+
+def _cells(rows: Sequence[RunRow]) -> tuple[list[str], list[list[str]]]:
+    headers = [h for h, _, _ in _COLUMNS]
+    return headers, [[fmt(getattr(row, name)) for _, name, fmt in _COLUMNS] for row in rows]
+
+
+def format_table(rows: Sequence[RunRow]) -> str:
+    """Plain-text table with aligned columns, for the console."""
+    headers, body = _cells(rows)
+    widths = [max(len(c) for c in col) for col in zip(headers, *body)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [headers, *body]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def print_table(rows: Sequence[RunRow]) -> None:
+    print(format_table(rows))
+
+
+def markdown_table(rows: Sequence[RunRow]) -> str:
+    """GitHub-flavoured markdown; collapse reasons follow as a list (too long for a cell)."""
+    headers, body = _cells(rows)
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in line) + " |" for line in body]
+    reasons = [f"- `{r.run}` ({r.arm}, seed {r.seed}): step {r.collapse_step}: {r.collapse_reason}" for r in rows if r.collapse]
+    if reasons:
+        lines += ["", "Collapse reasons:", "", *reasons]
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(rows: Sequence[RunRow], path: Path) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow([f.name for f in fields(RunRow)])
+        for row in rows:
+            writer.writerow(["" if v is None else v for v in asdict(row).values()])
+
+
+def write_json(rows: Sequence[RunRow], path: Path) -> None:
+    path.write_text(json.dumps([asdict(row) for row in rows], indent=2) + "\n")

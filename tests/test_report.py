@@ -1,0 +1,216 @@
+"""`rlmix report` on synthetic run directories laid out as `rlmix train -m` (Hydra multirun) writes them."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlmix.errors import ConfigError
+from rlmix.report import ReportWindows, collect_runs, format_table, summarize, write_report
+from rlmix.report.plots import arm_curves
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+N = 20  # steps per fixture run
+
+
+def write_run(
+    run_dir: Path,
+    name: str,
+    seed: int,
+    rows: list[dict],
+    summary: dict | None = None,
+    overrides: list[str] | None = None,
+) -> Path:
+    (run_dir / ".hydra").mkdir(parents=True)
+    config = {"name": name, "seed": seed, "trainer": {"lr": 3e-5}, "monitor": {"action": "warn"}}
+    (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    overrides = overrides if overrides is not None else [f"+experiment={name}", f"seed={seed}"]
+    (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if summary is not None:
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+    return run_dir
+
+
+def collapsing_rows() -> list[dict]:
+    """Reward 0.2 → 0.6 at step 10 → 0.1 at step 15; KL ×10 and format errors 0.2 → 0.7 at step 15."""
+    rows = []
+    for t in range(N):
+        late = t >= 15
+        rows.append({
+            "step": t,
+            "time": 3.0 * t,
+            "reward/mean": 0.1 if late else (0.6 if t >= 10 else 0.2),
+            "mismatch/kl_k3": 0.01 if late else 0.001,
+            "format/error_rate": 0.7 if late else 0.2,
+            "train/grad_norm": 1.0,
+            "monitor/collapse": int(t >= 16),
+            "monitor/reason": "reward_drop: reward EMA fell" if t >= 16 else "",
+        })
+    return rows
+
+
+def stable_rows(offset: float = 0.0) -> list[dict]:
+    """Reward rising 0.3 + 0.01 t (+ offset), constant KL and format errors, no collapse."""
+    return [
+        {
+            "step": t,
+            "time": 2.0 * t,
+            "reward/mean": 0.3 + 0.01 * t + offset,
+            "mismatch/kl_k3": 0.002,
+            "format/error_rate": 0.1,
+            "monitor/collapse": 0,
+            "monitor/reason": "",
+        }
+        for t in range(N)
+    ]
+
+
+COLLAPSE_SUMMARY = {
+    "reward/mean": 0.1,
+    "collapse": {"verdict": True, "step": 16, "reason": "reward_drop: reward EMA fell"},
+    "wall_time_s": 123.4,
+    "fleet": {"pools": {"h100_fp8": {"count": 1}}},
+}
+
+
+@pytest.fixture()
+def multirun(tmp_path: Path) -> Path:
+    """multirun/2026-12-02/10-00-00/{0,1}: grpo seed 0 (collapsed, finished), sc_mis seed 0 (no summary yet)."""
+    sweep = tmp_path / "multirun" / "2026-12-02" / "10-00-00"
+    write_run(sweep / "0", "grpo", 0, collapsing_rows(), COLLAPSE_SUMMARY)
+    write_run(sweep / "1", "sc_mis", 0, stable_rows())
+    (sweep / "multirun.yaml").write_text("hydra: {mode: MULTIRUN}\n")
+    return sweep
+
+
+def test_collect_runs_reads_a_multirun(multirun: Path) -> None:
+    runs = collect_runs(multirun)
+    assert [(r.label, r.arm, r.seed) for r in runs] == [("0", "grpo", 0), ("1", "sc_mis", 0)]
+    assert runs[0].overrides == ("+experiment=grpo", "seed=0")
+    assert runs[0].summary is not None and runs[1].summary is None
+    assert len(runs[0].metrics) == N
+
+
+def test_summarize_matches_hand_computed_values(multirun: Path) -> None:
+    grpo, sc_mis = summarize(collect_runs(multirun))
+    # grpo: last 5 steps are the collapsed level; the best 5-step mean is steps 10..14 (all 0.6);
+    # KL over steps 15..19 is 0.01 vs 0.001 on the early window (rows 5..14).
+    assert (grpo.arm, grpo.seed, grpo.steps) == ("grpo", 0, N)
+    assert grpo.final_reward == pytest.approx(0.1)
+    assert grpo.peak_reward == pytest.approx(0.6)
+    assert grpo.kl_growth == pytest.approx(10.0)
+    assert grpo.final_format_error == pytest.approx(0.7)
+    assert (grpo.collapse, grpo.collapse_step, grpo.wall_time_s) == (True, 16, 123.4)
+    assert grpo.collapse_reason.startswith("reward_drop")
+    # sc_mis: mean of 0.3 + 0.01 t over t = 15..19 is 0.47, also its peak (monotone); no summary, so
+    # the wall time is the last row's time (2 s × 19) and the verdict comes from metrics.jsonl.
+    assert sc_mis.final_reward == pytest.approx(0.47)
+    assert sc_mis.peak_reward == pytest.approx(0.47)
+    assert sc_mis.kl_growth == pytest.approx(1.0)
+    assert sc_mis.final_format_error == pytest.approx(0.1)
+    assert (sc_mis.collapse, sc_mis.collapse_step, sc_mis.wall_time_s) == (False, None, 38.0)
+
+
+def test_windows_are_configurable(multirun: Path) -> None:
+    grpo = summarize(collect_runs(multirun / "0"), ReportWindows(final_steps=10, skip_steps=0, early_steps=5))[0]
+    assert grpo.final_reward == pytest.approx((5 * 0.6 + 5 * 0.1) / 10)  # steps 10..19
+    assert grpo.peak_reward == pytest.approx((5 * 0.2 + 5 * 0.6) / 10)  # steps 5..14
+    assert grpo.kl_growth == pytest.approx((5 * 0.001 + 5 * 0.01) / 10 / 0.001)
+
+
+def test_write_report_writes_table_and_plots(multirun: Path) -> None:
+    out = write_report(multirun)
+    assert out == multirun / "report"
+    md = (out / "report.md").read_text()
+    assert "| arm | seed |" in md and "| grpo | 0 | 20 | 0.100 | 0.600 | 10.00x | 0.700 | yes | 16 | 123.4 | 0 |" in md
+    assert "| sc_mis | 0 | 20 | 0.470 | 0.470 | 1.00x | 0.100 | no | - | 38.0 | 1 |" in md
+    assert "reward_drop: reward EMA fell" in md and "![Reward](reward.png)" in md
+    with (out / "report.csv").open() as f:
+        table = list(csv.DictReader(f))
+    assert [r["arm"] for r in table] == ["grpo", "sc_mis"]
+    assert float(table[0]["kl_growth"]) == pytest.approx(10.0) and table[1]["collapse_step"] == ""
+    assert json.loads((out / "report.json").read_text())[0]["collapse_step"] == 16
+    for name in ("reward.png", "kl.png", "format_errors.png"):
+        data = (out / name).read_bytes()
+        assert data[:8] == PNG_MAGIC and len(data) > 10_000, name
+
+
+def test_report_over_several_multiruns_pools_seeds_into_bands(multirun: Path, tmp_path: Path) -> None:
+    second = tmp_path / "multirun" / "2026-12-02" / "11-00-00"
+    write_run(second / "0", "sc_mis", 1, stable_rows(offset=0.1))
+    write_run(second / "1", "sc_mis", 2, stable_rows(offset=0.2))
+    runs = collect_runs(tmp_path / "multirun")
+    assert sorted((r.arm, r.seed) for r in runs) == [("grpo", 0), ("sc_mis", 0), ("sc_mis", 1), ("sc_mis", 2)]
+    grpo, sc_mis = arm_curves(runs, "reward/mean")
+    assert (grpo.arm, grpo.seeds, sc_mis.arm, sc_mis.seeds) == ("grpo", 1, "sc_mis", 3)
+    assert grpo.collapse_steps == [16] and sc_mis.collapse_steps == []
+    assert sc_mis.steps == list(range(N))
+    assert sc_mis.mean[4] == pytest.approx(0.34 + 0.1) and sc_mis.low[4] == pytest.approx(0.34)
+    assert sc_mis.high[4] == pytest.approx(0.54)
+    out = write_report(tmp_path / "multirun", out_dir=tmp_path / "out")
+    assert len((out / "report.md").read_text().splitlines()) > 6
+    assert (out / "kl.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_runs_in_natural_order_and_arms_split_by_differing_overrides(tmp_path: Path) -> None:
+    for job in (2, 10):
+        lr = "1e-5" if job == 2 else "3e-5"
+        overrides = ["+experiment=sc", f"trainer.lr={lr}", "fleet=emulated_hetero6", "seed=0"]
+        write_run(tmp_path / str(job), "sc", 0, stable_rows(), overrides=overrides)
+    runs = collect_runs(tmp_path)
+    assert [r.label for r in runs] == ["2", "10"]
+    assert [r.arm for r in runs] == ["sc trainer.lr=1e-5", "sc trainer.lr=3e-5"]  # shared fleet= dropped
+
+
+def test_log_axis_drops_non_positive_kl_and_missing_metric_still_plots(tmp_path: Path) -> None:
+    rows = [{"step": t, "time": t, "reward/mean": 0.5, "mismatch/kl_k3": 0.0 if t < 3 else 1e-3} for t in range(8)]
+    write_run(tmp_path / "run", "tiny", 0, rows)
+    runs = collect_runs(tmp_path / "run")
+    assert arm_curves(runs, "mismatch/kl_k3", positive_only=True)[0].steps == list(range(3, 8))
+    assert arm_curves(runs, "format/error_rate") == []
+    out = write_report(tmp_path / "run")
+    assert (out / "format_errors.png").read_bytes()[:8] == PNG_MAGIC  # a "no data" plot
+    (row,) = summarize(runs)
+    assert row.final_format_error is None
+    assert row.kl_growth == pytest.approx(1.0)  # a short run's early window is what it has: rows 5..7
+
+
+def test_kl_growth_is_none_when_the_early_window_is_empty_or_zero(tmp_path: Path) -> None:
+    zero = [{"step": t, "mismatch/kl_k3": 0.0 if t < 15 else 0.01} for t in range(20)]
+    short = [{"step": t, "mismatch/kl_k3": 0.01} for t in range(5)]
+    write_run(tmp_path / "zero", "a", 0, zero)
+    write_run(tmp_path / "short", "b", 0, short)
+    rows = {r.arm: r for r in summarize(collect_runs(tmp_path))}
+    assert rows["a"].kl_growth is None and rows["b"].kl_growth is None
+
+
+def test_format_table_is_plain_text(multirun: Path) -> None:
+    text = format_table(summarize(collect_runs(multirun)))
+    lines = text.splitlines()
+    assert lines[0].split()[:2] == ["arm", "seed"] and set(lines[1]) <= {"-", " "}
+    assert lines[2].split()[:3] == ["grpo", "0", "20"] and "n/a" not in text and "|" not in text
+
+
+def test_truncated_last_line_is_dropped_but_a_bad_middle_line_is_an_error(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", "a", 0, stable_rows())
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 20, "reward/me')
+    assert len(collect_runs(run)[0].metrics) == N
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    lines[3] = "not json"
+    (run / "metrics.jsonl").write_text("\n".join(lines[:-1]) + "\n")
+    with pytest.raises(ConfigError, match=r"metrics.jsonl:4"):
+        collect_runs(run)
+
+
+def test_bad_paths_are_config_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not a directory"):
+        collect_runs(tmp_path / "nope")
+    (tmp_path / "empty" / "0").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="no run directories"):
+        write_report(tmp_path / "empty")
