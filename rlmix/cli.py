@@ -1,0 +1,85 @@
+"""The ``rlmix`` command. Imports stay light here: ``rlmix --help`` answers in well under a second."""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import typer
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Asynchronous RL with a heterogeneous sampler fleet and explicit off-policy correction.",
+)
+
+_PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code=2)
+
+
+@app.command(context_settings=_PASSTHROUGH, add_help_option=False)
+def train(ctx: typer.Context) -> None:
+    """Train with Hydra overrides, e.g. `rlmix train +experiment=sc_mis seed=1`.
+
+    Everything after `train` goes to Hydra: `-m` sweeps, `--cfg job`, `--help` (lists the
+    config groups), launcher and sweeper plugins.
+    """
+    from rlmix.config.hydra_app import run_train
+    from rlmix.errors import ConfigError
+
+    try:
+        run_train(list(ctx.args))
+    except ConfigError as err:
+        _fail(str(err))
+
+
+@app.command(context_settings=_PASSTHROUGH)
+def eval(ctx: typer.Context) -> None:  # noqa: A001 - the command is called eval
+    """Evaluate a checkpoint with pass@k: `rlmix eval eval.checkpoint=<run dir> task.split=hard51 eval.k=[1,4]`."""
+    from rlmix.errors import ConfigError
+    from rlmix.eval.command import run_eval
+
+    try:
+        run_eval(list(ctx.args))
+    except ConfigError as err:
+        _fail(str(err))
+
+
+@app.command(context_settings=_PASSTHROUGH)
+def probe(ctx: typer.Context) -> None:
+    """Measure each pool's mismatch against the trainer, without training: `rlmix probe fleet=emulated_hetero6`."""
+    from rlmix.errors import ConfigError
+    from rlmix.eval.probe_command import run_probe
+
+    try:
+        run_probe(list(ctx.args))
+    except ConfigError as err:
+        _fail(str(err))
+
+
+@app.command()
+def report(
+    path: str = typer.Argument(..., help="A run directory, a multirun directory, or a folder of them."),
+    out: Optional[str] = typer.Option(None, help="Where to write report.md and the plots (default: PATH)."),
+) -> None:
+    """Table and plots across the runs of a sweep."""
+    from rlmix.errors import ConfigError
+    from rlmix.report import run_report
+
+    try:
+        run_report(path, out)
+    except ConfigError as err:
+        _fail(str(err))
+
+
+def main() -> None:
+    app(prog_name="rlmix")
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)

@@ -1,0 +1,129 @@
+"""Config becomes a typed object once, here, and is checked once, here.
+
+``to_run_config`` turns Hydra's composed ``DictConfig`` into a ``RunConfig``; ``validate``
+applies the cross-field rules (corrections.md §4, accelerator support, batch shapes) and raises
+``ConfigError`` naming the keys to change. ``one_line`` turns any composition error into the
+single line the CLI prints.
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig, OmegaConf
+
+from rlmix.config.schema import MiniCodeTaskConfig, Objective, RunConfig, SamplerBackend
+from rlmix.errors import ConfigError
+
+
+def to_run_config(cfg: DictConfig) -> RunConfig:
+    try:
+        run = OmegaConf.to_object(cfg)
+    except Exception as err:  # MISSING values and the like surface here
+        raise ConfigError(one_line(err)) from None
+    return run
+
+
+def validate(cfg: RunConfig, for_training: bool = True) -> RunConfig:
+    """Every cross-field rule, checked before any process starts. Returns ``cfg`` unchanged."""
+    _check_loop(cfg)
+    _check_correction(cfg)
+    _check_fleet(cfg)
+    if for_training and not isinstance(cfg.task, MiniCodeTaskConfig):
+        raise ConfigError("rlmix train needs task=minicode; task=swebench_pro is for `rlmix eval`")
+    return cfg
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _check_loop(cfg: RunConfig) -> None:
+    loop = cfg.loop
+    _require(loop.steps >= 1, f"loop.steps={loop.steps}: must be >= 1")
+    _require(loop.group_size >= 2, f"loop.group_size={loop.group_size}: group baselines need >= 2 samples per prompt")
+    _require(loop.groups_per_request >= 1, f"loop.groups_per_request={loop.groups_per_request}: must be >= 1")
+    _require(
+        loop.groups_per_step % loop.groups_per_request == 0,
+        f"loop.groups_per_step={loop.groups_per_step} must be a multiple of "
+        f"loop.groups_per_request={loop.groups_per_request} (a batch takes whole requests)",
+    )
+    _require(
+        loop.max_staleness is None or loop.max_staleness >= 0,
+        f"loop.max_staleness={loop.max_staleness}: must be null (unbounded) or >= 0",
+    )
+    capacity = loop.buffer_groups
+    _require(
+        capacity is None or capacity >= loop.groups_per_step,
+        f"loop.buffer_groups={capacity} must be >= loop.groups_per_step={loop.groups_per_step}",
+    )
+    _require(loop.temperature > 0, f"loop.temperature={loop.temperature}: must be > 0")
+    _require(loop.max_new_tokens >= 1, f"loop.max_new_tokens={loop.max_new_tokens}: must be >= 1")
+    _require(loop.weight_sync_every >= 1, f"loop.weight_sync_every={loop.weight_sync_every}: must be >= 1")
+    _require(cfg.trainer.micro_batch_size >= 1, f"trainer.micro_batch_size={cfg.trainer.micro_batch_size}: must be >= 1")
+    _require(cfg.trainer.lr > 0, f"trainer.lr={cfg.trainer.lr}: must be > 0")
+
+
+def _check_correction(cfg: RunConfig) -> None:
+    c = cfg.correction
+    centered = c.mode.value.startswith("sc")
+    _require(
+        not (centered and c.objective is Objective.ppo_clip),
+        f"correction.mode={c.mode.value} cannot be combined with correction.objective=ppo_clip "
+        "(score centering cannot be substituted into PPO clipping, corrections.md §3.2); "
+        "use correction.objective=reinforce or correction.mode=none|tis|mis",
+    )
+    _require(0 < c.low <= 1 <= c.high, f"correction.low={c.low}, correction.high={c.high}: need 0 < low <= 1 <= high")
+    _require(c.cap >= 1, f"correction.cap={c.cap}: the TIS cap must be >= 1")
+    _require(
+        not centered or c.num_candidates >= 1,
+        f"correction.mode={c.mode.value} needs correction.num_candidates >= 1 (the sampler's top-K head)",
+    )
+
+
+def _check_fleet(cfg: RunConfig) -> None:
+    from rlmix.orchestration.fleet import pool_view
+
+    fleet, c = cfg.fleet, cfg.correction
+    _require(bool(fleet.pools), "fleet.pools is empty: a run needs at least one sampler pool")
+    for name, pool in fleet.pools.items():
+        key = f"fleet.pools.{name}"
+        _require(pool.count >= 1, f"{key}.count={pool.count}: must be >= 1")
+        top_p = fleet.top_p if pool.top_p is None else pool.top_p
+        top_k = fleet.top_k if pool.top_k is None else pool.top_k
+        _require(0 < top_p <= 1, f"{key}: top_p={top_p} must be in (0, 1]")
+        _require(top_k >= 0, f"{key}: top_k={top_k} must be >= 0 (0 = off)")
+        if top_p < 1 or top_k > 0:
+            _require(
+                c.replay_support,
+                f"{key} truncates (top_p={top_p}, top_k={top_k}) but correction.replay_support=false: every ratio "
+                "would be scaled by the kept mass (corrections.md §4); set correction.replay_support=true or top_p=1, top_k=0",
+            )
+            _require(
+                top_k == 0 or c.support_slots >= top_k,
+                f"correction.support_slots={c.support_slots} < top_k={top_k} of {key}: the support would not fit",
+            )
+        if pool.backend is SamplerBackend.vllm:
+            from rlmix.samplers.vllm_sampler import check_pool  # the backend's own platform rules
+
+            check_pool(name, pool)
+        pool_view(name, pool)  # ConfigError for an unknown accelerator or an unsupported precision
+
+
+def one_line(err: BaseException) -> str:
+    """A composition/validation error as one line: the key at fault and what is allowed."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    causes = [err]
+    while causes[-1].__cause__ is not None:
+        causes.append(causes[-1].__cause__)
+    for cause in reversed(causes):
+        if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
+            msg = str(cause).splitlines()[0].strip()
+            return f"{cause.full_key}: {msg}"
+    text = str(err)
+    if "Available options in" in text:  # an unknown group option: list the valid ones on the line
+        head = text.split("\n")[0].replace("In 'train': ", "")
+        options = [ln.strip() for ln in text.split("Available options in")[1].splitlines()[1:] if ln.startswith("\t")]
+        return f"{head}; available: {', '.join(options)}"
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return " ".join(lines[:2]) if lines else type(err).__name__

@@ -1,0 +1,191 @@
+"""Typed configuration: the one place every default lives.
+
+Each dataclass is registered in Hydra's ConfigStore (``register_configs``), so a YAML typo or a
+wrong type fails at load time. The YAML files under ``conf/`` pick values; they never invent keys.
+Hydra 1.3 / OmegaConf 2.3 constraints shape this file: enums instead of ``Literal`` (member names
+are the YAML spelling), no unions of dataclasses, no frozen schemas.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from rlmix.agentic.config import SwebenchProConfig
+from rlmix.correction import CorrectionMode
+from rlmix.models.embedded import EmbeddedModelSpec
+from rlmix.monitor import MonitorConfig
+from rlmix.trainers.deepspeed_config import DeepSpeedConfig
+
+
+class Objective(enum.Enum):
+    reinforce = "reinforce"  # corrections.md §3: the SC arms
+    ppo_clip = "ppo_clip"  # corrections.md §5: the grpo / icepop arms
+
+
+class AdvantageNorm(enum.Enum):
+    group_mean = "group_mean"  # reward minus its group's mean (the SC arms)
+    group_mean_std = "group_mean_std"  # ... divided by the group's std (GRPO)
+
+
+class SamplerBackend(enum.Enum):
+    torch = "torch"
+    vllm = "vllm"
+
+
+class TrainerBackend(enum.Enum):
+    torch = "torch"
+    deepspeed = "deepspeed"
+
+
+class WandbMode(enum.Enum):
+    disabled = "disabled"
+    offline = "offline"
+    online = "online"
+
+
+@dataclass
+class PoolConfig:
+    """One pool of identical sampler instances (one Ray actor each)."""
+
+    accelerator: str = "CPU"  # a key of rlmix.samplers.accelerators.CATALOG
+    precision: str = "bf16"  # weight format: fp32 bf16 fp16 fp8_e4m3 fp8_e5m2 int8 int4 nvfp4
+    kv_precision: Optional[str] = None  # None: the accelerator's default for this precision
+    count: int = 1
+    backend: SamplerBackend = SamplerBackend.torch
+    top_p: Optional[float] = None  # None: the fleet's default
+    top_k: Optional[int] = None  # None: the fleet's default
+    allow_emulation: bool = False  # emulate a precision the accelerator lacks (logged as such)
+
+
+@dataclass
+class FleetConfig:
+    name: str = "single_bf16"
+    pools: dict[str, PoolConfig] = field(default_factory=dict)
+    top_p: float = 1.0  # run-level default for every pool
+    top_k: int = 0  # 0 = off
+
+
+@dataclass
+class CorrectionConfig:
+    """Objective and off-policy correction (corrections.md §2–§5)."""
+
+    mode: CorrectionMode = CorrectionMode.sc_mis
+    objective: Objective = Objective.reinforce
+    advantage: AdvantageNorm = AdvantageNorm.group_mean
+    low: float = 0.5  # MIS band [low, high]
+    high: float = 5.0
+    cap: float = 2.0  # TIS cap
+    eps_low: float = 0.2  # PPO clip range (ppo_clip only)
+    eps_high: float = 0.28
+    num_candidates: int = 128  # K: top-K candidates recorded per token
+    support_slots: int = 128  # slots recorded for the top-p/top-k support
+    replay_support: bool = True  # renormalise the trainer over the recorded support (§4)
+
+
+@dataclass
+class TrainerConfig:
+    backend: TrainerBackend = TrainerBackend.torch
+    lr: float = 3e-4
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    grad_clip: float = 1.0
+    micro_batch_size: int = 64  # sequences per forward/backward; gradients accumulate over the batch
+    bf16: bool = True  # BF16 autocast over fp32 master weights
+    num_threads: int = 2  # torch threads of the trainer process
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+
+
+@dataclass
+class ModelConfig:
+    path: Optional[str] = None  # any Hugging Face causal-LM directory; None builds the embedded model
+    embedded: EmbeddedModelSpec = field(default_factory=EmbeddedModelSpec)
+
+
+@dataclass
+class MiniCodeTaskConfig:
+    name: str = "minicode"
+    levels: list[int] = field(default_factory=lambda: [1, 2, 3])
+    split: str = "train"  # evaluation: "test" or "hard51"
+
+
+@dataclass
+class WandbConfig:
+    mode: WandbMode = WandbMode.offline
+    project: str = "rlmix"
+    entity: Optional[str] = None
+    group: Optional[str] = None  # None: the sweep directory for multiruns, else the run name
+
+
+@dataclass
+class LoggerConfig:
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    console_every: int = 1  # print a progress line every N steps
+
+
+@dataclass
+class LoopConfig:
+    """The asynchronous loop (architecture.md, "Process model")."""
+
+    steps: int = 60
+    groups_per_step: int = 16  # prompts per trainer step
+    group_size: int = 8  # samples per prompt
+    groups_per_request: int = 2  # prompts per sampler request
+    max_staleness: Optional[int] = None  # trainer version − generating version; None = unbounded
+    buffer_groups: Optional[int] = None  # finished + in-flight groups held ahead; None = 2 × groups_per_step
+    weight_sync_every: int = 1  # publish weights every N trainer steps
+    temperature: float = 1.0
+    max_new_tokens: int = 24
+    sampler_threads: int = 1  # torch threads per sampler actor
+    checkpoint_every: int = 0  # 0 = only at the end
+
+
+@dataclass
+class ClusterConfig:
+    address: Optional[str] = None  # None starts a local Ray instance; "auto" joins a running cluster
+    num_cpus: Optional[int] = None  # local instance only; None = all cores
+
+
+@dataclass
+class EvalConfig:
+    checkpoint: Optional[str] = None  # a run directory or any HF model dir
+    k: list[int] = field(default_factory=lambda: [1, 4])
+    samples: int = 8  # samples per task (n of pass@k)
+    accelerator: str = "CPU"  # the fixed reference backend and precision
+    precision: str = "fp32"
+    backend: SamplerBackend = SamplerBackend.torch
+    temperature: float = 1.0
+    max_new_tokens: int = 24
+
+
+@dataclass
+class RunConfig:
+    name: str = "default"  # the arm; experiment presets set it
+    seed: int = 0
+    fleet: FleetConfig = field(default_factory=FleetConfig)
+    correction: CorrectionConfig = field(default_factory=CorrectionConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: Any = field(default_factory=MiniCodeTaskConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    loop: LoopConfig = field(default_factory=LoopConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    resume: Optional[str] = None  # a run directory to continue from its last checkpoint
+
+
+def register_configs() -> None:
+    """Register every schema with Hydra's ConfigStore (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="run_schema", node=RunConfig)
+    cs.store(group="fleet", name="fleet_schema", node=FleetConfig)
+    cs.store(group="correction", name="correction_schema", node=CorrectionConfig)
+    cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
+    cs.store(group="model", name="model_schema", node=ModelConfig)
+    cs.store(group="task", name="minicode_schema", node=MiniCodeTaskConfig)
+    cs.store(group="task", name="swebench_pro_schema", node=SwebenchProConfig)
+    cs.store(group="logger", name="logger_schema", node=LoggerConfig)

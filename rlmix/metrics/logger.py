@@ -1,0 +1,109 @@
+"""Where per-step metrics go: ``metrics.jsonl`` (always), W&B (offline by default), the console.
+
+W&B is best effort: if it fails to start or to log, the run continues on JSONL and says so once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from rlmix.config.schema import WandbConfig, WandbMode
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN/inf; null keeps the line valid
+    return value
+
+
+class RunLogger:
+    def __init__(
+        self,
+        run_dir: Path,
+        wandb_cfg: WandbConfig,
+        run_name: str,
+        config: dict,
+        group: str | None,
+        total_steps: int,
+        console_every: int = 1,
+        stream: TextIO = sys.stdout,
+    ):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.start = time.time()
+        self.total_steps = total_steps
+        self.console_every = max(console_every, 1)
+        self.stream = stream
+        self._jsonl = open(self.run_dir / METRICS_FILE, "a", buffering=1)
+        self.wandb = _start_wandb(wandb_cfg, self.run_dir, run_name, config, group)
+
+    def log(self, step: int, metrics: dict[str, float | str]) -> None:
+        record = {"step": step, "time": round(time.time() - self.start, 3)}
+        record |= {key: _jsonable(value) for key, value in sorted(metrics.items())}
+        self._jsonl.write(json.dumps(record) + "\n")
+        if self.wandb is not None:
+            try:
+                self.wandb.log(metrics, step=step)
+            except Exception as err:  # W&B failure never kills training
+                log.warning("W&B logging failed (%s); continuing with metrics.jsonl only", err)
+                self.wandb = None
+        if step % self.console_every == 0 or step == self.total_steps:
+            self.stream.write(progress_line(step, self.total_steps, metrics, time.time() - self.start) + "\n")
+            self.stream.flush()
+
+    def finish(self, summary: dict) -> None:
+        summary = {"wall_time_s": round(time.time() - self.start, 3)} | summary
+        tmp = self.run_dir / (SUMMARY_FILE + ".tmp")
+        tmp.write_text(json.dumps(summary, indent=2, default=str))
+        tmp.replace(self.run_dir / SUMMARY_FILE)  # atomic: never a half-written summary
+        self._jsonl.close()
+        if self.wandb is not None:
+            try:
+                self.wandb.summary.update({k: v for k, v in summary.items() if not isinstance(v, dict)})
+                self.wandb.finish()
+            except Exception as err:
+                log.warning("W&B finish failed (%s)", err)
+
+
+def progress_line(step: int, total: int, metrics: dict, elapsed_s: float) -> str:
+    tokens_s = sum(v for k, v in metrics.items() if k.startswith("throughput/sampler_tokens_per_s/"))
+    return (
+        f"step {step:>4}/{total}  reward {metrics.get('reward/mean', float('nan')):.3f}  "
+        f"kl_k3 {metrics.get('mismatch/kl_k3', float('nan')):.2e}  "
+        f"fmt_err {metrics.get('format/error_rate', float('nan')):.3f}  "
+        f"stale {metrics.get('staleness/mean', float('nan')):.1f}  "
+        f"sampler {tokens_s:,.0f} tok/s  step {metrics.get('time/step_s', float('nan')):.2f}s  "
+        f"[{elapsed_s:,.0f}s]"
+    )
+
+
+def _start_wandb(cfg: WandbConfig, run_dir: Path, name: str, config: dict, group: str | None):
+    if cfg.mode is WandbMode.disabled:
+        return None
+    try:
+        import wandb
+
+        return wandb.init(
+            project=cfg.project,
+            entity=cfg.entity,
+            group=cfg.group or group,
+            name=name,
+            dir=str(run_dir),
+            mode=cfg.mode.value,
+            config=config,
+            reinit="finish_previous",
+        )
+    except Exception as err:
+        log.warning("W&B did not start in %s mode (%s); metrics go to %s only", cfg.mode.value, err, METRICS_FILE)
+        return None

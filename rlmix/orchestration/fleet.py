@@ -1,0 +1,104 @@
+"""From the fleet config to sampler instances: one spec per Ray actor, and the run's manifest."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlmix.config.schema import CorrectionConfig, LoopConfig, PoolConfig, RunConfig, SamplerBackend
+from rlmix.errors import ConfigError
+from rlmix.rollout import SamplingParams
+from rlmix.samplers.accelerators import PrecisionView, resolve_view
+
+
+@dataclass(frozen=True)
+class SamplerSpec:
+    """Everything one sampler actor needs to build its backend."""
+
+    pool: str
+    index: int  # instance number inside the pool
+    pool_cfg: PoolConfig
+    params: SamplingParams
+    view: PrecisionView | None = None  # torch backend: its emulated precision view
+    tags: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return f"{self.pool}/{self.index}"
+
+    @property
+    def resource(self) -> str:
+        """The Ray resource that places this actor (Ray's own name for an accelerator type)."""
+        return f"accelerator_type:{self.pool_cfg.accelerator.upper()}"
+
+
+def needs_head(correction: CorrectionConfig) -> bool:
+    return correction.mode.value.startswith("sc")
+
+
+def pool_view(name: str, pool: PoolConfig) -> PrecisionView | None:
+    """The torch backend's precision view for a pool; ConfigError names the pool's keys."""
+    if pool.backend is not SamplerBackend.torch:
+        return None
+    try:
+        return resolve_view(pool.accelerator, pool.precision, pool.kv_precision, pool.allow_emulation)
+    except ConfigError as err:
+        raise ConfigError(f"fleet.pools.{name}: {err}") from None
+
+
+def sampling_params(pool: PoolConfig, cfg: RunConfig, eos_id: int) -> SamplingParams:
+    fleet, loop = cfg.fleet, cfg.loop
+    top_p = fleet.top_p if pool.top_p is None else pool.top_p
+    top_k = fleet.top_k if pool.top_k is None else pool.top_k
+    truncates = top_p < 1.0 or top_k > 0
+    return SamplingParams(
+        temperature=loop.temperature,
+        top_p=top_p,
+        top_k=top_k,
+        max_new_tokens=loop.max_new_tokens,
+        num_candidates=cfg.correction.num_candidates if needs_head(cfg.correction) else 0,
+        support_slots=cfg.correction.support_slots if truncates else 0,
+        stop_token_ids=(eos_id,),
+    )
+
+
+def resolve_fleet(cfg: RunConfig, eos_id: int) -> list[SamplerSpec]:
+    specs = []
+    for name, pool in cfg.fleet.pools.items():
+        view = pool_view(name, pool)
+        params = sampling_params(pool, cfg, eos_id)
+        tags = view.tags() if view is not None else {"accelerator": pool.accelerator, "precision": pool.precision}
+        tags = tags | {"backend": pool.backend.value}
+        specs += [SamplerSpec(name, i, pool, params, view, tags) for i in range(pool.count)]
+    return specs
+
+
+def build_sampler(spec: SamplerSpec, model_dir: str | Path, seed: int):
+    """The backend object behind one sampler actor (heavy imports happen here, inside the actor)."""
+    if spec.pool_cfg.backend is SamplerBackend.torch:
+        from rlmix.samplers.torch_sampler import TorchSampler
+
+        return TorchSampler(model_dir, spec.view, pool=spec.pool, seed=seed)
+    from rlmix.samplers.vllm_sampler import VllmSampler
+
+    return VllmSampler(model_dir, pool=spec.pool, dtype=spec.pool_cfg.precision, seed=seed)
+
+
+def fleet_manifest(specs: list[SamplerSpec]) -> dict[str, dict]:
+    """Per pool: instance count, accelerator, precision, kernel, backend, sampling settings."""
+    out: dict[str, dict] = {}
+    for spec in specs:
+        entry = out.setdefault(
+            spec.pool,
+            dict(spec.tags, count=0, top_p=spec.params.top_p, top_k=spec.params.top_k,
+                 label=spec.view.label if spec.view else f"{spec.pool_cfg.backend.value}:{spec.pool}"),
+        )
+        entry["count"] += 1
+    return out
+
+
+def loop_capacity(loop: LoopConfig) -> int:
+    """Groups held ahead of the trainer (finished + in flight)."""
+    if loop.max_staleness == 0:
+        return loop.groups_per_step  # synchronous: exactly one batch, all from the current version
+    return loop.buffer_groups or 2 * loop.groups_per_step

