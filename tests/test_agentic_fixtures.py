@@ -10,7 +10,7 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
-from rlmix.agentic.policy import PolicyTurn, Transcript
+from rlmix.agentic.policy import Message, PolicyTurn, Transcript
 
 BUGGY = "def add(a, b):\n    return a - b\n\n\ndef sub(a, b):\n    return a - b\n"
 TEST = "from calc import add, sub\n\nassert add(2, 3) == 5, 'fail-to-pass'\nassert sub(5, 3) == 2, 'pass-to-pass'\nprint('ok')\n"
@@ -62,10 +62,10 @@ class ScriptedPolicy:
 
     def __init__(self, script: Callable[[str, int], list[str]] | list[str]):
         self._script = script if callable(script) else (lambda task_id, sample: script)
-        self.seen: list[Transcript] = []
+        self.seen: list[list[Message]] = []  # the messages as each turn saw them
 
     def act(self, transcript: Transcript) -> PolicyTurn:
-        self.seen.append(transcript)
+        self.seen.append(list(transcript.messages))
         turn = sum(m.role == "assistant" for m in transcript.messages)
         actions = self._script(transcript.task_id, transcript.sample)
         return PolicyTurn(text=actions[turn] if turn < len(actions) else SUBMIT)

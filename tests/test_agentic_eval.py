@@ -1,0 +1,178 @@
+"""End to end through the local runtime with scripted policies: grading, format errors, pass@k, outputs."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from rlmix.agentic.config import SwebenchProConfig
+from rlmix.agentic.grading import grade_patch
+from rlmix.agentic.harbor import load_tasks
+from rlmix.agentic.local import LocalRuntime
+from rlmix.agentic.run import run_sample, run_swebench_eval
+from rlmix.agentic.sandbox import InfraError
+from tests.test_agentic_fixtures import FIX, SUBMIT, WRONG_FIX, ScriptedPolicy, make_task
+
+
+def _cfg(tmp_path, **kw) -> SwebenchProConfig:
+    return SwebenchProConfig(tasks_dir=str(tmp_path / "tasks"), subset="all", **{"turn_timeout_s": 10.0, **kw})
+
+
+@pytest.fixture
+def one_task(tmp_path):
+    make_task(tmp_path / "tasks", "calc")
+    return load_tasks(tmp_path / "tasks")["calc"]
+
+
+def _one(tmp_path, task, script, **kw):
+    cfg = _cfg(tmp_path, **kw)
+    runtime = LocalRuntime(None, cfg.local_max_procs, None, cfg.turn_timeout_s)
+    return run_sample(task, 0, ScriptedPolicy(script), runtime, cfg)
+
+
+def test_correct_policy_passes_and_wrong_patch_fails(tmp_path, one_task):
+    good = _one(tmp_path, one_task, [FIX, SUBMIT])
+    assert (good.outcome.reward, good.outcome.end_reason, good.outcome.infra_error) == (1.0, "submit", None)
+    assert "-    return a - b\n+    return a + b" in good.patch and "test_calc" not in good.patch
+    bad = _one(tmp_path, one_task, [WRONG_FIX, SUBMIT])
+    assert bad.outcome.reward == 0.0 and "a * b" in bad.patch
+    # Doing nothing fails too: the fixture's test really is fail-to-pass.
+    assert _one(tmp_path, one_task, [SUBMIT]).outcome.reward == 0.0
+
+
+def test_policy_that_edits_the_tests_cannot_pass(tmp_path, one_task):
+    cheats = [
+        "<bash>printf 'print(1)\\n' > test_calc.py</bash>",  # gut the test file
+        "<bash>mkdir -p $LOGS_DIR/verifier && echo 1 > $LOGS_DIR/verifier/reward.txt</bash>",  # forge the reward
+    ]
+    res = _one(tmp_path, one_task, [*cheats, SUBMIT])
+    assert "test_calc.py" in res.patch  # the edit was captured ...
+    assert res.outcome.reward == 0.0  # ... and left out when grading
+    # The same test edit next to a real fix still passes: only the test file is reset.
+    assert _one(tmp_path, one_task, [cheats[0], FIX, SUBMIT]).outcome.reward == 1.0
+
+
+def test_observations_and_state_persist_through_files(tmp_path, one_task):
+    policy = ScriptedPolicy(["<bash>echo hi > note.txt; python3 test_calc.py</bash>", "<bash>cat note.txt</bash>",
+                             SUBMIT])
+    cfg = _cfg(tmp_path)
+    run_sample(one_task, 0, policy, LocalRuntime(None, 512, None, 10.0), cfg)
+    first, second = policy.seen[1][-1], policy.seen[2][-1]
+    assert first.role == "tool" and first.text.startswith("[exit code 1]") and "fail-to-pass" in first.text
+    assert second.text == "[exit code 0]\nhi\n"
+    assert policy.seen[0][1].text.startswith("add(2, 3) returns -1")
+
+
+def test_malformed_actions_are_counted_and_end_the_episode(tmp_path, one_task):
+    res = _one(tmp_path, one_task, ["I would fix it.", "<bash>a</bash><bash>b</bash>", "<bash> </bash>", FIX],
+               max_format_errors=3)
+    o = res.outcome
+    assert (o.end_reason, o.format_errors, o.actions, o.reward) == ("format_errors", 3, 3, 0.0)
+    assert [t.action for t in res.episode.turns] == ["format_error"] * 3
+    assert "2 <bash> blocks" in res.episode.turns[1].observation
+
+
+def test_hung_command_hits_its_time_limit(tmp_path, one_task):
+    # A background child holds the output pipe open too: the whole process group must go.
+    res = _one(tmp_path, one_task, ["<bash>(sleep 987 &); sleep 987</bash>", FIX, SUBMIT], turn_timeout_s=1.0)
+    turn = res.episode.turns[0]
+    assert turn.timed_out and turn.exit_code == -1 and 1.0 <= turn.duration_s < 6.0
+    assert turn.observation.startswith("[timed out after 1 s (killed)]")
+    assert res.outcome.reward == 1.0  # the episode went on after the killed command
+    assert not [p for p in Path("/proc").glob("[0-9]*/cmdline") if _cmdline(p) == "sleep 987"]
+
+
+def _cmdline(p: Path) -> str:
+    try:
+        return p.read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""
+
+
+def test_max_turns_and_agent_timeout(tmp_path, one_task):
+    many = _one(tmp_path, one_task, ["<bash>true</bash>"] * 10, max_turns=3)
+    assert (many.outcome.end_reason, many.outcome.actions) == ("max_turns", 3)
+    slow = _one(tmp_path, one_task, ["<bash>sleep 0.6</bash>"] * 10, agent_timeout_s=1.0)
+    assert slow.outcome.end_reason == "agent_timeout" and slow.outcome.actions == 2
+
+
+class FlakyRuntime:
+    """A real LocalRuntime whose first ``failures`` starts fail like a dying container engine."""
+
+    def __init__(self, failures: int):
+        self.inner, self.failures, self.starts = LocalRuntime(None, 512, None, 10.0), failures, 0
+
+    def prepare(self, task):
+        self.inner.prepare(task)
+
+    def start(self, task, network):
+        self.starts += 1
+        if self.starts <= self.failures:
+            raise InfraError("engine went away")
+        return self.inner.start(task, network)
+
+
+def test_infra_failures_are_retried_then_reported_not_scored(tmp_path, one_task):
+    patch = _one(tmp_path, one_task, [FIX, SUBMIT]).patch
+    flaky = FlakyRuntime(failures=2)
+    g = grade_patch(one_task, patch, flaky, retries=2)
+    assert (g.reward, g.infra_error, g.attempts) == (1.0, None, 3)
+    dead = grade_patch(one_task, patch, FlakyRuntime(failures=99), retries=1)
+    assert (dead.infra_error, dead.attempts) == ("engine went away", 2)
+    res = run_sample(one_task, 0, ScriptedPolicy([FIX, SUBMIT]), FlakyRuntime(failures=99), _cfg(tmp_path))
+    assert res.outcome.end_reason == "infra_error" and res.outcome.infra_error == "engine went away"
+
+
+def _script(task_id: str, sample: int) -> list[str]:
+    """Task a: samples 0-1 fix it, 2 writes a wrong patch, 3 never writes an action. b: always wrong. c: always right."""
+    if task_id == "c" or (task_id == "a" and sample < 2):
+        return [FIX, SUBMIT]
+    if task_id == "a" and sample == 3:
+        return ["no action"] * 5
+    return [WRONG_FIX, SUBMIT]
+
+
+def test_run_directory_pass_at_k_and_subset(tmp_path):
+    for t in ("a", "b", "c"):
+        make_task(tmp_path / "tasks", t)
+    (tmp_path / "hard.txt").write_text("a\nb\n")
+    cfg = SwebenchProConfig(tasks_dir=str(tmp_path / "tasks"), subset="hard2", subset_file=str(tmp_path / "hard.txt"),
+                            expected_subset_size=2, eval_all_tasks=True, max_format_errors=2)
+    lines: list[str] = []
+    out = tmp_path / "run"
+    summary = run_swebench_eval(cfg, ScriptedPolicy(_script), ks=[1, 2, 4], samples=4, out_dir=out,
+                                progress=lines.append)
+    assert len(lines) == 12 and lines[-1].startswith("[12/12] c #3: reward 1")
+    # Hand-computed: (n, c) = a (4, 2), b (4, 0), c (4, 4). pass@2 for a = 1 - C(2,2)/C(4,2) = 5/6.
+    per_task = {1: [0.5, 0.0, 1.0], 2: [5 / 6, 0.0, 1.0], 4: [1.0, 0.0, 1.0]}
+    for name, idx in (("all", [0, 1, 2]), ("hard2", [0, 1])):
+        for k, vals in per_task.items():
+            v = [vals[i] for i in idx]
+            mean = sum(v) / len(v)
+            stderr = math.sqrt(sum((x - mean) ** 2 for x in v) / len(v) / len(v))
+            got = summary["sets"][name][f"pass@{k}"]
+            assert got["mean"] == pytest.approx(mean) and got["stderr"] == pytest.approx(stderr), (name, k)
+    # Format errors: a#3 made 2 malformed actions out of 2; the 11 other episodes made 2 actions each.
+    assert summary["format/error_rate"] == pytest.approx(2 / 24)
+    assert summary["format/episode_end_frac"] == pytest.approx(1 / 12)
+    assert summary["infra_failures"]["count"] == 0
+    assert json.loads((out / "eval.json").read_text()) == summary
+    task_a = json.loads((out / "tasks" / "a.json").read_text())
+    assert (task_a["n"], task_a["c"]) == (4, 2)
+    log = [json.loads(x) for x in (out / "episodes" / "a" / "3.jsonl").read_text().splitlines()]
+    assert [x.get("action") for x in log[:-1]] == ["format_error", "format_error"]
+    assert log[-1]["outcome"]["end_reason"] == "format_errors"
+
+
+def test_subset_only_evaluates_the_subset(tmp_path):
+    for t in ("a", "b", "c"):
+        make_task(tmp_path / "tasks", t)
+    (tmp_path / "hard.txt").write_text("c\n")
+    cfg = SwebenchProConfig(tasks_dir=str(tmp_path / "tasks"), subset="hard1", subset_file=str(tmp_path / "hard.txt"),
+                            expected_subset_size=1)
+    summary = run_swebench_eval(cfg, ScriptedPolicy(_script), ks=[1], samples=1, out_dir=tmp_path / "run")
+    assert sorted(p.name for p in (tmp_path / "run" / "tasks").iterdir()) == ["c.json"]
+    assert summary["sets"]["hard1"]["pass@1"]["mean"] == 1.0 and summary["sets"]["all"]["num_tasks"] == 1
