@@ -106,6 +106,10 @@ def run_episode(task: HarborTask, sample: int, policy: AgentPolicy, sandbox: San
             episode.end_reason = END_TIMEOUT
             break
         out = policy.act(transcript)
+        if out.finish_reason == "length" and not out.token_ids and out.context_ids:
+            # The rendered observation left no room to generate: the model never saw it, so drop it.
+            episode.end_reason = END_TOKENS
+            break
         if turn == 0:
             episode.tokens.prompt_len = len(out.context_ids)
         episode.tokens.add(out.context_ids, policy=False)
@@ -120,7 +124,7 @@ def run_episode(task: HarborTask, sample: int, policy: AgentPolicy, sandbox: San
             episode.turns.append(TurnLog(turn, "submit", out.text, None, None, None, False, 0.0, len(out.token_ids)))
             episode.end_reason = END_SUBMIT
             break
-        if transcript.tokens_left <= 0 or (out.finish_reason == "length" and not out.token_ids):
+        if transcript.tokens_left <= 0:
             # No room for the observation and another turn: running the command would be wasted.
             episode.end_reason = END_TOKENS
             break

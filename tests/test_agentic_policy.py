@@ -1,0 +1,126 @@
+"""The model-backed policy adapter and the episode token record, with a fake Sampler and tokenizer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlmix.agentic.actions import SYSTEM_PROMPT
+from rlmix.agentic.episode import EpisodeLimits, run_episode
+from rlmix.agentic.harbor import load_tasks
+from rlmix.agentic.local import LocalRuntime
+from rlmix.agentic.policy import ChatFormat, Message, ModelPolicy
+from rlmix.agentic.records import episodes_to_rollouts
+from rlmix.agentic.sandbox import snapshot_baseline
+from rlmix.rollout import FINISH_LENGTH, FINISH_STOP, Rollouts, SamplingParams, concat_rollouts
+from rlmix.samplers.base import Sampler
+from tests.test_agentic_fixtures import FIX, SUBMIT, make_task
+
+
+class CharTokenizer:
+    """One token per character (id = code point): encode/decode round-trip exactly."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [ord(c) for c in text]
+
+    def decode(self, token_ids, skip_special_tokens: bool = False) -> str:
+        return "".join(chr(i) for i in token_ids)
+
+
+class ScriptedSampler:
+    """Outside the unit: a Sampler that 'generates' fixed replies, log q(token i) = -(i + 1) / 100."""
+
+    pool = "fake"
+
+    def __init__(self, replies: list[str]):
+        self.replies, self.prompts, self.params = replies, [], []
+
+    @property
+    def version(self) -> int:
+        return 7
+
+    def load_weights(self, weights, version: int) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def generate(self, prompts, params: SamplingParams) -> Rollouts:
+        self.prompts.append(list(prompts[0]))
+        self.params.append(params)
+        full = [ord(c) for c in self.replies[len(self.prompts) - 1]]
+        ids = full[: params.max_new_tokens]
+        T = len(ids)
+        return Rollouts(
+            prompt_ids=torch.tensor([prompts[0]]), prompt_lens=torch.tensor([len(prompts[0])]),
+            completion_ids=torch.tensor([ids + [0, 0]]), mask=torch.tensor([[True] * T + [False, False]]),
+            sampler_logprobs=torch.tensor([[-(i + 1) / 100 for i in range(T)] + [0.0, 0.0]]),
+            policy_version=torch.tensor([self.version]), pool=(self.pool,),
+            finish_reason=(FINISH_STOP if len(ids) == len(full) else FINISH_LENGTH,))
+
+
+def _episode(tmp_path, replies, max_total_tokens):
+    make_task(tmp_path / "tasks", "calc")
+    task = load_tasks(tmp_path / "tasks")["calc"]
+    sampler = ScriptedSampler(replies)
+    policy = ModelPolicy(CharTokenizer(), sampler, SamplingParams(max_new_tokens=200))
+    sandbox = LocalRuntime(None, 512, None, 10.0).start(task, network=False)
+    try:
+        snapshot_baseline(sandbox)
+        limits = EpisodeLimits(max_turns=5, turn_timeout_s=10.0, agent_timeout_s=60.0,
+                               max_total_tokens=max_total_tokens, max_format_errors=2, max_output_chars=300)
+        return run_episode(task, 0, policy, sandbox, limits), sampler, task
+    finally:
+        sandbox.close()
+
+
+def test_fake_sampler_satisfies_the_protocol():
+    assert isinstance(ScriptedSampler([]), Sampler)
+
+
+def test_token_record_masks_policy_tokens_and_is_never_retokenised(tmp_path):
+    episode, sampler, task = _episode(tmp_path, [f"I will patch it. {FIX}", SUBMIT], max_total_tokens=10_000)
+    assert episode.end_reason == "submit" and len(sampler.prompts) == 2
+    chat, t = ChatFormat(), episode.tokens
+    first = chat.render([Message("system", SYSTEM_PROMPT), Message("user", task.instruction)]) + "<|assistant|>\n"
+    assert sampler.prompts[0] == [ord(c) for c in first] and t.prompt_len == len(first)
+    # The second prompt extends the first by exactly the generated tokens plus the rendered observation.
+    gen0 = [ord(c) for c in f"I will patch it. {FIX}"]
+    obs = chat.render([Message("tool", episode.turns[0].observation)]) + "<|assistant|>\n"
+    assert sampler.prompts[1] == sampler.prompts[0] + gen0 + [ord(c) for c in obs]
+    assert t.ids == sampler.prompts[1] + [ord(c) for c in SUBMIT]
+    policy_text = "".join(chr(i) for i, m in zip(t.ids, t.mask) if m)
+    assert policy_text == f"I will patch it. {FIX}{SUBMIT}" and not any(t.mask[: t.prompt_len])
+    expected_lp = [-(i + 1) / 100 for i in range(len(gen0))] + [-(i + 1) / 100 for i in range(len(SUBMIT))]
+    assert [lp for lp, m in zip(t.sampler_logprobs, t.mask) if m] == pytest.approx(expected_lp)
+    assert all(lp == 0.0 for lp, m in zip(t.sampler_logprobs, t.mask) if not m)
+    assert t.policy_version == 7
+
+
+def test_episodes_become_rollouts(tmp_path):
+    ep, _, _ = _episode(tmp_path, [FIX, SUBMIT], max_total_tokens=10_000)
+    short, _, _ = _episode(tmp_path / "b", [SUBMIT], max_total_tokens=10_000)
+    r = episodes_to_rollouts([ep, short], rewards=[1.0, 0.0], pad_id=0)
+    L0, L1 = len(ep.tokens.ids) - ep.tokens.prompt_len, len(short.tokens.ids) - short.tokens.prompt_len
+    assert r.completion_ids.shape == (2, L0) and r.prompt_lens.tolist() == [ep.tokens.prompt_len] * 2
+    assert r.mask.sum(dim=1).tolist() == [len(FIX) + len(SUBMIT), len(SUBMIT)]
+    assert not r.mask[1, L1:].any() and r.sampler_logprobs[~r.mask].abs().sum() == 0
+    assert r.rewards.tolist() == [1.0, 0.0] and r.finish_reason == (FINISH_STOP, FINISH_STOP)
+    assert r.group_ids.tolist() == [0, 0] and r.format_ok.tolist() == [True, True]
+    assert len(concat_rollouts([r, r], pad_id=0)) == 4
+
+
+def test_token_budget_ends_the_episode(tmp_path):
+    make_task(tmp_path / "probe", "calc")
+    chat = ChatFormat()
+    prompt_len = len(chat.render([Message("system", SYSTEM_PROMPT),
+                                  Message("user", load_tasks(tmp_path / "probe")["calc"].instruction)])
+                     + "<|assistant|>\n")
+    budget = prompt_len + len(FIX) + 20  # room for the first reply, not for the observation after it
+    episode, sampler, _ = _episode(tmp_path, [FIX, SUBMIT], max_total_tokens=budget)
+    assert episode.end_reason == "token_budget"
+    assert len(episode.tokens.ids) <= budget
+    assert sampler.params[0].max_new_tokens == budget - prompt_len
+    assert len(sampler.prompts) == 1  # the second turn found no room to generate
+    assert len(episode.turns) == 1 and episode.turns[0].exit_code == 0  # the first command did run
+    assert episode.tokens.policy_version == 7

@@ -1,0 +1,91 @@
+"""Sandbox runtimes: the local runtime's limits, and the docker runtime where an engine exists."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlmix.agentic.config import RuntimeKind, SwebenchProConfig
+from rlmix.agentic.docker import DockerRuntime, docker_available
+from rlmix.agentic.grading import grade_patch
+from rlmix.agentic.harbor import load_tasks
+from rlmix.agentic.local import LocalRuntime, no_network_prefix
+from rlmix.agentic.run import RUNTIMES, run_sample
+from rlmix.agentic.sandbox import capture_patch, snapshot_baseline
+from rlmix.errors import ConfigError
+from tests.test_agentic_fixtures import FIX, SUBMIT, ScriptedPolicy, make_task
+
+
+@pytest.fixture
+def task(tmp_path):
+    make_task(tmp_path / "tasks", "calc")
+    return load_tasks(tmp_path / "tasks")["calc"]
+
+
+def test_every_runtime_kind_has_a_factory():
+    assert set(RUNTIMES) == set(RuntimeKind)
+
+
+def test_local_memory_limit_and_working_copy(task):
+    sb = LocalRuntime(memory_mb=256, max_procs=512, cpu_s=None, turn_timeout_s=10.0).start(task, network=False)
+    try:
+        big = sb.run("python3 -c 'x = bytearray(512 * 1024 * 1024)'", timeout_s=20.0)
+        assert big.exit_code != 0 and "MemoryError" in big.output
+        small = sb.run("python3 -c 'x = bytearray(16 * 1024 * 1024); print(len(x))'", timeout_s=20.0)
+        assert small.exit_code == 0 and small.output.strip() == str(16 * 1024 * 1024)
+        base = snapshot_baseline(sb)
+        sb.run("echo new > added.txt && rm test_calc.py", timeout_s=10.0)
+        patch = capture_patch(sb, base)
+        assert "+new" in patch and "deleted file mode" in patch
+    finally:
+        sb.close()
+    assert (task.repo_dir / "test_calc.py").is_file()  # the task's own copy is never touched
+
+
+def test_local_cpu_limit(task):
+    sb = LocalRuntime(memory_mb=None, max_procs=512, cpu_s=1, turn_timeout_s=10.0).start(task, network=False)
+    try:
+        res = sb.run("python3 -c 'while True: pass'", timeout_s=20.0)
+        assert not res.timed_out and res.exit_code != 0 and res.duration_s < 10.0  # SIGXCPU, not the wall clock
+    finally:
+        sb.close()
+
+
+@pytest.mark.skipif(not no_network_prefix(), reason="unshare -n is not permitted on this machine")
+def test_local_agent_phase_has_no_network(task):
+    probe = ("python3 -c \"import socket\ntry:\n    socket.create_connection(('192.0.2.1', 80), timeout=3)\n"
+             "except OSError as e:\n    print(type(e).__name__, e.errno)\"")
+    sb = LocalRuntime(None, 512, None, 10.0).start(task, network=False)
+    try:
+        out = sb.run(probe, timeout_s=10.0).output
+        assert "OSError 101" in out  # ENETUNREACH: no interface but loopback
+    finally:
+        sb.close()
+
+
+def test_local_runtime_needs_the_repo_directory(tmp_path):
+    d = make_task(tmp_path / "tasks", "norepo")
+    import shutil
+
+    shutil.rmtree(d / "environment" / "repo")
+    with pytest.raises(ConfigError, match="norepo has no environment/repo/"):
+        LocalRuntime(None, 512, None, 10.0).prepare(load_tasks(tmp_path / "tasks")["norepo"])
+
+
+@pytest.mark.skipif(not docker_available(), reason="no Docker engine answers `docker info`")
+@pytest.mark.slow
+def test_docker_runtime_end_to_end(task, tmp_path):
+    """Builds the fixture image (FROM python:3.11, which has git), runs a fixing episode, grades it."""
+    cfg = SwebenchProConfig(tasks_dir=str(tmp_path / "tasks"), subset="all", runtime=RuntimeKind.docker,
+                            turn_timeout_s=30.0)
+    runtime = DockerRuntime(cfg.docker_image_prefix)
+    sb = runtime.start(task, network=False)
+    try:
+        assert sb.run("pwd", timeout_s=30.0).output.strip() == "/work/repo"
+        assert sb.run("sleep 100", timeout_s=1.0).timed_out
+        assert sb.run("python3 -c \"import socket; socket.create_connection(('192.0.2.1', 80), timeout=3)\"",
+                      timeout_s=30.0).exit_code != 0
+    finally:
+        sb.close()
+    good = run_sample(task, 0, ScriptedPolicy([FIX, SUBMIT]), runtime, cfg)
+    assert (good.outcome.reward, good.outcome.infra_error) == (1.0, None)
+    assert grade_patch(task, "", runtime, retries=0).reward == 0.0
