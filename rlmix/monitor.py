@@ -35,6 +35,8 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from rlmix.errors import ConfigError
+
 REWARD_KEY = "reward/mean"
 KL_KEY = "mismatch/kl_k3"
 FORMAT_KEY = "format/error_rate"
@@ -167,8 +169,11 @@ class CollapseMonitor:
     """Stateful, deterministic evaluator of the rules in ``MonitorConfig`` over a metric stream."""
 
     def __init__(self, cfg: MonitorConfig) -> None:
-        if cfg.ema_span < 1 or cfg.warmup_steps < 0 or cfg.baseline_steps < 1 or cfg.grad.window < 1:
-            raise ValueError("monitor needs ema_span >= 1, warmup_steps >= 0, baseline_steps >= 1, grad.window >= 1")
+        if cfg.ema_span < 1 or cfg.warmup_steps < 0 or cfg.baseline_steps < 1 or cfg.grad.window < 1 or cfg.grad.count < 1:
+            raise ConfigError(
+                "monitor: need monitor.ema_span >= 1, monitor.warmup_steps >= 0, monitor.baseline_steps >= 1, "
+                "monitor.grad.window >= 1 and monitor.grad.count >= 1"
+            )
         self.cfg = cfg
         alpha = 2.0 / (cfg.ema_span + 1)
         self._reward = _Signal(alpha)

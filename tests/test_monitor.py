@@ -17,7 +17,9 @@ import random
 
 import pytest
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
+from rlmix.errors import ConfigError
 from rlmix.monitor import (
     CollapseMonitor,
     CollapseRule,
@@ -59,10 +61,10 @@ def level_stream(n: int = N_STEPS, **overrides: float) -> list[dict[str, float]]
     return [dict(base, **overrides) for _ in range(n)]
 
 
-def jump_alarm_step(a: float, b: float, theta: float, start: int) -> int:
+def jump_alarm_step(a: float, b: float, theta: float, start: int, alpha: float = ALPHA) -> int:
     """First step at which an EMA sitting at ``a`` has moved ``theta`` toward ``b`` after a jump at ``start``."""
     assert 0 < theta < abs(a - b)
-    k = math.ceil(math.log(1 - theta / abs(a - b)) / math.log(1 - ALPHA))
+    k = math.ceil(math.log(1 - theta / abs(a - b)) / math.log(1 - alpha))
     return start + k - 1
 
 
@@ -85,16 +87,30 @@ def test_stable_noisy_stream_never_alarms(seed: int) -> None:
     assert verdict == MonitorVerdict(collapse=False, step=None, reason="", rule=None)
 
 
-def test_reward_jump_alarms_at_closed_form_step() -> None:
+@pytest.mark.parametrize(("span", "drop", "expected"), [(10, 0.3, 42), (30, 0.3, 47), (10, 0.6, 46)])
+def test_reward_jump_alarms_at_closed_form_step(span: int, drop: float, expected: int) -> None:
     start, a, b = 40, 0.5, 0.1
     stream = level_stream()
     for row in stream[start:]:
         row["reward/mean"] = b
-    verdict = run(stream)
-    theta = max(CFG.reward.drop * a, CFG.reward.min_drop)
+    cfg = MonitorConfig(ema_span=span)
+    cfg.reward.drop = drop
+    verdict = run(stream, cfg)
+    theta = max(drop * a, cfg.reward.min_drop)
     assert verdict.collapse and verdict.rule is CollapseRule.reward_drop
-    assert verdict.step == jump_alarm_step(a, b, theta, start) == 42
+    assert verdict.step == jump_alarm_step(a, b, theta, start, alpha=2 / (span + 1)) == expected
     assert verdict.reason.startswith("reward_drop: ")
+
+
+def test_reward_drop_near_zero_needs_the_absolute_floor() -> None:
+    # From a peak of 0.1 a fall to 0.06 is 40% (> drop) but only 0.04 (< min_drop 0.05): no alarm.
+    small, large = level_stream(**{"reward/mean": 0.1}), level_stream(**{"reward/mean": 0.1})
+    for row in small[40:]:
+        row["reward/mean"] = 0.06
+    for row in large[40:]:
+        row["reward/mean"] = 0.0
+    assert not run(small).collapse
+    assert run(large).step == jump_alarm_step(0.1, 0.0, CFG.reward.min_drop, 40)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -153,16 +169,19 @@ def test_kl_below_factor_never_alarms_even_with_falling_reward() -> None:
     assert not run(stream).collapse
 
 
-def test_format_error_ramp_alarms_at_closed_form_step() -> None:
-    # corrections.md §5: format errors 21% -> 72% within ~10 steps.
+@pytest.mark.parametrize(("rise", "expected"), [(0.2, 57), (0.22, 57), (0.23, 58), (0.3, 59)])
+def test_format_error_ramp_alarms_at_closed_form_step(rise: float, expected: int) -> None:
+    # corrections.md §5: format errors 21% -> 72% within ~10 steps. At j = 7 the EMA has risen 0.2244.
     start, length = 50, 10
     slope = (0.72 - 0.21) / length
     stream = level_stream(**{"format/error_rate": 0.21})
     for j in range(N_STEPS - start):
         stream[start + j]["format/error_rate"] = 0.21 + slope * min(j + 1, length)
-    verdict = run(stream)
+    cfg = MonitorConfig()
+    cfg.format.rise = rise
+    verdict = run(stream, cfg)
     assert verdict.rule is CollapseRule.format_errors
-    assert verdict.step == ramp_alarm_step(slope, length, CFG.format.rise, start) == 57
+    assert verdict.step == ramp_alarm_step(slope, length, rise, start) == expected
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -256,7 +275,20 @@ def test_config_is_a_valid_omegaconf_schema() -> None:
     cfg = OmegaConf.to_object(merged)
     assert isinstance(cfg, MonitorConfig)
     assert cfg.action is MonitorAction.stop and cfg.kl.factor == 4.0 and not cfg.grad.enabled
-    with pytest.raises(Exception):
+    with pytest.raises(OmegaConfBaseException, match="halt"):
         OmegaConf.merge(schema, OmegaConf.create({"action": "halt"}))
-    with pytest.raises(Exception):
+    with pytest.raises(OmegaConfBaseException, match="factr"):
         OmegaConf.merge(schema, OmegaConf.create({"kl": {"factr": 4.0}}))
+
+
+def test_impossible_windows_are_config_errors() -> None:
+    with pytest.raises(ConfigError, match="monitor.ema_span"):
+        CollapseMonitor(MonitorConfig(ema_span=0))
+
+
+def test_warmup_values_do_not_set_the_reward_peak() -> None:
+    # A lucky first batch (0.9, then 0.5 throughout): the EMA has decayed to 0.646 when warm-up ends,
+    # and 0.646 − 0.5 < 0.3 · 0.646, so no alarm; a peak taken from step 0 (0.9) would alarm.
+    stream = level_stream()
+    stream[0]["reward/mean"] = 0.9
+    assert not run(stream).collapse
