@@ -1,0 +1,189 @@
+"""The accelerator catalog and precision views: what each accelerator type computes natively.
+
+A ``PrecisionView`` is how one sampler pool computes: weight format, activation dtype, the
+format matmul inputs are quantised to (W8A8 fp8), KV-cache format, and the attention-kernel
+family. Mismatch against the trainer follows the kernel family as on real hardware, so the
+catalog assigns one family per GPU generation (docs/samplers.md explains each choice).
+
+``resolve_view`` turns a (accelerator, precision) pair from the config into a view, refusing
+(``ConfigError``) a precision the accelerator has no native support for unless emulation beyond
+the hardware is asked for explicitly; such a view says so in its label.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from rlmix.errors import ConfigError
+from rlmix.samplers.precision import Precision
+
+__all__ = ["CATALOG", "AcceleratorSpec", "KernelFamily", "Precision", "PrecisionView", "resolve_view"]
+
+
+class KernelFamily(enum.Enum):
+    """Attention-kernel numerics. Member names are the YAML spelling.
+
+    - ``fp32_softmax``: scores, softmax and PV product in fp32 over the whole row (exact reference).
+    - ``online_softmax_fp32acc``: FlashAttention-2 style: 64-key blocks, probabilities rounded to
+      bf16 before the PV matmul, fp32 running max/sum/output (Ampere, Ada, consumer Blackwell).
+    - ``online_softmax_bf16``: 16-key blocks, bf16 probabilities and bf16 running sum/output,
+      rescaled every block (the low-precision-accumulator family; Hopper pools).
+    - ``online_softmax_fp16``: 32-key blocks, fp16 probabilities and fp16 running sum/output
+      (datacenter Blackwell pools).
+    """
+
+    fp32_softmax = "fp32_softmax"
+    online_softmax_fp32acc = "online_softmax_fp32acc"
+    online_softmax_bf16 = "online_softmax_bf16"
+    online_softmax_fp16 = "online_softmax_fp16"
+
+
+_FLOAT = (Precision.fp32, Precision.bf16, Precision.fp16)
+_FP8 = (Precision.fp8_e4m3, Precision.fp8_e5m2)
+_WEIGHT_ONLY_INT = (Precision.int8, Precision.int4)
+
+
+@dataclass(frozen=True)
+class AcceleratorSpec:
+    """One accelerator type: its native weight and KV-cache formats and its attention-kernel family."""
+
+    name: str
+    generation: str
+    native_weight_precisions: tuple[Precision, ...]
+    native_kv_precisions: tuple[Precision, ...]
+    kernel_family: KernelFamily
+
+
+def _gpu(name: str, generation: str, weights: tuple, kv: tuple, kernel: KernelFamily) -> AcceleratorSpec:
+    return AcceleratorSpec(name, generation, tuple(weights), tuple(kv), kernel)
+
+
+_AMPERE_W = _FLOAT + _WEIGHT_ONLY_INT
+_FP8_W = _FLOAT + _FP8 + _WEIGHT_ONLY_INT
+_BLACKWELL_W = _FP8_W + (Precision.nvfp4,)
+_KV_16 = _FLOAT
+_KV_FP8 = _FLOAT + _FP8
+
+CATALOG: dict[str, AcceleratorSpec] = {
+    spec.name: spec
+    for spec in (
+        _gpu("A100", "ampere", _AMPERE_W, _KV_16, KernelFamily.online_softmax_fp32acc),
+        _gpu("L4", "ada", _FP8_W, _KV_FP8, KernelFamily.online_softmax_fp32acc),
+        _gpu("H100", "hopper", _FP8_W, _KV_FP8, KernelFamily.online_softmax_bf16),
+        _gpu("H200", "hopper", _FP8_W, _KV_FP8, KernelFamily.online_softmax_bf16),
+        _gpu("B200", "blackwell", _BLACKWELL_W, _KV_FP8, KernelFamily.online_softmax_fp16),
+        _gpu("B300", "blackwell", _BLACKWELL_W, _KV_FP8, KernelFamily.online_softmax_fp16),
+        _gpu("RTX_PRO_6000", "blackwell_consumer", _BLACKWELL_W, _KV_FP8, KernelFamily.online_softmax_fp32acc),
+        AcceleratorSpec(
+            "CPU",
+            "cpu",
+            (Precision.fp32, Precision.bf16) + _WEIGHT_ONLY_INT,
+            (Precision.fp32, Precision.bf16),
+            KernelFamily.fp32_softmax,
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class PrecisionView:
+    """How one sampler pool computes (all emulated on the CPU by the torch sampler).
+
+    ``weights``: storage format of the decoder's linear layers (quantise-dequantise at load).
+    ``activations``: dtype every activation is rounded to after each op (embeddings, norms,
+    lm_head are stored in it too). ``linear_inputs``: format the inputs of the decoder's linear
+    layers are quantised to (fp8 for W8A8 pools, else the activation dtype). ``kv_cache``: the
+    KV-cache format. ``kernel``: attention-kernel family. ``int4_group``: int4 group size.
+    """
+
+    accelerator: str
+    weights: Precision
+    activations: Precision
+    linear_inputs: Precision
+    kv_cache: Precision
+    kernel: KernelFamily
+    emulated_beyond_hardware: bool = False
+    int4_group: int | None = None
+
+    @classmethod
+    def exact(cls) -> PrecisionView:
+        """fp32 everywhere with the exact attention kernel: the reference (matches HF fp32)."""
+        fp32 = Precision.fp32
+        return cls("CPU", fp32, fp32, fp32, fp32, KernelFamily.fp32_softmax)
+
+    @property
+    def label(self) -> str:
+        """e.g. ``emulated:H100/fp8_e4m3/kv=bf16/online_softmax_bf16``; names beyond-hardware emulation."""
+        tail = "+beyond_hardware" if self.emulated_beyond_hardware else ""
+        return (
+            f"emulated:{self.accelerator}/{self.weights.name}/kv={self.kv_cache.name}/{self.kernel.name}{tail}"
+        )
+
+    def tags(self) -> dict[str, str]:
+        """Rollout tags (string-valued) describing this view."""
+        return {
+            "accelerator": self.accelerator,
+            "precision": self.weights.name,
+            "activations": self.activations.name,
+            "kv_precision": self.kv_cache.name,
+            "kernel": self.kernel.name,
+            "emulated": "true",
+            "emulated_beyond_hardware": str(self.emulated_beyond_hardware).lower(),
+        }
+
+
+def _parse_precision(value: str, key: str) -> Precision:
+    try:
+        return Precision[value]
+    except KeyError:
+        allowed = ", ".join(p.name for p in Precision)
+        raise ConfigError(f"{key}={value!r} is not a precision; allowed: {allowed}") from None
+
+
+def lookup_accelerator(accelerator: str) -> AcceleratorSpec:
+    """The catalog entry for ``accelerator`` (case-insensitive), or a ConfigError listing the known ones."""
+    spec = CATALOG.get(accelerator.upper())
+    if spec is None:
+        known = ", ".join(CATALOG)
+        raise ConfigError(f"accelerator={accelerator!r} is not in the catalog; known: {known}")
+    return spec
+
+
+def _check_native(spec: AcceleratorSpec, fmt: Precision, native: tuple, key: str, allow: bool) -> bool:
+    """True when ``fmt`` is emulated beyond the hardware; ConfigError when that is not allowed."""
+    if fmt in native:
+        return False
+    if allow:
+        return True
+    allowed = ", ".join(p.name for p in native)
+    raise ConfigError(
+        f"accelerator {spec.name} has no native {key}={fmt.name}; allowed on {spec.name}: {allowed} "
+        "(or set allow_emulation=true to emulate it beyond the hardware)"
+    )
+
+
+def resolve_view(
+    accelerator: str,
+    precision: str,
+    kv_precision: str | None = None,
+    allow_emulation: bool = False,
+    int4_group: int | None = None,
+) -> PrecisionView:
+    """The view a pool of ``accelerator`` computes with when serving ``precision`` weights.
+
+    Activations are bf16 (fp16 for fp16 weights, fp32 for fp32 weights); fp8 weights also
+    quantise linear-layer inputs to fp8-e4m3 per token (W8A8, as fp8 serving does); int8/int4
+    are weight-only; nvfp4 is emulated weight-only with bf16 activations. The KV cache defaults
+    to the activation dtype. Raises ConfigError for unknown names or unsupported formats.
+    """
+    spec = lookup_accelerator(accelerator)
+    weights = _parse_precision(precision, "precision")
+    beyond = _check_native(spec, weights, spec.native_weight_precisions, "precision", allow_emulation)
+    activations = weights if weights in _FLOAT else Precision.bf16
+    linear_inputs = Precision.fp8_e4m3 if weights in _FP8 else activations
+    kv = activations if kv_precision is None else _parse_precision(kv_precision, "kv_precision")
+    if kv not in _KV_FP8:
+        raise ConfigError(f"kv_precision={kv.name} is not a KV-cache format; allowed: fp32, bf16, fp16, fp8_e4m3, fp8_e5m2")
+    beyond |= _check_native(spec, kv, spec.native_kv_precisions, "kv_precision", allow_emulation)
+    return PrecisionView(spec.name, weights, activations, linear_inputs, kv, spec.kernel_family, beyond, int4_group)

@@ -1,0 +1,78 @@
+"""Attention-kernel families, emulated on the CPU by how they round (see ``KernelFamily``).
+
+Shapes: ``q`` (B, Hkv, G·L, D) — the query heads that share one KV head stacked along the
+query axis (grouped-query attention without copying K/V); ``k``, ``v`` (B, Hkv, C, D);
+``allowed`` (B, 1, G·L, C) bool. Returns (B, Hkv, G·L, D) fp32 values rounded to ``act``.
+
+Every query row must be allowed at least one key (callers let padding queries attend to
+themselves), so no row normalises by zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rlmix.samplers.accelerators import KernelFamily
+from rlmix.samplers.precision import Precision, round_activation
+
+
+@dataclass(frozen=True)
+class BlockwiseNumerics:
+    """A flash-style kernel: keys in blocks of ``block``; probabilities rounded to ``probs``;
+    running sum and output accumulated (and rounded after every block) in ``acc``."""
+
+    block: int
+    probs: Precision
+    acc: Precision
+
+
+BLOCKWISE: dict[KernelFamily, BlockwiseNumerics] = {
+    KernelFamily.online_softmax_fp32acc: BlockwiseNumerics(64, Precision.bf16, Precision.fp32),
+    KernelFamily.online_softmax_bf16: BlockwiseNumerics(16, Precision.bf16, Precision.bf16),
+    KernelFamily.online_softmax_fp16: BlockwiseNumerics(32, Precision.fp16, Precision.fp16),
+}
+
+
+def exact_attention(q, k, v, allowed, scale: float, act: Precision) -> torch.Tensor:
+    """``softmax(q kᵀ·scale)`` over the whole row in fp32; probabilities rounded to ``act``
+    before the PV product (what an eager kernel in that dtype does)."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    probs = round_activation(torch.softmax(scores, dim=-1), act)
+    return round_activation(torch.matmul(probs, v), act)
+
+
+def online_attention(q, k, v, allowed, scale: float, act: Precision, num: BlockwiseNumerics) -> torch.Tensor:
+    """Online softmax over key blocks (Milakov & Gimelshein 2018; FlashAttention):
+
+        m' = max(m, max_j s_j);  p_j = rnd_probs(exp(s_j − m'));  c = exp(m − m')
+        l' = rnd_acc(c·l + Σ_j p_j);  o' = rnd_acc(c·o + Σ_j p_j v_j);  out = o / l
+
+    The running max stays fp32 (a max is exact); a block a row may not see at all leaves that
+    row's state unchanged (exp(−inf) = 0, guarded against −inf − (−inf)).
+    """
+    shape = q.shape[:-1] + (1,)
+    m = torch.full(shape, float("-inf"))
+    l = torch.zeros(shape)
+    o = torch.zeros(q.shape)
+    for start in range(0, k.shape[-2], num.block):
+        kb, vb = k[..., start : start + num.block, :], v[..., start : start + num.block, :]
+        s = torch.matmul(q, kb.transpose(-1, -2)) * scale
+        s = s.masked_fill(~allowed[..., start : start + num.block], float("-inf"))
+        m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+        m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        p = round_activation(torch.exp(s - m_safe), num.probs)
+        c = torch.exp(m - m_safe)
+        l = round_activation(c * l + p.sum(dim=-1, keepdim=True), num.acc)
+        o = round_activation(c * o + torch.matmul(p, vb), num.acc)
+        m = m_new
+    return round_activation(o / l, act)
+
+
+def attend(q, k, v, allowed, scale: float, act: Precision, kernel: KernelFamily) -> torch.Tensor:
+    """Dispatch to the kernel family's numerics."""
+    if kernel is KernelFamily.fp32_softmax:
+        return exact_attention(q, k, v, allowed, scale, act)
+    return online_attention(q, k, v, allowed, scale, act, BLOCKWISE[kernel])

@@ -1,0 +1,174 @@
+"""Number formats, emulated on the CPU by quantise-dequantise (pure functions, fp32 in and out).
+
+A sampler on an accelerator computes with weights stored in some format and activations rounded
+to some dtype. On the CPU we reproduce the *values* such hardware computes with: every function
+here maps an fp32 tensor to the fp32 tensor of values the format can represent, with the scaling
+rule the usual kernels use. Nothing here knows about models, configs or accelerators.
+
+Formats (``Precision``; member names are the YAML spelling):
+
+- ``fp32``: identity.
+- ``bf16`` / ``fp16``: cast round trip (round to nearest even).
+- ``fp8_e4m3`` / ``fp8_e5m2``: symmetric scale ``s = amax / fmax`` per output channel (weights)
+  or per token (activations), values cast to ``torch.float8_e4m3fn`` / ``float8_e5m2``.
+- ``int8``: symmetric per-channel ``s = amax / 127``, ``round(w / s)`` clamped to [-127, 127].
+- ``int4``: symmetric group-wise along the input dim (groups of ``block_size``, default 64),
+  ``s = amax / 7``, ``round(w / s)`` clamped to [-8, 7] (GPTQ/AWQ-style weight-only).
+- ``nvfp4``: NVIDIA's two-level block format: e2m1 values {0, .5, 1, 1.5, 2, 3, 4, 6} (signed)
+  in blocks of 16 along the input dim, each block scaled by an fp8-e4m3 number, all blocks by
+  one fp32 tensor scale ``g = amax / (448 · 6)``; block scale ``fp8(amax_block / 6 / g)``.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+
+
+class Precision(enum.Enum):
+    """A number format. Member names are the YAML spelling."""
+
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp8_e4m3 = "fp8_e4m3"
+    fp8_e5m2 = "fp8_e5m2"
+    int8 = "int8"
+    int4 = "int4"
+    nvfp4 = "nvfp4"
+
+
+_CAST_DTYPES = {Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}
+_FP8_DTYPES = {Precision.fp8_e4m3: torch.float8_e4m3fn, Precision.fp8_e5m2: torch.float8_e5m2}
+E2M1_GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+_E2M1_MIDPOINTS = (E2M1_GRID[1:] + E2M1_GRID[:-1]) / 2
+NVFP4_BLOCK = 16
+INT4_DEFAULT_GROUP = 64
+
+
+def _safe_scale(amax: torch.Tensor, qmax: float) -> torch.Tensor:
+    """``amax / qmax``, with 1 where amax is 0 (an all-zero row stays zero)."""
+    scale = amax / qmax
+    return torch.where(scale > 0, scale, torch.ones_like(scale))
+
+
+def cast_round_trip(x: torch.Tensor, fmt: Precision) -> torch.Tensor:
+    """Round fp32 values to bf16/fp16 (nearest even) and back."""
+    return x.to(_CAST_DTYPES[fmt]).float()
+
+
+def fp8_qdq(x: torch.Tensor, fmt: Precision) -> torch.Tensor:
+    """fp8 with a symmetric scale per row (last dim reduced): ``s·fp8(x/s)``, ``s = amax/fmax``."""
+    dtype = _FP8_DTYPES[fmt]
+    fmax = torch.finfo(dtype).max
+    scale = _safe_scale(x.abs().amax(dim=-1, keepdim=True), fmax)
+    return (x / scale).clamp(-fmax, fmax).to(dtype).float() * scale
+
+
+def fp8_cast(x: torch.Tensor, fmt: Precision) -> torch.Tensor:
+    """fp8 with unit scale (saturating), as an uncalibrated fp8 KV cache stores values."""
+    dtype = _FP8_DTYPES[fmt]
+    fmax = torch.finfo(dtype).max
+    return x.clamp(-fmax, fmax).to(dtype).float()
+
+
+def int_qdq(x: torch.Tensor, bits: int, group: int | None = None) -> torch.Tensor:
+    """Symmetric integer grid per row, or per group of ``group`` columns along the last dim.
+
+    ``s = amax / (2^(bits-1) - 1)``, ``q = clamp(round(x / s), -2^(bits-1), 2^(bits-1) - 1)``.
+    """
+    qmax = 2 ** (bits - 1) - 1
+    shape = x.shape
+    if group is not None:
+        if shape[-1] % group:
+            raise ValueError(f"last dim {shape[-1]} is not a multiple of the quantisation group {group}")
+        x = x.reshape(*shape[:-1], shape[-1] // group, group)
+    scale = _safe_scale(x.abs().amax(dim=-1, keepdim=True), qmax)
+    q = torch.round(x / scale).clamp(-qmax - 1, qmax)
+    return (q * scale).reshape(shape)
+
+
+def e2m1_round(x: torch.Tensor) -> torch.Tensor:
+    """Round to the nearest signed e2m1 value (saturating at ±6), ties to even mantissa.
+
+    The grid index parity is the mantissa bit, so a tie goes to the even grid index
+    (0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4).
+    """
+    mag = x.abs().clamp(max=6.0)
+    idx = torch.bucketize(mag, _E2M1_MIDPOINTS)  # mag == midpoint -> lower index
+    at_tie = (idx < len(_E2M1_MIDPOINTS)) & (mag == _E2M1_MIDPOINTS[idx.clamp(max=len(_E2M1_MIDPOINTS) - 1)])
+    idx = torch.where(at_tie & (idx % 2 == 1), idx + 1, idx)
+    return torch.sign(x) * E2M1_GRID[idx]
+
+
+def nvfp4_qdq(x: torch.Tensor, block: int = NVFP4_BLOCK) -> torch.Tensor:
+    """NVFP4: e2m1 values, fp8-e4m3 scale per ``block`` elements of the last dim, fp32 tensor scale.
+
+    ``g = amax(x) / (448·6)``; per block ``s_b = fp8_e4m3(amax_b / 6 / g)``; value
+    ``e2m1(x / (s_b·g))·s_b·g``. A block whose scale underflows to 0 dequantises to 0.
+    """
+    shape = x.shape
+    if shape[-1] % block:
+        raise ValueError(f"last dim {shape[-1]} is not a multiple of the nvfp4 block {block}")
+    xb = x.reshape(*shape[:-1], shape[-1] // block, block)
+    fp8_max = torch.finfo(torch.float8_e4m3fn).max
+    g = _safe_scale(x.abs().amax(), fp8_max * 6.0)
+    block_scale = (xb.abs().amax(dim=-1, keepdim=True) / 6.0 / g).clamp(max=fp8_max)
+    block_scale = block_scale.to(torch.float8_e4m3fn).float() * g
+    safe = torch.where(block_scale > 0, block_scale, torch.ones_like(block_scale))
+    q = e2m1_round(xb / safe) * block_scale
+    return q.reshape(shape)
+
+
+def quantize_dequantize(w: torch.Tensor, fmt: Precision, block_size: int | None = None) -> torch.Tensor:
+    """The values a weight matrix ``w`` (out, in) holds when stored in ``fmt``, as fp32.
+
+    Scales run along the input dim: per output channel (fp8, int8), per ``block_size`` group
+    (int4, default 64, or the whole row when smaller), per 16-element block (nvfp4).
+    """
+    w = w.float()
+    if fmt is Precision.fp32:
+        return w.clone()
+    if fmt in _CAST_DTYPES:
+        return cast_round_trip(w, fmt)
+    if fmt in _FP8_DTYPES:
+        return fp8_qdq(w, fmt)
+    if fmt is Precision.int8:
+        return int_qdq(w, bits=8)
+    if fmt is Precision.int4:
+        group = min(block_size or INT4_DEFAULT_GROUP, w.shape[-1])
+        return int_qdq(w, bits=4, group=group)
+    if fmt is Precision.nvfp4:
+        return nvfp4_qdq(w, block_size or NVFP4_BLOCK)
+    raise ValueError(f"no weight format {fmt}")
+
+
+def round_activation(x: torch.Tensor, fmt: Precision) -> torch.Tensor:
+    """The values an activation tensor holds in ``fmt`` (dynamic per-token scales for fp8/int8/nvfp4).
+
+    Scales are taken over the last dim (one token's features), as dynamic activation
+    quantisation does. int4 is a weight-only format and is refused.
+    """
+    if fmt is Precision.fp32:
+        return x
+    if fmt in _CAST_DTYPES:
+        return cast_round_trip(x, fmt)
+    if fmt in _FP8_DTYPES:
+        return fp8_qdq(x, fmt)
+    if fmt is Precision.int8:
+        return int_qdq(x, bits=8)
+    if fmt is Precision.nvfp4:
+        return nvfp4_qdq(x)
+    raise ValueError(f"{fmt.name} is a weight-only format, not an activation format")
+
+
+def round_kv(x: torch.Tensor, fmt: Precision) -> torch.Tensor:
+    """The values a KV cache stores: bf16/fp16 by cast, fp8 with unit scale (vLLM's uncalibrated default)."""
+    if fmt is Precision.fp32:
+        return x
+    if fmt in _CAST_DTYPES:
+        return cast_round_trip(x, fmt)
+    if fmt in _FP8_DTYPES:
+        return fp8_cast(x, fmt)
+    raise ValueError(f"{fmt.name} is not a KV-cache format (fp32, bf16, fp16, fp8_e4m3, fp8_e5m2)")

@@ -1,0 +1,198 @@
+"""The torch sampler backend: batched KV-cache generation under an emulated precision view.
+
+Prompts are left-padded so every row generates at the same cache column; each row's RoPE
+positions count its own tokens only and padding columns are masked, so under the exact view a
+prompt's result does not depend on what else is in the batch. One uniform per (row, step) is
+drawn up front from a ``torch.Generator`` as a (B, max_new_tokens) tensor, so a row's draws do
+not depend on the batch size either.
+
+Seeding: with ``params.seed`` set, ``generate`` is a pure function of (weights, prompts, params)
+— callers that want fresh samples per request vary the seed. With ``params.seed=None`` the
+sampler's own generator (seeded by the constructor's ``seed``) advances across calls.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+
+from rlmix.errors import ConfigError
+from rlmix.rollout import FINISH_LENGTH, FINISH_STOP, Rollouts, SamplingParams, concat_rollouts
+from rlmix.samplers.accelerators import PrecisionView
+from rlmix.samplers.emulated_llama import EmulatedLlama, LlamaShape
+from rlmix.samplers.sampling import draw
+
+log = logging.getLogger(__name__)
+
+
+def read_model_dir(model_dir: Path) -> tuple[object, dict[str, torch.Tensor]]:
+    """The HF config and the safetensors state dict of ``model_dir``; ConfigError when unreadable."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    if not model_dir.is_dir():
+        raise ConfigError(f"model dir {model_dir} does not exist; point model.path at a Hugging Face model directory")
+    try:
+        cfg = AutoConfig.from_pretrained(model_dir)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"model dir {model_dir} has no readable config.json ({err.__class__.__name__})") from None
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ConfigError(f"model dir {model_dir} has no *.safetensors weights")
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        weights.update(load_file(f))
+    return cfg, weights
+
+
+class TorchSampler:
+    """Implements ``rlmix.samplers.base.Sampler`` on the CPU with precision emulation."""
+
+    def __init__(self, model_dir: str | Path, view: PrecisionView, pool: str, seed: int = 0,
+                 max_batch: int = 256, pad_id: int | None = None) -> None:
+        cfg, weights = read_model_dir(Path(model_dir))
+        self.pool = pool
+        self.view = view
+        self.max_batch = max_batch
+        self.model = EmulatedLlama(LlamaShape.from_hf_config(cfg), view)
+        fallback = cfg.eos_token_id if isinstance(cfg.eos_token_id, int) else 0
+        self.pad_id = pad_id if pad_id is not None else (cfg.pad_token_id if cfg.pad_token_id is not None else fallback)
+        self._generator = torch.Generator().manual_seed(seed)
+        self._version = 0
+        self.load_weights(weights, 0)
+        log.info("pool %s: torch sampler, %s (CPU emulation)", pool, view.label)
+        if view.emulated_beyond_hardware:
+            log.warning("pool %s: %s emulates formats %s has no native support for", pool, view.label, view.accelerator)
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
+        """Quantise ``weights`` (HF names) by this view once and serve them as ``version``."""
+        with torch.no_grad():
+            self.model.load(weights)
+        self._version = version
+
+    def close(self) -> None:
+        self.model.layers = []
+
+    @torch.no_grad()
+    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced logits (B, L, V) fp32 under this view; any padding side (positions
+        count real tokens only). Rows at padding positions are meaningless."""
+        attention_mask = attention_mask.bool()
+        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        cache = self.model.new_cache(*input_ids.shape)
+        return self.model.forward(input_ids, positions, attention_mask, cache, 0)
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> Rollouts:
+        """Sample one completion per prompt (record semantics: rlmix/rollout.py, sampling.py)."""
+        if params.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 (got {params.temperature})")
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        start = time.perf_counter()
+        generator = self._generator if params.seed is None else torch.Generator().manual_seed(params.seed)
+        uniforms = torch.rand((len(prompts), params.max_new_tokens), generator=generator)
+        parts = [
+            self._generate_batch(prompts[i : i + self.max_batch], params, uniforms[i : i + self.max_batch])
+            for i in range(0, len(prompts), self.max_batch)
+        ]
+        out = parts[0] if len(parts) == 1 else concat_rollouts(parts, self.pad_id)
+        return out.replace(gen_time_s=time.perf_counter() - start, tags={**self.view.tags(), "backend": "torch"})
+
+    def _generate_batch(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                        uniforms: torch.Tensor) -> Rollouts:
+        b, steps = len(prompts), params.max_new_tokens
+        lens = torch.tensor([len(p) for p in prompts])
+        width = int(lens.max())
+        pad = width - lens
+        left = torch.full((b, width), self.pad_id, dtype=torch.long)
+        right = torch.full((b, width), self.pad_id, dtype=torch.long)
+        for i, p in enumerate(prompts):
+            left[i, width - len(p):] = torch.as_tensor(p, dtype=torch.long)
+            right[i, : len(p)] = left[i, width - len(p):]
+        key_valid = torch.ones((b, width + steps), dtype=torch.bool)
+        key_valid[:, :width] = torch.arange(width)[None] >= pad[:, None]
+        positions = (torch.arange(width)[None] - pad[:, None]).clamp(min=0)
+        cache = self.model.new_cache(b, width + steps)
+        logits = self.model.forward(left, positions, key_valid[:, :width], cache, 0, last_only=True)[:, 0]
+        rec = _Recorder(b, steps, params, self.pad_id)
+        for t in range(steps):
+            step = draw(logits, uniforms[:, t], params.temperature, params.top_k, params.top_p,
+                        params.num_candidates, params.support_slots)
+            rec.record(t, step)
+            if t == steps - 1 or bool(rec.done.all()):
+                break
+            logits = self.model.forward(step.tokens[:, None], (lens + t)[:, None], key_valid[:, : width + t + 1],
+                                        cache, width + t, last_only=True)[:, 0]
+        return rec.rollouts(right, lens, self._version, self.pool, params)
+
+
+class _Recorder:
+    """Per-step outputs written into preallocated (B, T[, K|S]) tensors; finished rows get padding."""
+
+    def __init__(self, b: int, steps: int, params: SamplingParams, pad_id: int) -> None:
+        self.pad_id, self.slots, self.steps = pad_id, params.support_slots, 0
+        self.stop_ids = torch.tensor(params.stop_token_ids, dtype=torch.long)
+        self.done = torch.zeros(b, dtype=torch.bool)
+        self.stopped = torch.zeros(b, dtype=torch.bool)
+        self.kept_max = torch.zeros(b, dtype=torch.long)
+        self.tokens = torch.full((b, steps), pad_id, dtype=torch.long)
+        self.mask = torch.zeros((b, steps), dtype=torch.bool)
+        self.logprobs = torch.zeros((b, steps))
+        k, s = params.num_candidates, params.support_slots
+        self.head_ids = torch.full((b, steps, k), -1, dtype=torch.long) if k > 0 else None
+        self.head_logprobs = torch.full((b, steps, k), float("-inf")) if k > 0 else None
+        with_support = params.truncates and s > 0
+        self.support_ids = torch.full((b, steps, s), -1, dtype=torch.long) if with_support else None
+        self.support_probs = torch.zeros((b, steps, s)) if with_support else None
+
+    def record(self, t: int, step) -> None:
+        active = ~self.done
+        self.steps = t + 1
+        self.tokens[:, t] = torch.where(active, step.tokens, self.pad_id)
+        self.mask[:, t] = active
+        self.logprobs[:, t] = torch.where(active, step.logprobs, 0.0)
+        if self.head_ids is not None:
+            self.head_ids[active, t] = step.head_ids[active]
+            self.head_logprobs[active, t] = step.head_logprobs[active]
+        if self.support_ids is not None:
+            self.support_ids[active, t] = step.support_ids[active]
+            self.support_probs[active, t] = step.support_probs[active]
+            self.kept_max = torch.maximum(self.kept_max, torch.where(active, step.kept, 0))
+        hit = active & torch.isin(step.tokens, self.stop_ids)
+        self.stopped |= hit
+        self.done |= hit
+
+    def rollouts(self, prompt_ids, lens, version: int, pool: str, params: SamplingParams) -> Rollouts:
+        if self.support_ids is not None and int(self.kept_max.max()) > self.slots:
+            raise ValueError(
+                f"the kept set reached {int(self.kept_max.max())} tokens but support_slots={self.slots}; "
+                "raise support_slots to at least the vocabulary size or top_k plus ties"
+            )
+        n = self.steps
+
+        def cut(x: torch.Tensor | None) -> torch.Tensor | None:
+            return None if x is None else x[:, :n].contiguous()
+
+        return Rollouts(
+            prompt_ids=prompt_ids,
+            prompt_lens=lens,
+            completion_ids=cut(self.tokens),
+            mask=cut(self.mask),
+            sampler_logprobs=cut(self.logprobs),
+            policy_version=torch.full((len(lens),), version, dtype=torch.long),
+            pool=(pool,) * len(lens),
+            finish_reason=tuple(FINISH_STOP if s else FINISH_LENGTH for s in self.stopped.tolist()),
+            temperature=params.temperature,
+            head_ids=cut(self.head_ids),
+            head_logprobs=cut(self.head_logprobs),
+            support_ids=cut(self.support_ids),
+            support_probs=cut(self.support_probs),
+        )

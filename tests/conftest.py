@@ -1,0 +1,55 @@
+"""Shared fixtures: a tiny random Llama checkpoint in Hugging Face format."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+TINY_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789 ()[],:=+-*<>"
+TINY_SPECIAL = ("<pad>", "<s>", "</s>")
+
+
+def build_char_tokenizer():
+    """A character-level ``PreTrainedTokenizerFast``: ids 0/1/2 = pad/bos/eos, then one id per char."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(TINY_SPECIAL + tuple(TINY_CHARS))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+
+
+def save_tiny_llama(path: Path, seed: int = 0, tie: bool = False, kv_heads: int = 2, init: float = 0.3) -> Path:
+    """Save a random tiny ``LlamaForCausalLM`` (GQA by default) plus the char tokenizer into ``path``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = build_char_tokenizer()
+    cfg = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=tie,
+        initializer_range=init,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory) -> Path:
+    """A random tiny Llama (hidden 64, 2 layers, 4 heads / 2 KV heads, char vocab) saved with save_pretrained."""
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny_llama"))
