@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from rlmix.errors import ConfigError
-from rlmix.report import ReportWindows, collect_runs, format_table, summarize, write_report
+from rlmix.report import ReportWindows, collect_runs, format_table, run_report, summarize, write_report
 from rlmix.report.plots import arm_curves
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -214,3 +214,22 @@ def test_bad_paths_are_config_errors(tmp_path: Path) -> None:
     (tmp_path / "empty" / "0").mkdir(parents=True)
     with pytest.raises(ConfigError, match="no run directories"):
         write_report(tmp_path / "empty")
+
+
+def test_run_report_prints_the_table_and_where_it_wrote(multirun: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_report(multirun, tmp_path / "elsewhere")
+    printed = capsys.readouterr().out
+    assert out == tmp_path / "elsewhere" and (out / "report.md").is_file()
+    assert printed.splitlines()[0].split()[:2] == ["arm", "seed"] and str(out / "report.md") in printed
+
+
+def test_cli_report_on_a_multirun(multirun: Path) -> None:
+    from typer.testing import CliRunner
+
+    from rlmix.cli import app
+
+    result = CliRunner().invoke(app, ["report", str(multirun)])
+    assert result.exit_code == 0, result.output
+    assert "grpo" in result.output and (multirun / "report" / "kl.png").read_bytes()[:8] == PNG_MAGIC
+    missing = CliRunner().invoke(app, ["report", str(multirun / "nope")])
+    assert missing.exit_code == 2 and "not a directory" in missing.output and "Traceback" not in missing.output

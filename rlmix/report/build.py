@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from rlmix.report.plots import PLOTS, write_plots
-from rlmix.report.runs import collect_runs
-from rlmix.report.table import ReportWindows, markdown_table, summarize, write_csv, write_json
+from rlmix.report.runs import RunRecord, collect_runs
+from rlmix.report.table import ReportWindows, RunRow, markdown_table, print_table, summarize, write_csv, write_json
 
 REPORT_DIRNAME = "report"
 
@@ -17,6 +18,19 @@ def write_report(path: str | Path, out_dir: str | Path | None = None, windows: R
 
     Returns ``out_dir``. Raises ``ConfigError`` when ``path`` holds no run directory.
     """
+    out, _ = _write(path, out_dir, windows)
+    return out
+
+
+def run_report(path: str | Path, out_dir: str | Path | None = None) -> Path:
+    """The ``rlmix report`` command: write the report, print the table and where the files went."""
+    out, rows = _write(path, out_dir, ReportWindows())
+    print_table(rows)
+    print(f"\nwrote {out / 'report.md'} (+ report.csv, report.json, {', '.join(s.filename for s in PLOTS)})")
+    return out
+
+
+def _write(path: str | Path, out_dir: str | Path | None, windows: ReportWindows) -> tuple[Path, list[RunRow]]:
     runs = collect_runs(path)
     out = Path(out_dir) if out_dir is not None else Path(path) / REPORT_DIRNAME
     out.mkdir(parents=True, exist_ok=True)
@@ -24,15 +38,15 @@ def write_report(path: str | Path, out_dir: str | Path | None = None, windows: R
     write_csv(rows, out / "report.csv")
     write_json(rows, out / "report.json")
     write_plots(runs, out)
-    header = [
-        f"# rlmix report: {Path(path)}",
-        "",
+    (out / "report.md").write_text(_markdown(path, runs, rows, windows))
+    return out, rows
+
+
+def _markdown(path: str | Path, runs: Sequence[RunRecord], rows: Sequence[RunRow], w: ReportWindows) -> str:
+    intro = (
         f"{len(runs)} run(s), {len({r.arm for r in rows})} arm(s). Final values are means over the last "
-        f"{windows.final_steps} steps; peak reward is the best such {windows.final_steps}-step mean; KL growth "
-        f"is the final k3 mean over its mean on steps {windows.skip_steps}..{windows.skip_steps + windows.early_steps - 1} "
-        "(row indices).",
-        "",
-    ]
-    images = [f"![{spec.title}]({spec.filename})" for spec in PLOTS]
-    (out / "report.md").write_text("\n".join(header) + "\n" + markdown_table(rows) + "\n" + "\n\n".join(images) + "\n")
-    return out
+        f"{w.final_steps} steps; peak reward is the best such {w.final_steps}-step mean; KL growth is the final "
+        f"k3 mean over its mean on rows {w.skip_steps}..{w.skip_steps + w.early_steps - 1} of metrics.jsonl."
+    )
+    images = "\n\n".join(f"![{spec.title}]({spec.filename})" for spec in PLOTS)
+    return f"# rlmix report: {Path(path)}\n\n{intro}\n\n{markdown_table(rows)}\n{images}\n"
