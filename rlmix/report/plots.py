@@ -83,6 +83,7 @@ def write_plots(runs: Sequence[RunRecord], out_dir: Path) -> list[Path]:
 def _plot(runs: Sequence[RunRecord], spec: PlotSpec, path: Path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(8, 5), dpi=110, layout="constrained")
     FigureCanvasAgg(fig)
@@ -102,6 +103,7 @@ def _plot(runs: Sequence[RunRecord], spec: PlotSpec, path: Path) -> Path:
         ax.text(0.5, 0.5, f"no data for {spec.key}", ha="center", va="center", transform=ax.transAxes)
     ax.set_title(f"{spec.title} by arm (mean over seeds, band = min–max, x = collapse)")
     ax.set_xlabel("trainer step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are integers; no 2.5 ticks on short runs
     ax.set_ylabel(spec.ylabel)
     ax.grid(True, alpha=0.3)
     if curves:
