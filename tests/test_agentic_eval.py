@@ -53,6 +53,9 @@ def test_policy_that_edits_the_tests_cannot_pass(tmp_path, one_task):
     assert res.outcome.reward == 0.0  # ... and left out when grading
     # The same test edit next to a real fix still passes: only the test file is reset.
     assert _one(tmp_path, one_task, [cheats[0], FIX, SUBMIT]).outcome.reward == 1.0
+    # Wrecking the repository's history is a failure, not an infrastructure problem to be excused.
+    wreck = _one(tmp_path, one_task, [FIX, "<bash>rm -rf .git</bash>", SUBMIT])
+    assert (wreck.outcome.reward, wreck.outcome.infra_error) == (0.0, None) and wreck.outcome.patch_error
 
 
 def test_observations_and_state_persist_through_files(tmp_path, one_task):
@@ -143,8 +146,9 @@ def test_run_directory_pass_at_k_and_subset(tmp_path):
                             expected_subset_size=2, eval_all_tasks=True, max_format_errors=2)
     lines: list[str] = []
     out = tmp_path / "run"
+    run = RecordingRun()
     summary = run_swebench_eval(cfg, ScriptedPolicy(_script), ks=[1, 2, 4], samples=4, out_dir=out,
-                                progress=lines.append)
+                                progress=lines.append, wandb_run=run)
     assert len(lines) == 12 and lines[-1].startswith("[12/12] c #3: reward 1")
     # Hand-computed: (n, c) = a (4, 2), b (4, 0), c (4, 4). pass@2 for a = 1 - C(2,2)/C(4,2) = 5/6.
     per_task = {1: [0.5, 0.0, 1.0], 2: [5 / 6, 0.0, 1.0], 4: [1.0, 0.0, 1.0]}
@@ -165,6 +169,19 @@ def test_run_directory_pass_at_k_and_subset(tmp_path):
     log = [json.loads(x) for x in (out / "episodes" / "a" / "3.jsonl").read_text().splitlines()]
     assert [x.get("action") for x in log[:-1]] == ["format_error", "format_error"]
     assert log[-1]["outcome"]["end_reason"] == "format_errors"
+    (logged,) = run.logged
+    assert logged["eval/tasks"].data == [["a", True, 4, 2, 0.5, 0], ["b", True, 4, 0, 0.0, 0], ["c", False, 4, 4, 1.0, 0]]
+    assert logged["eval/hard2/pass@4"] == 0.5 and logged["eval/all/pass@1_stderr"] == summary["sets"]["all"]["pass@1"]["stderr"]
+
+
+class RecordingRun:
+    """Outside the unit: stands in for a wandb run object (only ``log`` is used)."""
+
+    def __init__(self):
+        self.logged: list[dict] = []
+
+    def log(self, data: dict) -> None:
+        self.logged.append(data)
 
 
 def test_subset_only_evaluates_the_subset(tmp_path):

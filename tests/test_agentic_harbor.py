@@ -76,3 +76,19 @@ def test_resolve_tasks_and_ks(tmp_path):
         resolve_tasks(SwebenchProConfig(tasks_dir=str(tmp_path / "tasks")))
     with pytest.raises(ConfigError, match="eval.k"):
         check_ks([1, 8], 4)
+
+
+def test_config_schema_composes_in_omegaconf():
+    """The CLI registers SwebenchProConfig as task=swebench_pro: it must be a valid structured config."""
+    from omegaconf import OmegaConf
+
+    base = OmegaConf.structured(SwebenchProConfig)
+    assert OmegaConf.is_missing(base, "tasks_dir")
+    merged = OmegaConf.merge(base, OmegaConf.create({"tasks_dir": "/t", "runtime": "docker", "subset_file": "s.txt",
+                                                     "expected_subset_size": None}))
+    cfg = OmegaConf.to_object(merged)
+    assert isinstance(cfg, SwebenchProConfig) and cfg.runtime.name == "docker" and cfg.expected_subset_size is None
+    with pytest.raises(Exception, match="runtime"):
+        OmegaConf.merge(base, OmegaConf.create({"runtime": "kubernetes"}))
+    with pytest.raises(Exception, match="max_turn"):
+        OmegaConf.merge(base, OmegaConf.create({"max_turn": 3}))

@@ -34,7 +34,8 @@ def test_local_memory_limit_and_working_copy(task):
         assert small.exit_code == 0 and small.output.strip() == str(16 * 1024 * 1024)
         base = snapshot_baseline(sb)
         sb.run("echo new > added.txt && rm test_calc.py", timeout_s=10.0)
-        patch = capture_patch(sb, base)
+        patch, error = capture_patch(sb, base)
+        assert error is None
         assert "+new" in patch and "deleted file mode" in patch
     finally:
         sb.close()
@@ -89,3 +90,19 @@ def test_docker_runtime_end_to_end(task, tmp_path):
     good = run_sample(task, 0, ScriptedPolicy([FIX, SUBMIT]), runtime, cfg)
     assert (good.outcome.reward, good.outcome.infra_error) == (1.0, None)
     assert grade_patch(task, "", runtime, retries=0).reward == 0.0
+
+
+def test_git_never_touches_an_enclosing_repository(task, tmp_path, monkeypatch):
+    import subprocess
+    import tempfile
+
+    outer = tmp_path / "outer"
+    outer.mkdir()
+    subprocess.run(["git", "init", "-q", str(outer)], check=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(outer))  # sandboxes now live inside another repository
+    cfg = SwebenchProConfig(tasks_dir=str(tmp_path / "tasks"), subset="all", turn_timeout_s=10.0)
+    runtime = LocalRuntime(None, 512, None, 10.0)
+    assert run_sample(task, 0, ScriptedPolicy([FIX, SUBMIT]), runtime, cfg).outcome.reward == 1.0
+    wreck = run_sample(task, 1, ScriptedPolicy([FIX, "<bash>rm -rf .git</bash>", SUBMIT]), runtime, cfg)
+    assert wreck.outcome.patch_error and wreck.patch == ""
+    assert subprocess.run(["git", "-C", str(outer), "rev-parse", "HEAD"], capture_output=True).returncode != 0

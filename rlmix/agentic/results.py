@@ -34,6 +34,7 @@ class SampleOutcome:
     patch_bytes: int
     grade_attempts: int
     wall_s: float
+    patch_error: str | None  # the agent left a repository whose changes could not be captured (scored 0)
 
 
 def task_counts(outcomes: Sequence[SampleOutcome]) -> dict[str, tuple[int, int]]:

@@ -65,13 +65,13 @@ def episode_limits(cfg: SwebenchProConfig, task: HarborTask) -> EpisodeLimits:
 
 
 def _agent_phase(task: HarborTask, sample: int, policy: AgentPolicy, runtime: Runtime,
-                 cfg: SwebenchProConfig) -> tuple[Episode, str]:
-    """One episode and the patch it left; raises InfraError if the sandbox fails."""
+                 cfg: SwebenchProConfig) -> tuple[Episode, str, str | None]:
+    """(episode, the patch it left, why the patch is missing); raises InfraError if the sandbox fails."""
     sandbox = runtime.start(task, network=False)
     try:
         baseline = snapshot_baseline(sandbox)
         episode = run_episode(task, sample, policy, sandbox, episode_limits(cfg, task))
-        return episode, capture_patch(sandbox, baseline)
+        return (episode, *capture_patch(sandbox, baseline))
     finally:
         sandbox.close()
 
@@ -90,7 +90,7 @@ def run_sample(task: HarborTask, sample: int, policy: AgentPolicy, runtime: Runt
     for attempt in range(cfg.grade_retries + 1):
         try:
             runtime.prepare(task)
-            episode, patch = _agent_phase(task, sample, policy, runtime, cfg)
+            episode, patch, patch_error = _agent_phase(task, sample, policy, runtime, cfg)
             break
         except InfraError as e:
             error = str(e)
@@ -98,12 +98,12 @@ def run_sample(task: HarborTask, sample: int, policy: AgentPolicy, runtime: Runt
                         sample, attempt + 1, error)
     else:
         outcome = SampleOutcome(task.task_id, sample, 0.0, error, "infra_error", 0, 0, 0, 0,
-                                time.monotonic() - start)
+                                time.monotonic() - start, None)
         return SampleResult(Episode(task.task_id, sample, end_reason="infra_error"), outcome, "")
     grade = grade_patch(task, patch, runtime, cfg.grade_retries, network=cfg.grade_network)
     outcome = SampleOutcome(task.task_id, sample, grade.reward, grade.infra_error, episode.end_reason,
                             episode.num_actions, episode.format_errors, len(patch.encode()), grade.attempts,
-                            time.monotonic() - start)
+                            time.monotonic() - start, patch_error)
     return SampleResult(episode, outcome, patch)
 
 

@@ -19,6 +19,10 @@ from rlmix.agentic.harbor import HarborTask
 GIT_ENV = "GIT_AUTHOR_NAME=rlmix GIT_AUTHOR_EMAIL=rlmix@localhost GIT_COMMITTER_NAME=rlmix " \
           "GIT_COMMITTER_EMAIL=rlmix@localhost"
 
+# Git must never walk up from the repository into an enclosing one (a temporary directory inside a
+# checkout, or a policy that deleted .git): stop the search at the repository's parent.
+ONLY_OWN_REPO = 'export GIT_CEILING_DIRECTORIES="$(dirname "$PWD")"'
+
 
 class InfraError(RuntimeError):
     """The sandbox itself failed (image build, engine, copy): retried, never scored as a failure."""
@@ -63,7 +67,7 @@ def snapshot_baseline(sandbox: Sandbox) -> str:
     part of the baseline, not of the agent's patch. Run in both the agent and the grading sandbox:
     both come from the same image, so the patch applies.
     """
-    cmd = (f"(git rev-parse --git-dir >/dev/null 2>&1 || git init -q) && git add -A && "
+    cmd = (f"{ONLY_OWN_REPO} && (git rev-parse --git-dir >/dev/null 2>&1 || git init -q) && git add -A && "
            f"env {GIT_ENV} git commit -q --allow-empty --no-verify -m rlmix-baseline && git rev-parse HEAD")
     res = sandbox.run(cmd, timeout_s=300.0)
     sha = res.output.strip().splitlines()[-1] if res.output.strip() else ""
@@ -72,9 +76,14 @@ def snapshot_baseline(sandbox: Sandbox) -> str:
     return sha
 
 
-def capture_patch(sandbox: Sandbox, baseline: str) -> str:
-    """The agent's changes (tracked, new and deleted files; binary-safe) as one git patch."""
-    res = sandbox.run(f"git add -A 2>/dev/null && git diff --cached --binary {baseline}", timeout_s=300.0)
+def capture_patch(sandbox: Sandbox, baseline: str) -> tuple[str, str | None]:
+    """(the agent's changes as one git patch: tracked, new and deleted files, binary-safe; error or None).
+
+    A failing capture is the policy's doing (it damaged the repository or its ``.git``), not the
+    infrastructure's: the patch is then empty and the sample is graded (and fails) as usual.
+    """
+    res = sandbox.run(f"{ONLY_OWN_REPO} && git add -A 2>/dev/null && git diff --cached --binary {baseline}",
+                      timeout_s=300.0)
     if res.exit_code != 0:
-        raise InfraError(f"could not capture the patch: {res.output[-500:]}")
-    return res.output
+        return "", f"could not capture the patch (exit {res.exit_code}): {res.output[-300:]}"
+    return res.output, None
