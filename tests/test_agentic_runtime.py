@@ -106,3 +106,58 @@ def test_git_never_touches_an_enclosing_repository(task, tmp_path, monkeypatch):
     wreck = run_sample(task, 1, ScriptedPolicy([FIX, "<bash>rm -rf .git</bash>", SUBMIT]), runtime, cfg)
     assert wreck.outcome.patch_error and wreck.patch == ""
     assert subprocess.run(["git", "-C", str(outer), "rev-parse", "HEAD"], capture_output=True).returncode != 0
+
+
+FAKE_DOCKER = '''#!/usr/bin/env python3
+"""Outside the unit: a docker CLI that logs its argv; exec runs the command locally, the rest succeeds."""
+import json, os, subprocess, sys
+with open(os.environ["FAKE_DOCKER_LOG"], "a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+if os.environ.get("FAKE_DOCKER_DOWN"):
+    sys.exit(sys.stderr.write("Cannot connect to the Docker daemon at unix:///var/run/docker.sock\\n") and 1)
+if sys.argv[1] == "exec":
+    args, i = sys.argv[2:], 0
+    while args[i].startswith("-"):
+        i += 2
+    sys.exit(subprocess.run(args[i + 1:]).returncode)
+sys.exit(1 if sys.argv[1:3] == ["image", "inspect"] else 0)
+'''
+
+
+@pytest.fixture
+def fake_docker(tmp_path, monkeypatch):
+    import json
+    import os
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(FAKE_DOCKER)
+    (bin_dir / "docker").chmod(0o755)
+    log = tmp_path / "docker.log"
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_DOCKER_LOG", str(log))
+    return lambda: [json.loads(x) for x in log.read_text().splitlines()]
+
+
+def test_docker_commands_limits_and_engine_failures(task, fake_docker, monkeypatch):
+    runtime = DockerRuntime("pfx")
+    sb = runtime.start(task, network=False)
+    res = sb.run("echo hi; exit 3", timeout_s=5.0)
+    assert (res.exit_code, res.output, res.timed_out) == (3, "hi\n", False)
+    hung = sb.run("sleep 30", timeout_s=1.0)
+    assert hung.timed_out and hung.exit_code == -1 and hung.duration_s < 10.0
+    sb.close()
+    grader = runtime.start(task, network=True)
+    calls = fake_docker()
+    assert calls[0] == ["build", "-t", "pfx/calc:latest", str(task.path / "environment")]
+    run = calls[1]
+    assert run[:2] == ["run", "-d"] and run[-2:] == ["pfx/calc:latest", "infinity"]
+    assert run[run.index("--cpus") + 1] == "1" and run[run.index("--memory") + 1] == "1024m"
+    assert run[run.index("--network") + 1] == "none" and "-w" in run
+    assert "--network" not in [c for c in calls if c[0] == "run"][1]  # the grader asked for the network
+    assert calls[2][:3] == ["exec", "-w", "/work/repo"] and calls[2][-4:] == ["5", "bash", "-c", "echo hi; exit 3"]
+    assert sum(c[0] == "build" for c in calls) == 1  # the image is built once per task
+    grader.close()
+    monkeypatch.setenv("FAKE_DOCKER_DOWN", "1")
+    g = grade_patch(task, "", runtime, retries=1)
+    assert g.infra_error and "Cannot connect to the Docker daemon" in g.infra_error and g.attempts == 2

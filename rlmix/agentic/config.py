@@ -25,7 +25,7 @@ class RuntimeKind(enum.Enum):
 class SwebenchProConfig:
     """``task=swebench_pro``: Harbor task directories evaluated with a multi-turn shell agent."""
 
-    name: str = "swebench_pro"
+    name: str = "swebench_pro"  # the task group option's name (how the CLI tells task configs apart)
     # Directory holding one Harbor task directory per instance. "???" or "" means unset (an error).
     tasks_dir: str = UNSET
     # Name of the subset reported beside the whole set ("hard51"), or "all" for no subset.
@@ -54,7 +54,6 @@ class SwebenchProConfig:
     local_cpu_s: Optional[int] = None  # RLIMIT_CPU per command; null = 2 x turn_timeout_s
     # --- docker runtime ---
     docker_image_prefix: str = "rlmix-swebench"  # tag of images built from environment/Dockerfile
-    seed: int = 0
 
     def tasks_dir_set(self) -> bool:
         return self.tasks_dir not in (UNSET, "")

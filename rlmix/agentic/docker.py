@@ -23,6 +23,8 @@ from rlmix.agentic.harbor import HarborTask
 from rlmix.agentic.sandbox import ExecResult, InfraError
 
 TIMEOUT_EXIT = 124  # coreutils timeout's exit status when the time limit was hit
+# What the docker CLI prints when the engine or the container (not the command) failed.
+DAEMON_ERRORS = ("Error response from daemon", "Cannot connect to the Docker daemon", "No such container")
 
 
 def _docker(args: list[str], timeout_s: float, data: bytes | None = None) -> subprocess.CompletedProcess:
@@ -61,8 +63,9 @@ class DockerSandbox:
         start = time.monotonic()
         res = _docker(args, timeout_s=timeout_s + 60.0)
         out = (res.stdout + res.stderr).decode("utf-8", errors="replace")
-        if res.returncode in (125, 126, 127) and "Error response from daemon" in out:
-            raise InfraError(f"docker exec in {self.name} failed: {out[-500:]}")
+        err = res.stderr.decode("utf-8", errors="replace")
+        if res.returncode != 0 and any(m in err for m in DAEMON_ERRORS):
+            raise InfraError(f"docker exec in {self.name} failed: {err[-500:]}")
         timed_out = res.returncode in (TIMEOUT_EXIT, 137) and time.monotonic() - start >= timeout_s
         return ExecResult(-1 if timed_out else res.returncode, out, timed_out, time.monotonic() - start)
 
