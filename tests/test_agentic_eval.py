@@ -100,6 +100,10 @@ def test_max_turns_and_agent_timeout(tmp_path, one_task):
     assert (many.outcome.end_reason, many.outcome.actions) == ("max_turns", 3)
     slow = _one(tmp_path, one_task, ["<bash>sleep 0.6</bash>"] * 10, agent_timeout_s=1.0)
     assert slow.outcome.end_reason == "agent_timeout" and slow.outcome.actions == 2
+    # A command may not outlive the agent phase: it is cut at the agent timeout, not the turn timeout.
+    hung = _one(tmp_path, one_task, ["<bash>sleep 30</bash>"] * 3, agent_timeout_s=1.5, turn_timeout_s=20.0)
+    assert hung.episode.turns[0].timed_out and hung.episode.turns[0].duration_s < 5.0
+    assert hung.outcome.end_reason == "agent_timeout" and hung.outcome.actions == 1
 
 
 class FlakyRuntime:
@@ -107,6 +111,9 @@ class FlakyRuntime:
 
     def __init__(self, failures: int):
         self.inner, self.failures, self.starts = LocalRuntime(None, 512, None, 10.0), failures, 0
+
+    def check(self, task):
+        return self.inner.check(task)
 
     def prepare(self, task):
         self.inner.prepare(task)

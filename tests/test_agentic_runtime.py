@@ -9,7 +9,7 @@ from rlmix.agentic.docker import DockerRuntime, docker_available
 from rlmix.agentic.grading import grade_patch
 from rlmix.agentic.harbor import load_tasks
 from rlmix.agentic.local import LocalRuntime, no_network_prefix
-from rlmix.agentic.run import RUNTIMES, run_sample
+from rlmix.agentic.run import RUNTIMES, run_sample, run_swebench_eval
 from rlmix.agentic.sandbox import capture_patch, snapshot_baseline
 from rlmix.errors import ConfigError
 from tests.test_agentic_fixtures import FIX, SUBMIT, ScriptedPolicy, make_task
@@ -68,8 +68,10 @@ def test_local_runtime_needs_the_repo_directory(tmp_path):
     import shutil
 
     shutil.rmtree(d / "environment" / "repo")
-    with pytest.raises(ConfigError, match="norepo has no environment/repo/"):
-        LocalRuntime(None, 512, None, 10.0).prepare(load_tasks(tmp_path / "tasks")["norepo"])
+    cfg = SwebenchProConfig(tasks_dir=str(tmp_path / "tasks"), subset="all")
+    with pytest.raises(ConfigError, match="1 task.s. cannot run with task.runtime=local:\n  task norepo has no"):
+        run_swebench_eval(cfg, ScriptedPolicy([SUBMIT]), ks=[1], samples=1, out_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # refused before anything was written
 
 
 @pytest.mark.skipif(not docker_available(), reason="no Docker engine answers `docker info`")

@@ -103,6 +103,9 @@ class DockerRuntime:
     def image_tag(self, task: HarborTask) -> str:
         return f"{self._prefix}/{re.sub(r'[^a-z0-9_.-]', '-', task.task_id.lower())}:latest"
 
+    def check(self, task: HarborTask) -> str | None:
+        return None  # every Harbor task has a Dockerfile (checked at load)
+
     def prepare(self, task: HarborTask) -> None:
         if task.task_id in self._images:
             return

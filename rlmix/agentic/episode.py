@@ -81,15 +81,17 @@ class Episode:
         return len(self.turns)
 
 
-def _step(action, sandbox: Sandbox, limits: EpisodeLimits, episode: Episode) -> tuple[str, dict]:
+def _step(action, sandbox: Sandbox, limits: EpisodeLimits, episode: Episode,
+          time_left_s: float) -> tuple[str, dict]:
     """Execute one parsed action; returns (observation text, TurnLog fields)."""
     if isinstance(action, FormatError):
         episode.format_errors += 1
         obs = format_error_text(action, episode.format_errors, limits.max_format_errors)
         return obs, dict(action="format_error", command=None, exit_code=None, timed_out=False, duration_s=0.0)
-    res = sandbox.run(action.command, timeout_s=limits.turn_timeout_s)
-    obs = observation_text(res.exit_code, res.output, res.timed_out, limits.turn_timeout_s,
-                           limits.max_output_chars)
+    # A command may not outlive the agent phase either.
+    timeout_s = max(1.0, min(limits.turn_timeout_s, time_left_s))
+    res = sandbox.run(action.command, timeout_s=timeout_s)
+    obs = observation_text(res.exit_code, res.output, res.timed_out, timeout_s, limits.max_output_chars)
     return obs, dict(action="command", command=action.command, exit_code=res.exit_code,
                      timed_out=res.timed_out, duration_s=res.duration_s)
 
@@ -128,7 +130,7 @@ def run_episode(task: HarborTask, sample: int, policy: AgentPolicy, sandbox: San
             # No room for the observation and another turn: running the command would be wasted.
             episode.end_reason = END_TOKENS
             break
-        obs, fields = _step(action, sandbox, limits, episode)
+        obs, fields = _step(action, sandbox, limits, episode, limits.agent_timeout_s - (time.monotonic() - start))
         episode.turns.append(TurnLog(turn=turn, policy_text=out.text, observation=obs,
                                      policy_tokens=len(out.token_ids), **fields))
         transcript.messages.append(Message("tool", obs))

@@ -54,12 +54,18 @@ class LocalLimits:
     cpu_s: int  # RLIMIT_CPU
 
 
+def _lower_limit(which: int, value: int) -> None:
+    # Never above the inherited hard limit: an unprivileged process may not raise it.
+    hard = resource.getrlimit(which)[1]
+    value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+    resource.setrlimit(which, (value, value))
+
+
 def _limit_child(limits: LocalLimits) -> None:
-    # Runs in the child between fork and exec: only async-signal-safe work, no logging.
-    mem = limits.memory_mb * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-    resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_procs, limits.max_procs))
-    resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s))
+    # Runs in the child between fork and exec: no logging, no locks.
+    _lower_limit(resource.RLIMIT_AS, limits.memory_mb * 1024 * 1024)
+    _lower_limit(resource.RLIMIT_NPROC, limits.max_procs)
+    _lower_limit(resource.RLIMIT_CPU, limits.cpu_s)
 
 
 class LocalSandbox:
@@ -93,9 +99,12 @@ class LocalSandbox:
     def run(self, command: str, timeout_s: float, env: Mapping[str, str] | None = None) -> ExecResult:
         argv = [*self._prefix, "bash", "-c", command]
         start = time.monotonic()
-        proc = subprocess.Popen(argv, cwd=self.workdir, env=self._env(env), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=functools.partial(_limit_child, self._limits))
+        try:
+            proc = subprocess.Popen(argv, cwd=self.workdir, env=self._env(env), stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                                    preexec_fn=functools.partial(_limit_child, self._limits))
+        except (OSError, subprocess.SubprocessError) as e:  # fork failed, working copy gone
+            raise InfraError(f"could not start a command in {self.root}: {e}") from e
         try:
             out, _ = proc.communicate(timeout=timeout_s)
             timed_out = False
@@ -116,12 +125,18 @@ class LocalSandbox:
         return p if p.is_absolute() else Path(self.workdir) / p
 
     def put_dir(self, host_dir: Path, sandbox_dir: str) -> None:
-        shutil.copytree(host_dir, self._host(sandbox_dir), symlinks=True, dirs_exist_ok=True)
+        try:
+            shutil.copytree(host_dir, self._host(sandbox_dir), symlinks=True, dirs_exist_ok=True)
+        except OSError as e:
+            raise InfraError(f"could not copy {host_dir} into the sandbox: {e}") from e
 
     def put_file(self, sandbox_path: str, data: bytes) -> None:
         target = self._host(sandbox_path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        except OSError as e:
+            raise InfraError(f"could not write {target}: {e}") from e
 
     def read_file(self, sandbox_path: str) -> bytes | None:
         target = self._host(sandbox_path)
@@ -142,10 +157,16 @@ class LocalRuntime:
         self._memory_mb, self._max_procs, self._cpu_s = memory_mb, max_procs, cpu_s
         self._turn_timeout_s = turn_timeout_s
 
-    def prepare(self, task: HarborTask) -> None:
+    def check(self, task: HarborTask) -> str | None:
         if not task.repo_dir.is_dir():
-            raise ConfigError(f"task {task.task_id} has no environment/repo/ directory, which the local "
-                              f"runtime copies; use task.runtime=docker")
+            return (f"task {task.task_id} has no environment/repo/ directory, which the local runtime "
+                    f"copies; use task.runtime=docker")
+        return None
+
+    def prepare(self, task: HarborTask) -> None:
+        problem = self.check(task)
+        if problem:
+            raise ConfigError(problem)
 
     def start(self, task: HarborTask, network: bool) -> LocalSandbox:
         cpu_s = self._cpu_s or int(2 * max(self._turn_timeout_s, task.verifier_timeout_s)) + 1

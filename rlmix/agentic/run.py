@@ -119,6 +119,10 @@ def run_swebench_eval(cfg: SwebenchProConfig, policy: AgentPolicy, ks: list[int]
     check_ks(ks, samples)
     tasks, subset_ids = resolve_tasks(cfg)
     runtime = RUNTIMES[cfg.runtime](cfg)
+    problems = [p for p in (runtime.check(t) for t in tasks) if p]
+    if problems:  # before the first episode, not halfway through the run
+        raise ConfigError(f"{len(problems)} task(s) cannot run with task.runtime={cfg.runtime.name}:\n"
+                          + "\n".join(f"  {p}" for p in problems))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     outcomes: list[SampleOutcome] = []

@@ -53,6 +53,9 @@ class Sandbox(Protocol):
 
 
 class Runtime(Protocol):
+    def check(self, task: HarborTask) -> str | None:
+        """A user-fixable reason this runtime cannot run the task (one line), or None; cheap."""
+
     def prepare(self, task: HarborTask) -> None:
         """Whatever is needed once per task (build or pull the image); raises InfraError."""
 
