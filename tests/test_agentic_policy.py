@@ -124,3 +124,17 @@ def test_token_budget_ends_the_episode(tmp_path):
     assert len(sampler.prompts) == 1  # the second turn found no room to generate
     assert len(episode.turns) == 1 and episode.turns[0].exit_code == 0  # the first command did run
     assert episode.tokens.policy_version == 7
+
+
+def test_model_policy_through_the_entry_point(tmp_path):
+    from rlmix.agentic import SwebenchProConfig, run_swebench_eval
+    from tests.test_agentic_fixtures import WRONG_FIX
+
+    make_task(tmp_path / "tasks", "calc")
+    sampler = ScriptedSampler([FIX, SUBMIT, WRONG_FIX, SUBMIT])
+    policy = ModelPolicy(CharTokenizer(), sampler, SamplingParams(max_new_tokens=100))
+    cfg = SwebenchProConfig(tasks_dir=str(tmp_path / "tasks"), subset="all", turn_timeout_s=10.0)
+    summary = run_swebench_eval(cfg, policy, ks=[1, 2], samples=2, out_dir=tmp_path / "run")
+    assert summary["sets"]["all"]["pass@1"]["mean"] == 0.5 and summary["sets"]["all"]["pass@2"]["mean"] == 1.0
+    # Each sample starts from the same first prompt: no tokens leak from one episode into the next.
+    assert sampler.prompts[2] == sampler.prompts[0]
