@@ -44,16 +44,19 @@ def centering_coefficients(
     trainer_logprobs: (N, K) log p(v) (detached here), sampler_logprobs: (N, K) log q(v),
     valid: (N, K) bool (False at padding), exact: H is the whole support of q (ρ := 1).
     """
-    logp = trainer_logprobs.detach()
-    zero = torch.zeros_like(logp)
-    p = torch.where(valid, logp.exp(), zero)
-    q = torch.where(valid, sampler_logprobs.exp(), zero)
+    # Padding is zeroed first (§3.3): log-probs 0 give lr = 0 there and p = q = 0 after the
+    # fill, so every term below is exactly 0 at padding without a mask on the result.
+    pad = ~valid
+    logp = trainer_logprobs.detach().masked_fill(pad, 0.0)
+    logq = sampler_logprobs.masked_fill(pad, 0.0)
+    p = logp.exp().masked_fill_(pad, 0.0)
+    q = logq.exp().masked_fill_(pad, 0.0)
     head_mass, sampler_head_mass = p.sum(dim=1), q.sum(dim=1)
     if exact:
         tail_ratio = torch.ones_like(head_mass)
     else:
         tail_ratio = (1.0 - sampler_head_mass).clamp_min(TAIL_FLOOR) / (1.0 - head_mass).clamp_min(TAIL_FLOOR)
     alpha = weight.tail_scale(tail_ratio)
-    lr = torch.where(valid, log_ratio(logp, sampler_logprobs), zero)
-    coefficients = torch.where(valid, weight.head_term(p, q, lr) - alpha[:, None] * p, zero)
+    term = weight.head_term(p, q, log_ratio(logp, logq))
+    coefficients = torch.addcmul(term, alpha[:, None], p, value=-1.0)  # q_v f(r_v) − α p_v
     return Centering(coefficients, tail_ratio, head_mass, sampler_head_mass)

@@ -35,7 +35,7 @@ class Candidates:
 def head_candidates(head_ids: Tensor, head_logprobs: Tensor) -> Candidates:
     """Top-K head (§3.2): log-probs under the sampler's full-vocabulary softmax."""
     valid = head_ids >= 0
-    logq = torch.where(valid, head_logprobs, torch.zeros_like(head_logprobs))
+    logq = head_logprobs.masked_fill(~valid, 0.0)
     return Candidates(head_ids.clamp_min(0), valid, logq, exact=False)
 
 
@@ -50,6 +50,30 @@ def support_candidates(support_ids: Tensor, support_probs: Tensor | None, dtype:
     return Candidates(support_ids.clamp_min(0), valid, logq, exact=True)
 
 
+class _GatherLogSoftmax(torch.autograd.Function):
+    """`log_softmax(z).gather(1, ids)` without materialising the (N, V) log-softmax.
+
+    Backward writes the logit gradient in one (N, V) buffer,
+    `dz = scatter_add(ids, g) − softmax(z) · Σ_j g_j`, instead of autograd's three
+    (gather's zero-filled scatter, logsumexp's softmax, and their sum).
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, ids: Tensor) -> Tensor:
+        log_norm = torch.logsumexp(logits, dim=1, keepdim=True)  # (N, 1)
+        ctx.save_for_backward(logits, log_norm, ids)
+        return logits.gather(1, ids) - log_norm
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None]:
+        logits, log_norm, ids = ctx.saved_tensors
+        grad = torch.sub(logits, log_norm).exp_()  # softmax, the one (N, V) allocation
+        grad.mul_(-grad_out.sum(dim=1, keepdim=True))
+        grad.scatter_add_(1, ids, grad_out)
+        return grad, None
+
+
 def gather_logprobs(
     logits: Tensor, sampled_ids: Tensor, candidates: Candidates | None
 ) -> tuple[Tensor, Tensor | None]:
@@ -58,28 +82,30 @@ def gather_logprobs(
     Without an exact candidate set: `log p(v) = z_v − logsumexp_V(z)` (full softmax).
     With a recorded support S: `log p_S(v) = z_v − logsumexp_{u∈S}(z_u)` (§4). A row whose
     support is empty gets `log p_S(a) = 0` and no gradient (nothing was recorded to learn from).
-    One gather of the (1 + K) columns, so the backward scatter happens once.
+    One gather of the (1 + K) columns, so the backward touches the (N, V) gradient once.
     """
     ids = sampled_ids[:, None]
     if candidates is not None:
         ids = torch.cat([ids, candidates.ids], dim=1)
-    z = logits.gather(1, ids)  # (N, 1 + K)
-    if candidates is not None and candidates.exact:
-        neg_inf = torch.full_like(z[:, :1], float("-inf"))
-        empty = ~candidates.valid.any(dim=1, keepdim=True)
-        # An empty row normalises over {a} alone, so no row is all −inf (whose logsumexp
-        # backward would produce NaN).
-        lse_in = torch.cat(
-            [torch.where(empty, z[:, :1], neg_inf), torch.where(candidates.valid, z[:, 1:], float("-inf"))], dim=1
-        )
-        log_norm = torch.logsumexp(lse_in, dim=1)
+    if candidates is None or not candidates.exact:
+        logp = _GatherLogSoftmax.apply(logits, ids)  # (N, 1 + K), full-vocabulary softmax
     else:
-        log_norm = torch.logsumexp(logits, dim=1)
-    logp = z - log_norm[:, None]
+        logp = _support_logprobs(logits, ids, candidates.valid)
     if candidates is None:
         return logp[:, 0], None
     # Mask before any multiplication (§3.3): padding slots carry 0, never a stray log-prob.
-    return logp[:, 0], torch.where(candidates.valid, logp[:, 1:], torch.zeros_like(logp[:, 1:]))
+    return logp[:, 0], logp[:, 1:].masked_fill(~candidates.valid, 0.0)
+
+
+def _support_logprobs(logits: Tensor, ids: Tensor, valid: Tensor) -> Tensor:
+    """`z_v − logsumexp_{u∈S} z_u` for the columns `ids` = [a, S...] (N, 1 + S)."""
+    z = logits.gather(1, ids)
+    empty = ~valid.any(dim=1, keepdim=True)
+    # An empty row normalises over {a} alone, so no row is all −inf (whose logsumexp
+    # backward would produce NaN).
+    first = torch.where(empty, z[:, :1], torch.full_like(z[:, :1], float("-inf")))
+    log_norm = torch.logsumexp(torch.cat([first, torch.where(valid, z[:, 1:], float("-inf"))], dim=1), dim=1)
+    return z - log_norm[:, None]
 
 
 def log_ratio(trainer_logprobs: Tensor, sampler_logprobs: Tensor) -> Tensor:

@@ -79,7 +79,7 @@ def token_loss(
     if spec.centered:
         assert candidates is not None and logp_h is not None  # guaranteed by _candidates
         centering = centering_coefficients(logp_h, candidates.sampler_logprobs, candidates.valid, weight, candidates.exact)
-        objective = objective - (centering.coefficients * logp_h).sum(dim=1)
+        objective = objective - torch.linalg.vecdot(centering.coefficients, logp_h)  # Σ_H c_v log p(v)
         stats |= centering_stats(centering)
     loss = -(advantages.to(logits.dtype).detach() * objective).sum() / _token_count(num_tokens, sampled_ids)
     return LossOutput(loss, stats, _token_stats(lr, w))

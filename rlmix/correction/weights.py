@@ -122,15 +122,15 @@ class MaskedIS:
     masks = True
 
     def keep(self, log_ratio: Tensor) -> Tensor:
-        r = log_ratio.exp()
-        return (r >= self.low) & (r <= self.high)
+        """`L ≤ r ≤ U`, compared in log space."""
+        return (log_ratio >= math.log(self.low)) & (log_ratio <= math.log(self.high))
 
     def sampled(self, log_ratio: Tensor) -> Tensor:
         return torch.where(self.keep(log_ratio), log_ratio.exp(), torch.zeros_like(log_ratio))
 
     def head_term(self, p: Tensor, q: Tensor, log_ratio: Tensor) -> Tensor:
         # q·(p/q)·1[band] = p·1[band]; q = 0 gives lr = +20 (clamped), outside any sane band.
-        return torch.where(self.keep(log_ratio), p, torch.zeros_like(p))
+        return p * self.keep(log_ratio)
 
     def tail_scale(self, tail_ratio: Tensor) -> Tensor:
         inv = 1.0 / tail_ratio
