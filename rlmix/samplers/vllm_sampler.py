@@ -32,6 +32,40 @@ log = logging.getLogger(__name__)
 DTYPES = ("bfloat16", "float16", "float32")
 # Quantisation methods the CPU build of vLLM 0.32 has kernels for: none of the fp8/int4 GPU ones.
 CPU_QUANTIZATION: tuple[str | None, ...] = (None,)
+# rlmix pool precision -> (vLLM dtype, vLLM quantization). fp8_e4m3 is vLLM's online dynamic fp8
+# (weights quantised at load, e4m3); int8/int4/nvfp4 need pre-quantised checkpoints, not a view.
+PRECISIONS: dict[str, tuple[str, str | None]] = {
+    "fp32": ("float32", None), "float32": ("float32", None),
+    "bf16": ("bfloat16", None), "bfloat16": ("bfloat16", None),
+    "fp16": ("float16", None), "float16": ("float16", None),
+    "fp8_e4m3": ("bfloat16", "fp8"), "fp8": ("bfloat16", "fp8"),
+}
+
+
+def resolve_precision(precision: str, key: str = "precision") -> tuple[str, str | None]:
+    """(dtype, quantization) of vLLM for an rlmix precision name; ConfigError naming ``key`` if none."""
+    if precision not in PRECISIONS:
+        raise ConfigError(f"{key}={precision!r} has no vLLM equivalent; vllm pools take one of "
+                          f"{', '.join(sorted(PRECISIONS))} (int8/int4/nvfp4 need a pre-quantised checkpoint)")
+    return PRECISIONS[precision]
+
+
+def check_pool(name: str, pool) -> None:
+    """Load-time rules for a ``backend: vllm`` pool (``rlmix.config.schema.PoolConfig``).
+
+    The platform is the pool's accelerator, not the machine that loads the config: a CPU head
+    node may launch GPU pools. ``accelerator: CPU`` means the CPU build of vLLM.
+    """
+    key = f"fleet.pools.{name}"
+    dtype, quantization = resolve_precision(pool.precision, f"{key}.precision")
+    on_cpu = pool.accelerator.upper() == "CPU"
+    if on_cpu and quantization not in CPU_QUANTIZATION:
+        raise ConfigError(f"{key}.precision={pool.precision} needs {quantization} kernels that the CPU build of vLLM "
+                          "lacks; use bf16/fp32 on accelerator CPU or put this pool on a GPU")
+    if pool.kv_precision is not None:
+        raise ConfigError(f"{key}.kv_precision={pool.kv_precision}: vllm pools keep the KV cache in the model dtype; "
+                          "set kv_precision to null")
+    check_platform(dtype, quantization, on_cpu)
 
 
 def _set_logits_scale(worker, scale: float) -> float:
@@ -62,9 +96,13 @@ def check_platform(dtype: str, quantization: str | None, on_cpu: bool) -> None:
 
 
 class VllmSampler:
-    """Implements ``rlmix.samplers.base.Sampler`` with one vLLM engine."""
+    """Implements ``rlmix.samplers.base.Sampler`` with one vLLM engine.
 
-    def __init__(self, model_dir: str | Path, pool: str, dtype: str = "bfloat16", quantization: str | None = None,
+    ``dtype`` takes an rlmix precision (``bf16``, ``fp32``, ``fp16``, ``fp8_e4m3``) or a vLLM dtype
+    name; ``quantization`` overrides the method a precision implies (``fp8_e4m3`` -> ``fp8``).
+    """
+
+    def __init__(self, model_dir: str | Path, pool: str, dtype: str = "bf16", quantization: str | None = None,
                  seed: int = 0, max_model_len: int = 256, max_logprobs: int = 128,
                  memory_fraction: float = 0.15, kv_cache_gib: int = 1, pad_id: int | None = None,
                  tags: Mapping[str, str] | None = None) -> None:
@@ -77,6 +115,8 @@ class VllmSampler:
         from vllm import LLM
         from vllm.platforms import current_platform
 
+        dtype, implied = resolve_precision(dtype, f"pool {pool} dtype")
+        quantization = quantization or implied
         check_platform(dtype, quantization, current_platform.is_cpu())
         self.pool = pool
         self.dtype, self.quantization = dtype, quantization
