@@ -61,6 +61,8 @@ class EpisodeTokens:
     policy_version: int = 0
 
     def add(self, ids: tuple[int, ...], policy: bool, logprobs: tuple[float, ...] = ()) -> None:
+        if policy and len(logprobs) != len(ids):
+            raise ValueError(f"a policy turn has {len(ids)} tokens but {len(logprobs)} log-probs")
         self.ids += ids
         self.mask += [policy] * len(ids)
         self.sampler_logprobs += list(logprobs) if policy else [0.0] * len(ids)
