@@ -16,7 +16,8 @@ from torch import Tensor
 def group_advantages(rewards: Tensor, group_ids: Tensor, normalize_std: bool, eps: float = 1e-6) -> Tensor:
     """Per-sample advantages (B,) from rewards (B,) and any integer group labels (B,)."""
     if rewards.shape != group_ids.shape or rewards.dim() != 1:
-        raise ValueError(f"rewards and group_ids must both be (B,), got {tuple(rewards.shape)}, {tuple(group_ids.shape)}")
+        shapes = f"{tuple(rewards.shape)} and {tuple(group_ids.shape)}"
+        raise ValueError(f"rewards and group_ids must both be (B,), got {shapes}")
     rewards = rewards.to(torch.promote_types(rewards.dtype, torch.float32))
     labels, group = torch.unique(group_ids, return_inverse=True)
     zeros = rewards.new_zeros(labels.shape[0])

@@ -78,7 +78,9 @@ def token_loss(
         stats |= weight_stats(w, weight.masks)
     if spec.centered:
         assert candidates is not None and logp_h is not None  # guaranteed by _candidates
-        centering = centering_coefficients(logp_h, candidates.sampler_logprobs, candidates.valid, weight, candidates.exact)
+        centering = centering_coefficients(
+            logp_h, candidates.sampler_logprobs, candidates.valid, weight, exact=candidates.exact
+        )
         objective = objective - torch.linalg.vecdot(centering.coefficients, logp_h)  # Σ_H c_v log p(v)
         stats |= centering_stats(centering)
     loss = -(advantages.to(logits.dtype).detach() * objective).sum() / _token_count(num_tokens, sampled_ids)
@@ -111,6 +113,7 @@ def ppo_clip_loss(
     (IcePop: PPO with tokens outside the band dropped, no renormalisation). Tokens with
     |log r| ≥ 20 get no gradient through the clamp. Shapes and support replay as in `token_loss`.
     """
+    weight = parse_enum(Weight, weight, "weight")
     weight_fn = make_weight(weight, low=low, high=high, cap=cap)
     if not (0.0 <= eps_low < 1.0 and eps_high >= 0.0):
         raise ValueError(f"PPO clip needs 0 <= eps_low < 1 and eps_high >= 0, got {eps_low}, {eps_high}")
@@ -125,7 +128,7 @@ def ppo_clip_loss(
     f_w = weight_fn.ppo(lr.detach())
     loss = -(f_w * surrogate).sum() / _token_count(num_tokens, sampled_ids)
     stats = mismatch_stats(lr.detach())
-    if parse_enum(Weight, weight, "weight") is not Weight.none:
+    if weight is not Weight.none:
         stats |= weight_stats(f_w, weight_fn.masks)
     return LossOutput(loss, stats, _token_stats(lr.detach(), f_w))
 
