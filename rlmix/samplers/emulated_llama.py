@@ -142,8 +142,12 @@ class EmulatedLlama:
         return round_activation(x, self.view.activations)
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """``x Wᵀ`` with inputs in the view's linear-input format, output rounded to the activation dtype."""
-        return self._act(F.linear(round_activation(x, self.view.linear_inputs), weight))
+        """``x Wᵀ`` with inputs in the view's linear-input format, output rounded to the activation dtype.
+
+        Inputs already hold activation-dtype values, so they are re-quantised only for W8A8 views."""
+        if self.view.linear_inputs is not self.view.activations:
+            x = round_activation(x, self.view.linear_inputs)
+        return self._act(F.linear(x, weight))
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """HF LlamaRMSNorm: ``weight · x / sqrt(mean(x²) + eps)`` in fp32, normalised value rounded first."""
@@ -170,8 +174,10 @@ class EmulatedLlama:
         k = self._rope(k.view(b, n, s.kv_heads, s.head_dim).transpose(1, 2), *rope)
         v = v.view(b, n, s.kv_heads, s.head_dim).transpose(1, 2)
         end = start + n
-        cache.k[i, :, :, start:end] = round_kv(k, self.view.kv_cache)
-        cache.v[i, :, :, start:end] = round_kv(v, self.view.kv_cache)
+        if self.view.kv_cache is not self.view.activations:  # else k, v already hold these values
+            k, v = round_kv(k, self.view.kv_cache), round_kv(v, self.view.kv_cache)
+        cache.k[i, :, :, start:end] = k
+        cache.v[i, :, :, start:end] = v
         group = s.heads // s.kv_heads
         # Query heads sharing a KV head are stacked along the query axis: (B, Hkv, G·L, D).
         q = q.reshape(b, s.kv_heads, group * n, s.head_dim)
