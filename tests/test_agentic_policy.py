@@ -138,3 +138,8 @@ def test_model_policy_through_the_entry_point(tmp_path):
     assert summary["sets"]["all"]["pass@1"]["mean"] == 0.5 and summary["sets"]["all"]["pass@2"]["mean"] == 1.0
     # Each sample starts from the same first prompt: no tokens leak from one episode into the next.
     assert sampler.prompts[2] == sampler.prompts[0]
+    import json
+
+    last = json.loads((tmp_path / "run" / "episodes" / "calc" / "1.jsonl").read_text().splitlines()[-1])["tokens"]
+    assert last["ids"] == sampler.prompts[3] + [ord(c) for c in SUBMIT]
+    assert sum(last["mask"]) == len(WRONG_FIX) + len(SUBMIT) and last["policy_version"] == 7

@@ -106,10 +106,14 @@ def flat_metrics(summary: dict) -> dict[str, float]:
 
 
 def write_episode(out_dir: Path, episode: Episode, outcome: SampleOutcome) -> Path:
-    """``episodes/<id>/<sample>.jsonl``: one JSON line per turn, then one ``{"outcome": ...}`` line."""
+    """``episodes/<id>/<sample>.jsonl``: one JSON line per turn, then ``{"outcome": ...}``, then (model
+    policies only) ``{"tokens": {ids, mask, sampler_logprobs, prompt_len, policy_version}}``, so the
+    episode can be trained on later."""
     path = out_dir / "episodes" / episode.task_id / f"{episode.sample}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [json.dumps(t) for t in turn_dicts(episode)] + [json.dumps({"outcome": asdict(outcome)})]
+    if episode.tokens.ids:
+        lines.append(json.dumps({"tokens": asdict(episode.tokens)}))
     path.write_text("\n".join(lines) + "\n")
     return path
 
