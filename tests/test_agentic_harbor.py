@@ -92,3 +92,15 @@ def test_config_schema_composes_in_omegaconf():
         OmegaConf.merge(base, OmegaConf.create({"runtime": "kubernetes"}))
     with pytest.raises(Exception, match="max_turn"):
         OmegaConf.merge(base, OmegaConf.create({"max_turn": 3}))
+
+
+def test_every_config_field_is_read():
+    """A knob that nothing reads is a bug: every field except the group name is used by the harness."""
+    import dataclasses
+    from pathlib import Path
+
+    import rlmix.agentic
+
+    source = "".join(p.read_text() for p in Path(rlmix.agentic.__file__).parent.glob("*.py") if p.name != "config.py")
+    unread = [f.name for f in dataclasses.fields(SwebenchProConfig) if f.name != "name" and f"cfg.{f.name}" not in source]
+    assert unread == []
