@@ -145,6 +145,7 @@ def _script(task_id: str, sample: int) -> list[str]:
     return [WRONG_FIX, SUBMIT]
 
 
+@pytest.mark.slow
 def test_run_directory_pass_at_k_and_subset(tmp_path):
     for t in ("a", "b", "c"):
         make_task(tmp_path / "tasks", t)
