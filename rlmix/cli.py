@@ -64,7 +64,7 @@ def probe(ctx: typer.Context) -> None:
 @app.command()
 def report(
     path: str = typer.Argument(..., help="A run directory, a multirun directory, or a folder of them."),
-    out: Optional[str] = typer.Option(None, help="Where to write report.md and the plots (default: PATH)."),
+    out: Optional[str] = typer.Option(None, help="Where to write report.md and the plots (default: PATH/report/)."),
 ) -> None:
     """Table and plots across the runs of a sweep."""
     from rlmix.errors import ConfigError

@@ -8,6 +8,8 @@ single line the CLI prints.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from omegaconf import DictConfig, OmegaConf
 
 from rlmix.config.schema import MiniCodeTaskConfig, Objective, RunConfig, SamplerBackend
@@ -27,6 +29,7 @@ def validate(cfg: RunConfig, for_training: bool = True) -> RunConfig:
     _check_loop(cfg)
     _check_correction(cfg)
     _check_fleet(cfg)
+    _check_paths(cfg)
     if for_training and not isinstance(cfg.task, MiniCodeTaskConfig):
         raise ConfigError("rlmix train needs task=minicode; task=swebench_pro is for `rlmix eval`")
     return cfg
@@ -78,6 +81,16 @@ def _check_correction(cfg: RunConfig) -> None:
         not centered or c.num_candidates >= 1,
         f"correction.mode={c.mode.value} needs correction.num_candidates >= 1 (the sampler's top-K head)",
     )
+
+
+def _check_paths(cfg: RunConfig) -> None:
+    for key, value in (("model.path", cfg.model.path), ("resume", cfg.resume)):
+        _require(value is None or Path(value).is_dir(), f"{key}={value}: no such directory")
+    if cfg.model.path is not None:
+        _require(
+            (Path(cfg.model.path) / "config.json").is_file(),
+            f"model.path={cfg.model.path}: not a Hugging Face model directory (no config.json)",
+        )
 
 
 def _check_fleet(cfg: RunConfig) -> None:

@@ -12,6 +12,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from omegaconf import MISSING
+
 from rlmix.agentic.config import SwebenchProConfig
 from rlmix.correction import CorrectionMode
 from rlmix.models.embedded import EmbeddedModelSpec
@@ -149,7 +151,6 @@ class ClusterConfig:
 
 @dataclass
 class EvalConfig:
-    checkpoint: Optional[str] = None  # a run directory or any HF model dir
     k: list[int] = field(default_factory=lambda: [1, 4])
     samples: int = 8  # samples per task (n of pass@k)
     accelerator: str = "CPU"  # the fixed reference backend and precision
@@ -157,6 +158,7 @@ class EvalConfig:
     backend: SamplerBackend = SamplerBackend.torch
     temperature: float = 1.0
     max_new_tokens: int = 24
+    out_dir: Optional[str] = None  # None: <run dir>/eval_<split>, or outputs/eval/<time>_<split>
 
 
 @dataclass
@@ -167,13 +169,14 @@ class RunConfig:
     correction: CorrectionConfig = field(default_factory=CorrectionConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    task: Any = field(default_factory=MiniCodeTaskConfig)
+    task: Any = MISSING  # a group option: MiniCodeTaskConfig or SwebenchProConfig
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     resume: Optional[str] = None  # a run directory to continue from its last checkpoint
+    checkpoint: Optional[str] = None  # rlmix eval: a run directory or any HF model dir (None: the base model)
 
 
 def register_configs() -> None:

@@ -66,6 +66,8 @@ def mismatch_metrics(
     out = {
         "staleness/mean": float(staleness.float().mean()),
         "staleness/max": float(staleness.max()),
+        "policy_version/min": float(batch.policy_version.min()),
+        "policy_version/max": float(batch.policy_version.max()),
     }
     k3 = token_stats.get("kl_k3")
     log_ratio = token_stats.get("log_ratio")

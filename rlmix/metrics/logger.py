@@ -46,7 +46,7 @@ class RunLogger:
         self.console_every = max(console_every, 1)
         self.stream = stream
         self._jsonl = open(self.run_dir / METRICS_FILE, "a", buffering=1)
-        self.wandb = _start_wandb(wandb_cfg, self.run_dir, run_name, config, group)
+        self.wandb = start_wandb(wandb_cfg, self.run_dir, run_name, config, group)
 
     def log(self, step: int, metrics: dict[str, float | str]) -> None:
         record = {"step": step, "time": round(time.time() - self.start, 3)}
@@ -88,7 +88,7 @@ def progress_line(step: int, total: int, metrics: dict, elapsed_s: float) -> str
     )
 
 
-def _start_wandb(cfg: WandbConfig, run_dir: Path, name: str, config: dict, group: str | None):
+def start_wandb(cfg: WandbConfig, run_dir: Path, name: str, config: dict, group: str | None):
     if cfg.mode is WandbMode.disabled:
         return None
     try:

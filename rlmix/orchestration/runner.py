@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -95,14 +96,16 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None) -> dict
     try:
         trainer, slots = start_actors(cfg, specs, model_dir)
         start_version = 0
+        monitor = CollapseMonitor(cfg.monitor)
         resume_from = latest_checkpoint(Path(cfg.resume)) if cfg.resume else None
         if resume_from is not None:
             start_version = ray.get(trainer.load_checkpoint.remote(str(resume_from)))
-            print(f"resuming from {resume_from} at step {start_version}")
+            run_dir = Path(cfg.resume)  # a resumed run continues in its own directory
+            replay_history(run_dir, start_version, monitor)
+            print(f"resuming {run_dir} from {resume_from.name} at step {start_version}")
         logger = RunLogger(
             run_dir, cfg.logger.wandb, cfg.name, config_dict(cfg), sweep_group, cfg.loop.steps, cfg.logger.console_every
         )
-        monitor = CollapseMonitor(cfg.monitor)
         task = make_task(cfg.task, cfg.seed)
         loop = AsyncLoop(
             cfg.loop, trainer, slots, task, cfg.seed, tokenizer.pad_token_id,
@@ -138,6 +141,23 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None) -> dict
         return summary
     finally:
         ray.shutdown()  # a sweep's next job starts from a clean slate
+
+
+def replay_history(run_dir: Path, step: int, monitor) -> None:
+    """Keep the metrics up to the checkpoint's step and feed them to the collapse monitor again.
+
+    Steps after the last checkpoint are re-run, so their rows are dropped, not duplicated.
+    """
+    from rlmix.metrics.logger import METRICS_FILE
+    from rlmix.report.runs import read_metrics
+
+    path = run_dir / METRICS_FILE
+    rows = [row for row in read_metrics(path) if row["step"] <= step] if path.exists() else []
+    for row in rows:
+        monitor.update(row["step"], {k: v for k, v in row.items() if isinstance(v, (int, float))})
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    tmp.replace(path)
 
 
 def config_dict(cfg: RunConfig) -> dict:

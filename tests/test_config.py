@@ -1,0 +1,107 @@
+"""Every config option composes; presets say what the study's arms are; bad input fails at load time."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+
+from rlmix.config.hydra_app import compose_run_config, expand_jobs, split_args
+from rlmix.config.schema import AdvantageNorm, CorrectionConfig, Objective
+from rlmix.correction import CorrectionMode, ppo_clip_loss, token_loss
+from rlmix.errors import ConfigError
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+OPTIONS = sorted(p.relative_to(CONF) for p in CONF.rglob("*.yaml") if p.parent != CONF)
+
+
+def test_every_option_is_seen():
+    # 3 fleets + 6 corrections + 2 trainers + 1 model + 2 tasks + 2 loggers + 7 experiments
+    assert len(OPTIONS) == 23, OPTIONS
+
+
+@pytest.mark.parametrize("option", OPTIONS, ids=str)
+def test_every_option_composes(option: Path):
+    group, name = option.parent.as_posix(), option.stem
+    override = f"+{group}={name}" if group == "experiment" else f"{group}={name}"
+    extra = ["task.tasks_dir=/nonexistent"] if name == "swebench_pro" else []
+    cfg = compose_run_config([override, *extra], for_training=group != "task")
+    if group == "experiment":
+        assert cfg.name == name
+    elif group == "correction":
+        assert cfg.correction.mode is CorrectionMode(name)
+    elif group == "fleet":
+        assert cfg.fleet.name == name and cfg.fleet.pools
+
+
+# corrections.md §5: (objective, advantages, correction, top_p, top_k)
+ARMS = {
+    "grpo": (Objective.ppo_clip, AdvantageNorm.group_mean_std, CorrectionMode.none, 1.0, 0),
+    "icepop": (Objective.ppo_clip, AdvantageNorm.group_mean_std, CorrectionMode.mis, 1.0, 0),
+    "sc": (Objective.reinforce, AdvantageNorm.group_mean, CorrectionMode.sc, 1.0, 0),
+    "sc_mis": (Objective.reinforce, AdvantageNorm.group_mean, CorrectionMode.sc_mis, 1.0, 0),
+    "grpo_topp": (Objective.ppo_clip, AdvantageNorm.group_mean_std, CorrectionMode.none, 0.97, 64),
+    "sc_mis_topp": (Objective.reinforce, AdvantageNorm.group_mean, CorrectionMode.sc_mis, 0.97, 64),
+}
+
+
+@pytest.mark.parametrize("arm", sorted(ARMS))
+def test_experiment_presets_are_the_studys_arms(arm):
+    cfg = compose_run_config([f"+experiment={arm}"])
+    c = cfg.correction
+    assert (c.objective, c.advantage, c.mode, cfg.fleet.top_p, cfg.fleet.top_k) == ARMS[arm]
+    assert (c.low, c.high, c.num_candidates) == (0.5, 5.0, 128)
+    assert cfg.loop.max_staleness is None  # the study's setting: unbounded
+    assert cfg.fleet.name == "emulated_hetero6"
+
+
+def test_pools_are_a_dict_keyed_by_name():
+    cfg = compose_run_config(["fleet.pools.h100_fp8.count=2", "fleet.pools.b200_nvfp4.top_p=0.9"])
+    assert cfg.fleet.pools["h100_fp8"].count == 2
+    assert cfg.fleet.pools["b200_nvfp4"].top_p == 0.9
+    assert len(cfg.fleet.pools) == 6
+
+
+def test_correction_knobs_are_loss_arguments():
+    """A knob that does nothing is a bug: every numeric correction field is a loss keyword."""
+    params = set(inspect.signature(token_loss).parameters) | set(inspect.signature(ppo_clip_loss).parameters)
+    numeric = [f for f, v in vars(CorrectionConfig()).items() if isinstance(v, float)]
+    assert numeric and all(f in params for f in numeric), numeric
+
+
+BAD = [
+    (["fleet=nope"], "fleet"),
+    (["trainer.lrr=1e-3"], "trainer.lrr"),
+    (["trainer.lr=fast"], "trainer.lr"),
+    (["loop.max_staleness=soon"], "loop.max_staleness"),
+    (["fleet.pools.a100_bf16.precision=fp8_e4m3"], "fleet.pools.a100_bf16"),
+    (["fleet.pools.a100_bf16.accelerator=Z80"], "Z80"),
+    (["correction=sc_mis", "correction.objective=ppo_clip"], "correction.objective=ppo_clip"),
+    (["fleet.top_p=0.9", "correction.replay_support=false"], "correction.replay_support"),
+    (["loop.groups_per_step=5", "loop.groups_per_request=2"], "loop.groups_per_request"),
+    (["fleet.top_k=200"], "correction.support_slots"),
+    (["task=swebench_pro", "task.tasks_dir=/x"], "task=minicode"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "key"), BAD, ids=[" ".join(o) for o, _ in BAD])
+def test_bad_input_is_one_line_naming_the_key(overrides, key):
+    with pytest.raises(ConfigError) as err:
+        compose_run_config(overrides)
+    message = str(err.value)
+    assert key in message and "\n" not in message, message
+
+
+def test_unknown_option_lists_the_available_ones():
+    with pytest.raises(ConfigError, match="available: .*emulated_hetero6.*single_bf16"):
+        compose_run_config(["fleet=nope"])
+
+
+def test_sweeps_expand_to_one_job_per_combination():
+    overrides, multirun, info = split_args(["-m", "correction=sc,sc_mis", "seed=0,1", "--cfg", "job"])
+    assert multirun and info and overrides == ["correction=sc,sc_mis", "seed=0,1"]
+    jobs = expand_jobs(overrides, multirun=True)
+    assert sorted(map(tuple, jobs)) == sorted(
+        (f"correction={c}", f"seed={s}") for c in ("sc", "sc_mis") for s in ("0", "1")
+    )
