@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from rlmix.errors import ConfigError
 from rlmix.samplers.accelerators import PrecisionView
 from rlmix.samplers.attention import attend
-from rlmix.samplers.precision import Precision, quantize_dequantize, round_activation, round_kv
+from rlmix.samplers.precision import quantize_dequantize, round_activation, round_kv
 
 _LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
             "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")

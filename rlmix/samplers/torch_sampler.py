@@ -90,6 +90,7 @@ class TorchSampler:
         cache = self.model.new_cache(*input_ids.shape)
         return self.model.forward(input_ids, positions, attention_mask, cache, 0)
 
+    @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> Rollouts:
         """Sample one completion per prompt (record semantics: rlmix/rollout.py, sampling.py)."""
         if params.temperature <= 0:
