@@ -1,0 +1,183 @@
+"""The embedded default model: a small Llama built, warm-started and cached by rlmix itself.
+
+``build_embedded_model(spec)`` returns a Hugging Face model directory (config.json,
+model.safetensors, tokenizer files, ``rlmix_build.json``) that ``rlmix.models.io`` loads like any
+other HF causal LM. Nothing is downloaded. The directory is cached under
+``<cache_dir>/embedded/<key>`` where ``key`` hashes the spec, the vocabulary and the source of the
+modules that define the task, tokenizer and build, so any change to them builds afresh.
+
+Concurrency and crashes: the build holds an exclusive file lock ``<key>.lock`` (a second process
+waits, then finds the finished directory), writes into a temporary directory and renames it into
+place only when complete, so an interrupted build never leaves a directory a later run would trust.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import hashlib
+import inspect
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+BUILD_INFO = "rlmix_build.json"
+
+
+@dataclass
+class EmbeddedModelSpec:
+    """The embedded default model and its warm start (the Hydra ``model`` group's defaults)."""
+
+    hidden_size: int = 128
+    """Width d of the residual stream."""
+    num_layers: int = 4
+    """Transformer blocks."""
+    num_heads: int = 4
+    """Attention heads (no grouped-query attention: key/value heads = heads)."""
+    intermediate_size: int = 384
+    """Width of the SwiGLU MLP."""
+    max_position_embeddings: int = 256
+    """Longest sequence (prompt + completion) the model accepts; minicode needs under 72."""
+    seed: int = 0
+    """Seeds the initial weights, the warm-start problems and the reward measurement."""
+    warmup_steps: int = 400
+    """Upper bound on supervised warm-start steps (it usually stops earlier, on reward)."""
+    warmup_lr: float = 3e-3
+    """AdamW learning rate of the warm start (linear ramp over the first 10% of steps)."""
+    warmup_batch_size: int = 64
+    """Problems per warm-start step."""
+    eval_every: int = 25
+    """Warm-start steps between reward measurements."""
+    eval_problems: int = 96
+    """Held problems (levels 1-3, one sampled completion each) per reward measurement."""
+    target_reward_low: float = 0.25
+    """The warm start stops once the sampled reward (temperature 1.0) reaches this."""
+    target_reward_high: float = 0.6
+    """Upper end of the intended band; a build that overshoots it says so in rlmix_build.json."""
+
+
+def default_cache_dir() -> Path:
+    """``$RLMIX_CACHE`` if set, else ``~/.cache/rlmix``."""
+    env = os.environ.get("RLMIX_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "rlmix"
+
+
+def spec_key(spec: EmbeddedModelSpec) -> str:
+    """Hash of everything the built weights depend on: the spec, the alphabet, and the source
+    code of the task, tokenizer, sampling and build modules."""
+    from rlmix.models import _sample, chartok, warmstart
+    from rlmix.tasks import minicode, minicode_lang
+
+    modules = (minicode, minicode_lang, chartok, _sample, warmstart)
+    h = hashlib.sha256(json.dumps(dataclasses.asdict(spec), sort_keys=True).encode())
+    h.update(minicode.ALPHABET.encode())
+    h.update(_llama_config_source().encode())
+    for module in modules:
+        h.update(inspect.getsource(module).encode())
+    return h.hexdigest()[:16]
+
+
+def _llama_config_source() -> str:
+    return inspect.getsource(llama_config)
+
+
+def llama_config(spec: EmbeddedModelSpec, vocab_size: int, special_ids: dict[str, int]):
+    """The ``LlamaConfig`` of the embedded model (untied embeddings: with ~30 tokens they cost
+    nothing, and an untied output layer is what larger checkpoints have)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        tie_word_embeddings=False,
+        pad_token_id=special_ids["pad"],
+        bos_token_id=special_ids["bos"],
+        eos_token_id=special_ids["eos"],
+        torch_dtype="float32",
+    )
+
+
+def build_embedded_model(
+    spec: EmbeddedModelSpec,
+    cache_dir: Path | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Path:
+    """The model directory for ``spec``: from the cache, or built, warm-started and cached."""
+    say = progress or (lambda _msg: None)
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    root = root / "embedded"
+    root.mkdir(parents=True, exist_ok=True)
+    key = spec_key(spec)
+    final = root / key
+    if (final / BUILD_INFO).is_file():
+        return final
+    with open(root / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if (final / BUILD_INFO).is_file():  # another process built it while we waited
+            return final
+        say(f"building the embedded model {key} in {root}")
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
+        try:
+            _build_into(spec, tmp, key, say)
+            tmp.chmod(0o755)  # mkdtemp makes it owner-only; the cache is shared like any HF dir
+            os.replace(tmp, final)  # atomic: the directory appears complete or not at all
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _build_into(spec: EmbeddedModelSpec, out: Path, key: str, say: Callable[[str], None]) -> None:
+    """Initialise from the seed, warm-start, and save model, tokenizer and build record to ``out``."""
+    from transformers import LlamaForCausalLM
+
+    from rlmix.models.chartok import build_char_tokenizer
+    from rlmix.models.warmstart import warm_start
+    from rlmix.tasks.minicode import ALPHABET
+
+    start = time.monotonic()
+    tokenizer = build_char_tokenizer(ALPHABET)
+    special = {"pad": tokenizer.pad_token_id, "bos": tokenizer.bos_token_id, "eos": tokenizer.eos_token_id}
+    torch.manual_seed(spec.seed)
+    model = LlamaForCausalLM(llama_config(spec, len(tokenizer), special))
+    model.generation_config.do_sample = True  # RL samples at temperature 1 over the full vocabulary
+    model.generation_config.top_k = 0
+    result = warm_start(model, tokenizer, spec, say)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    n_params = sum(p.numel() for p in model.parameters())
+    low, high = spec.target_reward_low, spec.target_reward_high
+    info = {
+        "key": key,
+        "spec": dataclasses.asdict(spec),
+        "parameters": n_params,
+        "warmup_steps_run": result.steps,
+        "final_loss": result.final_loss,
+        "reward": result.report.reward,
+        "reward_by_level": {str(k): v for k, v in result.report.reward_by_level.items()},
+        "format_error_rate": result.report.format_error_rate,
+        "in_target_band": low <= result.report.reward <= high,
+        "reward_history": result.history,
+        "build_seconds": time.monotonic() - start,
+        "torch_threads": torch.get_num_threads(),
+        "versions": {"torch": torch.__version__, "transformers": _transformers_version()},
+    }
+    (out / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")  # written last: marks completeness
+    say(f"embedded model built: {n_params} parameters, reward {info['reward']:.3f} in {info['build_seconds']:.0f}s")
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
