@@ -1,0 +1,314 @@
+"""Sampler–trainer mismatch of each pool, measured without training (``rlmix probe``).
+
+For one pool the probe
+
+1. samples completions of a fixed prompt set with the pool's own sampler (its precision view,
+   its sampling params, K top candidates recorded) and times the generation (tokens/s);
+2. recomputes the trainer's logits on exactly those tokens with ``masked_logits`` — the fp32 HF
+   model under BF16 autocast, as ``rlmix train`` computes them — and reports the corrections.md
+   §6 diagnostics of the sampled tokens: k3, k1, mean |Δ log-prob|, multiplicative error, ratio
+   tail fraction, and the §3.2 SC tail ratio ρ and head mass P_H over the pool's head;
+3. attributes the mismatch to its factors by teacher forcing (below).
+
+Attribution. The *reference view* is the trainer's arithmetic written as a precision view
+(``reference_view``): bf16 weights, bf16 activations and linear inputs, bf16 KV, and the exact
+``fp32_softmax`` attention kernel — BF16 autocast rounds weights and activations to bf16 for
+every matmul while attention's softmax is taken in fp32. From it, one factor at a time is
+switched to the pool's value (``factor_views``):
+
+- ``weights``: the weight format and the arithmetic it implies (activation dtype, W8A8 linear
+  inputs, int4 group size — ``resolve_view`` derives these from the weight format);
+- ``kv``: the KV-cache format;
+- ``kernel``: the attention-kernel family.
+
+Every view is run teacher-forced (``TorchSampler.logits``) on the pool's sampled sequences, so
+every factor is compared on identical tokens, and the per-token KL is exact over the full
+vocabulary at the sampling temperature (``exact_kl``)::
+
+    KL_f = mean_t Σ_v q_f(v|h_t) · (log q_f(v|h_t) − log p_ref(v|h_t))
+
+A factor's share is ``KL_f / Σ_g KL_g``. The pool's *joint* KL (all factors switched) and the
+interaction ``joint − Σ_f KL_f`` are reported beside them, as is ``KL(p_ref ‖ p_trainer)``,
+which says how well the reference view stands in for the trainer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from rlmix.config.schema import CorrectionConfig, RunConfig
+from rlmix.correction import make_weight, multiplicative_error, token_mismatch
+from rlmix.correction.centering import centering_coefficients
+from rlmix.correction.diagnostics import centering_stats, mismatch_stats
+from rlmix.correction.logprobs import Candidates, gather_logprobs, head_candidates, support_candidates
+from rlmix.correction.weights import MODES
+from rlmix.errors import ConfigError
+from rlmix.orchestration.fleet import SamplerSpec
+from rlmix.rollout import Rollouts
+from rlmix.samplers.accelerators import PrecisionView, resolve_view
+
+FACTORS = ("weights", "kv", "kernel")
+# Defaults that have no RunConfig field yet (the one place they live).
+ROWS_PER_CHUNK = 32  # sequences per teacher-forced forward: bounds the (rows, L, V) logits at large V
+WARMUP_TOKENS = 2  # a short untimed generation first, so tokens/s excludes first-call overheads
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """What the probe samples. From RunConfig: prompts = ``loop.groups_per_step`` (one trainer batch
+    of prompts), samples_per_prompt = ``loop.group_size``, num_candidates = ``correction.num_candidates``."""
+
+    prompts: int
+    samples_per_prompt: int
+    num_candidates: int
+    seed: int
+
+    @classmethod
+    def from_run_config(cls, cfg: RunConfig) -> ProbeSettings:
+        if cfg.correction.num_candidates < 1:
+            raise ConfigError(
+                f"correction.num_candidates={cfg.correction.num_candidates}: the probe needs K >= 1 "
+                "to report the SC tail ratio and head mass"
+            )
+        return cls(cfg.loop.groups_per_step, cfg.loop.group_size, cfg.correction.num_candidates, cfg.seed)
+
+
+# -- pure math ---------------------------------------------------------------------------------
+
+
+def exact_kl(q_logits: Tensor, p_logits: Tensor) -> Tensor:
+    """Per-token KL(q‖p) = Σ_v q_v (log q_v − log p_v) over the full vocabulary, (N, V) → (N,).
+
+    Logits are already divided by the temperature; softmax in fp32. Where q_v = 0 the term is 0
+    (masked before multiplying, so −inf never meets a zero).
+    """
+    logq = torch.log_softmax(q_logits.float(), dim=-1)
+    logp = torch.log_softmax(p_logits.float(), dim=-1)
+    q = logq.exp()
+    terms = torch.where(q > 0, q * (logq - logp), torch.zeros_like(q))
+    return terms.sum(-1)
+
+
+def attribution_shares(factor_kls: dict[str, float]) -> dict[str, float] | None:
+    """``KL_f / Σ_g KL_g`` per factor; None when the sum is 0 (nothing to attribute)."""
+    total = sum(factor_kls.values())
+    if total <= 0:
+        return None
+    return {name: kl / total for name, kl in factor_kls.items()}
+
+
+# -- views -------------------------------------------------------------------------------------
+
+
+def reference_view() -> PrecisionView:
+    """The trainer's arithmetic as a view: bf16 weights/activations/KV, exact fp32-softmax kernel."""
+    return resolve_view("CPU", "bf16")
+
+
+def factor_views(view: PrecisionView, reference: PrecisionView) -> dict[str, PrecisionView]:
+    """``reference`` with exactly one factor switched to ``view``'s value, keyed by FACTORS."""
+    return {
+        "weights": dataclasses.replace(
+            reference, weights=view.weights, activations=view.activations,
+            linear_inputs=view.linear_inputs, int4_group=view.int4_group,
+        ),
+        "kv": dataclasses.replace(reference, kv_cache=view.kv_cache),
+        "kernel": dataclasses.replace(reference, kernel=view.kernel),
+    }
+
+
+# -- records -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """Teacher-forced exact KLs against the reference view (see the module docstring)."""
+
+    factor_kl: dict[str, float]  # KL(q_f ‖ p_ref) per factor
+    shares: dict[str, float] | None  # KL_f / Σ KL_f; None when every factor KL is 0
+    joint_kl: float  # KL(q_pool ‖ p_ref): all factors switched at once
+    interaction: float  # joint_kl − Σ_f KL_f
+    reference_to_trainer_kl: float  # KL(p_ref ‖ p_trainer): how well the reference stands in for the trainer
+    views: dict[str, str]  # factor → label of the view it ran
+
+
+@dataclass(frozen=True)
+class PoolProbe:
+    """One pool's measurements (means over the sampled tokens)."""
+
+    pool: str
+    label: str
+    tags: dict[str, str]
+    sequences: int
+    tokens: int
+    tokens_per_s: float
+    kl_k3: float
+    kl_k1: float
+    logprob_abs_diff: float
+    multiplicative_error: float
+    ratio_tail_frac: float
+    kl_exact: float | None  # teacher-forced exact KL(q_pool ‖ p_trainer); None without a torch view
+    sc_tail_ratio: float
+    sc_head_mass: float
+    sc_coef_l1: float
+    attribution: Attribution | None  # None for pools without a torch precision view (vllm)
+
+
+# -- measurement -------------------------------------------------------------------------------
+
+
+def slice_rows(batch: Rollouts, start: int, stop: int) -> Rollouts:
+    """Rows [start, stop) of a batch: every per-sequence tensor and tuple is cut along dim 0."""
+    n, changes = len(batch), {}
+    for f in dataclasses.fields(batch):
+        value = getattr(batch, f.name)
+        if (isinstance(value, Tensor) and value.dim() >= 1 or isinstance(value, tuple)) and len(value) == n:
+            changes[f.name] = value[start:stop]
+    return batch.replace(**changes)
+
+
+def sequence_attention(batch: Rollouts, pad_id: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``input_ids`` (B, L) right-padded, ``attention_mask`` (B, L) and ``target_pos`` (B, T)."""
+    from rlmix.trainers.loss import sequence_input_ids
+
+    input_ids, target_pos = sequence_input_ids(batch, pad_id)
+    ends = batch.prompt_lens + batch.mask.sum(1)  # (B,) real tokens per row
+    return input_ids, torch.arange(input_ids.shape[1])[None] < ends[:, None], target_pos
+
+
+def teacher_forced_logits(sampler, batch: Rollouts, pad_id: int) -> Tensor:
+    """(N, V) fp32 logits / T of a torch sampler's view at the positions that predict masked tokens."""
+    input_ids, attention, target_pos = sequence_attention(batch, pad_id)
+    logits = sampler.logits(input_ids, attention)  # (B, L, V)
+    V = logits.shape[-1]
+    picked = logits.gather(1, target_pos[..., None].expand(-1, -1, V))  # (B, T, V)
+    return picked[batch.mask] / batch.temperature
+
+
+def candidates(batch: Rollouts, replay_support: bool) -> Candidates:
+    """What training centres over: the recorded support when it replays one (§4), else the top-K head (§3.2)."""
+    mask = batch.mask
+    if replay_support and batch.support_ids is not None:
+        return support_candidates(batch.support_ids[mask], batch.support_probs[mask], torch.float32)
+    return head_candidates(batch.head_ids[mask], batch.head_logprobs[mask])
+
+
+class ProbeContext:
+    """What every pool's probe shares: the trainer model, the reference view and a cache of view samplers."""
+
+    def __init__(self, model_dir: Path, pad_id: int, correction: CorrectionConfig, bf16: bool, seed: int):
+        from rlmix.models.io import load_causal_lm
+
+        self.model_dir, self.pad_id, self.correction, self.bf16, self.seed = model_dir, pad_id, correction, bf16, seed
+        self.trainer = load_causal_lm(model_dir, dtype=torch.float32).eval()
+        self.reference = reference_view()
+        self._samplers: dict[PrecisionView, object] = {}
+
+    def view_sampler(self, view: PrecisionView):
+        """A torch sampler computing with ``view`` (built once per distinct view)."""
+        from rlmix.samplers.torch_sampler import TorchSampler
+
+        if view not in self._samplers:
+            self._samplers[view] = TorchSampler(self.model_dir, view, pool="probe", seed=self.seed, pad_id=self.pad_id)
+        return self._samplers[view]
+
+    @torch.no_grad()
+    def trainer_logits(self, batch: Rollouts) -> Tensor:
+        """(N, V) trainer logits / T, exactly as training computes them."""
+        from rlmix.trainers.loss import masked_logits
+
+        return masked_logits(self.trainer, batch, self.pad_id, self.bf16)
+
+
+def _chunk_measure(ctx: ProbeContext, chunk: Rollouts, view: PrecisionView | None) -> dict[str, Tensor]:
+    """Per-token tensors of one chunk: trainer log-probs of the sampled tokens and candidates, and KLs."""
+    trainer = ctx.trainer_logits(chunk)  # (n, V)
+    cand = candidates(chunk, ctx.correction.replay_support)
+    logp_a, logp_h = gather_logprobs(trainer, chunk.completion_ids[chunk.mask], cand)
+    out = {"trainer_logprobs": logp_a, "trainer_head": logp_h, "valid": cand.valid,
+           "sampler_head": cand.sampler_logprobs}
+    if view is None:
+        return out
+    ref = teacher_forced_logits(ctx.view_sampler(ctx.reference), chunk, ctx.pad_id)
+    pool = teacher_forced_logits(ctx.view_sampler(view), chunk, ctx.pad_id)
+    out["kl_exact"] = exact_kl(pool, trainer)
+    out["kl_joint"] = exact_kl(pool, ref)
+    out["kl_ref_trainer"] = exact_kl(ref, trainer)
+    for name, fview in factor_views(view, ctx.reference).items():
+        same = fview == ctx.reference  # the factor already has the reference's value: KL is exactly 0
+        out[f"kl_{name}"] = torch.zeros(len(ref)) if same else exact_kl(
+            teacher_forced_logits(ctx.view_sampler(fview), chunk, ctx.pad_id), ref)
+    return out
+
+
+def _mean(x: Tensor) -> float:
+    return float(x.mean()) if x.numel() else 0.0
+
+
+def measure(ctx: ProbeContext, batch: Rollouts, spec: SamplerSpec, tokens_per_s: float) -> PoolProbe:
+    """All of a pool's statistics on its sampled ``batch`` (teacher-forced parts need ``spec.view``)."""
+    step = ROWS_PER_CHUNK
+    parts = [_chunk_measure(ctx, slice_rows(batch, i, i + step), spec.view) for i in range(0, len(batch), step)]
+    per_token = {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
+    lr = token_mismatch(per_token["trainer_logprobs"], batch.sampler_logprobs[batch.mask]).log_ratio
+    stats = {k: float(v) for k, v in mismatch_stats(lr).items()}
+    cfg = ctx.correction
+    weight = make_weight(MODES[cfg.mode].weight, low=cfg.low, high=cfg.high, cap=cfg.cap)
+    exact = cfg.replay_support and batch.support_ids is not None
+    centering = centering_coefficients(
+        per_token["trainer_head"], per_token["sampler_head"], per_token["valid"], weight, exact=exact
+    )
+    sc = {k: float(v) for k, v in centering_stats(centering).items()}
+    return PoolProbe(
+        pool=spec.pool,
+        label=spec.view.label if spec.view is not None else f"{spec.pool_cfg.backend.value}:{spec.pool}",
+        tags=dict(spec.tags),
+        sequences=len(batch),
+        tokens=batch.num_tokens,
+        tokens_per_s=tokens_per_s,
+        multiplicative_error=float(multiplicative_error(lr)),
+        kl_exact=_mean(per_token["kl_exact"]) if spec.view is not None else None,
+        attribution=_attribution(per_token, spec.view, ctx.reference) if spec.view is not None else None,
+        **stats,
+        **sc,
+    )
+
+
+def _attribution(per_token: dict[str, Tensor], view: PrecisionView, reference: PrecisionView) -> Attribution:
+    factor_kl = {name: _mean(per_token[f"kl_{name}"]) for name in FACTORS}
+    joint = _mean(per_token["kl_joint"])
+    return Attribution(
+        factor_kl=factor_kl,
+        shares=attribution_shares(factor_kl),
+        joint_kl=joint,
+        interaction=joint - sum(factor_kl.values()),
+        reference_to_trainer_kl=_mean(per_token["kl_ref_trainer"]),
+        views={name: v.label for name, v in factor_views(view, reference).items()},
+    )
+
+
+def probe_pool(ctx: ProbeContext, spec: SamplerSpec, prompts: list[list[int]], settings: ProbeSettings) -> PoolProbe:
+    """Sample ``prompts`` with one instance of ``spec``'s pool, time it, and measure it against the trainer.
+
+    Every pool draws with the same seed (common random numbers), so pools differ by their
+    arithmetic, not by their luck.
+    """
+    from rlmix.orchestration.fleet import build_sampler
+    from rlmix.orchestration.workers import derive_seed
+
+    sampler = build_sampler(spec, ctx.model_dir, derive_seed(settings.seed, "probe", spec.pool))
+    params = dataclasses.replace(
+        spec.params, num_candidates=settings.num_candidates, seed=derive_seed(settings.seed, "probe")
+    )
+    sampler.generate(prompts[:1], dataclasses.replace(params, max_new_tokens=WARMUP_TOKENS))
+    start = time.perf_counter()
+    batch = sampler.generate(prompts, params)
+    elapsed = time.perf_counter() - start
+    sampler.close()
+    return measure(ctx, batch, spec, batch.num_tokens / max(elapsed, 1e-9))

@@ -1,0 +1,134 @@
+"""``rlmix probe``: each pool's mismatch against the trainer, without training.
+
+    rlmix probe fleet=emulated_hetero6 [Hydra overrides]
+
+The prompt set is the task's fixed ``test`` split, thinned evenly to ``loop.groups_per_step``
+prompts (one trainer batch), each sampled ``loop.group_size`` times with ``loop.max_new_tokens``
+and ``loop.temperature``; K = ``correction.num_candidates``. Writes a console table and
+``probe.json`` (fleet manifest, reference definition, per-pool results) to ``eval.out_dir`` or
+``outputs/probe/<time>/``. The measurement itself is ``rlmix.eval.probe``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+from rlmix.config.schema import MiniCodeTaskConfig, RunConfig
+from rlmix.errors import ConfigError
+from rlmix.eval.probe import FACTORS, PoolProbe, ProbeContext, ProbeSettings, probe_pool, reference_view
+
+PROBE_FILE = "probe.json"
+REFERENCE_DEFINITION = (
+    "trainer-like precision view: bf16 weights, bf16 activations and linear inputs, bf16 KV cache, "
+    "exact fp32-softmax attention kernel. Factors switch one at a time to the pool's value: "
+    "weights (weight format with the activation dtype / W8A8 inputs / int4 group it implies), "
+    "kv (KV-cache format), kernel (attention-kernel family). Factor KLs are exact full-vocabulary "
+    "KL(q_factor || p_ref) per token, teacher-forced on the pool's sampled sequences, averaged over tokens."
+)
+
+
+def probe_prompts(cfg: RunConfig, count: int) -> list:
+    """``count`` problems of the task's test split, evenly spaced so every difficulty level is present."""
+    from rlmix.orchestration.workers import make_task
+
+    if not isinstance(cfg.task, MiniCodeTaskConfig):
+        raise ConfigError("rlmix probe needs task=minicode (its test split is the probe's prompt set)")
+    problems = make_task(cfg.task, cfg.seed).split("test")
+    if not 1 <= count <= len(problems):
+        raise ConfigError(
+            f"loop.groups_per_step={count}: the probe samples that many prompts from the test split, "
+            f"which has {len(problems)}; use 1..{len(problems)}"
+        )
+    return [problems[i * len(problems) // count] for i in range(count)]
+
+
+def probe_fleet(cfg: RunConfig, progress=print) -> tuple[list[PoolProbe], dict]:
+    """Probe every pool of ``cfg.fleet`` (one instance each): (per-pool results, what ``probe.json`` holds)."""
+    from rlmix.models.io import load_tokenizer
+    from rlmix.orchestration.fleet import fleet_manifest, resolve_fleet
+    from rlmix.orchestration.runner import package_versions, resolve_model_dir
+
+    if not cfg.fleet.pools:
+        raise ConfigError("fleet.pools is empty: the probe needs at least one pool (e.g. fleet=emulated_hetero6)")
+    settings = ProbeSettings.from_run_config(cfg)
+    problems = probe_prompts(cfg, settings.prompts)
+    model_dir = resolve_model_dir(cfg, progress=progress)
+    tokenizer = load_tokenizer(model_dir)
+    specs = resolve_fleet(cfg, tokenizer.eos_token_id)
+    firsts = [spec for spec in specs if spec.index == 0]
+    prompts = [tokenizer(p.prompt).input_ids for p in problems for _ in range(settings.samples_per_prompt)]
+    ctx = ProbeContext(model_dir, tokenizer.pad_token_id, cfg.correction, cfg.trainer.bf16, cfg.seed)
+    results: list[PoolProbe] = []
+    for i, spec in enumerate(firsts):
+        start = time.perf_counter()
+        result = probe_pool(ctx, spec, prompts, settings)
+        results.append(result)
+        progress(
+            f"[{i + 1}/{len(firsts)}] {spec.pool} ({result.label}): kl_k3={result.kl_k3:.3g} "
+            f"|dlogp|={result.logprob_abs_diff:.3g} {result.tokens_per_s:.0f} tok/s "
+            f"({time.perf_counter() - start:.1f} s)"
+        )
+    return results, {
+        "fleet": fleet_manifest(specs),
+        "reference": {"definition": REFERENCE_DEFINITION, "view": reference_view().tags(),
+                      "label": reference_view().label},
+        "trainer": {"model_dir": str(model_dir), "bf16_autocast": cfg.trainer.bf16, "dtype": "fp32"},
+        "settings": dataclasses.asdict(settings) | {
+            "temperature": cfg.loop.temperature,
+            "max_new_tokens": cfg.loop.max_new_tokens,
+            "correction": cfg.correction.mode.value,
+            "prompt_set": "test",
+            "task_ids": [p.task_id for p in problems],
+        },
+        "pools": {r.pool: dataclasses.asdict(r) for r in results},
+        "versions": package_versions(),
+    }
+
+
+_COLUMNS = ("pool", "kl_k3", "kl_k1", "|dlogp|", "mult_err", "tail_frac", "rho", "P_H", "tok/s",
+            "KL_exact", *(f"KL_{f}" for f in FACTORS), "shares w/kv/kern")
+
+
+def _g(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
+def _row(r: PoolProbe) -> list[str]:
+    a = r.attribution
+    factor = [_g(a.factor_kl[f]) if a else "-" for f in FACTORS]
+    shares = "/".join(f"{a.shares[f]:.2f}" for f in FACTORS) if a and a.shares else "-"
+    return [r.pool, _g(r.kl_k3), _g(r.kl_k1), _g(r.logprob_abs_diff), f"{r.multiplicative_error:.4f}",
+            _g(r.ratio_tail_frac), _g(r.sc_tail_ratio), f"{r.sc_head_mass:.4f}", f"{r.tokens_per_s:.0f}",
+            _g(r.kl_exact), *factor, shares]
+
+
+def probe_table(results: list[PoolProbe]) -> str:
+    """One row per pool, aligned columns."""
+    rows = [list(_COLUMNS)] + [_row(r) for r in results]
+    widths = [max(len(row[c]) for row in rows) for c in range(len(_COLUMNS))]
+    return "\n".join("  ".join(cell.rjust(w) if c else cell.ljust(w) for c, (cell, w) in enumerate(zip(row, widths)))
+                     for row in rows)
+
+
+def write_probe(out_dir: Path, summary: dict) -> Path:
+    """Write ``probe.json`` atomically (a reader never sees half a file)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / (PROBE_FILE + ".tmp")
+    tmp.write_text(json.dumps(summary, indent=2))
+    tmp.replace(out_dir / PROBE_FILE)
+    return out_dir / PROBE_FILE
+
+
+def run_probe(args: list[str]) -> None:
+    """The ``rlmix probe`` entry point: Hydra overrides in, table on stdout, ``probe.json`` on disk."""
+    from rlmix.config.hydra_app import compose_run_config
+
+    cfg = compose_run_config(list(args), for_training=False)
+    out_dir = Path(cfg.eval.out_dir) if cfg.eval.out_dir else Path("outputs") / "probe" / time.strftime(
+        "%Y-%m-%d_%H-%M-%S")
+    results, summary = probe_fleet(cfg)
+    print(probe_table(results))
+    print(f"reference: {summary['reference']['label']}; wrote {write_probe(out_dir, summary)}")
