@@ -7,6 +7,12 @@ process's CPU time (the latter is the steadier number on a shared machine).
 
     .venv/bin/python scripts/bench_correction.py                 # N=4096, V=32768, K=128, fp32, CPU
     .venv/bin/python scripts/bench_correction.py --tokens 1024 --reps 5
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python scripts/bench_correction.py   # on an oversubscribed machine
+
+The SC work is ~20 small (N, K) elementwise ops. On a machine with more runnable threads than
+cores, each parallel op can wait a scheduler slice for its second OpenMP thread (spinning,
+which also counts as CPU time); that inflates the sc_mis side far beyond its arithmetic.
+`--threads 1` or `OMP_WAIT_POLICY=PASSIVE` measure the arithmetic cost.
 """
 
 from __future__ import annotations

@@ -104,3 +104,15 @@ def test_one_token_and_empty_supports_contribute_nothing(mode):
     assert torch.count_nonzero(grad[:2]) == 0
     assert torch.count_nonzero(grad[2]) > 0
     assert out.token_stats["log_ratio"][0] == 0.0
+
+
+def test_centering_ignores_whatever_sits_in_padding_slots():
+    from rlmix.correction import centering_coefficients, make_weight
+
+    logp = torch.tensor([[-0.9, float("-inf"), float("nan")]])
+    logq = torch.tensor([[-0.7, float("-inf"), float("inf")]])
+    valid = torch.tensor([[True, False, False]])
+    for name in ("none", "tis", "mis"):
+        c = centering_coefficients(logp, logq, valid, make_weight(name, low=0.5, high=5.0, cap=2.0))
+        assert torch.isfinite(c.coefficients).all() and (c.coefficients[0, 1:] == 0).all()
+        torch.testing.assert_close(c.head_mass, torch.tensor([0.9]).neg().exp())

@@ -42,13 +42,13 @@ def centering_coefficients(
     """SC coefficients for candidates `H`.
 
     trainer_logprobs: (N, K) log p(v) (detached here), sampler_logprobs: (N, K) log q(v),
-    valid: (N, K) bool (False at padding), exact: H is the whole support of q (ρ := 1).
+    valid: (N, K) bool (False at padding; values there are ignored), exact: H is the whole
+    support of q (ρ := 1).
     """
-    # Padding is zeroed first (§3.3): log-probs 0 give lr = 0 there and p = q = 0 after the
-    # fill, so every term below is exactly 0 at padding without a mask on the result.
+    # p = q = 0 at padding (§3.3: mask first). Every head term is then exactly 0 there,
+    # whatever the padding log-probs were (even if lr is NaN: min(0, 0), 0·keep and q are 0).
     pad = ~valid
-    logp = trainer_logprobs.detach().masked_fill(pad, 0.0)
-    logq = sampler_logprobs.masked_fill(pad, 0.0)
+    logp, logq = trainer_logprobs.detach(), sampler_logprobs
     p = logp.exp().masked_fill_(pad, 0.0)
     q = logq.exp().masked_fill_(pad, 0.0)
     head_mass, sampler_head_mass = p.sum(dim=1), q.sum(dim=1)

@@ -51,27 +51,31 @@ def support_candidates(support_ids: Tensor, support_probs: Tensor | None, dtype:
 
 
 class _GatherLogSoftmax(torch.autograd.Function):
-    """`log_softmax(z).gather(1, ids)` without materialising the (N, V) log-softmax.
+    """`log_softmax(z)` at the sampled column (N,) and the head columns (N, K), padding → 0.
 
-    Backward writes the logit gradient in one (N, V) buffer,
-    `dz = scatter_add(ids, g) − softmax(z) · Σ_j g_j`, instead of autograd's three
-    (gather's zero-filled scatter, logsumexp's softmax, and their sum).
+    Never materialises the (N, V) log-softmax. Backward writes the logit gradient into one
+    (N, V) buffer, `dz = scatter_add(ids, g) − softmax(z) · Σ_j g_j`, instead of autograd's
+    several (zero-filled gather scatters, logsumexp's softmax, and their sums).
     """
 
     @staticmethod
-    def forward(ctx, logits: Tensor, ids: Tensor) -> Tensor:
+    def forward(ctx, logits: Tensor, sampled_ids: Tensor, head_ids: Tensor, padding: Tensor):
         log_norm = torch.logsumexp(logits, dim=1, keepdim=True)  # (N, 1)
-        ctx.save_for_backward(logits, log_norm, ids)
-        return logits.gather(1, ids) - log_norm
+        logp_a = logits.gather(1, sampled_ids[:, None]).sub_(log_norm)[:, 0]
+        logp_h = logits.gather(1, head_ids).sub_(log_norm).masked_fill_(padding, 0.0)
+        ctx.save_for_backward(logits, log_norm, sampled_ids, head_ids, padding)
+        return logp_a, logp_h
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None]:
-        logits, log_norm, ids = ctx.saved_tensors
+    def backward(ctx, grad_a: Tensor, grad_h: Tensor):
+        logits, log_norm, sampled_ids, head_ids, padding = ctx.saved_tensors
+        grad_h = grad_h.masked_fill(padding, 0.0)  # padding outputs are constants
         grad = torch.sub(logits, log_norm).exp_()  # softmax, the one (N, V) allocation
-        grad.mul_(-grad_out.sum(dim=1, keepdim=True))
-        grad.scatter_add_(1, ids, grad_out)
-        return grad, None
+        grad.mul_(-(grad_a + grad_h.sum(dim=1))[:, None])
+        grad.scatter_add_(1, sampled_ids[:, None], grad_a[:, None])
+        grad.scatter_add_(1, head_ids, grad_h)
+        return grad, None, None, None
 
 
 def gather_logprobs(
@@ -82,19 +86,17 @@ def gather_logprobs(
     Without an exact candidate set: `log p(v) = z_v − logsumexp_V(z)` (full softmax).
     With a recorded support S: `log p_S(v) = z_v − logsumexp_{u∈S}(z_u)` (§4). A row whose
     support is empty gets `log p_S(a) = 0` and no gradient (nothing was recorded to learn from).
-    One gather of the (1 + K) columns, so the backward touches the (N, V) gradient once.
+    Padding slots are 0 before anything multiplies them (§3.3).
     """
-    ids = sampled_ids[:, None]
-    if candidates is not None:
-        ids = torch.cat([ids, candidates.ids], dim=1)
-    if candidates is None or not candidates.exact:
-        logp = _GatherLogSoftmax.apply(logits, ids)  # (N, 1 + K), full-vocabulary softmax
-    else:
+    if candidates is not None and candidates.exact:
+        ids = torch.cat([sampled_ids[:, None], candidates.ids], dim=1)
         logp = _support_logprobs(logits, ids, candidates.valid)
+        return logp[:, 0], logp[:, 1:].masked_fill(~candidates.valid, 0.0)
     if candidates is None:
-        return logp[:, 0], None
-    # Mask before any multiplication (§3.3): padding slots carry 0, never a stray log-prob.
-    return logp[:, 0], logp[:, 1:].masked_fill(~candidates.valid, 0.0)
+        no_head = sampled_ids.new_zeros((sampled_ids.shape[0], 0))
+        logp_a, _ = _GatherLogSoftmax.apply(logits, sampled_ids, no_head, no_head.bool())
+        return logp_a, None
+    return _GatherLogSoftmax.apply(logits, sampled_ids, candidates.ids, ~candidates.valid)
 
 
 def _support_logprobs(logits: Tensor, ids: Tensor, valid: Tensor) -> Tensor:
