@@ -132,6 +132,8 @@ def build_embedded_model(
         try:
             _build_into(spec, tmp, key, say)
             tmp.chmod(0o755)  # mkdtemp makes it owner-only; the cache is shared like any HF dir
+            if final.exists():  # an entry without its build record is incomplete: never trusted
+                shutil.rmtree(final)
             os.replace(tmp, final)  # atomic: the directory appears complete or not at all
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -42,5 +42,6 @@ def load_causal_lm(path: str | Path, dtype: torch.dtype = torch.float32) -> PreT
     try:
         model = AutoModelForCausalLM.from_pretrained(p, dtype=dtype)
     except (OSError, ValueError) as e:
-        raise ConfigError(f"model.path={str(path)!r}: weights do not load ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""})") from None
+        first_line = (str(e).splitlines() or [""])[0]  # ConfigError is one line
+        raise ConfigError(f"model.path={str(path)!r}: weights do not load ({type(e).__name__}: {first_line})") from None
     return model.eval()
