@@ -137,9 +137,10 @@ class VllmSampler:
         self.vocab_size = int(hf.vocab_size)
         eos = hf.eos_token_id if isinstance(hf.eos_token_id, int) else 0
         self.pad_id = pad_id if pad_id is not None else (hf.pad_token_id if hf.pad_token_id is not None else eos)
+        on_cpu = current_platform.is_cpu()
         self.tags = {"backend": "vllm", "precision": quantization or dtype,
-                     "accelerator": "cpu" if current_platform.is_cpu() else current_platform.device_name,
-                     **(tags or {})}
+                     "accelerator": "CPU" if on_cpu else current_platform.get_device_name(),
+                     "kernel": "vllm_cpu_attn" if on_cpu else "vllm_gpu_attn", **(tags or {})}
         log.info("pool %s: vLLM engine, %s on %s", pool, self.tags["precision"], self.tags["accelerator"])
 
     @property

@@ -1,0 +1,158 @@
+"""One DeepSpeed data-parallel rank: a process group member holding one engine.
+
+Used in-process for one rank and as a Ray actor (one per rank) for several. The coordinator
+(rlmix/trainers/deepspeed_trainer.py) splits each batch into contiguous row shards and tells
+every rank how many backward passes to run, so ranks issue the same collectives: ZeRO-2/3
+reduce gradients inside every backward, and a rank whose shard has fewer non-empty
+micro-batches pads with zero-loss backwards (a 1-token forward times 0: zero gradients, same
+hooks and collectives).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rlmix.rollout import Rollouts
+from rlmix.trainers.deepspeed_config import CommBackend, deepspeed_json
+from rlmix.trainers.step import StepResult, forward_backward
+
+DS_DIR = "deepspeed"  # DeepSpeed's own checkpoint (fp32 master weights, optimizer partitions)
+DS_TAG = "step"  # not "latest": DeepSpeed writes a file of that name beside the tag dir
+
+
+@dataclass(frozen=True)
+class RankSetup:
+    """What every rank needs to join the process group and build its engine."""
+
+    rank: int
+    world_size: int
+    master_port: int
+    own_device: bool  # each rank sees exactly one accelerator (Ray num_gpus=1): LOCAL_RANK is 0
+
+
+@dataclass
+class RankStep:
+    result: StepResult
+    grad_norm: float
+    applied: bool  # False when DeepSpeed found inf/NaN gradients and skipped the update
+
+
+def comm_backend(choice: CommBackend) -> str:
+    if choice is CommBackend.auto:
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    return choice.value
+
+
+def init_process_group(setup: RankSetup, backend: str, build_shm_op: bool) -> None:
+    """Join the group without a launcher: DeepSpeed reads these variables (else it looks for MPI)."""
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(setup.master_port),
+        RANK=str(setup.rank),
+        WORLD_SIZE=str(setup.world_size),
+        LOCAL_RANK="0" if setup.own_device else str(setup.rank),
+    )
+    import deepspeed
+    import deepspeed.comm.torch  # noqa: F401  (so the module is in sys.modules)
+
+    if not build_shm_op:
+        # The shm op only speeds up CPU collectives; compiling it costs ~40 s per environment.
+        sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
+    deepspeed.init_distributed(dist_backend=backend)
+
+
+class DeepSpeedRank:
+    """One rank's engine; every method that communicates must be called on all ranks."""
+
+    def __init__(self, model_dir: str, cfg, correction, seed: int, setup: RankSetup) -> None:
+        import deepspeed
+
+        from rlmix.models.io import load_causal_lm, load_tokenizer
+
+        if setup.world_size > 1:
+            torch.set_num_threads(max(1, cfg.num_threads // setup.world_size))
+        init_process_group(setup, comm_backend(cfg.deepspeed.comm_backend), cfg.deepspeed.build_shm_op)
+        torch.manual_seed(seed)
+        self.cfg, self.correction, self.rank, self.world_size = cfg, correction, setup.rank, setup.world_size
+        self.tokenizer = load_tokenizer(model_dir)
+        self.pad_id = self.tokenizer.pad_token_id
+        model = load_causal_lm(model_dir, dtype=torch.float32)
+        model.train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas),
+                                      weight_decay=cfg.weight_decay)
+        config = deepspeed_json(cfg.deepspeed, bf16=cfg.bf16, grad_clip=cfg.grad_clip)
+        self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+        self.zero_stage = cfg.deepspeed.zero_stage
+
+    def train_shard(self, shard: Rollouts | None, advantages: torch.Tensor | None, num_tokens: int,
+                    backwards: int) -> RankStep:
+        """Accumulate this shard's gradients (loss / GLOBAL ``num_tokens``), pad to ``backwards``, step."""
+        calls = 0
+
+        def backward(loss: torch.Tensor) -> None:
+            nonlocal calls
+            # The loss is already normalised by the GLOBAL token count, so the true gradient is the
+            # SUM over ranks; DeepSpeed averages over data-parallel ranks, hence the factor.
+            self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
+            calls += 1
+
+        if shard is None:
+            result = StepResult(loss=0.0, stats={}, token_stats={}, entropy=0.0, num_tokens=0)
+        else:
+            result = forward_backward(self.engine, shard, advantages, self.correction, pad_id=self.pad_id,
+                                      micro_batch_size=self.cfg.micro_batch_size, bf16=self.cfg.bf16,
+                                      num_tokens=num_tokens, backward=backward)
+        for _ in range(backwards - calls):
+            backward(self._zero_loss())
+        self.engine.step()
+        grad_norm = self.engine.get_global_grad_norm()
+        grad_norm = float("nan") if grad_norm is None else float(grad_norm)
+        return RankStep(result, grad_norm, bool(self.engine.was_step_applied()))
+
+    def _zero_loss(self) -> torch.Tensor:
+        ids = torch.full((1, 1), self.pad_id, dtype=torch.long, device=self.engine.device)
+        return self.engine(input_ids=ids).logits.float().sum() * 0.0
+
+    def export_weights(self) -> dict[str, torch.Tensor] | None:
+        """HF-named BF16 CPU tensors on rank 0 (None elsewhere).
+
+        ZeRO 1/2 replicate the (BF16) module parameters on every rank, so rank 0 copies its own
+        and nothing is communicated. ZeRO 3 partitions them: all ranks gather one tensor at a
+        time (peak extra memory: the largest tensor), and rank 0 keeps a copy.
+        """
+        module = self.engine.module
+        if self.zero_stage < 3:
+            if self.rank != 0:
+                return None
+            return {k: v.detach().to("cpu", torch.bfloat16).clone() for k, v in module.state_dict().items()}
+        import deepspeed
+
+        out: dict[str, torch.Tensor] = {}
+        for name, param in module.named_parameters():
+            with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
+                if self.rank == 0:
+                    out[name] = param.detach().to("cpu", torch.bfloat16).clone()
+        if self.rank == 0 and getattr(module.config, "tie_word_embeddings", False) and "lm_head.weight" not in out:
+            out["lm_head.weight"] = out["model.embed_tokens.weight"].clone()
+        return out if self.rank == 0 else None
+
+    def save_checkpoint(self, path: str, client_state: dict) -> None:
+        """DeepSpeed's sharded checkpoint (all ranks) with this rank's RNG states."""
+        # Nested: DeepSpeed drops its own key names (e.g. "skipped_steps") from the client state.
+        state = {"rlmix": client_state, "rng_torch": torch.get_rng_state(), "rng_python": random.getstate()}
+        self.engine.save_checkpoint(str(Path(path) / DS_DIR), tag=DS_TAG, client_state=state)
+
+    def load_checkpoint(self, path: str) -> dict:
+        """Restore weights, optimizer and this rank's RNG; returns the saved client state."""
+        load_path, state = self.engine.load_checkpoint(str(Path(path) / DS_DIR), tag=DS_TAG)
+        if load_path is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint under {Path(path) / DS_DIR}")
+        torch.set_rng_state(state["rng_torch"])
+        random.setstate(state["rng_python"])
+        return state["rlmix"]

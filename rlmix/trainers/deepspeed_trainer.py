@@ -1,0 +1,172 @@
+"""The DeepSpeed BF16 trainer: ZeRO 1/2 (3 where it works), one or several data-parallel ranks.
+
+``DeepSpeedTrainer`` implements ``rlmix.trainers.base.Trainer``. With ``ranks=1`` the engine
+lives in this process; with several, each rank is a Ray actor (rlmix/trainers/deepspeed_rank.py)
+joined by torch.distributed (gloo on the CPU, NCCL on GPUs). Per step this coordinator computes
+the group advantages on the whole batch, splits it into contiguous row shards (one per rank),
+passes every rank the GLOBAL token count (corrections.md §3.2) and the number of backward passes
+to run, and merges the ranks' results into one set of metrics — the same loss
+(rlmix/trainers/loss.py via step.py) and the same metrics as the torch trainer.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import socket
+from pathlib import Path
+
+import torch
+
+from rlmix.config.schema import CorrectionConfig, TrainerConfig
+from rlmix.rollout import Rollouts
+from rlmix.trainers.deepspeed_config import check_deepspeed
+from rlmix.trainers.deepspeed_rank import DeepSpeedRank, RankSetup, RankStep, comm_backend
+from rlmix.trainers.step import StepResult, advantages_for, micro_batches
+from rlmix.trainers.torch_trainer import step_metrics
+
+STATE_FILE = "trainer_state.json"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def shard_rows(batch: Rollouts, ranks: int) -> list[tuple[Rollouts, slice] | None]:
+    """Contiguous row shards, one per rank (None for a rank left without rows)."""
+    size = max(1, math.ceil(len(batch) / ranks))
+    shards: list[tuple[Rollouts, slice] | None] = list(micro_batches(batch, size))
+    return shards + [None] * (ranks - len(shards))
+
+
+def backward_count(shard: Rollouts | None, micro_batch_size: int) -> int:
+    """Backward passes ``step.forward_backward`` runs on ``shard``: its micro-batches with tokens."""
+    if shard is None:
+        return 0
+    return sum(bool(m.mask.any()) for m, _ in micro_batches(shard, micro_batch_size))
+
+
+def merge_results(results: list[StepResult]) -> StepResult:
+    """One StepResult from the ranks' (shards in row order, so token stats stay row-major)."""
+    n = sum(r.num_tokens for r in results)
+    denom = max(n, 1)
+    keys = {k for r in results for k in r.stats}
+    token_keys = [k for r in results for k in r.token_stats]
+    return StepResult(
+        loss=sum(r.loss for r in results),  # each is (its tokens' loss sum) / global count
+        stats={k: sum(r.stats.get(k, 0.0) * r.num_tokens for r in results) / denom for k in keys},
+        token_stats={k: torch.cat([r.token_stats[k] for r in results if k in r.token_stats])
+                     for k in dict.fromkeys(token_keys)},
+        entropy=sum(r.entropy * r.num_tokens for r in results) / denom,
+        num_tokens=n,
+    )
+
+
+class DeepSpeedTrainer:
+    """Implements ``rlmix.trainers.base.Trainer`` on DeepSpeed (module docstring)."""
+
+    def __init__(self, model_dir: str | Path, cfg: TrainerConfig, correction: CorrectionConfig, seed: int):
+        from rlmix.models.io import load_tokenizer
+
+        check_deepspeed(cfg.deepspeed, cfg.bf16)
+        self.cfg, self.correction = cfg, correction
+        self.model_dir = Path(model_dir)
+        self.tokenizer = load_tokenizer(model_dir)
+        self.ranks_n = cfg.deepspeed.ranks
+        port = free_port()
+        setups = [RankSetup(r, self.ranks_n, port, own_device=torch.cuda.is_available() and self.ranks_n > 1)
+                  for r in range(self.ranks_n)]
+        if self.ranks_n == 1:
+            self._local = DeepSpeedRank(str(model_dir), cfg, correction, seed, setups[0])
+            self._actors = []
+        else:
+            import ray
+
+            gpus = 1 if comm_backend(cfg.deepspeed.comm_backend) == "nccl" else 0
+            actor = ray.remote(num_cpus=0, num_gpus=gpus)(DeepSpeedRank)
+            self._local = None
+            self._actors = [actor.remote(str(model_dir), cfg, correction, seed, s) for s in setups]
+        self._version = 0
+        self.skipped_steps = 0
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def _on_all(self, method: str, *per_rank_args: list) -> list:
+        """Call ``method`` on every rank (arguments given per rank) and wait for all results."""
+        if self._local is not None:
+            return [getattr(self._local, method)(*(a[0] for a in per_rank_args))]
+        import ray
+
+        refs = [getattr(a, method).remote(*(args[r] for args in per_rank_args)) for r, a in enumerate(self._actors)]
+        return ray.get(refs)
+
+    def train_step(self, batch: Rollouts) -> dict[str, float]:
+        advantages = advantages_for(batch, self.correction)  # whole groups, before splitting
+        shards = shard_rows(batch, self.ranks_n)
+        backwards = max(backward_count(s and s[0], self.cfg.micro_batch_size) for s in shards)
+        steps: list[RankStep] = self._on_all(
+            "train_shard",
+            [s and s[0] for s in shards],
+            [s and advantages[s[1]] for s in shards],
+            [batch.num_tokens] * self.ranks_n,
+            [backwards] * self.ranks_n,
+        )
+        result = merge_results([s.result for s in steps])
+        grad_norm = steps[0].grad_norm  # the global norm: the same on every rank
+        if not steps[0].applied or not math.isfinite(result.loss):
+            self.skipped_steps += 1  # DeepSpeed dropped the update (inf/NaN gradients)
+        metrics = step_metrics(batch, result, grad_norm, self._version)
+        metrics["train/skipped_steps"] = float(self.skipped_steps)
+        self._version += 1
+        return metrics
+
+    def published_weights(self) -> dict[str, torch.Tensor]:
+        """The BF16 weights, HF names, from rank 0 (ZeRO 3: gathered one tensor at a time)."""
+        return self._export()
+
+    def _export(self) -> dict[str, torch.Tensor]:
+        if self._local is not None:
+            return self._local.export_weights()
+        import ray
+
+        if self.cfg.deepspeed.zero_stage < 3:  # replicated parameters: ask rank 0 only
+            return ray.get(self._actors[0].export_weights.remote())
+        return ray.get([a.export_weights.remote() for a in self._actors])[0]
+
+    def save_checkpoint(self, path: Path) -> None:
+        """An HF model dir (BF16 weights, loadable by any sampler or ``rlmix eval``) plus DeepSpeed's
+        sharded checkpoint (fp32 master weights, optimizer, per-rank RNG) and the trainer state."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        state = {"version": self._version, "skipped_steps": self.skipped_steps}
+        self._on_all("save_checkpoint", [str(path)] * self.ranks_n, [state] * self.ranks_n)
+        self._save_hf(path, self._export())
+        (path / STATE_FILE).write_text(json.dumps(state))
+
+    def _save_hf(self, path: Path, weights: dict[str, torch.Tensor]) -> None:
+        from safetensors.torch import save_file
+
+        for name in ("config.json", "generation_config.json"):
+            if (self.model_dir / name).is_file():
+                shutil.copyfile(self.model_dir / name, path / name)
+        save_file({k: v.contiguous() for k, v in weights.items()}, str(path / "model.safetensors"),
+                  metadata={"format": "pt"})
+        self.tokenizer.save_pretrained(path)
+
+    def load_checkpoint(self, path: Path) -> None:
+        path = Path(path)
+        states = self._on_all("load_checkpoint", [str(path)] * self.ranks_n)
+        self._version = int(states[0]["version"])
+        self.skipped_steps = int(states[0]["skipped_steps"])
+
+    def close(self) -> None:
+        import ray
+
+        for a in self._actors:
+            ray.kill(a)
+        self._actors = []

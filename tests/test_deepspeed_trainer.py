@@ -1,0 +1,196 @@
+"""The DeepSpeed trainer on the CPU (gloo): same loss and update as plain torch, 1 and 2 ranks, checkpoints.
+
+The oracle is a plain torch computation on the same fixed batch: the shared loss
+(rlmix/trainers/step.py) on the model cast to BF16 — DeepSpeed's BF16 module — then global-norm
+clipping and AdamW on fp32 master weights, which is what ZeRO's BF16 optimizer does.
+"""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlmix.config.schema import CorrectionConfig, TrainerConfig
+from rlmix.correction import CorrectionMode
+from rlmix.errors import ConfigError
+from rlmix.rollout import Rollouts
+from rlmix.trainers.deepspeed_config import DeepSpeedConfig, GradAccumDtype, check_deepspeed, deepspeed_json
+from rlmix.trainers.step import advantages_for, forward_backward
+
+pytest.importorskip("deepspeed")
+
+LR = 1e-2  # large enough that one Adam step moves BF16 weights by many ulps
+
+
+def fixed_batch(model_dir: Path, b: int = 6, t: int = 7, k: int = 8, seed: int = 0) -> Rollouts:
+    """A scored batch with uneven lengths, a head of K candidates and sampler log-probs off the model's."""
+    from rlmix.models.io import load_causal_lm
+    from rlmix.trainers.loss import sequence_input_ids
+
+    g = torch.Generator().manual_seed(seed)
+    model = load_causal_lm(model_dir, dtype=torch.float32)
+    vocab = model.config.vocab_size
+    prompt_lens = torch.randint(2, 5, (b,), generator=g)
+    prompts = torch.randint(3, vocab, (b, int(prompt_lens.max())), generator=g)
+    prompts[torch.arange(prompts.shape[1])[None] >= prompt_lens[:, None]] = 0
+    lengths = torch.randint(1, t + 1, (b,), generator=g)
+    lengths[0] = t
+    mask = torch.arange(t)[None] < lengths[:, None]
+    completion = torch.randint(3, vocab, (b, t), generator=g).masked_fill(~mask, 0)
+    batch = Rollouts(prompt_ids=prompts, prompt_lens=prompt_lens, completion_ids=completion, mask=mask,
+                     sampler_logprobs=torch.zeros(b, t), policy_version=torch.zeros(b, dtype=torch.long),
+                     pool=("p",) * b, finish_reason=("length",) * b, temperature=0.9)
+    ids, pos = sequence_input_ids(batch, pad_id=0)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits.gather(1, pos.clamp(min=0)[..., None].expand(-1, -1, vocab))
+    q = torch.log_softmax(logits / 0.9 + 0.3 * torch.randn(logits.shape, generator=g), dim=-1)  # (B, T, V)
+    head = torch.topk(q, k, dim=-1)
+    return batch.replace(
+        sampler_logprobs=q.gather(-1, completion[..., None])[..., 0].masked_fill(~mask, 0.0),
+        head_ids=head.indices.masked_fill(~mask[..., None], -1),
+        head_logprobs=head.values.masked_fill(~mask[..., None], float("-inf")),
+        group_ids=torch.tensor([0, 0, 0, 1, 1, 1][:b]),
+        rewards=torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0][:b]),
+        format_ok=torch.ones(b, dtype=torch.bool),
+    )
+
+
+def trainer_cfg(ranks: int = 1, stage: int = 1, micro: int = 4) -> TrainerConfig:
+    return TrainerConfig(lr=LR, micro_batch_size=micro, grad_clip=1.0,
+                         deepspeed=DeepSpeedConfig(zero_stage=stage, ranks=ranks))
+
+
+def torch_reference(model_dir: Path, batch: Rollouts, cfg: TrainerConfig, corr: CorrectionConfig):
+    """(loss, grad_norm, updated BF16 weights) of one step computed with plain torch."""
+    from rlmix.models.io import load_causal_lm
+
+    master = load_causal_lm(model_dir, dtype=torch.float32)
+    model = load_causal_lm(model_dir, dtype=torch.float32).train()
+    for p in model.parameters():  # parameters only: buffers such as RoPE's inv_freq stay fp32, as in DeepSpeed
+        p.data = p.data.to(torch.bfloat16)
+    result = forward_backward(model, batch, advantages_for(batch, corr), corr, pad_id=0,
+                              micro_batch_size=cfg.micro_batch_size, bf16=True, num_tokens=batch.num_tokens,
+                              backward=torch.Tensor.backward)
+    for p, m in zip(model.parameters(), master.parameters()):
+        m.grad = p.grad.float()
+    norm = float(torch.nn.utils.clip_grad_norm_(master.parameters(), cfg.grad_clip))
+    torch.optim.AdamW(master.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay).step()
+    return result.loss, norm, {k: v.to(torch.bfloat16) for k, v in master.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_llama_dir) -> Path:
+    return tiny_llama_dir
+
+
+@pytest.fixture(scope="module")
+def corr() -> CorrectionConfig:
+    return CorrectionConfig(mode=CorrectionMode.sc_mis, num_candidates=8)
+
+
+@pytest.fixture(scope="module")
+def one_rank(model_dir, corr):
+    from rlmix.trainers.deepspeed_trainer import DeepSpeedTrainer
+
+    trainer = DeepSpeedTrainer(model_dir, trainer_cfg(), corr, seed=0)
+    yield trainer
+    trainer.close()
+    gc.collect()
+
+
+def assert_same_update(weights: dict, reference: dict, original: dict) -> None:
+    """Every tensor matches the oracle's update up to BF16 rounding (one ulp + a tenth of a step),
+    except a few elements whose gradient is ~0: Adam's first step g/(|g|+eps) then takes the sign
+    of summation noise, so they may sit up to 2 steps apart. A missing or wrong update fails most."""
+    bad = total = moved = 0
+    for name, ref in reference.items():
+        got, ref = weights[name].float(), ref.float()
+        diff = (got - ref).abs()
+        bad += int((diff > LR / 10 + 2**-7 * ref.abs()).sum())
+        total += ref.numel()
+        assert float(diff.max()) <= 2.5 * LR, name
+        moved += int((got != original[name].to(torch.bfloat16).float()).sum())
+    assert bad <= 0.002 * total and moved > 0.5 * total
+
+
+def test_one_rank_same_loss_and_update_as_plain_torch(one_rank, model_dir, corr):
+    from safetensors.torch import load_file
+
+    batch = fixed_batch(model_dir)
+    loss, norm, reference = torch_reference(model_dir, batch, one_rank.cfg, corr)
+    original = load_file(model_dir / "model.safetensors")
+    metrics = one_rank.train_step(batch)
+    assert metrics["train/loss"] == pytest.approx(loss, rel=1e-5, abs=1e-7)
+    assert metrics["train/grad_norm"] == pytest.approx(norm, rel=1e-4)
+    assert metrics["train/tokens"] == batch.num_tokens and one_rank.version == 1
+    assert_same_update(one_rank.published_weights(), reference, original)
+
+
+def test_checkpoint_round_trip(one_rank, model_dir, tmp_path):
+    from rlmix.models.io import load_causal_lm
+
+    batch = fixed_batch(model_dir, seed=1)
+    one_rank.save_checkpoint(tmp_path / "ckpt")
+    saved = one_rank.published_weights()
+    first = one_rank.train_step(batch)
+    moved = one_rank.published_weights()
+    one_rank.load_checkpoint(tmp_path / "ckpt")
+    assert one_rank.version == 1  # the version saved, not the one after
+    assert all(torch.equal(one_rank.published_weights()[k], v) for k, v in saved.items())
+    again = one_rank.train_step(batch)  # same optimizer state and weights: the same step again
+    assert again["train/loss"] == first["train/loss"]
+    assert all(torch.equal(one_rank.published_weights()[k], v) for k, v in moved.items())
+    # The HF dir holds the exported weights for samplers and eval.
+    hf = load_causal_lm(tmp_path / "ckpt", dtype=torch.bfloat16).state_dict()
+    assert all(torch.equal(hf[k], v) for k, v in saved.items())
+
+
+@pytest.mark.slow
+def test_two_ranks_same_loss_and_update_as_plain_torch(model_dir, corr, ray_local):
+    from safetensors.torch import load_file
+
+    from rlmix.trainers.deepspeed_trainer import DeepSpeedTrainer
+
+    # micro 2 over shards of 3 rows: rank 0 runs 2 backwards; rank 1's shard has one near-empty
+    # micro-batch layout too, and the global token count ties them together.
+    cfg = trainer_cfg(ranks=2, stage=2, micro=2)
+    batch = fixed_batch(model_dir)
+    loss, norm, reference = torch_reference(model_dir, batch, cfg, corr)
+    trainer = DeepSpeedTrainer(model_dir, cfg, corr, seed=0)
+    try:
+        metrics = trainer.train_step(batch)
+        weights = trainer.published_weights()
+    finally:
+        trainer.close()
+    assert metrics["train/loss"] == pytest.approx(loss, rel=1e-5)
+    assert metrics["train/grad_norm"] == pytest.approx(norm, rel=1e-3)
+    assert_same_update(weights, reference, load_file(model_dir / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def test_json_follows_the_typed_config():
+    ds = DeepSpeedConfig(zero_stage=2, ranks=4, grad_accum_dtype=GradAccumDtype.bf16, overlap_comm=True,
+                         reduce_bucket_size=1000)
+    js = deepspeed_json(ds, bf16=True, grad_clip=0.5)
+    assert js["zero_optimization"] == {"stage": 2, "overlap_comm": True, "contiguous_gradients": True,
+                                       "reduce_bucket_size": 1000}
+    assert js["bf16"] == {"enabled": True} and js["gradient_clipping"] == 0.5
+    assert js["data_types"] == {"grad_accum_dtype": "bf16"} and js["train_batch_size"] == 4
+    assert js["managed_gradient_accumulation"] is False and js["gradient_accumulation_steps"] == 1
+    with pytest.raises(ConfigError, match="trainer.deepspeed.zero_stage=0 with trainer.bf16=true"):
+        check_deepspeed(DeepSpeedConfig(zero_stage=0), bf16=True)
+    check_deepspeed(DeepSpeedConfig(zero_stage=0), bf16=False)
+    for bad, key in [(DeepSpeedConfig(zero_stage=4), "zero_stage=4"), (DeepSpeedConfig(ranks=0), "ranks=0")]:
+        with pytest.raises(ConfigError, match=f"trainer.deepspeed.{key}"):
+            check_deepspeed(bad, bf16=True)
