@@ -10,7 +10,8 @@ import torch
 
 from rlmix.errors import ConfigError
 from rlmix.rollout import SamplingParams
-from rlmix.samplers.accelerators import PrecisionView, resolve_view
+from rlmix.samplers.accelerators import KernelFamily, Precision, PrecisionView, resolve_view
+from rlmix.samplers.attention import attend
 from rlmix.samplers.emulated_llama import LlamaShape
 from rlmix.samplers.sampling import draw, keep_mask
 from rlmix.samplers.torch_sampler import TorchSampler
@@ -207,3 +208,30 @@ def test_bad_model_dir_and_unsupported_rope(tmp_path):
     cfg = LlamaConfig(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
     with pytest.raises(ConfigError, match="rope_type"):
         LlamaShape.from_hf_config(cfg)
+
+
+# --- attention kernels -------------------------------------------------------------------
+
+
+def test_every_kernel_family_approximates_exact_attention():
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 2, 6, 16, generator=g)
+    k, v = torch.randn(2, 2, 100, 16, generator=g), torch.randn(2, 2, 100, 16, generator=g)
+    allowed = torch.rand(2, 1, 6, 100, generator=g) < 0.7
+    allowed[..., 0] = True
+    ref = attend(q, k, v, allowed, 0.25, Precision.fp32, KernelFamily.fp32_softmax)
+    errors = {}
+    for family in KernelFamily:
+        out = attend(q, k, v, allowed, 0.25, Precision.fp32, family)
+        errors[family] = (out - ref).abs().max().item()
+        assert errors[family] < 2e-2, family
+    assert errors[KernelFamily.fp32_softmax] == 0
+    assert errors[KernelFamily.online_softmax_fp32acc] < errors[KernelFamily.online_softmax_bf16]
+
+
+def test_fp16_accumulators_saturate_instead_of_overflowing():
+    q, k = torch.zeros(1, 1, 1, 4), torch.zeros(1, 1, 64, 4)
+    v = torch.full((1, 1, 64, 4), 6.0e4)
+    allowed = torch.ones(1, 1, 1, 64, dtype=torch.bool)
+    out = attend(q, k, v, allowed, 1.0, Precision.fp32, KernelFamily.online_softmax_fp16)
+    assert torch.isfinite(out).all()

@@ -130,6 +130,7 @@ class PrecisionView:
             "kernel": self.kernel.name,
             "emulated": "true",
             "emulated_beyond_hardware": str(self.emulated_beyond_hardware).lower(),
+            "view": self.label,
         }
 
 

@@ -35,6 +35,14 @@ BLOCKWISE: dict[KernelFamily, BlockwiseNumerics] = {
 }
 
 
+def _accumulate(x: torch.Tensor, acc: Precision) -> torch.Tensor:
+    """Round a running accumulator, saturating at the format's largest finite value (a long
+    context must not turn an fp16 running sum into inf)."""
+    if acc is Precision.fp16:
+        x = x.clamp(-torch.finfo(torch.float16).max, torch.finfo(torch.float16).max)
+    return round_activation(x, acc)
+
+
 def exact_attention(q, k, v, allowed, scale: float, act: Precision) -> torch.Tensor:
     """``softmax(q kᵀ·scale)`` over the whole row in fp32; probabilities rounded to ``act``
     before the PV product (what an eager kernel in that dtype does)."""
@@ -65,8 +73,8 @@ def online_attention(q, k, v, allowed, scale: float, act: Precision, num: Blockw
         m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
         p = round_activation(torch.exp(s - m_safe), num.probs)
         c = torch.exp(m - m_safe)
-        l = round_activation(c * l + p.sum(dim=-1, keepdim=True), num.acc)
-        o = round_activation(c * o + torch.matmul(p, vb), num.acc)
+        l = _accumulate(c * l + p.sum(dim=-1, keepdim=True), num.acc)
+        o = _accumulate(c * o + torch.matmul(p, vb), num.acc)
         m = m_new
     return round_activation(o / l, act)
 
