@@ -208,6 +208,10 @@ def test_bad_model_dir_and_unsupported_rope(tmp_path):
     cfg = LlamaConfig(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
     with pytest.raises(ConfigError, match="rope_type"):
         LlamaShape.from_hf_config(cfg)
+    from transformers import Qwen2Config
+
+    with pytest.raises(ConfigError, match="model_type='qwen2'"):
+        LlamaShape.from_hf_config(Qwen2Config())
 
 
 # --- attention kernels -------------------------------------------------------------------

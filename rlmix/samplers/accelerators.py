@@ -185,6 +185,7 @@ def resolve_view(
     linear_inputs = Precision.fp8_e4m3 if weights in _FP8 else activations
     kv = activations if kv_precision is None else _parse_precision(kv_precision, "kv_precision")
     if kv not in _KV_FP8:
-        raise ConfigError(f"kv_precision={kv.name} is not a KV-cache format; allowed: fp32, bf16, fp16, fp8_e4m3, fp8_e5m2")
+        allowed = ", ".join(p.name for p in _KV_FP8)
+        raise ConfigError(f"kv_precision={kv.name} is not a KV-cache format; allowed: {allowed}")
     beyond |= _check_native(spec, kv, spec.native_kv_precisions, "kv_precision", allow_emulation)
     return PrecisionView(spec.name, weights, activations, linear_inputs, kv, spec.kernel_family, beyond, int4_group)

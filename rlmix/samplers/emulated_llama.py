@@ -45,14 +45,14 @@ class LlamaShape:
     @classmethod
     def from_hf_config(cls, cfg) -> LlamaShape:
         """Read a ``transformers`` Llama-family config; ConfigError for features not emulated."""
-        rope = getattr(cfg, "rope_parameters", None) or {}
-        rope_type = rope.get("rope_type", "default") if isinstance(rope, dict) else "default"
-        scaling = getattr(cfg, "rope_scaling", None)
-        if rope_type != "default" or (isinstance(scaling, dict) and scaling.get("rope_type", "default") != "default"):
-            raise ConfigError(f"model rope_type={rope_type!r} is not supported by the torch sampler; allowed: default")
-        if getattr(cfg, "hidden_act", "silu") != "silu" or getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
+        model_type = getattr(cfg, "model_type", "llama")
+        if model_type != "llama":
+            raise ConfigError(f"model_type={model_type!r} is not supported by the torch sampler (llama only); "
+                              "use the vllm sampler backend for other architectures")
+        theta = _default_rope_theta(cfg)
+        if getattr(cfg, "hidden_act", "silu") != "silu" or getattr(cfg, "attention_bias", False) \
+                or getattr(cfg, "mlp_bias", False):
             raise ConfigError("torch sampler supports Llama models with hidden_act=silu and no attention/mlp bias")
-        theta = rope["rope_theta"] if "rope_theta" in rope else cfg.rope_theta
         heads = cfg.num_attention_heads
         return cls(
             vocab=cfg.vocab_size,
@@ -65,6 +65,18 @@ class LlamaShape:
             rope_theta=float(theta),
             tie_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
         )
+
+
+def _default_rope_theta(cfg) -> float:
+    """``rope_theta`` of a default-RoPE config (transformers 5 ``rope_parameters`` or 4.x
+    ``rope_theta``/``rope_scaling``); ConfigError for scaled RoPE variants."""
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    scaling = getattr(cfg, "rope_scaling", None) or {}
+    for params in (rope, scaling):
+        rope_type = params.get("rope_type", params.get("type", "default"))
+        if rope_type != "default":
+            raise ConfigError(f"model rope_type={rope_type!r} is not supported by the torch sampler; allowed: default")
+    return rope["rope_theta"] if "rope_theta" in rope else cfg.rope_theta
 
 
 @dataclass
@@ -94,7 +106,8 @@ class EmulatedLlama:
     def __init__(self, shape: LlamaShape, view: PrecisionView) -> None:
         self.shape = shape
         self.view = view
-        self.inv_freq = 1.0 / (shape.rope_theta ** (torch.arange(0, shape.head_dim, 2, dtype=torch.float) / shape.head_dim))
+        exponents = torch.arange(0, shape.head_dim, 2, dtype=torch.float) / shape.head_dim
+        self.inv_freq = 1.0 / (shape.rope_theta**exponents)  # as HF's default rope init
         self.layers: list[Layer] = []
 
     def load(self, weights: Mapping[str, torch.Tensor]) -> None:
@@ -112,7 +125,7 @@ class EmulatedLlama:
             return round_activation(weights[name].float(), act)
 
         self.embed = a("model.embed_tokens.weight")
-        self.lm_head = self.embed if self.shape.tie_embeddings and "lm_head.weight" not in weights else a("lm_head.weight")
+        self.lm_head = self.embed if self.shape.tie_embeddings else a("lm_head.weight")
         self.norm = a("model.norm.weight")
         self.layers = []
         for i in range(self.shape.layers):
