@@ -198,6 +198,11 @@ def test_emulated_views_say_so(tiny_llama_dir, caplog):
     assert r.tags["emulated"] == "true" and r.tags["backend"] == "torch" and r.tags["precision"] == "nvfp4"
 
 
+def test_format_that_does_not_fit_the_model_is_a_config_error(tiny_llama_dir):
+    with pytest.raises(ConfigError, match="int4.*multiple of the quantisation group 48"):
+        TorchSampler(tiny_llama_dir, resolve_view("A100", "int4", int4_group=48), "a100_int4")
+
+
 def test_bad_model_dir_and_unsupported_rope(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         TorchSampler(tmp_path / "nope", PrecisionView.exact(), "x")

@@ -63,7 +63,10 @@ class TorchSampler:
         self.pad_id = pad_id if pad_id is not None else (cfg.pad_token_id if cfg.pad_token_id is not None else fallback)
         self._generator = torch.Generator().manual_seed(seed)
         self._version = 0
-        self.load_weights(weights, 0)
+        try:
+            self.load_weights(weights, 0)
+        except ValueError as err:  # a format's block/group size that does not divide the model's dims
+            raise ConfigError(f"pool {pool}: cannot serve {model_dir} as {view.label}: {err}") from None
         log.info("pool %s: torch sampler, %s (CPU emulation)", pool, view.label)
         if view.emulated_beyond_hardware:
             log.warning("pool %s: %s emulates formats %s has no native support for", pool, view.label, view.accelerator)
@@ -95,6 +98,8 @@ class TorchSampler:
         """Sample one completion per prompt (record semantics: rlmix/rollout.py, sampling.py)."""
         if params.temperature <= 0:
             raise ValueError(f"temperature must be > 0 (got {params.temperature})")
+        if not prompts:
+            raise ValueError("generate needs at least one prompt")
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
         start = time.perf_counter()
