@@ -15,7 +15,7 @@ from rlmix.models._sample import _until_eos
 from rlmix.models.chartok import build_char_tokenizer
 from rlmix.models.embedded import BUILD_INFO, EmbeddedModelSpec, build_embedded_model, spec_key
 from rlmix.models.io import load_causal_lm, load_tokenizer
-from rlmix.models.warmstart import sft_batch
+from rlmix.models.warmstart import example_output_mask, sft_batch
 from rlmix.tasks.minicode import ALPHABET, MiniCode
 
 TINY = EmbeddedModelSpec(
@@ -49,7 +49,7 @@ def test_tokenizer_round_trips_every_task_string(tiny_dir):
 
 def test_sft_batch_trains_only_on_answer_and_eos():
     tok = build_char_tokenizer(ALPHABET)
-    batch = sft_batch(tok, ["12>21?", "5>5;3>3?"], ["<p>rev</p>", "<p>sort</p>"])
+    batch = sft_batch(tok, ["12>21?", "5>5;3>3?"], ["<p>rev</p>", "<p>sort</p>"], output_loss=False)
     ids, labels, mask = batch["input_ids"], batch["labels"], batch["attention_mask"]
     assert ids.shape == labels.shape == mask.shape == (2, 1 + 8 + 11 + 1)  # <s> prompt answer </s>
     row0 = labels[0][labels[0] != -100].tolist()
@@ -57,6 +57,16 @@ def test_sft_batch_trains_only_on_answer_and_eos():
     assert (labels[0, : 1 + 6] == -100).all() and mask[0].sum() == 1 + 6 + 10 + 1
     assert (ids[0, 1 + 6 + 10 + 1 :] == tok.pad_token_id).all() and (labels[0, 18:] == -100).all()
     assert mask[1].all()
+
+
+def test_sft_batch_output_loss_adds_the_example_outputs():
+    tok = build_char_tokenizer(ALPHABET)
+    assert [i for i, k in enumerate(example_output_mask("12>21;5>;3>3?")) if k] == [3, 4, 5, 8, 11, 12]
+    batch = sft_batch(tok, ["12>21;5>;3>3?"], ["<p>rev</p>"])
+    labels, ids = batch["labels"][0], batch["input_ids"][0]
+    kept = (labels != -100).nonzero().flatten().tolist()
+    assert kept == [1 + i for i in (3, 4, 5, 8, 11, 12)] + list(range(1 + 13, 1 + 13 + 10 + 1))
+    assert tok.decode(ids[kept[:6]]) == "21;;3?" and (labels[kept] == ids[kept]).all()
 
 
 def test_until_eos_cuts_at_first_eos_only():

@@ -47,17 +47,31 @@ class WarmStartResult:
     history: list[dict[str, float]] = field(default_factory=list)  # one row per evaluation
 
 
+def example_output_mask(prompt: str) -> list[bool]:
+    """Per prompt character: True on the example outputs and the separator after each
+    (``12>21;`` -> the ``21;``), i.e. the characters a model can infer from the examples so far."""
+    mask, in_output = [], False
+    for ch in prompt:
+        in_output = in_output or ch == ">"
+        mask.append(in_output and ch != ">")
+        in_output = in_output and ch not in ";?"
+    return mask
+
+
 def sft_batch(
-    tokenizer: PreTrainedTokenizerFast, prompts: list[str], answers: list[str]
+    tokenizer: PreTrainedTokenizerFast, prompts: list[str], answers: list[str], output_loss: bool = True
 ) -> dict[str, torch.Tensor]:
-    """Right-padded ``input_ids``/``attention_mask`` (B, L) and ``labels`` (B, L) that are -100
-    except on the answer and its EOS; the model shifts labels by one internally."""
+    """Right-padded ``input_ids``/``attention_mask`` (B, L) and ``labels`` (B, L); labels are -100
+    except on the answer and its EOS and, with ``output_loss``, on the prompt's example outputs
+    (predicting them is the in-context inference the answer needs, and gives the short warm start
+    several times more signal per problem). The model shifts labels by one internally."""
     rows, label_rows = [], []
     for prompt, answer in zip(prompts, answers, strict=True):
-        p = tokenizer(prompt)["input_ids"]  # <s> + prompt characters
+        p = tokenizer(prompt)["input_ids"]  # <s> + one token per prompt character
         a = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        keep = [False] + (example_output_mask(prompt) if output_loss else [False] * len(prompt))
         rows.append(p + a)
-        label_rows.append([-100] * len(p) + a)
+        label_rows.append([t if k else -100 for t, k in zip(p, keep, strict=True)] + a)
     width = max(len(r) for r in rows)
     pad = tokenizer.pad_token_id
     input_ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
@@ -97,6 +111,7 @@ def warm_start(
 ) -> WarmStartResult:
     """Train ``model`` in place until the held-set reward reaches the target band (see module doc)."""
     task = MiniCode(levels=(1, 2, 3), seed=spec.seed)
+    easy = MiniCode(levels=(1,), seed=spec.seed)
     held = task.sample(spec.eval_problems, seed=_HELD_SEED)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.warmup_lr, betas=(0.9, 0.98), weight_decay=0.0)
     ramp = max(1, spec.warmup_steps // 10)  # linear LR ramp, then constant: stopping is by reward
@@ -105,7 +120,9 @@ def warm_start(
     report = RewardReport(reward=0.0, format_error_rate=1.0)
     for step in range(1, spec.warmup_steps + 1):
         model.train()
-        problems = task.sample(spec.warmup_batch_size, seed=step)
+        # half of each batch is level 1: single ops are learnt first and carry the early reward
+        half = spec.warmup_batch_size // 2
+        problems = easy.sample(half, seed=step) + task.sample(spec.warmup_batch_size - half, seed=step)
         batch = sft_batch(tokenizer, [p.prompt for p in problems], [task.reference_answer(p) for p in problems])
         out = model(**batch)
         opt.zero_grad(set_to_none=True)
