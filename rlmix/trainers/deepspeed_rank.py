@@ -10,6 +10,7 @@ hooks and collectives).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import sys
@@ -67,6 +68,15 @@ def init_process_group(setup: RankSetup, backend: str, build_shm_op: bool) -> No
     deepspeed.init_distributed(dist_backend=backend)
 
 
+def _to_device(batch: Rollouts, device: torch.device) -> Rollouts:
+    """The batch with every tensor field on ``device`` (a no-op on the CPU)."""
+    if device.type == "cpu":
+        return batch
+    moved = {f.name: getattr(batch, f.name).to(device) for f in dataclasses.fields(batch)
+             if isinstance(getattr(batch, f.name), torch.Tensor)}
+    return batch.replace(**moved)
+
+
 class DeepSpeedRank:
     """One rank's engine; every method that communicates must be called on all ranks."""
 
@@ -102,12 +112,17 @@ class DeepSpeedRank:
             self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
             calls += 1
 
+        device = self.engine.device
         if shard is None:
             result = StepResult(loss=0.0, stats={}, token_stats={}, entropy=0.0, num_tokens=0)
         else:
-            result = forward_backward(self.engine, shard, advantages, self.correction, pad_id=self.pad_id,
-                                      micro_batch_size=self.cfg.micro_batch_size, bf16=self.cfg.bf16,
-                                      num_tokens=num_tokens, backward=backward)
+            # The shared loss builds its index tensors on the default device: make it the engine's.
+            with torch.device(device):
+                result = forward_backward(self.engine, _to_device(shard, device), advantages.to(device),
+                                          self.correction, pad_id=self.pad_id,
+                                          micro_batch_size=self.cfg.micro_batch_size, bf16=self.cfg.bf16,
+                                          num_tokens=num_tokens, backward=backward)
+            result.token_stats = {k: v.cpu() for k, v in result.token_stats.items()}
         for _ in range(backwards - calls):
             backward(self._zero_loss())
         self.engine.step()
