@@ -125,7 +125,8 @@ class VllmSampler:
         self._scale: float | None = None
         set_num_threads = torch.set_num_threads  # the CPU worker replaces it process-wide
         try:
-            self.llm = LLM(model=str(model_dir), dtype=dtype, quantization=quantization, seed=seed,
+            # vLLM takes a 32-bit engine seed; run seeds are derived 63-bit hashes.
+            self.llm = LLM(model=str(model_dir), dtype=dtype, quantization=quantization, seed=seed % 2**32,
                            max_model_len=max_model_len, enforce_eager=True, gpu_memory_utilization=memory_fraction,
                            logprobs_mode="raw_logprobs", max_logprobs=max_logprobs)
         except (ValueError, NotImplementedError) as err:
@@ -202,7 +203,7 @@ class VllmSampler:
             max_tokens=params.max_new_tokens,
             stop_token_ids=list(params.stop_token_ids),
             ignore_eos=True,  # stop only where the pool's params say, as every backend does
-            seed=None if params.seed is None else params.seed + index,
+            seed=None if params.seed is None else (params.seed + index) % 2**63,  # one stream per row
             logprobs=slots,
             flat_logprobs=True,
             detokenize=False,
