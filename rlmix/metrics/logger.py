@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -94,6 +95,7 @@ def start_wandb(cfg: WandbConfig, run_dir: Path, name: str, config: dict, group:
     try:
         import wandb
 
+        os.environ.setdefault("WANDB_SILENT", "true")  # the run's own console line says enough
         return wandb.init(
             project=cfg.project,
             entity=cfg.entity,

@@ -15,6 +15,8 @@ log = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
 TRAINER_RESOURCE = "rlmix_trainer"
+# Worker processes: no tokenizer thread pools, no per-load progress bars in the run's console.
+QUIET_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error"}
 
 
 def resolve_model_dir(cfg: RunConfig, progress=print) -> Path:
@@ -40,7 +42,7 @@ def start_ray(cfg: RunConfig, specs: list[SamplerSpec]) -> None:
     if ray.is_initialized():
         ray.shutdown()
     if cfg.cluster.address is not None:
-        ray.init(address=cfg.cluster.address, include_dashboard=False, log_to_driver=True)
+        ray.init(address=cfg.cluster.address, runtime_env={"env_vars": QUIET_ENV})
         return
     # Emulated accelerator types are declared as Ray's own accelerator_type resources, so the
     # same placement code runs unchanged on a real heterogeneous cluster.
@@ -51,7 +53,7 @@ def start_ray(cfg: RunConfig, specs: list[SamplerSpec]) -> None:
         include_dashboard=False,
         log_to_driver=True,
         configure_logging=False,
-        runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}},
+        runtime_env={"env_vars": QUIET_ENV},
     )
 
 
@@ -86,6 +88,7 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None) -> dict
     from rlmix.orchestration.loop import AsyncLoop, StepReport
     from rlmix.orchestration.workers import make_task
 
+    run_dir = Path(run_dir)
     model_dir = resolve_model_dir(cfg)
     tokenizer = load_tokenizer(model_dir)
     specs = resolve_fleet(cfg, tokenizer.eos_token_id)

@@ -90,7 +90,7 @@ def forward_backward(
         out = batch_loss(model, micro, advantages[rows], cfg, num_tokens, pad_id, bf16)
         backward(out.loss)
         n = out.num_tokens
-        loss_sum += float(out.loss)
+        loss_sum += float(out.loss.detach())
         entropy_sum += float(out.entropy.sum())
         n_total += n
         for key, value in out.stats.items():
