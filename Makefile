@@ -31,5 +31,10 @@ test: setup
 bench: setup
 	$(BIN)/python scripts/bench_correction.py
 
+# The study's arms x 3 seeds on the emulated fleet, then report + hard51 pass@k (docs/results_*.md).
+reproduce: setup
+	$(BIN)/python scripts/reproduce.py --profile mild
+	$(BIN)/python scripts/reproduce.py --profile stressed
+
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache
