@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlmix.errors import ConfigError
-from rlmix.tasks.base import Problem, Task
+from rlmix.tasks.base import Problem, Score, Task
 from rlmix.tasks.minicode import ALPHABET, MiniCode, catalog, extract_program
 from rlmix.tasks.minicode_lang import ProgramSyntaxError, all_ops, parse, run, show, unparse
 
@@ -83,7 +83,7 @@ def test_problems_are_consistent_and_short():
     task = MiniCode()
     problems = task.sample(300, seed=0) + task.split("test") + task.split("hard51")
     for p in problems:
-        assert len(p.prompt) <= 48 and len(task.reference_answer(p)) <= 24
+        assert len(p.prompt) <= 36 and len(task.reference_answer(p)) <= 24
         assert set(p.prompt + task.reference_answer(p)) <= set(ALPHABET)
         program = parse(p.payload.program)
         assert len(program) == p.difficulty
@@ -101,8 +101,8 @@ def test_hard51_is_fixed_and_hard():
     assert hard == MiniCode().split("hard51")
     assert len({p.prompt for p in hard}) == 51
     # pinned: a change to the generator that moves the split must be deliberate
-    assert (hard[0].prompt, hard[0].payload.program) == ("952>5;068>1;239476>7902?", "drop2|sort|add3")
-    assert (hard[50].prompt, hard[50].payload.program) == ("789>8;774106>60;209>?", "odd|add9|drop1")
+    assert (hard[0].prompt, hard[0].payload.program) == ("95288>2369;06897>1234;39476>1378?", "add4|sort|drop1")
+    assert (hard[50].prompt, hard[50].payload.program) == ("57148>84;35146>64;40078>8004?", "even|take4|rev")
     test = MiniCode().split("test")
     assert len(test) == 60 and [sum(p.difficulty == lv for p in test) for lv in (1, 2, 3)] == [20, 20, 20]
 
@@ -142,11 +142,13 @@ def test_score_separates_format_errors_from_wrong_answers():
 
 def test_hidden_tests_reject_programs_that_only_fit_the_examples():
     task = MiniCode()
-    # shown inputs have length 3, so take3 fits them like the identity-ish rev|rev would; hidden
-    # input (1, 2, 3, 4) tells "take3" from "take4"
-    prob = _problem("take4", [(1, 2, 3), (4, 5, 6), (7, 8, 9), (1, 2, 3, 4)])
-    assert task.score(prob, "<p>take3</p>") == type(task.score(prob, "<p>take4</p>"))(0.0, True)
-    assert task.score(prob, "<p>take4</p>").reward == 1.0
+    # every shown input starts with two even digits, so take2 fits the examples of "even"; the
+    # hidden input (1, 2, 3, 4, 6) tells them apart
+    shown = [(2, 4, 1, 3, 5), (0, 8, 7, 9, 1), (6, 6, 5, 5, 3)]
+    prob = _problem("even", [*shown, (1, 2, 3, 4, 6)])
+    assert all(run(parse("take2"), xs) == out for xs, out in prob.payload.examples)
+    assert task.score(prob, "<p>take2</p>") == Score(reward=0.0, format_ok=True)
+    assert task.score(prob, "<p>even</p>").reward == 1.0
 
 
 def test_extract_program_and_protocol():

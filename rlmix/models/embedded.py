@@ -142,13 +142,26 @@ def build_embedded_model(
 
 def _build_into(spec: EmbeddedModelSpec, out: Path, key: str, say: Callable[[str], None]) -> None:
     """Initialise from the seed, warm-start, and save model, tokenizer and build record to ``out``."""
+    start = time.monotonic()
+    threads = torch.get_num_threads()
+    # One thread: at this size a second thread gains little on an idle 2-core machine, and when
+    # other processes compete for the cores (a test suite, a Ray cluster) two spinning threads
+    # made each step ~4x slower in measurements here.
+    torch.set_num_threads(1)
+    try:
+        _init_train_save(spec, out, key, say, start)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _init_train_save(spec: EmbeddedModelSpec, out: Path, key: str, say: Callable[[str], None], start: float) -> None:
+    """The build proper (see ``_build_into``); ``start`` is when the build began."""
     from transformers import LlamaForCausalLM
 
     from rlmix.models.chartok import build_char_tokenizer
     from rlmix.models.warmstart import warm_start
     from rlmix.tasks.minicode import ALPHABET
 
-    start = time.monotonic()
     tokenizer = build_char_tokenizer(ALPHABET)
     special = {"pad": tokenizer.pad_token_id, "bos": tokenizer.bos_token_id, "eos": tokenizer.eos_token_id}
     torch.manual_seed(spec.seed)
@@ -173,6 +186,7 @@ def _build_into(spec: EmbeddedModelSpec, out: Path, key: str, say: Callable[[str
         "reward_history": result.history,
         "build_seconds": time.monotonic() - start,
         "torch_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
         "versions": {"torch": torch.__version__, "transformers": _transformers_version()},
     }
     (out / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")  # written last: marks completeness

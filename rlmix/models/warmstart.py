@@ -136,7 +136,9 @@ def warm_start(
         model.eval()
         report = measure_reward(model, tokenizer, task, held, seed=spec.seed * 7919 + step)
         history.append({"step": step, "loss": loss, "reward": report.reward, "seconds": time.monotonic() - start})
-        progress(f"warm start step {step}: loss {loss:.3f}, reward {report.reward:.3f} {report.reward_by_level}")
+        levels = " ".join(f"L{lv}={r:.2f}" for lv, r in report.reward_by_level.items())
+        progress(f"warm start step {step}: loss {loss:.3f}, reward {report.reward:.3f} ({levels}), "
+                 f"format errors {report.format_error_rate:.2f}")
         if report.reward >= spec.target_reward_low:
             break
     model.eval()

@@ -2,7 +2,7 @@
 
 Prompt (examples in the compact digit notation of ``minicode_lang``, then ``?``)::
 
-    5123>3215;904>409;77>77?
+    51234>43215;90412>21409;77001>10077?
 
 Answer: the program inside ``<p>...</p>``, then end of sequence, e.g. ``<p>rev</p>``.
 
@@ -48,8 +48,8 @@ from rlmix.tasks.minicode_lang import (
 MAX_LEVEL = 3
 NUM_EXAMPLES = 3
 NUM_HIDDEN = 6
-EXAMPLE_LEN = (3, 6)  # shown inputs: long enough that take/drop are visible
-HIDDEN_LEN = (1, 7)  # hidden inputs also probe short and long edge cases
+EXAMPLE_LEN = (5, 5)  # every list has five digits: output digit i sits at a fixed offset from its source
+HIDDEN_LEN = (5, 5)  # held-out inputs, same length as the shown ones
 _PROBE_SEED = 20261202
 _SPLIT_SEEDS = {"test": 1_000_003, "hard51": 5_100_051}
 _FORMAT_RE = re.compile(r"<p>(.*?)</p>(?:</s>)?", re.DOTALL)
