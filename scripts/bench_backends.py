@@ -1,6 +1,6 @@
 """Side by side on the embedded model: sampler tokens/s (torch vs vLLM) and trainer step time (torch vs DeepSpeed).
 
-    .venv/bin/python scripts/bench_backends.py [--batch 64] [--new-tokens 48] [--repeats 3] [--out bench.json]
+    .venv/bin/python scripts/bench_backends.py [--batch 64] [--new-tokens 48] [--repeats 3] [--model DIR] [--out F]
 
 Both samplers run in this process, one after the other, on the same prompts (minicode task prompts
 tokenized by the model's tokenizer), with the same sampling settings and K candidates recorded per
@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import time
+from pathlib import Path
 
 import torch
 
@@ -69,6 +70,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--candidates", type=int, default=128, help="K recorded per token (capped at the vocabulary)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--model", default=None, help="an HF model dir instead of the embedded model")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -82,7 +84,7 @@ def main() -> None:
     from rlmix.trainers.torch_trainer import TorchTrainer
 
     torch.set_num_threads(os.cpu_count() or 1)
-    model_dir = build_embedded_model(EmbeddedModelSpec(), progress=print)
+    model_dir = Path(args.model) if args.model else build_embedded_model(EmbeddedModelSpec(), progress=print)
     prompts = build_prompts(model_dir, args.batch, seed=0)
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     params = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens,

@@ -10,6 +10,7 @@ hooks and collectives).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import random
@@ -116,8 +117,9 @@ class DeepSpeedRank:
         if shard is None:
             result = StepResult(loss=0.0, stats={}, token_stats={}, entropy=0.0, num_tokens=0)
         else:
-            # The shared loss builds its index tensors on the default device: make it the engine's.
-            with torch.device(device):
+            # The shared loss builds its index tensors on the default device: make it the engine's
+            # (on the CPU skip the device mode: it intercepts every torch call).
+            with torch.device(device) if device.type != "cpu" else contextlib.nullcontext():
                 result = forward_backward(self.engine, _to_device(shard, device), advantages.to(device),
                                           self.correction, pad_id=self.pad_id,
                                           micro_batch_size=self.cfg.micro_batch_size, bf16=self.cfg.bf16,
