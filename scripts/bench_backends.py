@@ -16,10 +16,27 @@ import argparse
 import json
 import os
 import platform
+import tempfile
 import time
 from pathlib import Path
 
 import torch
+
+
+def untrained_embedded(out: Path) -> Path:
+    """The embedded model as initialised from its seed, before the warm start."""
+    from transformers import LlamaForCausalLM
+
+    from rlmix.models.chartok import build_char_tokenizer
+    from rlmix.models.embedded import EmbeddedModelSpec, llama_config
+    from rlmix.tasks.minicode import ALPHABET
+
+    spec, tok = EmbeddedModelSpec(), build_char_tokenizer(ALPHABET)
+    torch.manual_seed(spec.seed)
+    special = {"pad": tok.pad_token_id, "bos": tok.bos_token_id, "eos": tok.eos_token_id}
+    LlamaForCausalLM(llama_config(spec, len(tok), special)).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
 
 
 def build_prompts(model_dir, n: int, seed: int) -> list[list[int]]:
@@ -71,6 +88,9 @@ def main() -> None:
     ap.add_argument("--candidates", type=int, default=128, help="K recorded per token (capped at the vocabulary)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--model", default=None, help="an HF model dir instead of the embedded model")
+    ap.add_argument("--untrained", action="store_true",
+                    help="the embedded model's architecture and tokenizer with its initial weights, no warm "
+                         "start (the same timings: no stop tokens, every row generates --new-tokens)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -84,12 +104,17 @@ def main() -> None:
     from rlmix.trainers.torch_trainer import TorchTrainer
 
     torch.set_num_threads(os.cpu_count() or 1)
-    model_dir = Path(args.model) if args.model else build_embedded_model(EmbeddedModelSpec(), progress=print)
+    if args.model:
+        model_dir = Path(args.model)
+    elif args.untrained:
+        model_dir = untrained_embedded(Path(tempfile.mkdtemp(prefix="rlmix_bench_")))
+    else:
+        model_dir = build_embedded_model(EmbeddedModelSpec(), progress=print)
     prompts = build_prompts(model_dir, args.batch, seed=0)
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     params = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens,
                             num_candidates=min(args.candidates, vocab), seed=0)
-    report: dict = {"model_dir": str(model_dir), "batch": args.batch, "new_tokens": args.new_tokens,
+    report: dict = {"model_dir": str(model_dir), "untrained": args.untrained, "batch": args.batch, "new_tokens": args.new_tokens,
                     "candidates": params.num_candidates, "cpu": platform.processor() or platform.machine(),
                     "threads": torch.get_num_threads()}
 
