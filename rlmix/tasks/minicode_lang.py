@@ -5,7 +5,7 @@ A program is one or more ops separated by ``|`` and applied left to right::
     rev          reverse the list
     sort         sort ascending
     even         keep the even digits          odd    keep the odd digits
-    addK         x -> (x + K) mod 10, K=1..9   (values stay single digits)
+    addK         x -> (x + K) mod 10, K=1..3   (values stay single digits)
     takeK        keep the first K, K=1..4      dropK  remove the first K, K=1..3
 
 Example: ``drop1|add3|rev`` maps ``[5,1,2]`` to ``[5,4]``. Whitespace around an op is ignored;
@@ -22,10 +22,10 @@ from itertools import product
 
 Digits = tuple[int, ...]
 
-ARG_RANGES: dict[str, range] = {"add": range(1, 10), "take": range(1, 5), "drop": range(1, 4)}
+ARG_RANGES: dict[str, range] = {"add": range(1, 4), "take": range(1, 5), "drop": range(1, 4)}
 PLAIN_OPS: tuple[str, ...] = ("rev", "sort", "even", "odd")
 _OP_RE = re.compile(r"^(rev|sort|even|odd)$|^(add|take|drop)([0-9])$")
-_ALLOWED = "rev, sort, even, odd, add1..add9, take1..take4, drop1..drop3"
+_ALLOWED = "rev, sort, even, odd, add1..add3, take1..take4, drop1..drop3"
 
 
 class ProgramSyntaxError(ValueError):
