@@ -248,3 +248,46 @@ def test_pool_rules_follow_the_pool_accelerator():
         check_pool("b200", pool("B200", "nvfp4"))
     with pytest.raises(ConfigError, match=r"fleet.pools.x.kv_precision=fp8_e4m3"):
         check_pool("x", pool("H100", "bf16", kv="fp8_e4m3"))
+
+
+@pytest.mark.slow
+def test_cli_mixed_fleet_vllm_and_torch_pools_with_deepspeed(tmp_path):
+    """``rlmix train`` end to end: a real vLLM pool beside an emulated torch pool, DeepSpeed trainer.
+
+    The smoke fleet's a100_bf16 pool is switched to the CPU build of vLLM by overrides (the
+    ``fleet=vllm_cpu_smoke`` preset in docs/backends.md says the same in a file). Enough steps that
+    the vLLM engine (import + start ~10-20 s here) serves requests across weight versions.
+    """
+    import json
+    import subprocess
+    import sys
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rlmix.models.chartok import build_char_tokenizer
+    from rlmix.tasks.minicode import ALPHABET
+
+    tok = build_char_tokenizer(ALPHABET)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
+                      pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    model_dir = tmp_path / "model"
+    LlamaForCausalLM(cfg).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    run_dir = tmp_path / "run"
+    args = ["+experiment=smoke", "fleet.pools.a100_bf16.accelerator=CPU", "fleet.pools.a100_bf16.backend=vllm",
+            "trainer=deepspeed", f"model.path={model_dir}", "loop.steps=24", "logger.wandb.mode=disabled",
+            f"hydra.run.dir={run_dir}"]
+    rlmix = str(Path(sys.executable).with_name("rlmix"))
+    out = subprocess.run([rlmix, "train", *args], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 25))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["fleet"]["a100_bf16"]["backend"] == "vllm" and summary["fleet"]["h100_fp8"]["backend"] == "torch"
+    vllm_steps = [r["step"] for r in rows if "mismatch/kl_k3/a100_bf16" in r]
+    # One request (2 groups) fills half a batch, so rows in two batches mean two requests or more:
+    # every request after the first carried weights the trainer had published (an in-place reload).
+    assert len(vllm_steps) >= 2, vllm_steps
+    assert (run_dir / "checkpoints" / "step_24" / "deepspeed").is_dir()

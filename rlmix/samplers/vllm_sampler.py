@@ -84,6 +84,22 @@ def _reload(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
     worker.model_runner.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
 
 
+def _eager_count_greater_than(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    return (x >= values).sum(-1)
+
+
+def _skip_rank_compile() -> None:
+    """On the CPU, count log-prob ranks eagerly instead of through vLLM's ``torch.compile``d helper.
+
+    ``batched_count_greater_than`` is compiled by inductor on its first call and again when shapes
+    change: 10–15 s each on a 2-core machine, longer than a smoke run. It is compiled only to avoid
+    a copy of the (batch, vocab) tensor on GPUs; the eager form computes the same ranks.
+    """
+    import vllm.v1.sample.sampler as vllm_sampler_module
+
+    vllm_sampler_module.batched_count_greater_than = _eager_count_greater_than
+
+
 def check_platform(dtype: str, quantization: str | None, on_cpu: bool) -> None:
     """Refuse a dtype/quantisation the platform cannot run, with one line naming the key."""
     if dtype not in DTYPES:
@@ -118,6 +134,8 @@ class VllmSampler:
         dtype, implied = resolve_precision(dtype, f"pool {pool} dtype")
         quantization = quantization or implied
         check_platform(dtype, quantization, current_platform.is_cpu())
+        if current_platform.is_cpu():
+            _skip_rank_compile()
         self.pool = pool
         self.dtype, self.quantization = dtype, quantization
         self.max_logprobs = max_logprobs
