@@ -158,8 +158,11 @@ def test_default_build_has_room_for_rl():
     spec = EmbeddedModelSpec()
     path = build_embedded_model(spec)  # default cache dir: later runs and other tests reuse it
     info = json.loads((path / BUILD_INFO).read_text())
-    assert 0.1 <= info["reward"] <= 0.8, info["reward"]
+    # measured on 192 fresh problems: 0.05 is over three standard errors above 0
+    assert 0.05 <= info["reward"] <= 0.8, info["reward"]
     by_level = info["reward_by_level"]
     assert by_level["1"] > by_level["3"]  # easy problems solved more often than hard ones
-    assert 1_000_000 <= info["parameters"] <= 5_000_000
-    assert info["format_error_rate"] < 0.5
+    assert by_level["1"] < 1.0
+    assert info["format_error_rate"] < 0.3  # the format is learnt; wrong answers dominate
+    model = load_causal_lm(path)
+    assert sum(p.numel() for p in model.parameters()) == info["parameters"]

@@ -4,7 +4,8 @@ Loss: token-level cross-entropy on the answer ``<p>PROGRAM</p></s>`` given the p
 tokens are not trained). Every ``eval_every`` steps the reward of sampled completions (temperature
 1.0, the RL sampling temperature) is measured on a held set of problems, and training stops as soon
 as it is at least ``target_reward_low`` — the policy then solves easy problems often and hard ones
-rarely, leaving room for RL — or after ``warmup_steps``. Deterministic in the seed on one machine
+rarely, leaving room for RL — or after ``warmup_steps``. The reward it reports is then measured
+afresh on new problems. Deterministic in the seed on one machine
 (problem draws, initial weights and sampling all derive from it).
 """
 
@@ -26,7 +27,8 @@ if TYPE_CHECKING:
     from rlmix.models.embedded import EmbeddedModelSpec
 
 MAX_ANSWER_TOKENS = 28  # longest reference answer (24 chars) + EOS, with a little slack
-_HELD_SEED = -1  # training batches use seeds 0, 1, 2, ...; the held set never collides with them
+_HELD_SEED = -1  # training batches use seeds 1, 2, ...; held sets never collide with them
+_FINAL_SEED = -2
 
 
 @dataclass
@@ -141,5 +143,9 @@ def warm_start(
                  f"format errors {report.format_error_rate:.2f}")
         if report.reward >= spec.target_reward_low:
             break
-    model.eval()
+    # The stopping measurement is biased upwards (training stops on a lucky draw): report a fresh
+    # one on twice as many new problems.
+    final_set = task.sample(2 * spec.eval_problems, seed=_FINAL_SEED)
+    report = measure_reward(model, tokenizer, task, final_set, seed=spec.seed * 7919 - 1)
+    progress(f"warm start done after {step} steps: reward {report.reward:.3f} on {len(final_set)} fresh problems")
     return WarmStartResult(step, time.monotonic() - start, loss, report, history)
