@@ -63,7 +63,8 @@ def test_exact_kl_zero_mass_tokens_contribute_nothing():
 
 
 def test_attribution_shares_sum_to_one_and_none_without_mismatch():
-    assert attribution_shares({"weights": 3.0, "kv": 1.0, "kernel": 0.0}) == {"weights": 0.75, "kv": 0.25, "kernel": 0.0}
+    shares = attribution_shares({"weights": 3.0, "kv": 1.0, "kernel": 0.0})
+    assert shares == {"weights": 0.75, "kv": 0.25, "kernel": 0.0}
     assert attribution_shares({"weights": 0.0, "kv": 0.0, "kernel": 0.0}) is None
 
 
@@ -145,7 +146,8 @@ def test_probe_summary_has_every_field_and_round_trips(two_pools, tmp_path):
     loaded = json.loads(path.read_text())
     assert set(loaded) == {"fleet", "reference", "trainer", "settings", "pools", "versions"}
     assert set(loaded["fleet"]) == set(loaded["pools"]) == {"h100_fp8", "a100_bf16"}
-    assert loaded["reference"]["label"] == reference_view().label and "fp32-softmax" in loaded["reference"]["definition"]
+    assert loaded["reference"]["label"] == reference_view().label
+    assert "fp32-softmax" in loaded["reference"]["definition"]
     assert loaded["settings"]["prompts"] == 4 and len(loaded["settings"]["task_ids"]) == 4
     for row in loaded["pools"].values():
         assert set(row) == {f.name for f in dataclasses.fields(PoolProbe)}
