@@ -116,10 +116,12 @@ class VllmSampler:
 
     ``dtype`` takes an rlmix precision (``bf16``, ``fp32``, ``fp16``, ``fp8_e4m3``) or a vLLM dtype
     name; ``quantization`` overrides the method a precision implies (``fp8_e4m3`` -> ``fp8``).
+    ``max_model_len`` None means the model's own context length; ``memory_fraction`` is vLLM's
+    ``gpu_memory_utilization`` (on the CPU: the share of host memory it may reserve).
     """
 
     def __init__(self, model_dir: str | Path, pool: str, dtype: str = "bf16", quantization: str | None = None,
-                 seed: int = 0, max_model_len: int = 256, max_logprobs: int = 128,
+                 seed: int = 0, max_model_len: int | None = None, max_logprobs: int = 128,
                  memory_fraction: float = 0.15, kv_cache_gib: int = 1, pad_id: int | None = None,
                  tags: Mapping[str, str] | None = None) -> None:
         model_dir = Path(model_dir)
@@ -148,8 +150,8 @@ class VllmSampler:
                            max_model_len=max_model_len, enforce_eager=True, gpu_memory_utilization=memory_fraction,
                            logprobs_mode="raw_logprobs", max_logprobs=max_logprobs)
         except (ValueError, NotImplementedError) as err:
-            raise ConfigError(f"vllm pool {pool}: the engine refused dtype={dtype} quantization={quantization}: "
-                              f"{str(err).splitlines()[0]}") from None
+            raise ConfigError(f"vllm pool {pool} (dtype={dtype}, quantization={quantization}): the engine did not "
+                              f"start: {str(err).splitlines()[0]}") from None
         finally:
             torch.set_num_threads = set_num_threads
         hf = self.llm.llm_engine.model_config.hf_config
