@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import os
 import random
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ class RankSetup:
 
     rank: int
     world_size: int
+    master_addr: str  # rank 0's node, reachable from every rank's node
     master_port: int
     own_device: bool  # each rank sees exactly one accelerator (Ray num_gpus=1): LOCAL_RANK is 0
 
@@ -54,7 +56,7 @@ def comm_backend(choice: CommBackend) -> str:
 def init_process_group(setup: RankSetup, backend: str, build_shm_op: bool) -> None:
     """Join the group without a launcher: DeepSpeed reads these variables (else it looks for MPI)."""
     os.environ.update(
-        MASTER_ADDR="127.0.0.1",
+        MASTER_ADDR=setup.master_addr,
         MASTER_PORT=str(setup.master_port),
         RANK=str(setup.rank),
         WORLD_SIZE=str(setup.world_size),
@@ -78,22 +80,42 @@ def _to_device(batch: Rollouts, device: torch.device) -> Rollouts:
     return batch.replace(**moved)
 
 
-class DeepSpeedRank:
-    """One rank's engine; every method that communicates must be called on all ranks."""
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
 
-    def __init__(self, model_dir: str, cfg, correction, seed: int, setup: RankSetup) -> None:
+
+class DeepSpeedRank:
+    """One rank's engine; every method that communicates must be called on all ranks.
+
+    Two phases, so that rank 0's actor can report an address before anyone joins the group:
+    construct (cheap), then ``start`` with the shared ``RankSetup``.
+    """
+
+    def __init__(self, model_dir: str, cfg, correction, seed: int) -> None:
+        self.model_dir, self.cfg, self.correction, self.seed = model_dir, cfg, correction, seed
+
+    def endpoint(self) -> tuple[str, int]:
+        """This process's node address and a free port on it (asked of rank 0)."""
+        import ray
+
+        return (ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"), free_port()
+
+    def start(self, setup: RankSetup) -> None:
+        """Join the process group and build the engine (BF16 module, ZeRO optimizer over AdamW)."""
         import deepspeed
 
         from rlmix.models.io import load_causal_lm, load_tokenizer
 
+        cfg = self.cfg
         if setup.world_size > 1:
             torch.set_num_threads(max(1, cfg.num_threads // setup.world_size))
         init_process_group(setup, comm_backend(cfg.deepspeed.comm_backend), cfg.deepspeed.build_shm_op)
-        torch.manual_seed(seed)
-        self.cfg, self.correction, self.rank, self.world_size = cfg, correction, setup.rank, setup.world_size
-        self.tokenizer = load_tokenizer(model_dir)
-        self.pad_id = self.tokenizer.pad_token_id
-        model = load_causal_lm(model_dir, dtype=torch.float32)
+        torch.manual_seed(self.seed)
+        self.rank, self.world_size = setup.rank, setup.world_size
+        self.pad_id = load_tokenizer(self.model_dir).pad_token_id
+        model = load_causal_lm(self.model_dir, dtype=torch.float32)
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas),
                                       weight_decay=cfg.weight_decay)

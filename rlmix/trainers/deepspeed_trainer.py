@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import socket
 from pathlib import Path
 
 import torch
@@ -22,17 +21,11 @@ import torch
 from rlmix.config.schema import CorrectionConfig, TrainerConfig
 from rlmix.rollout import Rollouts
 from rlmix.trainers.deepspeed_config import check_deepspeed
-from rlmix.trainers.deepspeed_rank import DeepSpeedRank, RankSetup, RankStep, comm_backend
+from rlmix.trainers.deepspeed_rank import DeepSpeedRank, RankSetup, RankStep, comm_backend, free_port
 from rlmix.trainers.step import StepResult, advantages_for, micro_batches
 from rlmix.trainers.torch_trainer import step_metrics
 
 STATE_FILE = "trainer_state.json"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def shard_rows(batch: Rollouts, ranks: int) -> list[tuple[Rollouts, slice] | None]:
@@ -76,11 +69,9 @@ class DeepSpeedTrainer:
         self.model_dir = Path(model_dir)
         self.tokenizer = load_tokenizer(model_dir)
         self.ranks_n = cfg.deepspeed.ranks
-        port = free_port()
-        setups = [RankSetup(r, self.ranks_n, port, own_device=torch.cuda.is_available() and self.ranks_n > 1)
-                  for r in range(self.ranks_n)]
         if self.ranks_n == 1:
-            self._local = DeepSpeedRank(str(model_dir), cfg, correction, seed, setups[0])
+            self._local = DeepSpeedRank(str(model_dir), cfg, correction, seed)
+            self._local.start(RankSetup(0, 1, "127.0.0.1", free_port(), own_device=False))
             self._actors = []
         else:
             import ray
@@ -88,7 +79,10 @@ class DeepSpeedTrainer:
             gpus = 1 if comm_backend(cfg.deepspeed.comm_backend) == "nccl" else 0
             actor = ray.remote(num_cpus=0, num_gpus=gpus)(DeepSpeedRank)
             self._local = None
-            self._actors = [actor.remote(str(model_dir), cfg, correction, seed, s) for s in setups]
+            self._actors = [actor.remote(str(model_dir), cfg, correction, seed) for _ in range(self.ranks_n)]
+            addr, port = ray.get(self._actors[0].endpoint.remote())
+            ray.get([a.start.remote(RankSetup(r, self.ranks_n, addr, port, own_device=gpus == 1))
+                     for r, a in enumerate(self._actors)])
         self._version = 0
         self.skipped_steps = 0
 
@@ -165,8 +159,9 @@ class DeepSpeedTrainer:
         self.skipped_steps = int(states[0]["skipped_steps"])
 
     def close(self) -> None:
-        import ray
+        if self._actors:
+            import ray
 
-        for a in self._actors:
-            ray.kill(a)
+            for a in self._actors:
+                ray.kill(a)
         self._actors = []
