@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -30,6 +31,7 @@ from rlmix.tasks.base import Task
 log = logging.getLogger(__name__)
 
 MAX_SAMPLER_RESTARTS = 3
+THROUGHPUT_STEPS = 8  # trailing steps over which sampler throughput is measured
 
 
 @dataclass
@@ -84,6 +86,7 @@ class AsyncLoop:
         self.buffer: list[Rollouts] = []
         self.capacity = loop_capacity(cfg)
         self.window = _Window()
+        self.recent: deque[tuple[float, dict[str, int]]] = deque(maxlen=THROUGHPUT_STEPS)
         self.weight_sync_s = 0.0
         self.idle_since: float | None = time.perf_counter()  # None while the trainer trains
         if start_version > 0:  # resume: samplers start from the model dir, so send the checkpoint
@@ -201,8 +204,13 @@ class AsyncLoop:
         metrics["time/trainer_idle_frac"] = min(self.window.idle_s / elapsed, 1.0)
         busy = max(elapsed - self.window.idle_s, 1e-9)
         metrics["throughput/trainer_tokens_per_s"] = metrics.get("train/tokens", 0.0) / busy
-        for pool, tokens in self.window.tokens.items():
-            metrics[f"throughput/sampler_tokens_per_s/{pool}"] = tokens / elapsed
+        # Sampler throughput over the last few steps: a single step's window often closes before
+        # any request finishes (the next batch was already buffered), which would read as 0.
+        self.recent.append((elapsed, self.window.tokens))
+        span = sum(e for e, _ in self.recent)
+        for pool in {p for _, tokens in self.recent for p in tokens}:
+            tokens = sum(t.get(pool, 0) for _, t in self.recent)
+            metrics[f"throughput/sampler_tokens_per_s/{pool}"] = tokens / span
         metrics["staleness/dropped_groups"] = float(self.window.dropped_groups)
         self.window = _Window()
         return StepReport(step=self.version, metrics=metrics, version=self.version)
