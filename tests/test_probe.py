@@ -28,7 +28,7 @@ from rlmix.eval.probe_command import PROBE_FILE, probe_fleet, probe_table, run_p
 from rlmix.samplers.accelerators import PrecisionView, resolve_view
 
 RLMIX = str(Path(sys.executable).with_name("rlmix"))
-TINY = ["loop.groups_per_step=4", "loop.group_size=2", "loop.max_new_tokens=8"]
+TINY = ["probe.prompts=4", "probe.samples_per_prompt=2", "loop.max_new_tokens=8"]
 # Hydra cannot add keys to the typed pools dict, so the smoke fleet's two slots are re-targeted:
 # both pools on A100 (same kernel family), one serving bf16 weights and one int4.
 BF16_VS_INT4 = ["fleet=smoke", "fleet.pools.h100_fp8.accelerator=A100", "fleet.pools.h100_fp8.precision=int4"]
@@ -159,7 +159,7 @@ def test_probe_summary_has_every_field_and_round_trips(two_pools, tmp_path):
 
 def test_a_pool_computing_like_the_reference_has_zero_attributed_kl(tiny_llama_dir):
     cfg = compose(["fleet=smoke", "~fleet.pools.h100_fp8", "fleet.pools.a100_bf16.accelerator=CPU",
-                   f"model.path={tiny_llama_dir}", "loop.groups_per_step=2", "loop.group_size=2",
+                   f"model.path={tiny_llama_dir}", "probe.prompts=2", "probe.samples_per_prompt=2",
                    "loop.max_new_tokens=4"])
     (result,), _ = probe_fleet(cfg, progress=lambda _: None)
     a = result.attribution
@@ -169,21 +169,21 @@ def test_a_pool_computing_like_the_reference_has_zero_attributed_kl(tiny_llama_d
 
 
 @pytest.mark.parametrize("override,key", [
-    ("loop.groups_per_step=1000", "loop.groups_per_step"),
-    ("correction.num_candidates=0", "correction.num_candidates"),
+    ("probe.prompts=1000", "probe.prompts"),
+    ("probe.num_candidates=0", "probe.num_candidates"),
     ("fleet.pools.a100_bf16.precision=int3", "precision"),
 ])
 def test_bad_input_is_a_config_error_naming_the_key(override, key, tmp_path):
     with pytest.raises(ConfigError, match=key):
-        run_probe(["fleet=smoke", override, f"eval.out_dir={tmp_path}"])
+        run_probe(["fleet=smoke", override, f"probe.out_dir={tmp_path}"])
     assert not (tmp_path / PROBE_FILE).exists()
 
 
 @pytest.mark.slow
 def test_cli_probe_end_to_end(tiny_llama_dir, tmp_path):
     out_dir = tmp_path / "probe"
-    args = [RLMIX, "probe", *BF16_VS_INT4, f"model.path={tiny_llama_dir}", "loop.groups_per_step=2",
-            "loop.group_size=2", "loop.max_new_tokens=4", f"eval.out_dir={out_dir}"]
+    args = [RLMIX, "probe", *BF16_VS_INT4, f"model.path={tiny_llama_dir}", "probe.prompts=2",
+            "probe.samples_per_prompt=2", "loop.max_new_tokens=4", f"probe.out_dir={out_dir}"]
     out = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "[2/2] a100_bf16" in out.stdout and "shares w/kv/kern" in out.stdout

@@ -162,6 +162,16 @@ class EvalConfig:
 
 
 @dataclass
+class ProbeConfig:
+    """``rlmix probe``: each pool's mismatch on a fixed prompt set, without training."""
+
+    prompts: int = 16  # prompts from the task's test split, evenly spaced over it
+    samples_per_prompt: int = 8
+    num_candidates: Optional[int] = None  # K for the SC tail ratio / head mass; None: correction.num_candidates
+    out_dir: Optional[str] = None  # None: outputs/probe/<time>
+
+
+@dataclass
 class RunConfig:
     name: str = "default"  # the arm; experiment presets set it
     seed: int = 0
@@ -175,6 +185,7 @@ class RunConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
     resume: Optional[str] = None  # a run directory to continue from its last checkpoint
     checkpoint: Optional[str] = None  # rlmix eval: a run directory or any HF model dir (None: the base model)
 

@@ -61,8 +61,7 @@ WARMUP_TOKENS = 2  # a short untimed generation first, so tokens/s excludes firs
 
 @dataclass(frozen=True)
 class ProbeSettings:
-    """What the probe samples. From RunConfig: prompts = ``loop.groups_per_step`` (one trainer batch
-    of prompts), samples_per_prompt = ``loop.group_size``, num_candidates = ``correction.num_candidates``."""
+    """What the probe samples (``probe.*``; K defaults to ``correction.num_candidates``)."""
 
     prompts: int
     samples_per_prompt: int
@@ -71,12 +70,10 @@ class ProbeSettings:
 
     @classmethod
     def from_run_config(cls, cfg: RunConfig) -> ProbeSettings:
-        if cfg.correction.num_candidates < 1:
-            raise ConfigError(
-                f"correction.num_candidates={cfg.correction.num_candidates}: the probe needs K >= 1 "
-                "to report the SC tail ratio and head mass"
-            )
-        return cls(cfg.loop.groups_per_step, cfg.loop.group_size, cfg.correction.num_candidates, cfg.seed)
+        k = cfg.correction.num_candidates if cfg.probe.num_candidates is None else cfg.probe.num_candidates
+        if k < 1:
+            raise ConfigError(f"probe.num_candidates={k}: the probe needs K >= 1 to report the SC tail ratio and head mass")
+        return cls(cfg.probe.prompts, cfg.probe.samples_per_prompt, k, cfg.seed)
 
 
 # -- pure math ---------------------------------------------------------------------------------

@@ -2,10 +2,10 @@
 
     rlmix probe fleet=emulated_hetero6 [Hydra overrides]
 
-The prompt set is the task's fixed ``test`` split, thinned evenly to ``loop.groups_per_step``
-prompts (one trainer batch), each sampled ``loop.group_size`` times with ``loop.max_new_tokens``
-and ``loop.temperature``; K = ``correction.num_candidates``. Writes a console table and
-``probe.json`` (fleet manifest, reference definition, per-pool results) to ``eval.out_dir`` or
+The prompt set is the task's fixed ``test`` split, thinned evenly to ``probe.prompts``
+prompts, each sampled ``probe.samples_per_prompt`` times with ``loop.max_new_tokens``
+and ``loop.temperature``; K = ``probe.num_candidates`` (default ``correction.num_candidates``). Writes a console table and
+``probe.json`` (fleet manifest, reference definition, per-pool results) to ``probe.out_dir`` or
 ``outputs/probe/<time>/``. The measurement itself is ``rlmix.eval.probe``.
 """
 
@@ -39,7 +39,7 @@ def probe_prompts(cfg: RunConfig, count: int) -> list:
     problems = make_task(cfg.task, cfg.seed).split("test")
     if not 1 <= count <= len(problems):
         raise ConfigError(
-            f"loop.groups_per_step={count}: the probe samples that many prompts from the test split, "
+            f"probe.prompts={count}: the probe samples that many prompts from the test split, "
             f"which has {len(problems)}; use 1..{len(problems)}"
         )
     return [problems[i * len(problems) // count] for i in range(count)]
@@ -127,7 +127,7 @@ def run_probe(args: list[str]) -> None:
     from rlmix.config.hydra_app import compose_run_config
 
     cfg = compose_run_config(list(args), for_training=False)
-    out_dir = Path(cfg.eval.out_dir) if cfg.eval.out_dir else Path("outputs") / "probe" / time.strftime(
+    out_dir = Path(cfg.probe.out_dir) if cfg.probe.out_dir else Path("outputs") / "probe" / time.strftime(
         "%Y-%m-%d_%H-%M-%S")
     results, summary = probe_fleet(cfg)
     print(probe_table(results))
