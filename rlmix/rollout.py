@@ -80,6 +80,15 @@ class Rollouts:
     def replace(self, **changes) -> Rollouts:
         return dataclasses.replace(self, **changes)
 
+    def to(self, device: torch.device | str) -> Rollouts:
+        """Every tensor field on ``device`` (the trainer's), the rest unchanged."""
+        moved = {
+            f.name: value.to(device)
+            for f in dataclasses.fields(self)
+            if isinstance(value := getattr(self, f.name), torch.Tensor)
+        }
+        return self.replace(**moved)
+
 
 def _pad_cat(tensors: list[torch.Tensor | None], value: float | int) -> torch.Tensor | None:
     """Concatenate along dim 0, right-padding every other dim to the largest size."""

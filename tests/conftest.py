@@ -22,7 +22,7 @@ def build_char_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
 
 
-def save_tiny_llama(path: Path, seed: int = 0, tie: bool = False, kv_heads: int = 2, init: float = 0.3) -> Path:
+def save_tiny_llama(path: Path, seed: int = 0, tie: bool = False, kv_heads: int = 1, init: float = 0.3) -> Path:
     """Save a random tiny ``LlamaForCausalLM`` (GQA by default) plus the char tokenizer into ``path``."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -32,7 +32,7 @@ def save_tiny_llama(path: Path, seed: int = 0, tie: bool = False, kv_heads: int 
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
+        num_attention_heads=2,  # head size 32: the smallest vLLM's CPU attention kernels take
         num_key_value_heads=kv_heads,
         max_position_embeddings=256,
         rms_norm_eps=1e-5,
@@ -51,5 +51,5 @@ def save_tiny_llama(path: Path, seed: int = 0, tie: bool = False, kv_heads: int 
 
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory) -> Path:
-    """A random tiny Llama (hidden 64, 2 layers, 4 heads / 2 KV heads, char vocab) saved with save_pretrained."""
+    """A random tiny Llama (hidden 64, 2 layers, 2 heads / 1 KV head, char vocab) saved with save_pretrained."""
     return save_tiny_llama(tmp_path_factory.mktemp("tiny_llama"))

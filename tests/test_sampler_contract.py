@@ -25,7 +25,13 @@ def _torch_backend(model_dir, pool: str) -> Sampler:
     return TorchSampler(model_dir, resolve_view("H100", "bf16"), pool, seed=0)
 
 
-BACKENDS = {"torch": _torch_backend}
+def _vllm_backend(model_dir, pool: str) -> Sampler:
+    from rlmix.samplers.vllm_sampler import VllmSampler
+
+    return VllmSampler(model_dir, pool=pool, dtype="fp32", seed=0)
+
+
+BACKENDS = {"torch": _torch_backend, "vllm": _vllm_backend}
 
 PROMPTS = [[1, 5, 6, 7, 8, 9], [1, 10], [1, 20, 21, 22], [1, 30, 31, 32, 33, 34, 35, 36]] * 2
 ATOL = 1e-4

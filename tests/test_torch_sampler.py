@@ -37,7 +37,7 @@ def exact(tiny_llama_dir) -> TorchSampler:
 
 @pytest.fixture(scope="module")
 def tied_mha_dir(tmp_path_factory):
-    return save_tiny_llama(tmp_path_factory.mktemp("tied_mha"), seed=1, tie=True, kv_heads=4)
+    return save_tiny_llama(tmp_path_factory.mktemp("tied_mha"), seed=1, tie=True, kv_heads=2)
 
 
 @pytest.mark.parametrize("which", ["gqa_untied", "mha_tied"])

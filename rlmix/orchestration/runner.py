@@ -7,7 +7,7 @@ import logging
 import os
 from pathlib import Path
 
-from rlmix.config.schema import RunConfig
+from rlmix.config.schema import RunConfig, SamplerBackend
 from rlmix.metrics.logger import RunLogger
 from rlmix.orchestration.fleet import SamplerSpec, fleet_manifest, resolve_fleet
 
@@ -70,9 +70,10 @@ def start_actors(cfg: RunConfig, specs: list[SamplerSpec], model_dir: Path):
     )
     slots = []
     for spec in specs:
+        gpus = 1 if spec.pool_cfg.backend is SamplerBackend.vllm and spec.pool_cfg.accelerator.upper() != "CPU" else 0
         actor = (
             ray.remote(SamplerWorker)
-            .options(num_cpus=0, resources={spec.resource: 0.001}, max_restarts=3, name=None)
+            .options(num_cpus=0, num_gpus=gpus, resources={spec.resource: 0.001}, max_restarts=3)
             .remote(spec, str(model_dir), cfg.task, derive_seed(cfg.seed, spec.name), cfg.loop.sampler_threads)
         )
         slots.append(SamplerSlot(name=spec.name, pool=spec.pool, actor=actor))
@@ -98,6 +99,9 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None) -> dict
     start_ray(cfg, specs)
     try:
         trainer, slots = start_actors(cfg, specs, model_dir)
+        # Every process up before the clock starts: an engine that takes 20 s to start would
+        # otherwise sit out the first steps of a short run.
+        ray.get([slot.actor.version.remote() for slot in slots] + [trainer.version.remote()])
         start_version = 0
         monitor = CollapseMonitor(cfg.monitor)
         resume_from = latest_checkpoint(Path(cfg.resume)) if cfg.resume else None

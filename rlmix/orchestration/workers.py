@@ -117,6 +117,9 @@ class TrainerWorker:
         metrics = self.trainer.train_step(batch)
         return self.trainer.version, metrics
 
+    def version(self) -> int:
+        return self.trainer.version
+
     def published_weights(self) -> dict[str, torch.Tensor]:
         return self.trainer.published_weights()
 

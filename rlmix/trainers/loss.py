@@ -37,11 +37,12 @@ def sequence_input_ids(batch: Rollouts, pad_id: int) -> tuple[torch.Tensor, torc
     """
     B, T = batch.completion_ids.shape
     lens = batch.prompt_lens  # (B,)
+    device = batch.completion_ids.device
     L = int(lens.max()) + T
-    input_ids = torch.full((B, L), pad_id, dtype=torch.long)
+    input_ids = torch.full((B, L), pad_id, dtype=torch.long, device=device)
     P = batch.prompt_ids.shape[1]
     input_ids[:, :P] = batch.prompt_ids
-    completion_pos = lens[:, None] + torch.arange(T)[None, :]  # (B, T)
+    completion_pos = lens[:, None] + torch.arange(T, device=device)[None, :]  # (B, T)
     input_ids.scatter_(1, completion_pos, batch.completion_ids)
     return input_ids, completion_pos - 1
 
@@ -49,7 +50,7 @@ def sequence_input_ids(batch: Rollouts, pad_id: int) -> tuple[torch.Tensor, torc
 def masked_logits(model: torch.nn.Module, batch: Rollouts, pad_id: int, bf16: bool) -> torch.Tensor:
     """Trainer logits for the generated tokens, (N, V) fp32, divided by the sampling temperature."""
     input_ids, target_pos = sequence_input_ids(batch, pad_id)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16 and input_ids.device.type == "cpu"):
+    with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=bf16):
         logits = model(input_ids=input_ids).logits  # (B, L, V)
     V = logits.shape[-1]
     picked = logits.gather(1, target_pos[..., None].expand(-1, -1, V))  # (B, T, V)
@@ -70,6 +71,8 @@ def batch_loss(
     bf16: bool = True,
 ) -> LossOutput:
     """The configured objective and correction on one micro-batch (corrections.md §2–§5)."""
+    device = next(model.parameters()).device
+    batch, advantages = batch.to(device), advantages.to(device)
     logits = masked_logits(model, batch, pad_id, bf16)  # (N, V)
     mask = batch.mask
     adv = advantages[:, None].expand_as(mask)[mask]  # (N,) sequence advantage on each token

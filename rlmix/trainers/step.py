@@ -96,7 +96,7 @@ def forward_backward(
         for key, value in out.stats.items():
             weighted[key] = weighted.get(key, 0.0) + float(value) * n
         for key, value in out.token_stats.items():
-            token_stats.setdefault(key, []).append(value.detach())
+            token_stats.setdefault(key, []).append(value.detach().cpu())
     denom = max(n_total, 1)
     return StepResult(
         loss=loss_sum,
