@@ -68,6 +68,12 @@ def init_process_group(setup: RankSetup, backend: str, build_shm_op: bool) -> No
     if not build_shm_op:
         # The shm op only speeds up CPU collectives; compiling it costs ~40 s per environment.
         sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
+    if not torch.distributed.is_initialized():
+        # DeepSpeed caches a clone of the world group. A clone of an earlier process group that
+        # another engine in this process destroyed (vLLM's in-process one does) is stale: drop it.
+        from deepspeed.utils import groups
+
+        groups._WORLD_GROUP = None
     deepspeed.init_distributed(dist_backend=backend)
 
 
