@@ -252,12 +252,8 @@ def test_pool_rules_follow_the_pool_accelerator():
 
 @pytest.mark.slow
 def test_cli_mixed_fleet_vllm_and_torch_pools_with_deepspeed(tmp_path):
-    """``rlmix train`` end to end: a real vLLM pool beside an emulated torch pool, DeepSpeed trainer.
-
-    The smoke fleet's a100_bf16 pool is switched to the CPU build of vLLM by overrides (the
-    ``fleet=vllm_cpu_smoke`` preset in docs/backends.md says the same in a file). Enough steps that
-    the vLLM engine (import + start ~10-20 s here) serves requests across weight versions.
-    """
+    """``rlmix train +experiment=smoke fleet=vllm_cpu_smoke trainer=deepspeed`` end to end: a real
+    vLLM pool (the CPU build) beside an emulated torch pool, with the DeepSpeed trainer."""
     import json
     import subprocess
     import sys
@@ -276,18 +272,18 @@ def test_cli_mixed_fleet_vllm_and_torch_pools_with_deepspeed(tmp_path):
     LlamaForCausalLM(cfg).save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
     run_dir = tmp_path / "run"
-    args = ["+experiment=smoke", "fleet.pools.a100_bf16.accelerator=CPU", "fleet.pools.a100_bf16.backend=vllm",
-            "trainer=deepspeed", f"model.path={model_dir}", "loop.steps=24", "logger.wandb.mode=disabled",
+    args = ["+experiment=smoke", "fleet=vllm_cpu_smoke", "trainer=deepspeed", f"model.path={model_dir}",
+            "loop.steps=12", "logger.wandb.mode=disabled",
             f"hydra.run.dir={run_dir}"]
     rlmix = str(Path(sys.executable).with_name("rlmix"))
     out = subprocess.run([rlmix, "train", *args], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == list(range(1, 25))
+    assert [r["step"] for r in rows] == list(range(1, 13))
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["fleet"]["a100_bf16"]["backend"] == "vllm" and summary["fleet"]["h100_fp8"]["backend"] == "torch"
-    vllm_steps = [r["step"] for r in rows if "mismatch/kl_k3/a100_bf16" in r]
+    assert summary["fleet"]["cpu_vllm_bf16"]["backend"] == "vllm" and summary["fleet"]["a100_bf16"]["backend"] == "torch"
+    vllm_steps = [r["step"] for r in rows if "mismatch/kl_k3/cpu_vllm_bf16" in r]
     # One request (2 groups) fills half a batch, so rows in two batches mean two requests or more:
     # every request after the first carried weights the trainer had published (an in-place reload).
     assert len(vllm_steps) >= 2, vllm_steps
-    assert (run_dir / "checkpoints" / "step_24" / "deepspeed").is_dir()
+    assert (run_dir / "checkpoints" / "step_12" / "deepspeed").is_dir()
