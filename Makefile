@@ -18,6 +18,7 @@ setup: $(STAMP)
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install $(PIP_FLAGS) "setuptools==78.1.1" "wheel==0.45.1"
 	$(BIN)/python -m pip install $(PIP_FLAGS) --no-deps -r requirements.lock
 	$(BIN)/python -m pip install $(PIP_FLAGS) --no-deps --no-build-isolation -e .
 	touch $@
