@@ -52,23 +52,30 @@ def machine() -> str:
     return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {mem_gib:.0f} GiB, no GPU"
 
 
-def evaluate_runs(sweep: Path, samples: int) -> dict[str, dict]:
-    results = {}
+SPLITS = ("hard51", "test")  # hard51 is the split the study reports; test (levels 1-3) resolves this model
+
+
+def evaluate_runs(sweep: Path, samples: int) -> dict[str, dict[str, dict]]:
+    results: dict[str, dict[str, dict]] = {}
     for summary in sorted(sweep.glob("*/summary.json")):
         run_dir = summary.parent
-        run([RLMIX, "eval", f"checkpoint={run_dir}", "task.split=hard51", "eval.k=[1,4]",
-             f"eval.samples={samples}", "logger=disabled"])
-        results[run_dir.name] = json.loads((run_dir / "eval_hard51" / "eval.json").read_text())
+        for split in SPLITS:
+            run([RLMIX, "eval", f"checkpoint={run_dir}", f"task.split={split}", "eval.k=[1,4]",
+                 f"eval.samples={samples}", "logger=disabled"], stdout=subprocess.DEVNULL)
+            results.setdefault(run_dir.name, {})[split] = json.loads((run_dir / f"eval_{split}" / "eval.json").read_text())
     return results
 
 
-def eval_table(results: dict[str, dict]) -> str:
-    lines = ["| run | pass@1 (hard51) | pass@4 (hard51) |", "|---|---|---|"]
-    for name, r in results.items():
-        p = r["pass_at_k"]
-        lines.append(
-            f"| {name} | {p['1']['mean']:.3f} ± {p['1']['stderr']:.3f} | {p['4']['mean']:.3f} ± {p['4']['stderr']:.3f} |"
-        )
+def eval_table(results: dict[str, dict[str, dict]]) -> str:
+    head = " | ".join(f"pass@{k} ({split})" for split in SPLITS for k in (1, 4))
+    lines = [f"| run | {head} |", "|---|" + "---|" * 2 * len(SPLITS)]
+    for name, by_split in results.items():
+        cells = [
+            f"{by_split[split]['pass_at_k'][str(k)]['mean']:.3f} ± {by_split[split]['pass_at_k'][str(k)]['stderr']:.3f}"
+            for split in SPLITS
+            for k in (1, 4)
+        ]
+        lines.append(f"| {name} | {' | '.join(cells)} |")
     return "\n".join(lines)
 
 

@@ -130,7 +130,7 @@ class LoggerConfig:
 class LoopConfig:
     """The asynchronous loop (architecture.md, "Process model")."""
 
-    steps: int = 60
+    steps: int = 150
     groups_per_step: int = 16  # prompts per trainer step
     group_size: int = 8  # samples per prompt
     groups_per_request: int = 2  # prompts per sampler request
