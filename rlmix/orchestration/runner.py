@@ -85,8 +85,8 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None) -> dict
     import ray
 
     from rlmix.models.io import load_tokenizer
-    from rlmix.monitor import CollapseMonitor, MonitorAction
-    from rlmix.orchestration.loop import AsyncLoop, StepReport
+    from rlmix.monitor import CollapseMonitor
+    from rlmix.orchestration.loop import AsyncLoop
     from rlmix.orchestration.workers import make_task
 
     run_dir = Path(run_dir)
@@ -102,43 +102,24 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None) -> dict
         # Every process up before the clock starts: an engine that takes 20 s to start would
         # otherwise sit out the first steps of a short run.
         ray.get([slot.actor.version.remote() for slot in slots] + [trainer.version.remote()])
-        start_version = 0
         monitor = CollapseMonitor(cfg.monitor)
-        resume_from = latest_checkpoint(Path(cfg.resume)) if cfg.resume else None
-        if resume_from is not None:
-            start_version = ray.get(trainer.load_checkpoint.remote(str(resume_from)))
-            run_dir = Path(cfg.resume)  # a resumed run continues in its own directory
-            replay_history(run_dir, start_version, monitor)
-            print(f"resuming {run_dir} from {resume_from.name} at step {start_version}")
+        start_version, run_dir = resume(cfg, trainer, monitor, run_dir)
         logger = RunLogger(
             run_dir, cfg.logger.wandb, cfg.name, config_dict(cfg), sweep_group, cfg.loop.steps, cfg.logger.console_every
         )
-        task = make_task(cfg.task, cfg.seed)
         loop = AsyncLoop(
-            cfg.loop, trainer, slots, task, cfg.seed, tokenizer.pad_token_id,
+            cfg.loop, trainer, slots, make_task(cfg.task, cfg.seed), cfg.seed, tokenizer.pad_token_id,
             start_version=start_version,
             start_request=start_version * cfg.loop.groups_per_step // cfg.loop.groups_per_request,
         )
-        last: dict[str, float] = {}
-
-        def on_step(report: StepReport) -> bool:
-            verdict = monitor.update(report.step, report.metrics)
-            metrics = report.metrics | verdict.as_metrics()
-            logger.log(report.step, metrics)
-            last.clear()
-            last.update(metrics)
-            every = cfg.loop.checkpoint_every
-            if every and report.step % every == 0 and report.step < cfg.loop.steps:
-                ray.get(trainer.save_checkpoint.remote(str(run_dir / CHECKPOINTS / f"step_{report.step}")))
-            return not (verdict.collapse and cfg.monitor.action is MonitorAction.stop)
-
-        loop.run(cfg.loop.steps, on_step)
-        ray.get(trainer.save_checkpoint.remote(str(run_dir / CHECKPOINTS / f"step_{loop.version}")))
+        steps = StepHandler(cfg, trainer, monitor, logger, run_dir)
+        loop.run(cfg.loop.steps, steps)
+        steps.checkpoint(loop.version)
         summary = {
             "name": cfg.name,
             "seed": cfg.seed,
             "steps": loop.version,
-            "final": last,
+            "final": steps.last,
             "collapse": monitor.verdict.as_summary(),
             "fleet": manifest,
             "model_dir": str(model_dir),
@@ -148,6 +129,44 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None) -> dict
         return summary
     finally:
         ray.shutdown()  # a sweep's next job starts from a clean slate
+
+
+class StepHandler:
+    """After each trainer step: collapse monitor, logging, periodic checkpoints, the stop decision."""
+
+    def __init__(self, cfg: RunConfig, trainer, monitor, logger: RunLogger, run_dir: Path):
+        self.cfg, self.trainer, self.monitor, self.logger, self.run_dir = cfg, trainer, monitor, logger, run_dir
+        self.last: dict[str, float | str] = {}
+
+    def __call__(self, report) -> bool:
+        from rlmix.monitor import MonitorAction
+
+        verdict = self.monitor.update(report.step, report.metrics)
+        self.last = report.metrics | verdict.as_metrics()
+        self.logger.log(report.step, self.last)
+        every = self.cfg.loop.checkpoint_every
+        if every and report.step % every == 0 and report.step < self.cfg.loop.steps:
+            self.checkpoint(report.step)
+        return not (verdict.collapse and self.cfg.monitor.action is MonitorAction.stop)
+
+    def checkpoint(self, step: int) -> None:
+        import ray
+
+        ray.get(self.trainer.save_checkpoint.remote(str(self.run_dir / CHECKPOINTS / f"step_{step}")))
+
+
+def resume(cfg: RunConfig, trainer, monitor, run_dir: Path) -> tuple[int, Path]:
+    """(start version, run dir): a resumed run continues in its own directory from its last checkpoint."""
+    import ray
+
+    checkpoint = latest_checkpoint(Path(cfg.resume)) if cfg.resume else None
+    if checkpoint is None:
+        return 0, run_dir
+    version = ray.get(trainer.load_checkpoint.remote(str(checkpoint)))
+    run_dir = Path(cfg.resume)
+    replay_history(run_dir, version, monitor)
+    print(f"resuming {run_dir} from {checkpoint.name} at step {version}")
+    return version, run_dir
 
 
 def replay_history(run_dir: Path, step: int, monitor) -> None:
