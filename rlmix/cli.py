@@ -39,7 +39,7 @@ def train(ctx: typer.Context) -> None:
 
 @app.command(context_settings=_PASSTHROUGH)
 def eval(ctx: typer.Context) -> None:  # noqa: A001 - the command is called eval
-    """Evaluate a checkpoint with pass@k: `rlmix eval eval.checkpoint=<run dir> task.split=hard51 eval.k=[1,4]`."""
+    """Evaluate a checkpoint with pass@k: `rlmix eval checkpoint=<run dir> task.split=hard51 eval.k=[1,4]`."""
     from rlmix.errors import ConfigError
     from rlmix.eval.command import run_eval
 
