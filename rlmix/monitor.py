@@ -98,6 +98,9 @@ class MonitorConfig:
     warmup_steps: int = 5  # updates that only feed the EMAs (the first steps are the noisiest)
     baseline_steps: int = 10  # updates after warm-up whose raw means are the early baselines
     ema_span: int = 10  # EMA smoothing: alpha = 2 / (ema_span + 1)
+    # A reward fall must also exceed this many standard deviations of the reward EMA's own noise
+    # (estimated from the raw rewards of the baseline window), so a noisy but flat run stays quiet.
+    noise_sigmas: float = 7.0
     reward: RewardDropRule = field(default_factory=RewardDropRule)
     kl: KLGrowthRule = field(default_factory=KLGrowthRule)
     format: FormatErrorRule = field(default_factory=FormatErrorRule)
@@ -148,6 +151,14 @@ class _Signal:
     @property
     def baseline(self) -> float | None:
         return statistics.fmean(self.baseline_values) if self.baseline_values else None
+
+    @property
+    def ema_std(self) -> float:
+        """Standard deviation of the EMA of i.i.d. noise with the baseline's spread: σ·sqrt(α/(2−α))."""
+        if len(self.baseline_values) < 2:
+            return 0.0
+        alpha = self.ema.alpha
+        return statistics.pstdev(self.baseline_values) * math.sqrt(alpha / (2.0 - alpha))
 
     def update(self, x: float, in_baseline: bool, track_peak: bool) -> None:
         ema = self.ema.update(x)
@@ -218,11 +229,12 @@ class CollapseMonitor:
         return [(rule, why) for rule, enabled, check in checks if enabled and (why := check())]
 
     def _reward_falling(self, drop: float, min_drop: float) -> str:
-        """'' unless peak − EMA ≥ max(drop·|peak|, min_drop); else the numbers that show it."""
+        """'' unless peak − EMA ≥ max(drop·|peak|, min_drop, noise_sigmas·σ_EMA); else the numbers that show it."""
         ema, peak = self._reward.ema.value, self._reward.peak
         if ema is None or peak is None:
             return ""
-        if peak - ema >= max(drop * abs(peak), min_drop):
+        noise_floor = self.cfg.noise_sigmas * self._reward.ema_std
+        if peak - ema >= max(drop * abs(peak), min_drop, noise_floor):
             return f"reward EMA {ema:.4g} vs peak {peak:.4g}"
         return ""
 

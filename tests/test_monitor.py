@@ -292,3 +292,30 @@ def test_warmup_values_do_not_set_the_reward_peak() -> None:
     stream = level_stream()
     stream[0]["reward/mean"] = 0.9
     assert not run(stream).collapse
+
+
+def _flat_noisy_rewards(seed: int, steps: int = 200) -> list[dict[str, float]]:
+    """A run that neither learns nor collapses, at a low reward with large per-step noise (the
+    embedded task's batches: the mix of problem levels moves the batch mean by ±0.05)."""
+    import random
+
+    rng = random.Random(seed)
+    return [
+        {"reward/mean": min(max(rng.gauss(0.12, 0.045), 0.0), 1.0), "mismatch/kl_k3": 3e-4 * rng.uniform(0.5, 1.5),
+         "format/error_rate": 0.015 * rng.uniform(0.0, 2.0), "train/grad_norm": rng.uniform(0.8, 1.2)}
+        for _ in range(steps)
+    ]
+
+
+def _first_alarm(cfg: MonitorConfig, stream) -> int | None:
+    monitor = CollapseMonitor(cfg)
+    for step, metrics in enumerate(stream, start=1):
+        monitor.update(step, metrics)
+    return monitor.verdict.step
+
+
+def test_noise_floor_keeps_a_flat_noisy_low_reward_run_quiet():
+    streams = [_flat_noisy_rewards(seed) for seed in range(8)]
+    assert all(_first_alarm(MonitorConfig(), s) is None for s in streams)
+    # Without the noise floor the same streams alarm: the floor is what keeps them quiet.
+    assert any(_first_alarm(MonitorConfig(noise_sigmas=0.0), s) is not None for s in streams)
