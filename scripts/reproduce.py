@@ -85,7 +85,8 @@ def write_results(out: Path, profile: str, command: str, sweep: Path, wall_s: fl
     report_dir = sweep / "report"
     for png in report_dir.glob("*.png"):
         shutil.copy(png, figures / png.name)
-    table = (report_dir / "report.md").read_text()
+    # The report's own image links are relative to the sweep; the copies below sit beside this file.
+    table = "\n".join(line for line in (report_dir / "report.md").read_text().splitlines() if not line.startswith("!["))
     rel = figures.relative_to(out.parent)
     out.write_text(
         f"# Reproduction on the embedded default — profile `{profile}`\n\n"
