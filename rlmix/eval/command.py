@@ -51,7 +51,7 @@ def reference_sampler(cfg: EvalConfig, model_dir: Path, seed: int):
 def minicode_counts(cfg: RunConfig, model_dir: Path, progress) -> tuple[list[dict], str]:
     """Sample ``eval.samples`` completions per problem of ``task.split``; (per-task rows, reference label)."""
     from rlmix.models.io import load_tokenizer
-    from rlmix.orchestration.workers import derive_seed, make_task
+    from rlmix.orchestration.workers import decode_completions, derive_seed, encode_prompts, make_task
 
     task = make_task(cfg.task, cfg.seed)
     problems = task.split(cfg.task.split)
@@ -66,11 +66,8 @@ def minicode_counts(cfg: RunConfig, model_dir: Path, progress) -> tuple[list[dic
             stop_token_ids=(tokenizer.eos_token_id,),
             seed=derive_seed(cfg.seed, "eval", problem.task_id),
         )
-        out = sampler.generate([tokenizer(problem.prompt).input_ids] * n, params)
-        texts = tokenizer.batch_decode(
-            [row[m].tolist() for row, m in zip(out.completion_ids, out.mask)], skip_special_tokens=True
-        )
-        scores = [task.score(problem, text) for text in texts]
+        out = sampler.generate(encode_prompts(tokenizer, (problem,), n), params)
+        scores = [task.score(problem, text) for text in decode_completions(tokenizer, out)]
         rows.append({
             "task_id": problem.task_id,
             "difficulty": problem.difficulty,

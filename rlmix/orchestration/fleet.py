@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlmix.config.schema import CorrectionConfig, LoopConfig, PoolConfig, RunConfig, SamplerBackend
+from rlmix.config.schema import CorrectionConfig, PoolConfig, RunConfig, SamplerBackend
 from rlmix.errors import ConfigError
 from rlmix.rollout import SamplingParams
 from rlmix.samplers.accelerators import PrecisionView, resolve_view
@@ -95,10 +95,3 @@ def fleet_manifest(specs: list[SamplerSpec]) -> dict[str, dict]:
         )
         entry["count"] += 1
     return out
-
-
-def loop_capacity(loop: LoopConfig) -> int:
-    """Groups held ahead of the trainer (finished + in flight)."""
-    if loop.max_staleness == 0:
-        return loop.groups_per_step  # synchronous: exactly one batch, all from the current version
-    return loop.buffer_groups or 2 * loop.groups_per_step

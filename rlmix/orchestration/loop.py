@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 import ray
 
 from rlmix.config.schema import LoopConfig
-from rlmix.orchestration.fleet import loop_capacity
 from rlmix.orchestration.workers import Request, make_request
 from rlmix.rollout import Rollouts, concat_rollouts
 from rlmix.tasks.base import Task
@@ -32,6 +31,13 @@ log = logging.getLogger(__name__)
 
 MAX_SAMPLER_RESTARTS = 3
 THROUGHPUT_STEPS = 8  # trailing steps over which sampler throughput is measured
+
+
+def loop_capacity(loop: LoopConfig) -> int:
+    """Groups held ahead of the trainer (finished + in flight)."""
+    if loop.max_staleness == 0:
+        return loop.groups_per_step  # synchronous: exactly one batch, all from the current version
+    return loop.buffer_groups or 2 * loop.groups_per_step
 
 
 @dataclass

@@ -54,12 +54,17 @@ def encode_prompts(tokenizer, problems: tuple[Problem, ...], group_size: int) ->
     return [row for row in ids for _ in range(group_size)]
 
 
+def decode_completions(tokenizer, out: Rollouts) -> list[str]:
+    """Each row's generated text (the tokens under ``mask``), special tokens dropped."""
+    return tokenizer.batch_decode(
+        [row[m].tolist() for row, m in zip(out.completion_ids, out.mask)], skip_special_tokens=True
+    )
+
+
 def score_rollouts(out: Rollouts, request: Request, group_size: int, tokenizer, task: Task) -> Rollouts:
     """Decode each completion and fill task ids, group ids, rewards and format flags."""
     problems = [p for p in request.problems for _ in range(group_size)]
-    texts = tokenizer.batch_decode(
-        [row[m].tolist() for row, m in zip(out.completion_ids, out.mask)], skip_special_tokens=True
-    )
+    texts = decode_completions(tokenizer, out)
     scores = [task.score(p, text) for p, text in zip(problems, texts)]
     return out.replace(
         task_ids=tuple(p.task_id for p in problems),

@@ -11,7 +11,6 @@ hooks and collectives).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import random
 import socket
@@ -77,15 +76,6 @@ def init_process_group(setup: RankSetup, backend: str, build_shm_op: bool) -> No
     deepspeed.init_distributed(dist_backend=backend)
 
 
-def _to_device(batch: Rollouts, device: torch.device) -> Rollouts:
-    """The batch with every tensor field on ``device`` (a no-op on the CPU)."""
-    if device.type == "cpu":
-        return batch
-    moved = {f.name: getattr(batch, f.name).to(device) for f in dataclasses.fields(batch)
-             if isinstance(getattr(batch, f.name), torch.Tensor)}
-    return batch.replace(**moved)
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
@@ -148,7 +138,7 @@ class DeepSpeedRank:
             # The shared loss builds its index tensors on the default device: make it the engine's
             # (on the CPU skip the device mode: it intercepts every torch call).
             with torch.device(device) if device.type != "cpu" else contextlib.nullcontext():
-                result = forward_backward(self.engine, _to_device(shard, device), advantages.to(device),
+                result = forward_backward(self.engine, shard.to(device), advantages.to(device),
                                           self.correction, pad_id=self.pad_id,
                                           micro_batch_size=self.cfg.micro_batch_size, bf16=self.cfg.bf16,
                                           num_tokens=num_tokens, backward=backward)
