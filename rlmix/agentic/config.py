@@ -17,7 +17,7 @@ UNSET = "???"  # Hydra's "mandatory value"; "" is read as unset too
 class RuntimeKind(enum.Enum):
     """Where agent commands and the verifier run. Member names are the YAML spelling."""
 
-    local = "local"  # temporary working copy + limited subprocess (tests, embedded tasks)
+    local = "local"  # temporary working copy, commands isolated by bubblewrap (tests, embedded tasks)
     docker = "docker"  # the task's image, network off during the agent phase
 
 
@@ -37,6 +37,9 @@ class SwebenchProConfig:
     # False: evaluate only the subset's tasks. True: evaluate every task, report the whole set and the subset.
     eval_all_tasks: bool = False
     runtime: RuntimeKind = RuntimeKind.local
+    # True: the tasks are your own, so the local runtime may run them without isolation where
+    # bubblewrap cannot run (it still isolates wherever it can). False: such tasks are refused.
+    trusted: bool = False
     # --- agent episode limits ---
     max_turns: int = 50  # policy actions per episode
     turn_timeout_s: float = 120.0  # wall-clock limit of one shell command
@@ -45,6 +48,7 @@ class SwebenchProConfig:
     max_total_tokens: int = 32768  # prompt + observations + policy tokens of one episode
     max_format_errors: int = 3  # malformed actions in one episode before it ends
     max_output_chars: int = 4000  # command output shown to the policy (head and tail kept)
+    command_output_cap_bytes: int = 1048576  # output read from one command; the rest is dropped while read
     # --- grading ---
     grade_retries: int = 2  # extra attempts after an infrastructure failure (agent phase or grading)
     grade_network: bool = False  # give the verifier the network (the agent phase never has it)
