@@ -63,14 +63,18 @@ def test_reading_and_writing_outside_the_sandbox_fails(sandbox, task, tmp_path):
     name = f"rlmix-sandbox-test-{uuid.uuid4().hex[:8]}"
     outside = [tmp_path / name, Path("/usr") / name, Path("/etc") / name]
     try:
-        for cmd in [f"echo x > {p}" for p in outside] + [f"echo x > {task.path}/instruction.md",
-                                                          f"echo x > {task.repo_dir}/calc.py"]:
+        writes = [f"echo x > {p}" for p in outside] + [f"echo x > {task.path}/instruction.md",
+                                                        f"echo x > {task.repo_dir}/calc.py",
+                                                        f"mount -o remount,bind,rw /usr && touch /usr/{name}"]
+        for cmd in writes:
             assert sandbox.run(cmd, timeout_s=10.0).exit_code != 0, cmd
         assert not any(p.exists() for p in outside)
     finally:
         for p in outside:
             p.unlink(missing_ok=True)
     assert (task.path / "instruction.md").read_bytes() == instruction
+    # Not the host's root either (whose uid may write kernel settings in /proc/sys even without capabilities).
+    assert sandbox.run("id -u", timeout_s=10.0).output.strip() not in ("", "0")
     # The working copy itself is writable, and the host sees the change there and only there.
     assert sandbox.run("echo ours > note.txt && cat calc.py", timeout_s=10.0).exit_code == 0
     assert (Path(sandbox.root) / "repo" / "note.txt").read_text() == "ours\n"

@@ -10,7 +10,9 @@ Each command runs as ``bwrap ... bash -c <command>`` with
 * new user, PID, IPC, UTS, cgroup and network namespaces (``--unshare-all``): host processes are
   invisible and cannot be signalled, and only a loopback interface exists unless the network is
   asked for (``--share-net``);
-* ``--new-session`` (no ioctl on the caller's terminal) and ``--die-with-parent``.
+* an unprivileged user (``nobody`` when the runner is root, see ``SANDBOX_UID``), no capabilities
+  (``--cap-drop ALL``), ``--new-session`` (no ioctl on the caller's terminal) and
+  ``--die-with-parent``.
 
 bwrap's own process is PID 1 of the new PID namespace. When the command's top process exits, PID 1
 exits, and the kernel kills every process left in the namespace (``setsid``/``nohup`` children too);
@@ -39,6 +41,10 @@ ETC_ENTRIES = ("passwd", "group", "hosts", "nsswitch.conf", "resolv.conf", "host
 RESERVED_TOP = frozenset({"", "usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "proc", "dev", "sys",
                           "run", "tmp", "tests", "logs", "home"})
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Who sandboxed commands run as when the runner is root: ``nobody``. Started as root, bwrap would map
+# the sandbox's uid 0 to the host's root, which even without capabilities may write the kernel's
+# global settings in /proc/sys and /proc/sysrq-trigger. An unprivileged user may not.
+SANDBOX_UID = SANDBOX_GID = 65534
 
 
 @dataclass(frozen=True)
@@ -63,7 +69,9 @@ def _system_args() -> tuple[str, ...]:
 
 def bwrap_argv(binds: Sequence[Bind], chdir: str, network: bool) -> list[str]:
     """The bwrap prefix for one command; ``binds`` are laid over the system mounts in order."""
-    argv = [BWRAP, "--unshare-all", "--die-with-parent", "--new-session", *_system_args()]
+    # --cap-drop ALL: run as root, bwrap keeps every capability inside its user namespace, and
+    # CAP_SYS_ADMIN there can remount the read-only binds writable (host /usr included).
+    argv = [BWRAP, "--unshare-all", "--cap-drop", "ALL", "--die-with-parent", "--new-session", *_system_args()]
     if network:
         argv.append("--share-net")
     for b in binds:
@@ -80,16 +88,24 @@ def sandbox_workdir(task_workdir: str, default: str) -> str:
     return "/" + "/".join(parts)
 
 
+def sandbox_user() -> dict:
+    """``subprocess.Popen`` arguments that run a command as ``SANDBOX_UID`` when we are root; else none."""
+    if os.geteuid() != 0:
+        return {}
+    return {"user": SANDBOX_UID, "group": SANDBOX_GID, "extra_groups": []}
+
+
 @functools.cache
 def isolation_problem() -> str | None:
     """Why commands cannot be isolated on this machine (one line), or None; probed once per process."""
     if shutil.which(BWRAP) is None:
         return "bubblewrap (bwrap) is not installed"
     try:
-        res = subprocess.run(bwrap_argv((), "/", network=False) + ["true"], capture_output=True, timeout=30)
+        res = subprocess.run(bwrap_argv((), "/", network=False) + ["true"], capture_output=True, timeout=30,
+                             **sandbox_user())
     except (OSError, subprocess.SubprocessError) as e:
         return f"bwrap does not start: {e}"
     if res.returncode != 0:
         lines = res.stderr.decode(errors="replace").strip().splitlines() or [f"exit {res.returncode}"]
-        return f"the kernel refuses bwrap's namespaces here ({lines[-1]})"
+        return f"the kernel refuses bwrap's namespaces to an unprivileged user here ({lines[-1]})"
     return None

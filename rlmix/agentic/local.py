@@ -6,7 +6,8 @@ the sandbox a command sees them as the task's WORKDIR (writable), ``/tests`` (re
 copies the task's tests there from the host, where no command can reach them), ``/logs``, ``$HOME``
 and ``/tmp`` (writable), over a read-only system and nothing else of the host; no network unless
 asked; its own PID namespace, so it cannot signal host processes and nothing it starts outlives it.
-RLIMIT_AS / RLIMIT_NPROC / RLIMIT_CPU are set on top. Output is read in chunks and capped.
+Commands run as ``nobody`` when the runner is root (the working copy is handed to it), with
+RLIMIT_AS / RLIMIT_NPROC / RLIMIT_CPU on top. Output is read in chunks and capped.
 
 Where bwrap cannot run (not installed, or the kernel forbids its namespaces) the runtime refuses to
 start, with one line naming the fix, unless ``task.trusted=true``: then commands run as plain
@@ -24,6 +25,7 @@ import resource
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlmix.agentic.harbor import DEFAULT_WORKDIR, HarborTask
-from rlmix.agentic.isolation import PATH, Bind, bwrap_argv, isolation_problem, sandbox_workdir
+from rlmix.agentic.isolation import PATH, Bind, bwrap_argv, isolation_problem, sandbox_user, sandbox_workdir
 from rlmix.agentic.sandbox import DEFAULT_OUTPUT_CAP_BYTES, ExecResult, InfraError, read_capped
 from rlmix.errors import ConfigError
 
@@ -128,6 +130,17 @@ def _kill(pid: int, ns_init: int | None) -> None:
         pass
 
 
+def _searchable_by_others(path: Path) -> bool:
+    return all(os.stat(p).st_mode & stat.S_IXOTH for p in (path.resolve(), *path.resolve().parents))
+
+
+def _chown_tree(root: Path, uid: int, gid: int) -> None:
+    os.chown(root, uid, gid)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            os.lchown(os.path.join(dirpath, name), uid, gid)
+
+
 @functools.cache
 def _warn_unisolated(problem: str) -> None:
     log.warning("task.trusted=true and %s: agent commands run without isolation", problem)
@@ -140,11 +153,17 @@ class LocalSandbox:
         if not task.repo_dir.is_dir():
             raise ConfigError(f"task {task.task_id} has no environment/repo/ directory, which the local "
                               f"runtime copies; use task.runtime=docker")
-        self.root = Path(tempfile.mkdtemp(prefix=f"rlmix-{task.task_id[:40]}-"))
+        self._user = sandbox_user() if isolated else {}
+        parent = tempfile.gettempdir()
+        if self._user and not _searchable_by_others(Path(parent)):
+            parent = "/tmp"  # bwrap, run as the sandbox user, must reach the working copy to mount it
+        self.root = Path(tempfile.mkdtemp(prefix=f"rlmix-{task.task_id[:40]}-", dir=parent))
         try:
             shutil.copytree(task.repo_dir, self.root / "repo", symlinks=True)
             for d in ("tests", "logs/verifier", "home", "tmp"):
                 (self.root / d).mkdir(parents=True, exist_ok=True)
+            if self._user:  # commands run as an unprivileged user: give it its working copy
+                _chown_tree(self.root, self._user["user"], self._user["group"])
         except OSError as e:
             shutil.rmtree(self.root, ignore_errors=True)
             raise InfraError(f"could not create the working copy of {task.task_id}: {e}") from e
@@ -178,7 +197,7 @@ class LocalSandbox:
             proc = subprocess.Popen(self._argv(command, info_w), cwd=self.root / "repo", env=self._env(env),
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     start_new_session=True, pass_fds=() if info_w is None else (info_w,),
-                                    preexec_fn=functools.partial(_limit_child, self._limits))
+                                    preexec_fn=functools.partial(_limit_child, self._limits), **self._user)
         except (OSError, subprocess.SubprocessError) as e:  # fork failed, working copy gone
             if info_r is not None:
                 os.close(info_r)
