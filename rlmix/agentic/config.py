@@ -54,7 +54,9 @@ class SwebenchProConfig:
     grade_network: bool = False  # give the verifier the network (the agent phase never has it)
     # --- local runtime limits ---
     local_memory_mb: Optional[int] = None  # RLIMIT_AS per command; null uses the task's memory_mb
-    local_max_procs: int = 512  # RLIMIT_NPROC per command (ignored for root, as the kernel ignores it)
+    # RLIMIT_NPROC per command; the kernel counts every process of the user the sandboxes run as
+    # (nobody when the runner is root), so concurrent episodes share it.
+    local_max_procs: int = 512
     local_cpu_s: Optional[int] = None  # RLIMIT_CPU per command; null = 2 x turn_timeout_s
     # --- docker runtime ---
     docker_image_prefix: str = "rlmix-swebench"  # tag of images built from environment/Dockerfile

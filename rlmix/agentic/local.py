@@ -162,8 +162,7 @@ class LocalSandbox:
             shutil.copytree(task.repo_dir, self.root / "repo", symlinks=True)
             for d in ("tests", "logs/verifier", "home", "tmp"):
                 (self.root / d).mkdir(parents=True, exist_ok=True)
-            if self._user:  # commands run as an unprivileged user: give it its working copy
-                _chown_tree(self.root, self._user["user"], self._user["group"])
+            self._give(self.root)  # commands run as an unprivileged user: its working copy
         except OSError as e:
             shutil.rmtree(self.root, ignore_errors=True)
             raise InfraError(f"could not create the working copy of {task.task_id}: {e}") from e
@@ -231,9 +230,16 @@ class LocalSandbox:
                     return target
         raise InfraError(f"{sandbox_path} is not inside the sandbox")
 
+    def _give(self, path: Path) -> None:
+        """Hand what we copied in to the sandbox user (read-only mounts stay read-only regardless)."""
+        if self._user:
+            _chown_tree(path, self._user["user"], self._user["group"])
+
     def put_dir(self, host_dir: Path, sandbox_dir: str) -> None:
+        target = self._host(sandbox_dir)
         try:
-            shutil.copytree(host_dir, self._host(sandbox_dir), symlinks=True, dirs_exist_ok=True)
+            shutil.copytree(host_dir, target, symlinks=True, dirs_exist_ok=True)
+            self._give(target)
         except OSError as e:
             raise InfraError(f"could not copy {host_dir} into the sandbox: {e}") from e
 
@@ -242,6 +248,7 @@ class LocalSandbox:
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
+            self._give(target.parent)
         except OSError as e:
             raise InfraError(f"could not write {target}: {e}") from e
 
