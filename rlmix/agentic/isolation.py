@@ -5,8 +5,9 @@ Each command runs as ``bwrap ... bash -c <command>`` with
 * a root file system built from scratch: the host's ``/usr`` (and the ``/bin``, ``/lib*``, ``/sbin``
   links or directories beside it) read-only, a short list of harmless files from ``/etc`` read-only,
   a fresh ``/proc`` and a minimal ``/dev``, and the sandbox's own directories (only those writable
-  that the caller binds writable; the root itself is read-only). Nothing else of the host exists inside: not its home directories,
-  not ``/work``, not the task's source directory, not ``/etc/shadow``;
+  that the caller binds writable; the root itself is read-only). Nothing else of the host exists
+  inside: not its home directories, not the project, not the task's source directory, not
+  ``/etc/shadow``;
 * new user, PID, IPC, UTS, cgroup and network namespaces (``--unshare-all``): host processes are
   invisible and cannot be signalled, and only a loopback interface exists unless the network is
   asked for (``--share-net``);
@@ -14,10 +15,10 @@ Each command runs as ``bwrap ... bash -c <command>`` with
   (``--cap-drop ALL``), ``--new-session`` (no ioctl on the caller's terminal) and
   ``--die-with-parent``.
 
-bwrap's own process is PID 1 of the new PID namespace. When the command's top process exits, PID 1
-exits, and the kernel kills every process left in the namespace (``setsid``/``nohup`` children too);
-killing the outer ``bwrap`` (a timeout) takes PID 1 with it through ``--die-with-parent``. So no
-process a command starts outlives that command.
+bwrap's own process is PID 1 of the new PID namespace. When PID 1 dies, the kernel kills every
+process left in the namespace (``setsid``/``nohup`` children too) before its death is reported; the
+runtime kills it after every command and at a timeout (``local.py``), and ``--die-with-parent``
+kills it if the runner dies. So no process a command starts outlives that command.
 """
 
 from __future__ import annotations
