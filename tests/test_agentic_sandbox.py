@@ -73,6 +73,9 @@ def test_reading_and_writing_outside_the_sandbox_fails(sandbox, task, tmp_path):
         for p in outside:
             p.unlink(missing_ok=True)
     assert (task.path / "instruction.md").read_bytes() == instruction
+    # Nor through the runner: a planted link to a host file is not followed when the reward is read.
+    sandbox.run(f"ln -sf {secret} $LOGS_DIR/verifier/reward.txt", timeout_s=10.0)
+    assert sandbox.read_file(f"{sandbox.logs_dir}/verifier/reward.txt") is None
     # Not the host's root either (whose uid may write kernel settings in /proc/sys even without capabilities).
     assert sandbox.run("id -u", timeout_s=10.0).output.strip() not in ("", "0")
     # The working copy itself is writable, and the host sees the change there and only there.
