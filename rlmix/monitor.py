@@ -1,12 +1,12 @@
-"""Collapse monitor: turns the per-step metric stream into a latched collapse verdict (corrections.md §6).
+"""Collapse monitor: turns the per-step metric stream into a latched collapse verdict (docs/math.md §6).
 
 Four rules, each with its own knobs and switch, evaluated once per trainer step:
 
 - ``reward_drop``   — the reward EMA falls below its running peak by ``max(drop·|peak|, min_drop)``.
 - ``kl_growth``     — the EMA of ``mismatch/kl_k3`` reaches ``factor ×`` its early baseline, jointly with
-  a falling reward or rising format errors (the implementable rule written in corrections.md §6).
+  a falling reward or rising format errors (the implementable rule written in docs/math.md §6).
 - ``format_errors`` — the format-error-rate EMA rises ``rise`` (absolute) above its early baseline
-  (the study saw 21% → 72% within ~10 steps, corrections.md §5).
+  (the study saw 21% → 72% within ~10 steps, docs/math.md §5).
 - ``grad_spikes``   — ``count`` gradient norms of at least ``factor ×`` the trailing median within
   ``window`` steps.
 
@@ -69,7 +69,7 @@ class RewardDropRule:
 @dataclass
 class KLGrowthRule:
     enabled: bool = True
-    factor: float = 3.0  # EMA of k3 ≥ factor × early baseline (corrections.md §6: "at least threefold")
+    factor: float = 3.0  # EMA of k3 ≥ factor × early baseline (docs/math.md §6: "at least threefold")
     require_decline: bool = True  # joint rule: also needs a falling reward or rising format errors
     reward_decline: float = 0.1  # "falling reward" here: reward EMA ≤ (1 − reward_decline) × peak
     format_increase: float = 0.05  # "rising format errors" here: EMA ≥ baseline + format_increase
@@ -261,7 +261,7 @@ class CollapseMonitor:
         why = f"k3 EMA {ema:.4g} = {ema / base:.3g}x baseline {base:.4g}"
         if not rule.require_decline:
             return why
-        # corrections.md §6: KL growth alone is not enough; it must come with a declining run.
+        # docs/math.md §6: KL growth alone is not enough; it must come with a declining run.
         decline = self._reward_falling(rule.reward_decline, 0.0) or self._format_rising(rule.format_increase)
         return f"{why} with {decline}" if decline else ""
 

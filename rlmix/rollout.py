@@ -9,7 +9,7 @@ candidates per token as objects is what makes some systems 3x slower). Shapes:
     K  top-K candidate slots     (-1 / -inf padding)
     S  recorded sampling-support slots (-1 / 0.0 padding)
 
-Log-prob semantics (corrections.md §4): ``sampler_logprobs[b, t]`` is log q(a) under the
+Log-prob semantics (docs/math.md §4): ``sampler_logprobs[b, t]`` is log q(a) under the
 distribution the token was actually drawn from (temperature applied, and renormalised over
 the kept set when top-p/top-k truncated it). ``head_logprobs`` are log-probs under the
 sampler's FULL-vocabulary softmax at the same temperature (not renormalised over the head).

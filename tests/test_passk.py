@@ -1,4 +1,4 @@
-"""Unbiased pass@k (corrections.md §7) against brute-force enumeration over subsets."""
+"""Unbiased pass@k (docs/math.md §7) against brute-force enumeration over subsets."""
 
 from __future__ import annotations
 

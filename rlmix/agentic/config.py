@@ -1,4 +1,4 @@
-"""Typed configuration of the SWE-bench Pro / HARD-51 evaluation (corrections.md §7).
+"""Typed configuration of the SWE-bench Pro / HARD-51 evaluation (docs/math.md §7).
 
 Light on purpose: no heavy imports, so the CLI can register it in Hydra's ConfigStore as the
 ``task=swebench_pro`` group option without importing the harness. Every field is typed with a

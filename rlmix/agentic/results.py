@@ -1,4 +1,4 @@
-"""Per-sample outcomes -> pass@k summary (corrections.md §7), run-directory files and a W&B table.
+"""Per-sample outcomes -> pass@k summary (docs/math.md §7), run-directory files and a W&B table.
 
 Run directory layout written by ``write_results``::
 

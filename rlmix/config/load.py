@@ -1,7 +1,7 @@
 """Config becomes a typed object once, here, and is checked once, here.
 
 ``to_run_config`` turns Hydra's composed ``DictConfig`` into a ``RunConfig``; ``validate``
-applies the cross-field rules (corrections.md §4, accelerator support, batch shapes) and raises
+applies the cross-field rules (docs/math.md §4, accelerator support, batch shapes) and raises
 ``ConfigError`` naming the keys to change. ``one_line`` turns any composition error into the
 single line the CLI prints.
 """
@@ -72,7 +72,7 @@ def _check_correction(cfg: RunConfig) -> None:
     _require(
         not (centered and c.objective is Objective.ppo_clip),
         f"correction.mode={c.mode.value} cannot be combined with correction.objective=ppo_clip "
-        "(score centering cannot be substituted into PPO clipping, corrections.md §3.2); "
+        "(score centering cannot be substituted into PPO clipping, docs/math.md §3.2); "
         "use correction.objective=reinforce or correction.mode=none|tis|mis",
     )
     _require(0 < c.low <= 1 <= c.high, f"correction.low={c.low}, correction.high={c.high}: need 0 < low <= 1 <= high")
@@ -109,7 +109,7 @@ def _check_fleet(cfg: RunConfig) -> None:
             _require(
                 c.replay_support,
                 f"{key} truncates (top_p={top_p}, top_k={top_k}) but correction.replay_support=false: every ratio "
-                "would be scaled by the kept mass (corrections.md §4); set correction.replay_support=true or top_p=1, top_k=0",
+                "would be scaled by the kept mass (docs/math.md §4); set correction.replay_support=true or top_p=1, top_k=0",
             )
             _require(
                 top_k == 0 or c.support_slots >= top_k,

@@ -22,8 +22,8 @@ from rlmix.trainers.deepspeed_config import DeepSpeedConfig
 
 
 class Objective(enum.Enum):
-    reinforce = "reinforce"  # corrections.md §3: the SC arms
-    ppo_clip = "ppo_clip"  # corrections.md §5: the grpo / icepop arms
+    reinforce = "reinforce"  # docs/math.md §3: the SC arms
+    ppo_clip = "ppo_clip"  # docs/math.md §5: the grpo / icepop arms
 
 
 class AdvantageNorm(enum.Enum):
@@ -71,7 +71,7 @@ class FleetConfig:
 
 @dataclass
 class CorrectionConfig:
-    """Objective and off-policy correction (corrections.md §2–§5)."""
+    """Objective and off-policy correction (docs/math.md §2–§5)."""
 
     mode: CorrectionMode = CorrectionMode.sc_mis
     objective: Objective = Objective.reinforce
@@ -128,7 +128,7 @@ class LoggerConfig:
 
 @dataclass
 class LoopConfig:
-    """The asynchronous loop (architecture.md, "Process model")."""
+    """The asynchronous loop (docs/architecture.md, "Process model")."""
 
     steps: int = 150
     groups_per_step: int = 16  # prompts per trainer step

@@ -1,4 +1,4 @@
-"""Off-policy correction math (corrections.md §2–§6): pure tensor functions, no config, no I/O."""
+"""Off-policy correction math (docs/math.md §2–§6): pure tensor functions, no config, no I/O."""
 
 from rlmix.correction.advantages import group_advantages
 from rlmix.correction.centering import Centering, centering_coefficients

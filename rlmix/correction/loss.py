@@ -1,4 +1,4 @@
-"""Per-token policy-gradient losses with off-policy correction (corrections.md §2–§4).
+"""Per-token policy-gradient losses with off-policy correction (docs/math.md §2–§4).
 
 `token_loss` is the REINFORCE form with an importance weight and optional score centering;
 `ppo_clip_loss` is the PPO-clip objective of the `grpo`/`icepop` arms, with the sampler's

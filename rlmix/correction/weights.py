@@ -1,4 +1,4 @@
-"""Correction variants and importance-weight functions (corrections.md §2 and the §3.2 table).
+"""Correction variants and importance-weight functions (docs/math.md §2 and the §3.2 table).
 
 One way to pick a variant: a `CorrectionMode` names a weight function and whether score
 centering is on (`MODES`); a `Weight` maps to its implementation through `WEIGHTS`.
@@ -31,7 +31,7 @@ class CorrectionMode(str, Enum):
 
 
 class Weight(str, Enum):
-    """The per-token importance weight `f(r)` of corrections.md §2."""
+    """The per-token importance weight `f(r)` of docs/math.md §2."""
 
     none = "none"
     tis = "tis"

@@ -1,7 +1,7 @@
 """``rlmix eval``: pass@k of a checkpoint on a task split, on one fixed reference backend and precision.
 
 Every checkpoint is sampled by the same reference view (``eval.accelerator``/``eval.precision``,
-recorded in ``eval.json``) so that sampler differences never leak into the score (corrections.md §7).
+recorded in ``eval.json``) so that sampler differences never leak into the score (docs/math.md §7).
 """
 
 from __future__ import annotations

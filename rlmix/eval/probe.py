@@ -5,7 +5,7 @@ For one pool the probe
 1. samples completions of a fixed prompt set with the pool's own sampler (its precision view,
    its sampling params, K top candidates recorded) and times the generation (tokens/s);
 2. recomputes the trainer's logits on exactly those tokens with ``masked_logits`` — the fp32 HF
-   model under BF16 autocast, as ``rlmix train`` computes them — and reports the corrections.md
+   model under BF16 autocast, as ``rlmix train`` computes them — and reports the docs/math.md
    §6 diagnostics of the sampled tokens: k3, k1, mean |Δ log-prob|, multiplicative error, ratio
    tail fraction, and the §3.2 SC tail ratio ρ and head mass P_H over the pool's head;
 3. attributes the mismatch to its factors by teacher forcing (below).

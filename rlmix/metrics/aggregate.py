@@ -1,6 +1,6 @@
 """Per-step metrics from a trained batch: overall, per pool and per staleness bucket.
 
-The metric names are the stable ones of architecture.md ("Metric names"); W&B and
+The metric names are the stable ones of docs/architecture.md ("Metric names"); W&B and
 ``metrics.jsonl`` use the same keys. This is the one place that prefixes and reduces them.
 """
 

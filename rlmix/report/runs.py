@@ -1,6 +1,6 @@
 """Find and load run directories: a single run, a Hydra multirun, or a folder of either.
 
-A run directory is any directory holding ``metrics.jsonl`` (architecture.md, "Run directory"). Its
+A run directory is any directory holding ``metrics.jsonl`` (docs/architecture.md, "Run directory"). Its
 ``.hydra/config.yaml`` gives the arm (``name``) and ``seed``; ``.hydra/overrides.yaml`` the command-line
 overrides; ``summary.json`` (absent while a run is still going) the final verdict and wall time.
 """

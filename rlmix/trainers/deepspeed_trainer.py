@@ -4,7 +4,7 @@
 lives in this process; with several, each rank is a Ray actor (rlmix/trainers/deepspeed_rank.py)
 joined by torch.distributed (gloo on the CPU, NCCL on GPUs). Per step this coordinator computes
 the group advantages on the whole batch, splits it into contiguous row shards (one per rank),
-passes every rank the GLOBAL token count (corrections.md §3.2) and the number of backward passes
+passes every rank the GLOBAL token count (docs/math.md §3.2) and the number of backward passes
 to run, and merges the ranks' results into one set of metrics — the same loss
 (rlmix/trainers/loss.py via step.py) and the same metrics as the torch trainer.
 """

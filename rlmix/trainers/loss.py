@@ -1,7 +1,7 @@
 """From a rollout batch and a model to the corrected loss: the part every trainer backend shares.
 
 The trainer recomputes its own log-probs for the tokens the samplers drew (fp32 log-softmax of
-BF16 logits, divided by the sampling temperature, corrections.md §3.3) and hands them, with the
+BF16 logits, divided by the sampling temperature, docs/math.md §3.3) and hands them, with the
 sampler's record, to the pure correction library.
 """
 
@@ -70,7 +70,7 @@ def batch_loss(
     pad_id: int,
     bf16: bool = True,
 ) -> LossOutput:
-    """The configured objective and correction on one micro-batch (corrections.md §2–§5)."""
+    """The configured objective and correction on one micro-batch (docs/math.md §2–§5)."""
     device = next(model.parameters()).device
     batch, advantages = batch.to(device), advantages.to(device)
     logits = masked_logits(model, batch, pad_id, bf16)  # (N, V)

@@ -28,7 +28,7 @@ class StepResult:
 
 
 def advantages_for(batch: Rollouts, cfg: CorrectionConfig) -> torch.Tensor:
-    """(B,) detached sequence advantages from the group rewards (corrections.md §5)."""
+    """(B,) detached sequence advantages from the group rewards (docs/math.md §5)."""
     return group_advantages(
         batch.rewards, batch.group_ids, normalize_std=cfg.advantage is AdvantageNorm.group_mean_std
     )
@@ -80,7 +80,7 @@ def forward_backward(
 
     ``num_tokens`` is the GLOBAL masked-token count of the whole step (all micro-batches and,
     for several ranks, all ranks), so the sum of micro-batch losses is the token-mean over the
-    step (corrections.md §3.2: "the global token count is passed in").
+    step (docs/math.md §3.2: "the global token count is passed in").
     """
     loss_sum, weighted, entropy_sum, n_total = 0.0, {}, 0.0, 0
     token_stats: dict[str, list[torch.Tensor]] = {}
