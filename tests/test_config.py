@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rlmix.config.hydra_app import compose_run_config, expand_jobs, split_args
+from rlmix.commands.compose import compose_run_config, expand_jobs, split_args
 from rlmix.config.schema import AdvantageNorm, CorrectionConfig, Objective
 from rlmix.correction import CorrectionMode, ppo_clip_loss, token_loss
 from rlmix.errors import ConfigError

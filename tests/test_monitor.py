@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlmix.errors import ConfigError
-from rlmix.monitor import (
+from rlmix.metrics.monitor import (
     CollapseMonitor,
     CollapseRule,
     MonitorAction,

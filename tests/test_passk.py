@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from rlmix.eval.passk import mean_pass_at_k, pass_at_k
+from rlmix.metrics.passk import mean_pass_at_k, pass_at_k
 
 
 def _brute_force(n: int, c: int, k: int) -> float:

@@ -24,7 +24,7 @@ from rlmix.eval.probe import (
     reference_view,
     teacher_forced_logits,
 )
-from rlmix.eval.probe_command import PROBE_FILE, probe_fleet, probe_table, run_probe
+from rlmix.commands.probe import PROBE_FILE, probe_fleet, probe_table, run_probe
 from rlmix.samplers.accelerators import PrecisionView, resolve_view
 
 RLMIX = str(Path(sys.executable).with_name("rlmix"))
@@ -38,7 +38,7 @@ FACTOR_FIELDS = {"weights": {"weights", "activations", "linear_inputs", "int4_gr
 
 
 def compose(overrides: list[str]):
-    from rlmix.config.hydra_app import compose_run_config
+    from rlmix.commands.compose import compose_run_config
 
     return compose_run_config(overrides, for_training=False)
 
@@ -139,7 +139,7 @@ def test_probe_separates_a_bf16_pool_from_an_int4_pool(two_pools):
 
 
 def test_probe_summary_has_every_field_and_round_trips(two_pools, tmp_path):
-    from rlmix.eval.probe_command import write_probe
+    from rlmix.commands.probe import write_probe
 
     results, summary, _ = two_pools
     path = write_probe(tmp_path, summary)

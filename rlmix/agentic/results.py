@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rlmix.agentic.episode import END_FORMAT, Episode, turn_dicts
-from rlmix.eval.passk import mean_pass_at_k
+from rlmix.metrics.passk import mean_pass_at_k
 
 
 @dataclass(frozen=True)

@@ -14,16 +14,11 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
-from rlmix.agentic.config import SwebenchProConfig
-from rlmix.correction import CorrectionMode
-from rlmix.models.embedded import EmbeddedModelSpec
-from rlmix.monitor import MonitorConfig
-from rlmix.trainers.deepspeed_config import DeepSpeedConfig
-
-
-class Objective(enum.Enum):
-    reinforce = "reinforce"  # docs/math.md §3: the SC arms
-    ppo_clip = "ppo_clip"  # docs/math.md §5: the grpo / icepop arms
+from rlmix.config.deepspeed import DeepSpeedConfig
+from rlmix.config.embedded import EmbeddedModelSpec
+from rlmix.config.monitor import MonitorConfig
+from rlmix.config.swebench import SwebenchProConfig
+from rlmix.correction import CorrectionMode, Objective
 
 
 class AdvantageNorm(enum.Enum):

@@ -49,7 +49,7 @@ from rlmix.correction.diagnostics import centering_stats, mismatch_stats
 from rlmix.correction.logprobs import Candidates, gather_logprobs, head_candidates, support_candidates
 from rlmix.correction.weights import MODES
 from rlmix.errors import ConfigError
-from rlmix.orchestration.fleet import SamplerSpec
+from rlmix.assembly.fleet import SamplerSpec
 from rlmix.rollout import Rollouts
 from rlmix.samplers.accelerators import PrecisionView, resolve_view
 
@@ -296,8 +296,8 @@ def probe_pool(ctx: ProbeContext, spec: SamplerSpec, prompts: list[list[int]], s
     Every pool draws with the same seed (common random numbers), so pools differ by their
     arithmetic, not by their luck.
     """
-    from rlmix.orchestration.fleet import build_sampler
-    from rlmix.orchestration.workers import derive_seed
+    from rlmix.assembly.fleet import build_sampler
+    from rlmix.assembly.parts import derive_seed
 
     sampler = build_sampler(spec, ctx.model_dir, derive_seed(settings.seed, "probe", spec.pool))
     params = dataclasses.replace(

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from rlmix.monitor import FORMAT_KEY, KL_KEY, REWARD_KEY
+from rlmix.metrics.names import FORMAT_KEY, KL_KEY, REWARD_KEY
 from rlmix.report.runs import RunRecord
 
 
