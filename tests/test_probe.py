@@ -94,7 +94,7 @@ def test_teacher_forced_exact_view_matches_the_hf_model(tiny_llama_dir):
     from rlmix.correction.logprobs import gather_logprobs
     from rlmix.rollout import SamplingParams
     from rlmix.samplers.torch_sampler import TorchSampler
-    from rlmix.trainers.loss import masked_logits
+    from rlmix.trainers.tokens import masked_logits
 
     ctx = ProbeContext(tiny_llama_dir, 0, compose([]).correction, bf16=False, seed=0)
     sampler = TorchSampler(tiny_llama_dir, PrecisionView.exact(), pool="x", pad_id=0)
