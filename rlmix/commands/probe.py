@@ -107,10 +107,9 @@ def _row(r: PoolProbe) -> list[str]:
 
 def probe_table(results: list[PoolProbe]) -> str:
     """One row per pool, aligned columns."""
-    rows = [list(_COLUMNS)] + [_row(r) for r in results]
-    widths = [max(len(row[c]) for row in rows) for c in range(len(_COLUMNS))]
-    return "\n".join("  ".join(cell.rjust(w) if c else cell.ljust(w) for c, (cell, w) in enumerate(zip(row, widths)))
-                     for row in rows)
+    from rlmix.report.table import render_table
+
+    return render_table(_COLUMNS, [_row(r) for r in results], right_from=1)
 
 
 def write_probe(out_dir: Path, summary: dict) -> Path:

@@ -14,7 +14,6 @@ place only when complete, so an interrupted build never leaves a directory a lat
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import hashlib
 import inspect
 import json
@@ -26,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 
 from rlmix.config.embedded import EmbeddedModelSpec
 
@@ -92,8 +92,7 @@ def build_embedded_model(
     final = root / key
     if (final / BUILD_INFO).is_file():
         return final
-    with open(root / f"{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    with FileLock(root / f"{key}.lock"):  # an OS lock: released if this process dies
         if (final / BUILD_INFO).is_file():  # another process built it while we waited
             return final
         say(f"building the embedded model {key} in {root}")
