@@ -19,6 +19,7 @@ from rlmix.config.embedded import EmbeddedModelSpec
 from rlmix.config.monitor import MonitorConfig
 from rlmix.config.swebench import SwebenchProConfig
 from rlmix.correction import CorrectionMode, Objective
+from rlmix.correction.weights import MIS_HIGH, MIS_LOW, PPO_EPS_HIGH, PPO_EPS_LOW, TIS_CAP
 
 
 class AdvantageNorm(enum.Enum):
@@ -71,11 +72,11 @@ class CorrectionConfig:
     mode: CorrectionMode = CorrectionMode.sc_mis
     objective: Objective = Objective.reinforce
     advantage: AdvantageNorm = AdvantageNorm.group_mean
-    low: float = 0.5  # MIS band [low, high]
-    high: float = 5.0
-    cap: float = 2.0  # TIS cap
-    eps_low: float = 0.2  # PPO clip range (ppo_clip only)
-    eps_high: float = 0.28
+    low: float = MIS_LOW  # MIS band [low, high]
+    high: float = MIS_HIGH
+    cap: float = TIS_CAP  # TIS cap
+    eps_low: float = PPO_EPS_LOW  # PPO clip range (ppo_clip only)
+    eps_high: float = PPO_EPS_HIGH
     num_candidates: int = 128  # K: top-K candidates recorded per token
     support_slots: int = 128  # slots recorded for the top-p/top-k support
     replay_support: bool = True  # renormalise the trainer over the recorded support (§4)

@@ -45,6 +45,12 @@ class Objective(str, Enum):
     ppo_clip = "ppo_clip"  # docs/math.md §5: the grpo / icepop arms
 
 
+# The knobs' defaults (the study's values, docs/math.md §2 and §5): the one place they live.
+# config/schema.py and the loss functions both read these names.
+MIS_LOW, MIS_HIGH = 0.5, 5.0  # MIS band [low, high] on the ratio p/q
+TIS_CAP = 2.0  # TIS cap C on the ratio
+PPO_EPS_LOW, PPO_EPS_HIGH = 0.2, 0.28  # PPO clip range [1 - eps_low, 1 + eps_high]
+
 _ANY_OBJECTIVE = frozenset(Objective)
 
 
