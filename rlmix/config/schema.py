@@ -151,7 +151,6 @@ class EvalConfig:
     samples: int = 8  # samples per task (n of pass@k)
     accelerator: str = "CPU"  # the fixed reference backend and precision
     precision: str = "fp32"
-    backend: SamplerBackend = SamplerBackend.torch
     temperature: float = 1.0
     max_new_tokens: int = 24
     out_dir: Optional[str] = None  # None: <run dir>/eval_<split>, or outputs/eval/<time>_<split>

@@ -158,7 +158,7 @@ def replay_history(run_dir: Path, step: int, monitor) -> None:
     Steps after the last checkpoint are re-run, so their rows are dropped, not duplicated.
     """
     from rlmix.metrics.logger import METRICS_FILE
-    from rlmix.report.runs import read_metrics
+    from rlmix.metrics.jsonl import read_metrics
 
     path = run_dir / METRICS_FILE
     rows = [row for row in read_metrics(path) if row["step"] <= step] if path.exists() else []
