@@ -33,7 +33,7 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rlmix.config.monitor import (  # noqa: F401 - the schema, importable beside the monitor
     FormatErrorRule,
