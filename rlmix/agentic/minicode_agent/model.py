@@ -77,7 +77,7 @@ def agent_spec_key(spec: AgentModelSpec) -> str:
     from rlmix.agentic.actions import observation_text
     from rlmix.agentic.chat import TemplateFormat
     from rlmix.agentic.minicode_agent import answer_action, scripted, tool, try_action
-    from rlmix.models import agent_warmstart
+    from rlmix.agentic.minicode_agent import warmstart as agent_warmstart
     from rlmix.tasks import minicode, minicode_lang
 
     h = hashlib.sha256(b"agent:" + json.dumps(dataclasses.asdict(spec), sort_keys=True).encode())
@@ -100,7 +100,7 @@ def _build(spec: AgentModelSpec, out: Path, key: str, say: Callable[[str], None]
     import torch
     from transformers import LlamaForCausalLM
 
-    from rlmix.models.agent_warmstart import agent_warm_start
+    from rlmix.agentic.minicode_agent.warmstart import agent_warm_start
     from rlmix.models.embedded import EmbeddedModelSpec
 
     start, threads = time.monotonic(), torch.get_num_threads()
