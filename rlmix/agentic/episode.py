@@ -17,8 +17,9 @@ from rlmix.agentic.harbor import HarborTask
 from rlmix.agentic.policy import AgentPolicy, Message, Transcript
 from rlmix.agentic.sandbox import Sandbox
 
-END_SUBMIT, END_MAX_TURNS, END_TOKENS = "submit", "max_turns", "token_budget"
-END_TIMEOUT, END_FORMAT = "agent_timeout", "format_errors"
+from rlmix.rollout import END_REASONS
+
+END_SUBMIT, END_MAX_TURNS, END_TOKENS, END_TIMEOUT, END_FORMAT = END_REASONS
 
 
 @dataclass(frozen=True)

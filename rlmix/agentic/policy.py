@@ -10,6 +10,7 @@ and produced, and can be trained on (``rlmix.agentic.records.episodes_to_rollout
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
@@ -81,6 +82,7 @@ class ModelPolicy:
                  chat: ChatRenderer | None = None):
         self.tokenizer, self.sampler, self.params = tokenizer, sampler, params
         self.chat = chat if chat is not None else chat_renderer(tokenizer)
+        self.generate_s = 0.0  # wall time spent waiting for generation (the rest of an episode is environment)
 
     def act(self, transcript: Transcript) -> PolicyTurn:
         # The policy's own earlier turns are already tokens; render only what the environment added.
@@ -89,8 +91,10 @@ class ModelPolicy:
         budget = min(self.params.max_new_tokens, transcript.tokens_left - len(context))
         if budget <= 0:  # the prompt alone exhausts the episode's token budget
             return PolicyTurn(text="", context_ids=context, finish_reason="length")
+        start = time.monotonic()
         rollouts = self.sampler.generate([list(transcript.token_ids) + list(context)],
                                          replace(self.params, max_new_tokens=budget))
+        self.generate_s += time.monotonic() - start
         n = int(rollouts.mask[0].sum())
         ids = tuple(int(t) for t in rollouts.completion_ids[0, :n])
         logprobs = tuple(float(x) for x in rollouts.sampler_logprobs[0, :n])

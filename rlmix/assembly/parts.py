@@ -10,6 +10,7 @@ import hashlib
 from pathlib import Path
 
 from rlmix.config.schema import CorrectionConfig, MiniCodeTaskConfig, RunConfig, TrainerBackend, TrainerConfig
+from rlmix.config.swebench import AgentEnvConfig
 from rlmix.rollout import Rollouts
 from rlmix.tasks.base import Problem, Task
 
@@ -17,12 +18,20 @@ CHECKPOINTS = "checkpoints"  # a run directory's checkpoint folder: step_<n>/ in
 
 
 def resolve_model_dir(cfg: RunConfig, progress=print) -> Path:
-    """The HF model directory a run starts from: ``model.path`` or the embedded model (built once, cached)."""
+    """The HF model directory a run starts from: ``model.path`` or the embedded model (built once, cached).
+
+    Agentic tasks start from the embedded agent model (``model.embedded_agent``), which knows the
+    action format; single-turn tasks from ``model.embedded``.
+    """
     if cfg.model.path is not None:
         from rlmix.models.io import load_tokenizer
 
         load_tokenizer(cfg.model.path)  # ConfigError with one line if it is not a model dir
         return Path(cfg.model.path)
+    if isinstance(cfg.task, AgentEnvConfig):
+        from rlmix.agentic.minicode_agent.model import build_agent_model
+
+        return build_agent_model(cfg.model.embedded_agent, progress=progress)
     from rlmix.models.embedded import build_embedded_model
 
     return build_embedded_model(cfg.model.embedded, progress=progress)
@@ -39,7 +48,12 @@ def derive_seed(*parts: object) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
-def make_task(cfg: MiniCodeTaskConfig, seed: int) -> Task:
+def make_task(cfg: MiniCodeTaskConfig | AgentEnvConfig, seed: int) -> Task:
+    """The task that hands out problems: single-turn (``Task``) or agentic (``rlmix.agentic.train.AgentTask``)."""
+    if isinstance(cfg, AgentEnvConfig):
+        from rlmix.agentic.train import make_agent_task
+
+        return make_agent_task(cfg, seed)
     from rlmix.tasks.minicode import MiniCode
 
     return MiniCode(levels=tuple(cfg.levels), seed=seed)

@@ -15,9 +15,9 @@ from typing import Any, Optional
 from omegaconf import MISSING
 
 from rlmix.config.deepspeed import DeepSpeedConfig
-from rlmix.config.embedded import EmbeddedModelSpec
+from rlmix.config.embedded import AgentModelSpec, EmbeddedModelSpec
 from rlmix.config.monitor import MonitorConfig
-from rlmix.config.swebench import SwebenchProConfig
+from rlmix.config.swebench import MiniCodeAgentConfig, SwebenchProConfig
 from rlmix.correction import CorrectionMode, Objective
 from rlmix.correction.weights import MIS_HIGH, MIS_LOW, PPO_EPS_HIGH, PPO_EPS_LOW, TIS_CAP
 
@@ -99,6 +99,8 @@ class TrainerConfig:
 class ModelConfig:
     path: Optional[str] = None  # any Hugging Face causal-LM directory; None builds the embedded model
     embedded: EmbeddedModelSpec = field(default_factory=EmbeddedModelSpec)
+    # What agentic tasks (task=minicode_agent, task=swebench_pro) start from when path is None.
+    embedded_agent: AgentModelSpec = field(default_factory=AgentModelSpec)
 
 
 @dataclass
@@ -174,7 +176,7 @@ class RunConfig:
     correction: CorrectionConfig = field(default_factory=CorrectionConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    task: Any = MISSING  # a group option: MiniCodeTaskConfig or SwebenchProConfig
+    task: Any = MISSING  # a group option: MiniCodeTaskConfig, MiniCodeAgentConfig or SwebenchProConfig
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -197,4 +199,5 @@ def register_configs() -> None:
     cs.store(group="model", name="model_schema", node=ModelConfig)
     cs.store(group="task", name="minicode_schema", node=MiniCodeTaskConfig)
     cs.store(group="task", name="swebench_pro_schema", node=SwebenchProConfig)
+    cs.store(group="task", name="minicode_agent_schema", node=MiniCodeAgentConfig)
     cs.store(group="logger", name="logger_schema", node=LoggerConfig)

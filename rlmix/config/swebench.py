@@ -38,6 +38,7 @@ class AgentEnvConfig:
     # Wall-clock limit of the whole agent phase; null uses the task's [agent] timeout_sec.
     agent_timeout_s: Optional[float] = None
     max_total_tokens: int = 32768  # prompt + observations + policy tokens of one episode
+    max_turn_tokens: int = 2048  # tokens one policy turn may generate (replaces loop.max_new_tokens)
     max_format_errors: int = 3  # malformed actions in one episode before it ends
     max_output_chars: int = 4000  # command output shown to the policy (head and tail kept)
     command_output_cap_bytes: int = 1048576  # output read from one command; the rest is dropped while read
@@ -89,6 +90,7 @@ class MiniCodeAgentConfig(AgentEnvConfig):
     turn_timeout_s: float = 10.0
     agent_timeout_s: Optional[float] = 120.0
     max_total_tokens: int = 480  # the embedded agent model's context is 512
+    max_turn_tokens: int = 64
     max_format_errors: int = 2
     max_output_chars: int = 200
     grade_retries: int = 1

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from rlmix.config.schema import RunConfig, SamplerBackend
+from rlmix.config.swebench import AgentEnvConfig
 from rlmix.metrics.logger import RunLogger
 from rlmix.assembly.fleet import SamplerSpec, fleet_manifest, resolve_fleet
 from rlmix.assembly.parts import CHECKPOINTS, latest_checkpoint, package_versions, resolve_model_dir
@@ -17,6 +18,13 @@ log = logging.getLogger(__name__)
 TRAINER_RESOURCE = "rlmix_trainer"
 # Worker processes: no tokenizer thread pools, no per-load progress bars in the run's console.
 QUIET_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error"}
+
+
+def model_max_positions(model_dir: Path) -> int | None:
+    """The model's context length from its config.json, if it states one."""
+    fields = json.loads((Path(model_dir) / "config.json").read_text())
+    value = fields.get("max_position_embeddings")
+    return int(value) if isinstance(value, int) else None
 
 
 def start_ray(cfg: RunConfig, specs: list[SamplerSpec]) -> None:
@@ -76,6 +84,10 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None) -> dict
     model_dir = resolve_model_dir(cfg)
     tokenizer = load_tokenizer(model_dir)
     specs = resolve_fleet(cfg, tokenizer.eos_token_id)
+    if isinstance(cfg.task, AgentEnvConfig):  # runtime, tasks and context: one line, before Ray starts
+        from rlmix.agentic.train import check_agent_run
+
+        check_agent_run(cfg.task, tokenizer, model_max_positions(model_dir), cfg.seed)
     manifest = fleet_manifest(specs)
     for pool, entry in manifest.items():
         log.info("pool %s: %d x %s", pool, entry["count"], entry["label"])

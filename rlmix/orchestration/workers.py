@@ -10,13 +10,15 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
 from rlmix.assembly.fleet import SamplerSpec, build_sampler
 from rlmix.assembly.parts import build_trainer, decode_completions, derive_seed, encode_prompts, make_task
 from rlmix.config.schema import CorrectionConfig, MiniCodeTaskConfig, TrainerConfig
-from rlmix.rollout import Rollouts
+from rlmix.config.swebench import AgentEnvConfig
+from rlmix.rollout import Rollouts, SamplingParams
 from rlmix.tasks.base import Problem, Task
 
 
@@ -50,27 +52,62 @@ def score_rollouts(out: Rollouts, request: Request, group_size: int, tokenizer, 
     )
 
 
-class SamplerWorker:
-    """One sampler instance: loads published weights between requests, generates, scores."""
+class RolloutProducer(Protocol):
+    """A task's rollout unit, the one interface single-turn tasks and multi-turn environments share:
+    ``group_size`` scored rollouts of each problem, drawn with ``sampler``, as one ``Rollouts``."""
 
-    def __init__(self, spec: SamplerSpec, model_dir: str, task_cfg: MiniCodeTaskConfig, seed: int, threads: int):
+    def __call__(self, sampler, request: Request, group_size: int, params: SamplingParams) -> Rollouts: ...
+
+
+class SingleTurn:
+    """One completion per row: encode the prompts, generate them in one call, score the text."""
+
+    def __init__(self, task: Task, tokenizer):
+        self.task, self.tokenizer = task, tokenizer
+
+    def __call__(self, sampler, request: Request, group_size: int, params: SamplingParams) -> Rollouts:
+        out = sampler.generate(encode_prompts(self.tokenizer, request.problems, group_size), params)
+        return score_rollouts(out, request, group_size, self.tokenizer, self.task)
+
+
+class Episodes:
+    """One sandboxed multi-turn episode per row (``rlmix.agentic.train.EpisodeRollouts``)."""
+
+    def __init__(self, task_cfg: AgentEnvConfig, seed: int, tokenizer, pool: str):
+        from rlmix.agentic.train import EpisodeRollouts, make_agent_task
+
+        self.run = EpisodeRollouts(task_cfg, make_agent_task(task_cfg, seed), tokenizer, pool)
+
+    def __call__(self, sampler, request: Request, group_size: int, params: SamplingParams) -> Rollouts:
+        return self.run(sampler, request.problems, request.group_ids, group_size, params)
+
+
+def rollout_producer(task_cfg, seed: int, tokenizer, pool: str) -> RolloutProducer:
+    if isinstance(task_cfg, AgentEnvConfig):
+        return Episodes(task_cfg, seed, tokenizer, pool)
+    return SingleTurn(make_task(task_cfg, seed), tokenizer)
+
+
+class SamplerWorker:
+    """One sampler instance: loads published weights between requests, produces scored rollouts."""
+
+    def __init__(self, spec: SamplerSpec, model_dir: str, task_cfg: MiniCodeTaskConfig | AgentEnvConfig, seed: int,
+                 threads: int):
         from rlmix.models.io import load_tokenizer
 
         torch.set_num_threads(threads)
         self.spec = spec
         self.sampler = build_sampler(spec, model_dir, seed)
         self.tokenizer = load_tokenizer(model_dir)
-        self.task = make_task(task_cfg, seed)
+        self.produce = rollout_producer(task_cfg, seed, self.tokenizer, spec.pool)
 
     def generate(
         self, request: Request, group_size: int, weights: Mapping[str, torch.Tensor] | None, version: int
     ) -> Rollouts:
         if weights is not None:
             self.sampler.load_weights(weights, version)
-        prompts = encode_prompts(self.tokenizer, request.problems, group_size)
         params = dataclasses.replace(self.spec.params, seed=request.seed)
-        out = self.sampler.generate(prompts, params)
-        return score_rollouts(out, request, group_size, self.tokenizer, self.task)
+        return self.produce(self.sampler, request, group_size, params)
 
     def version(self) -> int:
         return self.sampler.version

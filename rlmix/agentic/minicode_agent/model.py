@@ -22,34 +22,15 @@ import json
 import string
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlmix.config.embedded import AgentModelSpec
 from rlmix.models.embedded import BUILD_INFO, cached_build, llama_config
 
 ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|tool|>")
 CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}"
                  "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
 ALPHABET = "".join(c for c in string.printable if c not in "\t\r\x0b\x0c")  # printable ASCII and "\n"
-
-
-@dataclass
-class AgentModelSpec:
-    """The embedded agent model and its warm start (``model.embedded_agent``)."""
-
-    hidden_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 4
-    intermediate_size: int = 384
-    max_position_embeddings: int = 512
-    """Longest episode (prompt, turns, observations); minicode_agent's budget is 480."""
-    seed: int = 0
-    warmup_steps: int = 500
-    """Supervised steps on scripted episodes."""
-    warmup_lr: float = 3e-3
-    warmup_batch_size: int = 16
-    levels: list[int] = field(default_factory=lambda: [1, 2])
-    """minicode levels of the scripted episodes (and of their wrong tries)."""
 
 
 def build_agent_tokenizer():
