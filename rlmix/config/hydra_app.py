@@ -8,16 +8,21 @@ not after four runs, and not with a traceback or a half-written run directory.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
+from rlmix.config.naming import job_label, sweep_name
 from rlmix.errors import ConfigError
+from rlmix.metrics.logger import SUMMARY_FILE
 
 CONFIG_MODULE = "rlmix.conf"
 CONFIG_NAME = "train"
 # Hydra flags that print or inspect instead of running: Hydra handles those itself.
 _INFO_FLAGS = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc"}
+_finished: list[tuple[str, dict, Path]] = []  # (label, summary, run dir) of each job of this command
+_sweep_dir: list[Path] = []  # the multirun directory, once a sweep's first job has run
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--config-path", "-cp",
                      "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}
 
@@ -40,13 +45,20 @@ def split_args(args: list[str]) -> tuple[list[str], bool, bool]:
 
 
 def expand_jobs(overrides: list[str], multirun: bool) -> list[list[str]]:
-    """One override list per job, as Hydra's basic sweeper would run them."""
+    """One override list per job, as Hydra's basic sweeper would run them.
+
+    Records the swept keys on the way: they name the jobs' directories and W&B runs.
+    """
+    from rlmix.config.naming import set_swept_keys, swept_keys
+
+    set_swept_keys(())
     if not multirun:
         return [overrides]
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parsed = OverridesParser.create().parse_overrides(overrides)
+    set_swept_keys(swept_keys(parsed))
     batches = BasicSweeper.split_arguments(parsed, max_batch_size=None)
     return [job for batch in batches for job in batch]
 
@@ -96,18 +108,46 @@ def _hydra_train(cfg: DictConfig) -> None:
     from rlmix.orchestration.runner import train
 
     hc = HydraConfig.get()
-    group = hc.sweep.dir if hc.mode is RunMode.MULTIRUN else None
+    run_cfg = validate(to_run_config(cfg))
+    overrides = list(hc.overrides.task)
+    sweep = hc.mode is RunMode.MULTIRUN
+    label = job_label(overrides, run_cfg.name, run_cfg.seed) if sweep else run_cfg.name
     try:
-        train(validate(to_run_config(cfg)), run_dir=hc.runtime.output_dir, sweep_group=group)
+        train(run_cfg, run_dir=hc.runtime.output_dir, sweep_group=sweep_name(hc.sweep.dir) if sweep else None,
+              label=label)
     except ConfigError as err:  # e.g. a model path that is not a model: one line, no traceback
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    _finished.append(end_of_run(run_cfg, overrides, Path(hc.runtime.output_dir), label))
+    _sweep_dir[:] = [Path(hc.sweep.dir)] if sweep else []
+
+
+def end_of_run(cfg, overrides: list[str], output_dir: Path, label: str) -> tuple[str, dict, Path]:
+    """Print the run's closing block; (label, summary, run dir) for the sweep's block."""
+    import json
+
+    from rlmix.metrics.console import run_block
+    from rlmix.orchestration.runner import latest_checkpoint
+
+    # A resumed run continues in its own directory; Hydra's directory holds this attempt's logs.
+    run_dir = Path(cfg.resume) if cfg.resume else output_dir
+    summary = json.loads((run_dir / SUMMARY_FILE).read_text())
+    checkpoint = latest_checkpoint(run_dir)
+    print(run_block(summary, run_dir, checkpoint, cfg.loop.steps, overrides, log_dir=output_dir), flush=True)
+    return label, summary, run_dir
 
 
 def run_train(args: list[str]) -> None:
+    from rlmix.config.naming import register_resolver
     from rlmix.config.schema import register_configs
+    from rlmix.metrics.console import sweep_block
 
     register_configs()
+    register_resolver()
     preflight(args)
     sys.argv = ["rlmix train", *args]
+    _finished.clear()
+    _sweep_dir.clear()
     _hydra_train()
+    if _sweep_dir and _finished:
+        print(sweep_block(_finished, _sweep_dir[0]), flush=True)

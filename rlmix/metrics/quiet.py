@@ -1,0 +1,96 @@
+"""A quiet console: third-party output goes to log files in the run directory, not the terminal.
+
+Two sources, two routes:
+
+* the driver (the ``rlmix train`` process): Python logging. Records from rlmix and Hydra reach
+  the console; everything else (Ray, W&B, DeepSpeed, ...) reaches only Hydra's ``train.log``.
+  Errors always reach the console.
+* the Ray workers (samplers, trainer): vLLM, DeepSpeed and torch print from C++ and from child
+  processes too, so logging filters cannot catch it all. Each worker process points its own
+  stdout and stderr (file descriptors 1 and 2, which child processes inherit) at
+  ``workers.log`` in the run directory, from Ray's worker set-up hook, and Ray does not
+  forward worker output to the driver.
+
+``logger.verbose=true`` turns both routes off: everything streams to the console as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+
+WORKERS_LOG = "workers.log"
+DRIVER_LOG = "train.log"  # written by Hydra's job logging (hydra.job.name: train)
+_LOG_ENV = "RLMIX_WORKER_LOG"
+# Worker processes: no tokenizer thread pools, no per-load progress bars even in the log file.
+WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error"}
+_CONSOLE_LOGGERS = ("rlmix", "hydra", "__main__")
+_WARNING = re.compile(r"\bWARN(ING)?\b|Warning|^\[W\d|\(raylet\).*warn", re.IGNORECASE)
+
+
+def worker_runtime_env(run_dir: Path, verbose: bool) -> dict:
+    """Ray ``runtime_env`` for every worker of a run."""
+    env = dict(WORKER_ENV)
+    if verbose:
+        return {"env_vars": env}
+    env[_LOG_ENV] = str(Path(run_dir).resolve() / WORKERS_LOG)
+    return {"env_vars": env, "worker_process_setup_hook": f"{__name__}.redirect_worker_output"}
+
+
+def redirect_worker_output() -> None:
+    """Ray's worker set-up hook: this process's stdout and stderr append to the run's workers.log.
+
+    On a remote node that cannot see the run directory the worker keeps Ray's own log files.
+    """
+    path = os.environ.get(_LOG_ENV)
+    if not path:
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError:
+        return
+    for stream in (1, 2):
+        os.dup2(fd, stream)
+    os.close(fd)
+    logging.captureWarnings(True)
+
+
+class _RunConsoleFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR or record.name.split(".")[0] in _CONSOLE_LOGGERS
+
+
+def route_driver_logs(verbose: bool) -> None:
+    """Keep third-party records of this process off the console (they stay in train.log).
+
+    Call after the libraries are imported: Ray, for one, attaches its own console handler on
+    import; it is removed here and Ray's records propagate to the root's file handler instead.
+    """
+    if verbose:
+        return
+    logging.captureWarnings(True)  # warnings.warn(...) becomes a record of logger py.warnings
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")  # if vLLM loads here, its records go to root
+    for handler in logging.getLogger().handlers:
+        if not isinstance(handler, logging.FileHandler) and not any(
+            isinstance(f, _RunConsoleFilter) for f in handler.filters
+        ):
+            handler.addFilter(_RunConsoleFilter())
+    for name in ("ray", "deepspeed", "wandb", "transformers", "vllm", "torch"):
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            if not isinstance(handler, logging.FileHandler):
+                logger.removeHandler(handler)
+        logger.propagate = True
+
+
+def worker_warnings(run_dir: Path) -> tuple[int, int]:
+    """(warning lines, distinct warnings) in the run's workers.log: the once-per-run summary."""
+    path = Path(run_dir) / WORKERS_LOG
+    if not path.is_file():
+        return 0, 0
+    lines = [ln for ln in path.read_text(errors="replace").splitlines() if _WARNING.search(ln)]
+    # Timestamps, pids, counters and layer indices differ between repeats of one warning.
+    kinds = {re.sub(r"\d+", "#", ln.split("]", 1)[-1]).strip() for ln in lines}
+    return len(lines), len(kinds)
