@@ -8,7 +8,7 @@ import json
 import pytest
 
 from rlmix.config.naming import job_label, set_swept_keys, sweep_name
-from rlmix.metrics.console import StepDisplay, collapse_text, next_commands, sweep_block
+from rlmix.metrics.console import CountedLines, StepDisplay, collapse_text, next_commands, sweep_block
 from rlmix.metrics.quiet import WORKERS_LOG, worker_warnings
 from rlmix.metrics.wandb_tables import pool_rows, summary_fields
 
@@ -88,3 +88,15 @@ def test_step_lines_every_n_steps_and_always_the_last(live):
         display.update(step, f"step {step}")
     display.close()
     assert [ln for ln in out.getvalue().splitlines() if ln.startswith("step")] == ["step 2", "step 4", "step 5"]
+
+
+@pytest.mark.parametrize("live", [False, True])
+def test_eval_and_probe_lines_drive_a_bar_on_a_terminal_and_print_elsewhere(live):
+    out = io.StringIO()
+    with CountedLines("eval", stream=out, live=live) as progress:
+        progress("[1/2] minicode/l1/0: 3/8 correct")
+        progress("[2/2] minicode/l1/1: 0/8 correct")
+        progress("wrote outputs/eval/eval.json")
+    lines = out.getvalue().splitlines()
+    assert "wrote outputs/eval/eval.json" in lines
+    assert ("[1/2] minicode/l1/0: 3/8 correct" in lines) is not live  # on a terminal the bar shows it

@@ -15,7 +15,6 @@ from omegaconf import DictConfig
 
 from rlmix.config.naming import job_label, sweep_name
 from rlmix.errors import ConfigError
-from rlmix.metrics.logger import SUMMARY_FILE
 
 CONFIG_MODULE = "rlmix.conf"
 CONFIG_NAME = "train"
@@ -113,25 +112,23 @@ def _hydra_train(cfg: DictConfig) -> None:
     sweep = hc.mode is RunMode.MULTIRUN
     label = job_label(overrides, run_cfg.name, run_cfg.seed) if sweep else run_cfg.name
     try:
-        train(run_cfg, run_dir=hc.runtime.output_dir, sweep_group=sweep_name(hc.sweep.dir) if sweep else None,
-              label=label)
+        summary = train(run_cfg, run_dir=hc.runtime.output_dir, label=label,
+                        sweep_group=sweep_name(hc.sweep.dir) if sweep else None)
     except ConfigError as err:  # e.g. a model path that is not a model: one line, no traceback
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
-    _finished.append(end_of_run(run_cfg, overrides, Path(hc.runtime.output_dir), label))
+    _finished.append(end_of_run(run_cfg, summary, overrides, Path(hc.runtime.output_dir), label))
     _sweep_dir[:] = [Path(hc.sweep.dir)] if sweep else []
 
 
-def end_of_run(cfg, overrides: list[str], output_dir: Path, label: str) -> tuple[str, dict, Path]:
+def end_of_run(cfg, summary: dict, overrides: list[str], output_dir: Path, label: str) -> tuple[str, dict, Path]:
     """Print the run's closing block; (label, summary, run dir) for the sweep's block."""
-    import json
-
     from rlmix.metrics.console import run_block
     from rlmix.orchestration.runner import latest_checkpoint
 
     # A resumed run continues in its own directory; Hydra's directory holds this attempt's logs.
-    run_dir = Path(cfg.resume) if cfg.resume else output_dir
-    summary = json.loads((run_dir / SUMMARY_FILE).read_text())
+    resumed = cfg.resume is not None and latest_checkpoint(Path(cfg.resume)) is not None
+    run_dir = Path(cfg.resume) if resumed else output_dir
     checkpoint = latest_checkpoint(run_dir)
     print(run_block(summary, run_dir, checkpoint, cfg.loop.steps, overrides, log_dir=output_dir), flush=True)
     return label, summary, run_dir

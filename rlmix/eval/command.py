@@ -172,5 +172,8 @@ def run_eval(args: list[str]) -> None:
     from rlmix.config.hydra_app import compose_run_config
 
     torch.set_num_threads(max(torch.get_num_threads(), 1))
+    from rlmix.metrics.console import CountedLines
+
     cfg = compose_run_config(args, for_training=False)
-    evaluate(cfg)
+    with CountedLines("eval") as progress:
+        evaluate(cfg, progress)

@@ -6,7 +6,9 @@ file, a pipe) they are plain lines, one per ``logger.console_every`` steps.
 
 from __future__ import annotations
 
+import atexit
 import math
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -33,6 +35,7 @@ class StepDisplay:
             )
             self._task = self._bar.add_task("train", total=total)
             self._bar.start()
+            atexit.register(self.close)  # a run that dies mid-way still gives the terminal its cursor back
 
     def update(self, step: int, line: str) -> None:
         if step % self.every == 0 or step == self.total:
@@ -45,6 +48,49 @@ class StepDisplay:
             self._bar.update(self._task, completed=step)
 
     def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
+class CountedLines:
+    """The ``progress`` callback of ``rlmix eval`` and ``rlmix probe``.
+
+    Their per-item lines read ``[i/n] ...``. On a terminal those drive a progress bar (the item
+    shown beside it) and every other line prints above it; elsewhere every line prints as is.
+    Use as a context manager so the bar always goes away.
+    """
+
+    _COUNTED = re.compile(r"^\[(\d+)/(\d+)\] (.*)$")
+
+    def __init__(self, label: str, stream: TextIO = sys.stdout, live: bool | None = None):
+        self.label, self.stream = label, stream
+        self.live = stream.isatty() if live is None else live
+        self._bar = self._task = None
+
+    def __enter__(self) -> CountedLines:
+        if self.live:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._bar = Progress(self.label, BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                 TextColumn("{task.description}"), console=Console(file=self.stream), transient=True)
+            self._task = self._bar.add_task("", total=None)
+            self._bar.start()
+        return self
+
+    def __call__(self, line: str) -> None:
+        counted = self._COUNTED.match(line)
+        if self._bar is not None and counted:
+            done, total, item = counted.groups()
+            self._bar.update(self._task, completed=int(done), total=int(total), description=item)
+        elif self._bar is not None:
+            self._bar.console.print(line, markup=False, highlight=False)
+        else:
+            self.stream.write(line + "\n")
+            self.stream.flush()
+
+    def __exit__(self, *exc) -> None:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None

@@ -27,6 +27,7 @@ _LOG_ENV = "RLMIX_WORKER_LOG"
 # Worker processes: no tokenizer thread pools, no per-load progress bars even in the log file.
 WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error"}
 _CONSOLE_LOGGERS = ("rlmix", "hydra", "__main__")
+THIRD_PARTY = ("ray", "deepspeed", "wandb", "transformers", "vllm", "torch", "py.warnings", "urllib3", "filelock")
 _WARNING = re.compile(r"\bWARN(ING)?\b|Warning|^\[W\d|\(raylet\).*warn", re.IGNORECASE)
 
 
@@ -62,27 +63,40 @@ class _RunConsoleFilter(logging.Filter):
         return record.levelno >= logging.ERROR or record.name.split(".")[0] in _CONSOLE_LOGGERS
 
 
-def route_driver_logs(verbose: bool) -> None:
-    """Keep third-party records of this process off the console (they stay in train.log).
+class _ThirdPartyFile(logging.FileHandler):
+    """train.log for a third-party logger that no longer propagates (one per logger, per run)."""
 
-    Call after the libraries are imported: Ray, for one, attaches its own console handler on
-    import; it is removed here and Ray's records propagate to the root's file handler instead.
+
+def route_driver_logs(log_dir: Path, verbose: bool) -> None:
+    """Keep third-party records of this process off the console; they go to ``log_dir``/train.log.
+
+    Two layers, because Hydra re-configures the root logger around every job of a sweep: the
+    known libraries get their own file handler and stop propagating (that survives Hydra's
+    re-configuration, and catches W&B's records at interpreter exit), and the root's console
+    handlers pass only rlmix's and Hydra's records below ERROR. Call after the libraries are
+    imported: Ray attaches its own console handler on import, and it is removed here.
     """
     if verbose:
         return
     logging.captureWarnings(True)  # warnings.warn(...) becomes a record of logger py.warnings
-    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")  # if vLLM loads here, its records go to root
     for handler in logging.getLogger().handlers:
         if not isinstance(handler, logging.FileHandler) and not any(
             isinstance(f, _RunConsoleFilter) for f in handler.filters
         ):
             handler.addFilter(_RunConsoleFilter())
-    for name in ("ray", "deepspeed", "wandb", "transformers", "vllm", "torch"):
+    root_file = next((h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)), None)
+    for name in THIRD_PARTY:
         logger = logging.getLogger(name)
         for handler in list(logger.handlers):
-            if not isinstance(handler, logging.FileHandler):
+            if isinstance(handler, _ThirdPartyFile):
+                handler.close()
+            if not isinstance(handler, logging.FileHandler) or isinstance(handler, _ThirdPartyFile):
                 logger.removeHandler(handler)
-        logger.propagate = True
+        handler = _ThirdPartyFile(Path(log_dir) / DRIVER_LOG, delay=True)
+        if root_file is not None:
+            handler.setFormatter(root_file.formatter)
+        logger.addHandler(handler)
+        logger.propagate = False
 
 
 def worker_warnings(run_dir: Path) -> tuple[int, int]:

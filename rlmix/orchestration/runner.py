@@ -39,7 +39,7 @@ def start_ray(cfg: RunConfig, specs: list[SamplerSpec], log_dir: Path) -> None:
 
     from rlmix.metrics.quiet import route_driver_logs, worker_runtime_env
 
-    route_driver_logs(cfg.logger.verbose)
+    route_driver_logs(log_dir, cfg.logger.verbose)
     runtime_env = worker_runtime_env(log_dir, cfg.logger.verbose)
     if ray.is_initialized():
         ray.shutdown()
