@@ -27,7 +27,7 @@ _LOG_ENV = "RLMIX_WORKER_LOG"
 # Worker processes: no tokenizer thread pools, no per-load progress bars even in the log file.
 WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error"}
 _CONSOLE_LOGGERS = ("rlmix", "hydra", "__main__")
-THIRD_PARTY = ("ray", "deepspeed", "wandb", "transformers", "vllm", "torch", "py.warnings", "urllib3", "filelock")
+THIRD_PARTY = ("deepspeed", "wandb", "transformers", "vllm", "torch", "py.warnings", "urllib3", "filelock")
 _WARNING = re.compile(r"\bWARN(ING)?\b|Warning|^\[W\d|\(raylet\).*warn", re.IGNORECASE)
 
 
@@ -67,14 +67,18 @@ class _ThirdPartyFile(logging.FileHandler):
     """train.log for a third-party logger that no longer propagates (one per logger, per run)."""
 
 
+class _ThirdPartyErrors(logging.StreamHandler):
+    """A third-party logger's errors still reach the console."""
+
+
 def route_driver_logs(log_dir: Path, verbose: bool) -> None:
     """Keep third-party records of this process off the console; they go to ``log_dir``/train.log.
 
     Two layers, because Hydra re-configures the root logger around every job of a sweep: the
     known libraries get their own file handler and stop propagating (that survives Hydra's
     re-configuration, and catches W&B's records at interpreter exit), and the root's console
-    handlers pass only rlmix's and Hydra's records below ERROR. Call after the libraries are
-    imported: Ray attaches its own console handler on import, and it is removed here.
+    handlers pass only rlmix's and Hydra's records below ERROR. Call after ``import ray`` and
+    before ``ray.init``: Ray attaches a console handler on import, removed here.
     """
     if verbose:
         return
@@ -84,19 +88,32 @@ def route_driver_logs(log_dir: Path, verbose: bool) -> None:
             isinstance(f, _RunConsoleFilter) for f in handler.filters
         ):
             handler.addFilter(_RunConsoleFilter())
+    # ray.init(configure_logging=False) clears the "ray" logger's handlers, so a file handler there
+    # would not last; its records propagate to the root instead (file: yes, console: filtered).
+    ray = logging.getLogger("ray")
+    for handler in [h for h in ray.handlers if not isinstance(h, logging.FileHandler)]:
+        ray.removeHandler(handler)
+    ray.propagate = True
     root_file = next((h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)), None)
     for name in THIRD_PARTY:
-        logger = logging.getLogger(name)
-        for handler in list(logger.handlers):
-            if isinstance(handler, _ThirdPartyFile):
-                handler.close()
-            if not isinstance(handler, logging.FileHandler) or isinstance(handler, _ThirdPartyFile):
-                logger.removeHandler(handler)
-        handler = _ThirdPartyFile(Path(log_dir) / DRIVER_LOG, delay=True)
-        if root_file is not None:
-            handler.setFormatter(root_file.formatter)
-        logger.addHandler(handler)
-        logger.propagate = False
+        _to_file(logging.getLogger(name), Path(log_dir) / DRIVER_LOG, root_file.formatter if root_file else None)
+
+
+def _to_file(logger: logging.Logger, path: Path, formatter: logging.Formatter | None) -> None:
+    """``logger`` writes to ``path`` (and its errors to stderr) instead of its own or the root's handlers."""
+    for handler in list(logger.handlers):
+        if isinstance(handler, (_ThirdPartyFile, _ThirdPartyErrors)):
+            handler.close()
+        if not isinstance(handler, logging.FileHandler) or isinstance(handler, _ThirdPartyFile):
+            logger.removeHandler(handler)
+    to_file = _ThirdPartyFile(path, delay=True)
+    if formatter is not None:
+        to_file.setFormatter(formatter)
+    errors = _ThirdPartyErrors()
+    errors.setLevel(logging.ERROR)
+    logger.addHandler(to_file)
+    logger.addHandler(errors)
+    logger.propagate = False
 
 
 def worker_warnings(run_dir: Path) -> tuple[int, int]:
