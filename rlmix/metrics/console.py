@@ -139,7 +139,7 @@ def run_block(
         ("collapse", collapse_text(summary.get("collapse"))),
         ("run dir", shown(run_dir)),
         ("checkpoint", shown(checkpoint) if checkpoint else "none"),
-        ("logs", logs_text(log_dir)),
+        ("logs", logs_text(log_dir, run_dir)),
     ]
     wandb_dirs = sorted((run_dir / "wandb").glob("offline-run-*"))
     if wandb_dirs:
@@ -151,11 +151,13 @@ def run_block(
     return "\n".join(lines)
 
 
-def logs_text(log_dir: Path) -> str:
-    text = shown(log_dir / DRIVER_LOG)
+def logs_text(log_dir: Path, run_dir: Path) -> str:
+    """The run's log files (named alone when they sit in the run directory) and the warning count."""
+    name = (lambda f: f) if log_dir.resolve() == run_dir.resolve() else (lambda f: shown(log_dir / f))
+    text = name(DRIVER_LOG)
     if (log_dir / WORKERS_LOG).is_file():
         count, kinds = worker_warnings(log_dir)
-        text += f", {shown(log_dir / WORKERS_LOG)}"
+        text += f", {name(WORKERS_LOG)}"
         if count:
             text += f" ({count} warnings of {kinds} kinds from the samplers and trainer)"
     return text

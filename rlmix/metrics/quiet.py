@@ -28,6 +28,7 @@ _LOG_ENV = "RLMIX_WORKER_LOG"
 WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error"}
 _CONSOLE_LOGGERS = ("rlmix", "hydra", "__main__")
 THIRD_PARTY = ("deepspeed", "wandb", "transformers", "vllm", "torch", "py.warnings", "urllib3", "filelock")
+_SOURCE = re.compile(r"([\w.-]+\.py:\d+)")
 _WARNING = re.compile(r"\bWARN(ING)?\b|Warning|^\[W\d|\(raylet\).*warn", re.IGNORECASE)
 
 
@@ -107,6 +108,8 @@ def _to_file(logger: logging.Logger, path: Path, formatter: logging.Formatter | 
         if not isinstance(handler, logging.FileHandler) or isinstance(handler, _ThirdPartyFile):
             logger.removeHandler(handler)
     to_file = _ThirdPartyFile(path, delay=True)
+    # W&B keeps its own debug log in the run's wandb/ folder; train.log takes its warnings only.
+    to_file.setLevel(logging.WARNING if logger.name == "wandb" else logging.INFO)
     if formatter is not None:
         to_file.setFormatter(formatter)
     errors = _ThirdPartyErrors()
@@ -122,6 +125,7 @@ def worker_warnings(run_dir: Path) -> tuple[int, int]:
     if not path.is_file():
         return 0, 0
     lines = [ln for ln in path.read_text(errors="replace").splitlines() if _WARNING.search(ln)]
-    # Timestamps, pids, counters and layer indices differ between repeats of one warning.
-    kinds = {re.sub(r"\d+", "#", ln.split("]", 1)[-1]).strip() for ln in lines}
+    # One kind per source line that warned (vLLM, DeepSpeed and Python warnings all name it);
+    # otherwise the text without the numbers that differ between repeats (times, pids, layers).
+    kinds = {(m.group(1) if (m := _SOURCE.search(ln)) else re.sub(r"\d+", "#", ln)) for ln in lines}
     return len(lines), len(kinds)
