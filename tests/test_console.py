@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from rlmix.config.naming import job_label, set_swept_keys, sweep_name
+from rlmix.commands.naming import job_label, set_swept_keys, sweep_name
 from rlmix.metrics.console import CountedLines, StepDisplay, collapse_text, next_commands, sweep_block
 from rlmix.metrics.quiet import WORKERS_LOG, worker_warnings
 from rlmix.metrics.wandb_tables import pool_rows, summary_fields

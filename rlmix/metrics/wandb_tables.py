@@ -9,16 +9,17 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
+
+from rlmix.metrics.jsonl import read_metrics
 
 POOL_COLUMNS = ("mismatch/kl_k3", "format/error_rate", "throughput/sampler_tokens_per_s")
 
 
 def pool_rows(fleet: dict[str, dict], metrics_path: Path) -> list[list]:
     """[pool, label, count, steps with data, mean of each POOL_COLUMNS metric] per pool."""
-    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    rows = read_metrics(metrics_path)
     out = []
     for pool, entry in fleet.items():
         means, seen = [], 0
