@@ -12,7 +12,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlmix.config.schema import MiniCodeTaskConfig, Objective, RunConfig, SamplerBackend
+from rlmix.config.schema import MiniCodeTaskConfig, Objective, RunConfig
 from rlmix.errors import ConfigError
 
 
@@ -30,6 +30,9 @@ def validate(cfg: RunConfig, for_training: bool = True) -> RunConfig:
     _check_correction(cfg)
     _check_fleet(cfg)
     _check_paths(cfg)
+    from rlmix.samplers.checks import check_pools  # each backend's own rules, config.json at most
+
+    check_pools(cfg.fleet.pools, cfg.model.path)
     if for_training and not isinstance(cfg.task, MiniCodeTaskConfig):
         raise ConfigError("rlmix train needs task=minicode; task=swebench_pro is for `rlmix eval`")
     return cfg
@@ -115,10 +118,6 @@ def _check_fleet(cfg: RunConfig) -> None:
                 top_k == 0 or c.support_slots >= top_k,
                 f"correction.support_slots={c.support_slots} < top_k={top_k} of {key}: the support would not fit",
             )
-        if pool.backend is SamplerBackend.vllm:
-            from rlmix.samplers.vllm_sampler import check_pool  # the backend's own platform rules
-
-            check_pool(name, pool)
         pool_view(name, pool)  # ConfigError for an unknown accelerator or an unsupported precision
 
 
