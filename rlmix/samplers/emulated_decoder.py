@@ -50,9 +50,10 @@ class DecoderShape:
     def from_hf_config(cls, cfg) -> DecoderShape:
         """Read a ``transformers`` config of a supported architecture; ConfigError otherwise."""
         fields = cfg.to_dict()  # complete: the class defaults filled in
+        spec = describe(fields)  # first: an unsupported config may lack the fields read below
         heads = fields["num_attention_heads"]
         return cls(
-            spec=describe(fields),
+            spec=spec,
             vocab=fields["vocab_size"],
             hidden=fields["hidden_size"],
             layers=fields["num_hidden_layers"],
