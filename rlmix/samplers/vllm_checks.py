@@ -31,9 +31,9 @@ PRECISIONS: dict[str, tuple[str, str | None]] = {
     "fp16": ("float16", None), "float16": ("float16", None),
     "fp8_e4m3": ("bfloat16", "fp8"), "fp8": ("bfloat16", "fp8"),
 }
-# Platform defaults for the settings a pool leaves at None: (CPU build, GPU).
-DEFAULT_MEMORY_UTILIZATION = {True: 0.15, False: 0.9}  # on the CPU: the share of host memory reserved
-DEFAULT_ENFORCE_EAGER = {True: True, False: False}  # CUDA graphs on GPUs; nothing to capture on the CPU
+# The memory share a pool that leaves it at None gets, keyed by "on the CPU build": vLLM's own
+# default on GPUs; on the CPU it is the share of host memory, which the rest of the run needs.
+DEFAULT_MEMORY_UTILIZATION = {True: 0.15, False: 0.9}
 
 
 def resolve_precision(precision: str, key: str = "precision") -> tuple[str, str | None]:

@@ -26,7 +26,6 @@ import torch
 from rlmix.errors import ConfigError
 from rlmix.rollout import FINISH_LENGTH, FINISH_STOP, Rollouts, SamplingParams
 from rlmix.samplers.vllm_checks import (
-    DEFAULT_ENFORCE_EAGER,
     DEFAULT_MEMORY_UTILIZATION,
     check_platform,
     check_pool,
@@ -76,7 +75,8 @@ class VllmSampler:
     ``dtype`` takes an rlmix precision (``bf16``, ``fp32``, ``fp16``, ``fp8_e4m3``) or a vLLM dtype
     name; ``quantization`` overrides the method a precision implies (``fp8_e4m3`` -> ``fp8``). The
     engine keywords are ``rlmix.config.schema.VllmEngineConfig``'s fields (a test keeps them in
-    step); None picks the platform's default (``vllm_checks.DEFAULT_*``).
+    step); None picks the platform default (memory: ``vllm_checks.DEFAULT_MEMORY_UTILIZATION``; eager on
+    the CPU, CUDA graphs on GPUs).
     """
 
     def __init__(self, model_dir: str | Path, pool: str, dtype: str = "bf16", quantization: str | None = None,
@@ -108,7 +108,7 @@ class VllmSampler:
             tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len, kv_cache_dtype=kv_cache_dtype,
             gpu_memory_utilization=DEFAULT_MEMORY_UTILIZATION[on_cpu] if gpu_memory_utilization is None
             else gpu_memory_utilization,
-            enforce_eager=DEFAULT_ENFORCE_EAGER[on_cpu] if enforce_eager is None else enforce_eager,
+            enforce_eager=on_cpu if enforce_eager is None else enforce_eager,  # CUDA graphs on GPUs
         )
         if tensor_parallel_size > 1:
             # Worker processes on the GPUs Ray gave this actor; vLLM's Ray executor would ask Ray
