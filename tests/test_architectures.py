@@ -148,7 +148,7 @@ def test_cli_refuses_an_unsupported_architecture_before_ray(tmp_path):
 
 
 def test_torch_pool_with_vllm_settings_is_refused(tmp_path):
-    from rlmix.config.hydra_app import compose_run_config
+    from rlmix.commands.compose import compose_run_config
 
     with pytest.raises(ConfigError, match=r"fleet.pools.a100_bf16.vllm is set but the pool has backend: torch"):
         compose_run_config(["+experiment=smoke", "fleet.pools.a100_bf16.vllm.tensor_parallel_size=2"])

@@ -8,7 +8,7 @@ import inspect
 
 import pytest
 
-from rlmix.config.hydra_app import compose_run_config
+from rlmix.commands.compose import compose_run_config
 from rlmix.config.schema import PoolConfig, SamplerBackend, VllmEngineConfig
 from rlmix.errors import ConfigError
 from rlmix.samplers.vllm_checks import check_pool, engine_precision, resolve_precision
@@ -78,7 +78,7 @@ def test_presets_keep_cpu_defaults_and_gpu_preset_sets_engines():
 
 
 def test_the_actor_asks_ray_for_its_tensor_parallel_gpus():
-    from rlmix.orchestration.fleet import SamplerSpec
+    from rlmix.assembly.fleet import SamplerSpec
     from rlmix.rollout import SamplingParams
 
     def gpus(pool: PoolConfig) -> int:

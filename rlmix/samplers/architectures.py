@@ -11,10 +11,8 @@ milliseconds, before Ray starts.
 from __future__ import annotations
 
 import enum
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from rlmix.errors import ConfigError
 
@@ -112,14 +110,3 @@ def describe(fields: Mapping, where: str = "model") -> ModelSpec:
     layers = int(fields.get("num_hidden_layers", 0))
     return ModelSpec(model_type, arch, rope_type, rope, attention_bias=arch.bias is Bias.qkv or config_bias,
                      o_bias=config_bias, windows=_windows(fields, arch, layers))
-
-
-def read_config(model_dir: str | Path, key: str = "model.path") -> dict:
-    """The raw ``config.json`` of a model directory; one-line ConfigError when missing or malformed."""
-    path = Path(model_dir) / "config.json"
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{key}={model_dir}: not a Hugging Face model directory (no config.json)") from None
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"{key}={model_dir}: config.json is not valid JSON ({err.msg})") from None

@@ -1,43 +1,46 @@
-"""Each sampler backend's load-time rules, behind one call: validation runs ``check_pools`` once,
-before any process starts. Reads config.json at most; imports neither torch nor vLLM."""
+"""Each sampler backend's load-time rules, registered with config validation.
+
+Importing this module installs them (``rlmix.config.load.register_pool_check``); every entry
+point does so before it validates a config. The rules stay beside the backends they describe
+and read the model's config.json at most: no torch model or vLLM engine is built, so a config
+the backend cannot serve fails before Ray starts.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
+from rlmix.config.load import register_pool_check
+from rlmix.config.schema import PoolConfig, SamplerBackend, VllmEngineConfig
 from rlmix.errors import ConfigError
 from rlmix.samplers import architectures, vllm_checks
+from rlmix.samplers.accelerators import PrecisionView, resolve_view
 
 
-def _check_torch(names: list[str], pools: Mapping, model: Mapping | None, model_path: str | None) -> None:
-    """The torch sampler emulates the architectures of ``architectures.ARCHITECTURES`` only, and
-    has no vLLM engine to tune."""
-    for name in names:
-        pool = pools[name]
-        if pool.vllm != type(pool.vllm)():
-            raise ConfigError(f"fleet.pools.{name}.vllm is set but the pool has backend: torch; "
-                              "set backend: vllm or drop the vllm settings")
+def pool_view(name: str, pool: PoolConfig) -> PrecisionView | None:
+    """The torch backend's precision view for a pool; ConfigError names the pool's keys."""
+    if pool.backend is not SamplerBackend.torch:
+        return None
+    try:
+        return resolve_view(pool.accelerator, pool.precision, pool.kv_precision, pool.allow_emulation)
+    except ConfigError as err:
+        raise ConfigError(f"fleet.pools.{name}: {err}") from None
+
+
+def check_torch_pool(name: str, pool: PoolConfig, model: Mapping | None) -> None:
+    """An accelerator and precision the catalog knows, an architecture the torch sampler emulates
+    (``architectures.ARCHITECTURES``), and no vLLM engine settings (they would do nothing here)."""
+    pool_view(name, pool)
+    if pool.vllm != VllmEngineConfig():
+        raise ConfigError(f"fleet.pools.{name}.vllm is set but the pool has backend: torch; "
+                          "set backend: vllm or drop the vllm settings")
     if model is not None:
-        architectures.describe(model, f"model.path={model_path} (torch pools {', '.join(names)})")
+        architectures.describe(model, f"model.path (pool {name}, backend torch)")
 
 
-def _check_vllm(names: list[str], pools: Mapping, model: Mapping | None, model_path: str | None) -> None:
-    for name in names:
-        vllm_checks.check_pool(name, pools[name], model)
+def check_vllm_pool(name: str, pool: PoolConfig, model: Mapping | None) -> None:
+    vllm_checks.check_pool(name, pool, model)
 
 
-CHECKS: dict[str, Callable[[list[str], Mapping, Mapping | None, str | None], None]] = {
-    "torch": _check_torch,
-    "vllm": _check_vllm,
-}
-
-
-def check_pools(pools: Mapping, model_path: str | None) -> None:
-    """Every pool against its backend's rules; ``model_path`` None is the embedded model (a Llama
-    every backend serves). ConfigError (one line) naming the key at fault."""
-    model = architectures.read_config(model_path) if model_path is not None else None
-    by_backend: dict[str, list[str]] = {}
-    for name, pool in pools.items():
-        by_backend.setdefault(pool.backend.value, []).append(name)
-    for backend, names in by_backend.items():
-        CHECKS[backend](names, pools, model, model_path)
+register_pool_check(SamplerBackend.torch, check_torch_pool)
+register_pool_check(SamplerBackend.vllm, check_vllm_pool)
