@@ -38,6 +38,7 @@ setup:
 	RLMIX_INDEX_URL=$(INDEX_URL) $(PYTHON) scripts/lock.py check $(LOCK)
 else
 setup: $(STAMP)
+	@sh scripts/setup_sandbox.sh  # bubblewrap for the local agentic runtime's sandbox
 endif
 
 $(STAMP): $(LOCK) pyproject.toml
