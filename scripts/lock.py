@@ -88,7 +88,6 @@ def resolve(requirements: list[str], sdists: list[str], args) -> list[dict]:
                   *platform_args(args.glibc, args.python))
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
-            errors = [ln for ln in done.stderr.splitlines() if ln.startswith("ERROR")]
             detail = [ln.strip() for ln in done.stderr.splitlines() if "depends on" in ln or ln.startswith("ERROR")]
             raise SystemExit("lock: pip could not resolve: " + " | ".join(detail or [done.stderr.strip()[-500:]]))
         return json.loads(report.read_text())["install"]
