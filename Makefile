@@ -20,7 +20,8 @@ STAMP := $(VENV)/.rlmix-$(TARGET)
 OTHER_STAMP := $(VENV)/.rlmix-$(if $(filter cpu,$(TARGET)),gpu,cpu)
 WHEELS_DIR ?= /opt/wheels
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
-CPU_SOURCE := $(if $(wildcard $(WHEELS_DIR)/torch-*.whl),--find-links $(WHEELS_DIR),--extra-index-url $(TORCH_CPU_INDEX))
+CPU_SOURCE := $(if $(wildcard $(WHEELS_DIR)/torch-*.whl),\
+	--find-links $(WHEELS_DIR),--extra-index-url $(TORCH_CPU_INDEX))
 PIP := $(BIN)/python -m pip --disable-pip-version-check
 PIP_FLAGS := --quiet --no-input
 # The GPU set-up takes everything from INDEX_URL, with the user's pip settings off (--isolated):

@@ -48,7 +48,8 @@ def test_every_requirement_is_a_range_the_lock_satisfies(lock, extras):
         assert req.specifier, f"{req}: give the range the locks were tested in"
         pin = pins.get(canonicalize_name(req.name))
         assert pin is not None, f"{req.name} is required but {lock} does not pin it"
-        assert req.specifier.contains(Version(pin).public, prereleases=True), f"{lock} pins {req.name}=={pin}: not in {req}"
+        inside = req.specifier.contains(Version(pin).public, prereleases=True)
+        assert inside, f"{lock} pins {req.name}=={pin}: not in {req}"
 
 
 def test_extras_say_which_vllm_they_bring():
@@ -131,10 +132,12 @@ def test_wheel_installs_and_trains_from_any_directory(tmp_path):
     work = tmp_path / "elsewhere"
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    where = subprocess.check_output([str(py), "-c", "import rlmix; print(rlmix.__file__)"], cwd=work, env=env, text=True)
+    where = subprocess.check_output([str(py), "-c", "import rlmix; print(rlmix.__file__)"],
+                                    cwd=work, env=env, text=True)
     assert Path(where.strip()).is_relative_to(env_dir), f"imported {where}: not the wheel"
-    run = subprocess.run([str(env_dir / "bin" / "rlmix"), "train", "+experiment=smoke", "loop.steps=2", "logger=disabled"],
-                         cwd=work, env=env, capture_output=True, text=True, timeout=900)
+    smoke = ["train", "+experiment=smoke", "loop.steps=2", "logger=disabled"]
+    run = subprocess.run([str(env_dir / "bin" / "rlmix"), *smoke], cwd=work, env=env, capture_output=True,
+                         text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     summaries = list((work / "outputs").glob("*/*/summary.json"))
     assert len(summaries) == 1, "the run directory lands under the working directory"
@@ -148,9 +151,13 @@ def test_gpu_demand_counts_real_gpu_actors_only():
     mixed = compose_run_config(["fleet=vllm_gpu_mixed"])
     assert gpu_demand(mixed) == {"fleet.pools.h100_fp8": 2, "fleet.pools.h200_bf16": 2, "fleet.pools.a100_fp16": 2}
     assert sum(gpu_demand(mixed, one_per_pool=True).values()) == 3
-    ds = compose_run_config(["+experiment=smoke", "trainer=deepspeed", "trainer.deepspeed.ranks=4",
-                             "trainer.deepspeed.comm_backend=nccl"])
-    assert gpu_demand(ds) == {"trainer.deepspeed.ranks": 4}
+    ds = ["+experiment=smoke", "trainer=deepspeed", "trainer.deepspeed.ranks=4"]
+    nccl = compose_run_config([*ds, "trainer.deepspeed.comm_backend=nccl"])
+    assert gpu_demand(nccl) == {"trainer.deepspeed.ranks": 4}
+    auto = compose_run_config(ds)  # auto: gloo without CUDA, NCCL (a GPU per rank) with it
+    assert gpu_demand(auto, cuda=False) == {} and gpu_demand(auto, cuda=True) == {"trainer.deepspeed.ranks": 4}
+    with pytest.raises(ConfigError, match=r"needs 4 GPUs \(trainer.deepspeed.ranks: 4\) .* has 2 GPUs"):
+        check_gpus(auto, visible=2)
 
 
 def test_check_gpus_refuses_what_the_machine_lacks():

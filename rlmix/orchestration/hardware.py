@@ -18,21 +18,26 @@ from pathlib import Path
 
 from rlmix.config.schema import RunConfig, SamplerBackend, TrainerBackend
 from rlmix.errors import ConfigError
+from rlmix.trainers.deepspeed_config import CommBackend
 
 
-def gpu_demand(cfg: RunConfig, one_per_pool: bool = False) -> dict[str, int]:
+def _multi_rank(cfg: RunConfig) -> bool:
+    return cfg.trainer.backend is TrainerBackend.deepspeed and cfg.trainer.deepspeed.ranks > 1
+
+
+def gpu_demand(cfg: RunConfig, one_per_pool: bool = False, cuda: bool = False) -> dict[str, int]:
     """GPUs the run's actors request, keyed by the config key that asks for them.
 
-    ``one_per_pool``: ``rlmix probe`` builds one instance per pool, not ``count``.
+    ``one_per_pool``: ``rlmix probe`` builds one instance per pool, not ``count``. ``cuda``: the
+    machine has GPUs, so ``comm_backend=auto`` means NCCL (one GPU per rank), as in the trainer.
     """
     demand = {}
     for name, pool in cfg.fleet.pools.items():
         if pool.backend is SamplerBackend.vllm and pool.accelerator.upper() != "CPU":
             demand[f"fleet.pools.{name}"] = 1 if one_per_pool else pool.count
-    trainer = cfg.trainer
-    if trainer.backend is TrainerBackend.deepspeed and trainer.deepspeed.ranks > 1 \
-            and trainer.deepspeed.comm_backend.value == "nccl":
-        demand["trainer.deepspeed.ranks"] = trainer.deepspeed.ranks
+    comm = cfg.trainer.deepspeed.comm_backend
+    if _multi_rank(cfg) and (comm is CommBackend.nccl or (comm is CommBackend.auto and cuda)):
+        demand["trainer.deepspeed.ranks"] = cfg.trainer.deepspeed.ranks
     return demand
 
 
@@ -40,22 +45,23 @@ def check_gpus(cfg: RunConfig, visible: int, one_per_pool: bool = False) -> None
     """ConfigError (one line) when a local run asks for more GPUs than ``visible``."""
     if cfg.cluster.address is not None:
         return
-    demand = gpu_demand(cfg, one_per_pool)
+    demand = gpu_demand(cfg, one_per_pool, cuda=visible > 0)
     needed = sum(demand.values())
     if needed <= visible:
         return
     asks = ", ".join(f"{key}: {n}" for key, n in demand.items())
     has = "no CUDA device" if visible == 0 else f"{visible} GPU{'s' if visible > 1 else ''} (as Ray counts them)"
+    plural = "s" if needed > 1 else ""
     raise ConfigError(
-        f"fleet {cfg.fleet.name} needs {needed} GPU{'s' if needed > 1 else ''} ({asks}) but this machine has {has}; "
+        f"fleet {cfg.fleet.name} needs {needed} GPU{plural} ({asks}) but this machine has {has}; "
         "use an emulated fleet (fleet=smoke|emulated_hetero6), accelerator CPU for vllm pools, "
         "or join a GPU cluster with cluster.address=auto"
     )
 
 
 def check_machine(cfg: RunConfig, one_per_pool: bool = False) -> None:
-    """``check_gpus`` against this machine; GPUs are counted only when the run asks for some."""
-    if cfg.cluster.address is None and gpu_demand(cfg, one_per_pool):
+    """``check_gpus`` against this machine; GPUs are counted only when the run may ask for some."""
+    if cfg.cluster.address is None and (gpu_demand(cfg, one_per_pool) or _multi_rank(cfg)):
         check_gpus(cfg, visible_gpus(), one_per_pool)
 
 
