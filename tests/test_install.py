@@ -17,7 +17,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from rlmix.config.hydra_app import compose_run_config
+from rlmix.commands.compose import compose_run_config
 from rlmix.errors import ConfigError
 from rlmix.orchestration.hardware import check_gpus, gpu_demand, visible_gpus
 
@@ -150,7 +150,10 @@ def test_gpu_demand_counts_real_gpu_actors_only():
     assert gpu_demand(compose_run_config(["fleet=vllm_cpu_smoke"])) == {}
     mixed = compose_run_config(["fleet=vllm_gpu_mixed"])
     assert gpu_demand(mixed) == {"fleet.pools.h100_fp8": 2, "fleet.pools.h200_bf16": 2, "fleet.pools.a100_fp16": 2}
-    assert sum(gpu_demand(mixed, one_per_pool=True).values()) == 3
+    assert gpu_demand(mixed, one_per_pool=True) == {"fleet.pools.h100_fp8": 1, "fleet.pools.h200_bf16": 2,
+                                                    "fleet.pools.a100_fp16": 1}  # h200_bf16: tensor parallel 2
+    tp = compose_run_config(["fleet=vllm_gpu_mixed", "fleet.pools.h100_fp8.vllm.tensor_parallel_size=2"])
+    assert gpu_demand(tp)["fleet.pools.h100_fp8"] == 4  # count x each instance's tensor-parallel group
     ds = ["+experiment=smoke", "trainer=deepspeed", "trainer.deepspeed.ranks=4"]
     nccl = compose_run_config([*ds, "trainer.deepspeed.comm_backend=nccl"])
     assert gpu_demand(nccl) == {"trainer.deepspeed.ranks": 4}

@@ -1,7 +1,7 @@
 """Does this machine have the GPUs a run asks for? Answered before Ray starts.
 
-A pool with ``backend: vllm`` on a GPU accelerator takes one GPU per instance (``num_gpus=1`` on
-its actor), and a multi-rank DeepSpeed trainer on NCCL one per rank. On a local Ray instance those
+A pool with ``backend: vllm`` on a GPU accelerator takes its tensor-parallel size in GPUs per
+instance (``num_gpus`` on its actor), and a multi-rank DeepSpeed trainer on NCCL one per rank. On a local Ray instance those
 GPUs must be on this machine: otherwise Ray would wait forever for actors it cannot place, after
 the run directory exists. ``check_gpus`` turns that into one line at config time. With
 ``cluster.address`` set, the cluster's own resources decide and nothing is checked here.
@@ -16,9 +16,10 @@ import os
 import re
 from pathlib import Path
 
-from rlmix.config.schema import RunConfig, SamplerBackend, TrainerBackend
+from rlmix.assembly.fleet import pool_gpus
+from rlmix.config.deepspeed import CommBackend
+from rlmix.config.schema import RunConfig, TrainerBackend
 from rlmix.errors import ConfigError
-from rlmix.trainers.deepspeed_config import CommBackend
 
 
 def _multi_rank(cfg: RunConfig) -> bool:
@@ -33,8 +34,8 @@ def gpu_demand(cfg: RunConfig, one_per_pool: bool = False, cuda: bool = False) -
     """
     demand = {}
     for name, pool in cfg.fleet.pools.items():
-        if pool.backend is SamplerBackend.vllm and pool.accelerator.upper() != "CPU":
-            demand[f"fleet.pools.{name}"] = 1 if one_per_pool else pool.count
+        if pool_gpus(pool):
+            demand[f"fleet.pools.{name}"] = pool_gpus(pool) * (1 if one_per_pool else pool.count)
     comm = cfg.trainer.deepspeed.comm_backend
     if _multi_rank(cfg) and (comm is CommBackend.nccl or (comm is CommBackend.auto and cuda)):
         demand["trainer.deepspeed.ranks"] = cfg.trainer.deepspeed.ranks

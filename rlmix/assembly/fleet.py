@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlmix.config.schema import CorrectionConfig, PoolConfig, RunConfig, SamplerBackend
-from rlmix.errors import ConfigError
+from rlmix.correction import MODES
 from rlmix.rollout import SamplingParams
-from rlmix.samplers.accelerators import PrecisionView, resolve_view
+from rlmix.samplers.accelerators import PrecisionView
+from rlmix.samplers.checks import pool_view
+
+
+def pool_gpus(pool: PoolConfig) -> int:
+    """GPUs one instance of ``pool`` takes: a vLLM engine's tensor-parallel group; none for emulated pools."""
+    on_gpu = pool.backend is SamplerBackend.vllm and pool.accelerator.upper() != "CPU"
+    return pool.vllm.tensor_parallel_size if on_gpu else 0
 
 
 @dataclass(frozen=True)
@@ -27,23 +35,19 @@ class SamplerSpec:
         return f"{self.pool}/{self.index}"
 
     @property
+    def gpus(self) -> int:
+        """GPUs one actor asks Ray for (``pool_gpus``)."""
+        return pool_gpus(self.pool_cfg)
+
+    @property
     def resource(self) -> str:
         """The Ray resource that places this actor (Ray's own name for an accelerator type)."""
         return f"accelerator_type:{self.pool_cfg.accelerator.upper()}"
 
 
 def needs_head(correction: CorrectionConfig) -> bool:
-    return correction.mode.value.startswith("sc")
-
-
-def pool_view(name: str, pool: PoolConfig) -> PrecisionView | None:
-    """The torch backend's precision view for a pool; ConfigError names the pool's keys."""
-    if pool.backend is not SamplerBackend.torch:
-        return None
-    try:
-        return resolve_view(pool.accelerator, pool.precision, pool.kv_precision, pool.allow_emulation)
-    except ConfigError as err:
-        raise ConfigError(f"fleet.pools.{name}: {err}") from None
+    """Whether samplers record their top-K head for this correction variant (``MODES``)."""
+    return MODES[correction.mode].needs_head
 
 
 def sampling_params(pool: PoolConfig, cfg: RunConfig, eos_id: int) -> SamplingParams:
@@ -79,9 +83,13 @@ def build_sampler(spec: SamplerSpec, model_dir: str | Path, seed: int):
         from rlmix.samplers.torch_sampler import TorchSampler
 
         return TorchSampler(model_dir, spec.view, pool=spec.pool, seed=seed)
+    from rlmix.samplers.vllm_checks import engine_precision
     from rlmix.samplers.vllm_sampler import VllmSampler
 
-    return VllmSampler(model_dir, pool=spec.pool, dtype=spec.pool_cfg.precision, seed=seed)
+    engine = dataclasses.asdict(spec.pool_cfg.vllm)
+    del engine["dtype"], engine["quantization"]  # resolved with the pool's precision
+    dtype, quantization = engine_precision(spec.pool_cfg, f"fleet.pools.{spec.pool}")
+    return VllmSampler(model_dir, pool=spec.pool, dtype=dtype, quantization=quantization, seed=seed, **engine)
 
 
 def fleet_manifest(specs: list[SamplerSpec]) -> dict[str, dict]:
