@@ -188,3 +188,15 @@ def check_agent_run(cfg: AgentEnvConfig, tokenizer, max_positions: int | None, s
     if n + 1 > cfg.max_total_tokens:
         raise ConfigError(f"task.max_total_tokens={cfg.max_total_tokens} leaves no room for one turn: the first "
                           f"prompt of {longest.task_id} alone has {n} tokens")
+
+
+def minicode_agent_eval_config(cfg: MiniCodeAgentConfig, root: Path) -> SwebenchProConfig:
+    """``rlmix eval task=minicode_agent``: the split's problems written as Harbor tasks under ``root``,
+    evaluated by the same episode code as training (``run_swebench_eval``) with the same limits."""
+    import dataclasses
+
+    task = MiniCodeAgentTask(tuple(cfg.levels), seed=0, root=root)
+    for problem in task.split(cfg.split):
+        task.harbor_task(problem)
+    shared = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(AgentEnvConfig) if f.name != "name"}
+    return SwebenchProConfig(**shared, tasks_dir=str(root), subset="all", expected_subset_size=None)
