@@ -4,7 +4,6 @@ and sandbox, and the loss of every correction arm on an episode batch (environme
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import pytest
 import torch

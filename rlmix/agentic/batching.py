@@ -90,9 +90,10 @@ class TurnBatcher:
         self.batch_sizes.append(len(batch))
         try:
             out = self.sampler.generate([prompt for prompt, _, _ in batch], params)
+            rows = [cut_row(out, row, budgets[row]) for row in range(len(batch))]
         except BaseException as err:  # every waiting episode learns of it, none hangs
             for _, _, future in batch:
                 future.set_exception(err)
             return
-        for row, (_, _, future) in enumerate(batch):
-            future.set_result(cut_row(out, row, budgets[row]))
+        for row, (_, _, future) in zip(rows, batch):
+            future.set_result(row)
