@@ -48,6 +48,9 @@ class AgentTask(Protocol):
     def harbor_task(self, problem: Problem) -> HarborTask:
         """The Harbor task the sandbox runs for ``problem``."""
 
+    def release(self, task: HarborTask) -> None:
+        """``task``'s episodes are graded: drop whatever ``harbor_task`` made for it."""
+
 
 class MiniCodeAgentTask:
     """minicode problems as sandboxed agent tasks (``rlmix.agentic.minicode_agent``)."""
@@ -78,6 +81,9 @@ class MiniCodeAgentTask:
 
         return write_task(self.root, problem)
 
+    def release(self, task: HarborTask) -> None:
+        shutil.rmtree(task.path, ignore_errors=True)  # a long run would otherwise fill the temporary directory
+
     def close(self) -> None:
         if self._root is not None:
             shutil.rmtree(self._root, ignore_errors=True)
@@ -106,6 +112,9 @@ class HarborTaskSet:
 
     def harbor_task(self, problem: Problem) -> HarborTask:
         return problem.payload
+
+    def release(self, task: HarborTask) -> None:
+        pass  # the user's task directories stay as they are
 
 
 def make_agent_task(cfg: AgentEnvConfig, seed: int) -> AgentTask:
@@ -144,6 +153,8 @@ class EpisodeRollouts:
                 results = list(pool.map(play, jobs))
         finally:
             batcher.close()
+            for task in {job.task.path: job.task for job in jobs}.values():
+                self.task.release(task)
         kept = [(job, r, p) for job, (r, p) in zip(jobs, results)
                 if r.outcome.infra_error is None and r.episode.tokens.ids]
         infra = len(jobs) - len(kept)
