@@ -9,6 +9,8 @@ Four rules, each with its own knobs and switch, evaluated once per trainer step:
   (the study saw 21% → 72% within ~10 steps, corrections.md §5).
 - ``grad_spikes``   — ``count`` gradient norms of at least ``factor ×`` the trailing median within
   ``window`` steps.
+- ``nonfinite``     — ``count`` consecutive steps skipped by the trainer (non-finite loss or gradient,
+  ``train/skipped_steps``). Checked from the first update: no warm-up excuses a run that cannot learn.
 
 Timeline, counted in updates (not in step numbers, which may start anywhere): updates
 ``[0, warmup_steps)`` only feed the EMAs; updates ``[warmup_steps, warmup_steps + baseline_steps)``
@@ -41,6 +43,7 @@ REWARD_KEY = "reward/mean"
 KL_KEY = "mismatch/kl_k3"
 FORMAT_KEY = "format/error_rate"
 GRAD_NORM_KEY = "train/grad_norm"
+SKIPPED_KEY = "train/skipped_steps"  # cumulative count of steps the trainer dropped as non-finite
 
 
 class MonitorAction(enum.Enum):
@@ -57,6 +60,7 @@ class CollapseRule(enum.Enum):
     kl_growth = "kl_growth"
     format_errors = "format_errors"
     grad_spikes = "grad_spikes"
+    nonfinite = "nonfinite"
 
 
 @dataclass
@@ -91,6 +95,12 @@ class GradSpikeRule:
 
 
 @dataclass
+class NonFiniteRule:
+    enabled: bool = True
+    count: int = 3  # consecutive skipped (non-finite) steps; the run then stops as failed
+
+
+@dataclass
 class MonitorConfig:
     """Schema for ``monitor.*`` (not frozen: Hydra composes into it)."""
 
@@ -105,6 +115,7 @@ class MonitorConfig:
     kl: KLGrowthRule = field(default_factory=KLGrowthRule)
     format: FormatErrorRule = field(default_factory=FormatErrorRule)
     grad: GradSpikeRule = field(default_factory=GradSpikeRule)
+    nonfinite: NonFiniteRule = field(default_factory=NonFiniteRule)
 
 
 @dataclass(frozen=True)
@@ -123,6 +134,21 @@ class MonitorVerdict:
     def as_summary(self) -> dict[str, bool | int | str | None]:
         """The ``collapse`` object of ``summary.json``."""
         return {"verdict": self.collapse, "step": self.step, "reason": self.reason}
+
+
+def check_monitor(cfg: MonitorConfig) -> None:
+    """ConfigError naming the first ``monitor.*`` key out of range."""
+    for key, value, low in (
+        ("ema_span", cfg.ema_span, 1), ("warmup_steps", cfg.warmup_steps, 0), ("baseline_steps", cfg.baseline_steps, 1),
+        ("grad.window", cfg.grad.window, 1), ("grad.count", cfg.grad.count, 1), ("nonfinite.count", cfg.nonfinite.count, 1),
+    ):
+        if value < low:
+            raise ConfigError(f"monitor.{key}={value}: must be >= {low}")
+    for key, value in (("noise_sigmas", cfg.noise_sigmas), ("reward.drop", cfg.reward.drop),
+                       ("reward.min_drop", cfg.reward.min_drop), ("kl.factor", cfg.kl.factor),
+                       ("format.rise", cfg.format.rise), ("grad.factor", cfg.grad.factor)):
+        if not (value >= 0 and math.isfinite(value)):
+            raise ConfigError(f"monitor.{key}={value}: must be a finite number >= 0")
 
 
 NO_COLLAPSE = MonitorVerdict(collapse=False, step=None, reason="", rule=None)
@@ -180,11 +206,7 @@ class CollapseMonitor:
     """Stateful, deterministic evaluator of the rules in ``MonitorConfig`` over a metric stream."""
 
     def __init__(self, cfg: MonitorConfig) -> None:
-        if cfg.ema_span < 1 or cfg.warmup_steps < 0 or cfg.baseline_steps < 1 or cfg.grad.window < 1 or cfg.grad.count < 1:
-            raise ConfigError(
-                "monitor: need monitor.ema_span >= 1, monitor.warmup_steps >= 0, monitor.baseline_steps >= 1, "
-                "monitor.grad.window >= 1 and monitor.grad.count >= 1"
-            )
+        check_monitor(cfg)
         self.cfg = cfg
         alpha = 2.0 / (cfg.ema_span + 1)
         self._reward = _Signal(alpha)
@@ -193,6 +215,8 @@ class CollapseMonitor:
         self._grad_history: deque[float] = deque(maxlen=cfg.grad.window)
         self._spikes: deque[int] = deque()  # update indices of recent spikes
         self._updates = 0
+        self._skipped: float | None = None  # the last cumulative skipped-step count
+        self._skipped_run = 0  # consecutive skipped steps up to now
         self._verdict = NO_COLLAPSE
 
     @property
@@ -211,6 +235,10 @@ class CollapseMonitor:
             if x is not None:
                 signal.update(x, in_baseline, track_peak=warm)
         spike = self._grad_spike(i, metrics.get(GRAD_NORM_KEY), warm) if GRAD_NORM_KEY in metrics else ""
+        nonfinite = self._nonfinite(_finite(metrics, SKIPPED_KEY))
+        if not self._verdict.collapse and nonfinite:
+            self._verdict = MonitorVerdict(collapse=True, step=step, reason=f"nonfinite: {nonfinite}",
+                                           rule=CollapseRule.nonfinite)
         if self._verdict.collapse or not armed:
             return self._verdict
         fired = self._check_rules(spike)
@@ -264,6 +292,19 @@ class CollapseMonitor:
         # corrections.md §6: KL growth alone is not enough; it must come with a declining run.
         decline = self._reward_falling(rule.reward_decline, 0.0) or self._format_rising(rule.format_increase)
         return f"{why} with {decline}" if decline else ""
+
+    def _nonfinite(self, skipped: float | None) -> str:
+        """Count consecutive steps whose cumulative skipped count went up; '' until ``count`` in a row."""
+        if skipped is None:
+            return ""
+        self._skipped_run = self._skipped_run + 1 if self._skipped is not None and skipped > self._skipped else 0
+        if self._skipped is None and skipped > 0:  # the first step seen was itself skipped
+            self._skipped_run = 1
+        self._skipped = skipped
+        rule = self.cfg.nonfinite
+        if rule.enabled and self._skipped_run >= rule.count:
+            return f"{self._skipped_run} consecutive steps skipped as non-finite"
+        return ""
 
     def _grad_spike(self, i: int, raw: float | None, warm: bool) -> str:
         """Record update ``i``'s grad norm; return the spike summary once ``count`` spikes fall in ``window``.
