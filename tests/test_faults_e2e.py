@@ -134,16 +134,22 @@ def test_a_killed_driver_resumes_from_the_newest_complete_checkpoint(tmp_path):
     assert not (tmp_path / "outputs").exists()  # the resumed run wrote into its own directory
 
 
-def test_sigint_finishes_the_step_writes_a_checkpoint_and_exits_130(tmp_path):
+@pytest.mark.parametrize(
+    ("signum", "to_group", "code"),
+    [(signal.SIGINT, True, 130), (signal.SIGTERM, False, 143)],  # Ctrl-C reaches Ray's processes too
+    ids=["ctrl_c", "sigterm"],
+)
+def test_a_signal_finishes_the_step_writes_a_checkpoint_and_exits_128_plus_n(tmp_path, signum, to_group, code):
     run_dir = tmp_path / "run"
     run = Run(tmp_path, *SMOKE, "loop.steps=500", f"hydra.run.dir={run_dir}")
     run.wait_for(lambda: len(rows(run_dir)) >= 2, "two steps")
-    os.kill(run.proc.pid, signal.SIGINT)
-    assert run.finish() == 130, run.text()
+    (os.killpg if to_group else os.kill)(run.proc.pid, signum)
+    assert run.finish() == code, run.text()
     result = summary(run_dir)
-    assert result["status"] == "interrupted" and result["signal"] == "SIGINT"
+    assert result["status"] == "interrupted" and result["signal"] == signum.name
     assert complete(run_dir)[-1] == result["steps"] == rows(run_dir)[-1]["step"]
     assert f"resume={run_dir}" in run.err.read_text()
+    assert "Traceback" not in run.text()
 
 
 def test_a_run_whose_steps_are_all_non_finite_fails(tmp_path, tiny_llama_dir):
