@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from rlmix.errors import ConfigError
-from rlmix.orchestration import checkpoints as ck
-from rlmix.orchestration.checkpoints import RunState
+from rlmix.assembly import checkpoints as ck
+from rlmix.assembly.checkpoints import RunState
 
 
 def save(run_dir: Path, step: int, keep: int = 10) -> Path:

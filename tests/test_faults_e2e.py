@@ -94,7 +94,7 @@ def summary(run_dir: Path) -> dict:
 
 
 def complete(run_dir: Path) -> list[int]:
-    from rlmix.orchestration.checkpoints import CHECKPOINTS, problem, step_of
+    from rlmix.assembly.checkpoints import CHECKPOINTS, problem, step_of
 
     dirs = (run_dir / CHECKPOINTS).glob("step_*")
     return sorted(step_of(p) for p in dirs if not problem(p))

@@ -1,4 +1,4 @@
-"""The fully asynchronous loop (architecture.md, "Process model").
+"""The fully asynchronous loop (docs/architecture.md, "Process model").
 
 Samplers generate continuously, one request in flight each; finished groups wait in a buffer
 tagged with the weight version that produced them; the trainer takes a batch whenever it is
@@ -25,6 +25,7 @@ import ray
 
 from rlmix.config.schema import LoopConfig
 from rlmix.errors import RunFailed
+from rlmix.metrics.names import REQUESTS_REISSUED, SAMPLER_RESTARTS
 from rlmix.orchestration.workers import Request, make_request
 from rlmix.rollout import Rollouts, concat_rollouts
 from rlmix.tasks.base import Task
@@ -320,7 +321,7 @@ class AsyncLoop:
             tokens = sum(t.get(pool, 0) for _, t in self.recent)
             metrics[f"throughput/sampler_tokens_per_s/{pool}"] = tokens / span
         metrics["staleness/dropped_groups"] = float(self.window.dropped_groups)
-        metrics["fault/sampler_restarts"] = float(self.sampler_restarts)
-        metrics["fault/requests_reissued"] = float(self.requests_reissued)
+        metrics[REQUESTS_REISSUED] = float(self.requests_reissued)
+        metrics[SAMPLER_RESTARTS] = float(self.sampler_restarts)
         self.window = _Window()
         return StepReport(step=self.version, metrics=metrics, version=self.version)

@@ -1,4 +1,5 @@
-"""How a run ends, and saying so truthfully: a status in summary.json, one line on stderr, an exit code.
+"""How a run ends, told truthfully: a status in summary.json (rlmix.commands.train turns it into
+one line on stderr and an exit code).
 
 | status        | when                                                         | exit       |
 |---------------|--------------------------------------------------------------|------------|
@@ -13,12 +14,13 @@ docs/reliability.md lists each fault and what the run does about it.
 from __future__ import annotations
 
 import enum
+import logging
 import signal
-import sys
 from contextlib import contextmanager
-from pathlib import Path
 
 from rlmix.errors import RunFailed
+
+log = logging.getLogger(__name__)
 
 
 class Status(enum.Enum):
@@ -26,13 +28,6 @@ class Status(enum.Enum):
     collapsed = "collapsed"
     interrupted = "interrupted"
     failed = "failed"
-
-
-def exit_code(summary: dict) -> int:
-    status = Status(summary["status"])
-    if status is Status.interrupted:
-        return 128 + signal.Signals[summary["signal"]].value  # the shell's convention: 130, 143
-    return 1 if status is Status.failed else 0
 
 
 class StopRequest:
@@ -50,8 +45,8 @@ class StopRequest:
         if self.signum is not None:
             raise KeyboardInterrupt
         self.signum = signum
-        print(f"{signal.Signals(signum).name}: finishing the step in flight, then a checkpoint "
-              "(send it again to stop at once)", file=sys.stderr, flush=True)
+        log.warning("%s: finishing the step in flight, then a checkpoint (send it again to stop at once)",
+                    signal.Signals(signum).name)
 
     @contextmanager
     def installed(self):
@@ -65,9 +60,10 @@ class StopRequest:
                 signal.signal(s, handler)
 
 
-def finish(loop, steps, stop: StopRequest, facts: dict, resume_cmd: str) -> dict:
+def finish(loop, steps, stop: StopRequest, facts: dict) -> dict:
     """Run the loop to its end, then write the checkpoint and summary the outcome calls for."""
-    from rlmix.monitor import CollapseRule
+    from rlmix.assembly.checkpoints import latest_checkpoint
+    from rlmix.metrics.monitor import CollapseRule
 
     try:
         loop.run(steps.cfg.loop.steps, steps, stop)
@@ -88,10 +84,10 @@ def finish(loop, steps, stop: StopRequest, facts: dict, resume_cmd: str) -> dict
     }
     if failure:
         summary["error"] = failure
+        summary["resumable"] = latest_checkpoint(steps.run_dir) is not None
     if stop.signum is not None:
         summary["signal"] = signal.Signals(stop.signum).name
     steps.logger.finish(summary)
-    _say(status, summary, failure, resume_cmd, steps.run_dir)
     return summary
 
 
@@ -101,16 +97,3 @@ def _status(failure: str, stop: StopRequest, collapse: bool) -> Status:
     if stop():
         return Status.interrupted
     return Status.collapsed if collapse else Status.completed
-
-
-def _say(status: Status, summary: dict, failure: str, resume_cmd: str, run_dir) -> None:
-    from rlmix.orchestration.checkpoints import latest_checkpoint
-
-    if status is Status.interrupted:
-        saved = f"checkpoint {Path(summary['checkpoint']).name}" if summary["checkpoint"] else "no steps to save"
-        print(f"interrupted at step {summary['steps']} ({summary['signal']}), {saved}; continue with: {resume_cmd}",
-              file=sys.stderr, flush=True)
-    elif status is Status.failed:
-        has_checkpoint = latest_checkpoint(run_dir) is not None
-        then = f"; continue with: {resume_cmd}" if has_checkpoint else "; no checkpoint was written yet"
-        print(f"error: run failed at step {summary['steps']}: {failure}{then}", file=sys.stderr, flush=True)

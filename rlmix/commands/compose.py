@@ -1,16 +1,11 @@
-"""``rlmix train`` is real Hydra: ``@hydra.main`` behind the Typer command, arguments passed through.
+"""Composing ``train.yaml`` into a validated ``RunConfig``: shared by every command.
 
-Before Hydra starts, a preflight composes and validates EVERY job of the requested run or sweep
+Before ``rlmix train`` hands over to Hydra, a preflight composes and validates EVERY job of the requested run or sweep
 with the Compose API, so a typo in the fifth job of a sweep fails in a second with one line —
 not after four runs, and not with a traceback or a half-written run directory.
 """
 
 from __future__ import annotations
-
-import sys
-
-import hydra
-from omegaconf import DictConfig
 
 from rlmix.errors import ConfigError
 
@@ -61,6 +56,7 @@ def compose_run_config(overrides: list[str], for_training: bool = True, output_d
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf, open_dict
 
+    import rlmix.samplers.checks  # noqa: F401 - registers each backend's pool rules with validation
     from rlmix.config.load import check_output_dir, one_line, to_run_config, validate
     from rlmix.config.schema import register_configs
 
@@ -95,7 +91,7 @@ def preflight(args: list[str]) -> None:
         from rlmix.config.load import one_line
 
         raise ConfigError(one_line(err)) from None
-    from rlmix.orchestration.checkpoints import check_resume
+    from rlmix.assembly.checkpoints import check_resume
 
     for job in jobs:
         cfg = compose_run_config(job, output_dir_key="hydra.sweep.dir" if multirun else "hydra.run.dir")
@@ -117,44 +113,3 @@ def command_line(task_overrides: list[str]) -> str:
 
     kept = [o for o in task_overrides if not o.startswith("resume=")]
     return " ".join(["rlmix", "train", *map(shlex.quote, kept)])
-
-
-_FAILED: list[str] = []  # run dirs of failed jobs in this process (a sweep goes on past them)
-
-
-@hydra.main(version_base="1.3", config_path="pkg://" + CONFIG_MODULE, config_name=CONFIG_NAME)
-def _hydra_train(cfg: DictConfig) -> None:
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    from rlmix.config.load import to_run_config, validate
-    from rlmix.orchestration.outcome import exit_code
-    from rlmix.orchestration.runner import train
-
-    hc = HydraConfig.get()
-    multirun = hc.mode is RunMode.MULTIRUN
-    try:
-        summary = train(validate(to_run_config(cfg)), run_dir=hc.runtime.output_dir,
-                        sweep_group=hc.sweep.dir if multirun else None,
-                        command=command_line(list(hc.overrides.task)))
-    except ConfigError as err:  # e.g. a model path that is not a model: one line, no traceback
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
-    code = exit_code(summary)
-    if code == 1 and multirun:
-        _FAILED.append(hc.runtime.output_dir)  # the other jobs of the sweep still run
-    elif code != 0:
-        sys.exit(code)
-
-
-def run_train(args: list[str]) -> None:
-    from rlmix.config.schema import register_configs
-
-    register_configs()
-    args = resume_in_place(args)
-    preflight(args)
-    sys.argv = ["rlmix train", *args]
-    _hydra_train()
-    if _FAILED:
-        print(f"error: {len(_FAILED)} job(s) of the sweep failed: {', '.join(_FAILED)}", file=sys.stderr)
-        sys.exit(1)

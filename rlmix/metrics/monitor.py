@@ -1,12 +1,12 @@
-"""Collapse monitor: turns the per-step metric stream into a latched collapse verdict (corrections.md §6).
+"""Collapse monitor: turns the per-step metric stream into a latched collapse verdict (docs/math.md §6).
 
 Four rules, each with its own knobs and switch, evaluated once per trainer step:
 
 - ``reward_drop``   — the reward EMA falls below its running peak by ``max(drop·|peak|, min_drop)``.
 - ``kl_growth``     — the EMA of ``mismatch/kl_k3`` reaches ``factor ×`` its early baseline, jointly with
-  a falling reward or rising format errors (the implementable rule written in corrections.md §6).
+  a falling reward or rising format errors (the implementable rule written in docs/math.md §6).
 - ``format_errors`` — the format-error-rate EMA rises ``rise`` (absolute) above its early baseline
-  (the study saw 21% → 72% within ~10 steps, corrections.md §5).
+  (the study saw 21% → 72% within ~10 steps, docs/math.md §5).
 - ``grad_spikes``   — ``count`` gradient norms of at least ``factor ×`` the trailing median within
   ``window`` steps.
 - ``nonfinite``     — ``count`` consecutive steps skipped by the trainer (non-finite loss or gradient,
@@ -35,23 +35,19 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from rlmix.errors import ConfigError
-
-REWARD_KEY = "reward/mean"
-KL_KEY = "mismatch/kl_k3"
-FORMAT_KEY = "format/error_rate"
-GRAD_NORM_KEY = "train/grad_norm"
-SKIPPED_KEY = "train/skipped_steps"  # cumulative count of steps the trainer dropped as non-finite
-
-
-class MonitorAction(enum.Enum):
-    """What the training loop does on a collapse verdict. Member names are the YAML spelling."""
-
-    warn = "warn"  # log the verdict and keep training
-    stop = "stop"  # write the verdict, stop cleanly
-
+from rlmix.config.monitor import (  # noqa: F401 - the schema, importable beside the monitor
+    FormatErrorRule,
+    GradSpikeRule,
+    KLGrowthRule,
+    MonitorAction,
+    MonitorConfig,
+    NonFiniteRule,
+    RewardDropRule,
+    check_monitor,
+)
+from rlmix.metrics.names import FORMAT_KEY, GRAD_NORM_KEY, KL_KEY, REWARD_KEY, SKIPPED_STEPS
 
 class CollapseRule(enum.Enum):
     """Which rule fired. Values are the spelling used in ``reason`` strings and summaries."""
@@ -61,61 +57,6 @@ class CollapseRule(enum.Enum):
     format_errors = "format_errors"
     grad_spikes = "grad_spikes"
     nonfinite = "nonfinite"
-
-
-@dataclass
-class RewardDropRule:
-    enabled: bool = True
-    drop: float = 0.3  # relative fall of the reward EMA below its running peak
-    min_drop: float = 0.05  # absolute floor on the fall, so a peak near 0 does not alarm on noise
-
-
-@dataclass
-class KLGrowthRule:
-    enabled: bool = True
-    factor: float = 3.0  # EMA of k3 ≥ factor × early baseline (corrections.md §6: "at least threefold")
-    require_decline: bool = True  # joint rule: also needs a falling reward or rising format errors
-    reward_decline: float = 0.1  # "falling reward" here: reward EMA ≤ (1 − reward_decline) × peak
-    format_increase: float = 0.05  # "rising format errors" here: EMA ≥ baseline + format_increase
-    kl_floor: float = 1e-8  # floor on the baseline, so an exactly on-policy start does not divide by 0
-
-
-@dataclass
-class FormatErrorRule:
-    enabled: bool = True
-    rise: float = 0.2  # absolute rise of the format-error EMA above its early baseline
-
-
-@dataclass
-class GradSpikeRule:
-    enabled: bool = True
-    factor: float = 5.0  # a spike: grad norm ≥ factor × median of the trailing non-spike norms
-    count: int = 3  # spikes needed ...
-    window: int = 20  # ... within this many steps; also the length of the median's history
-
-
-@dataclass
-class NonFiniteRule:
-    enabled: bool = True
-    count: int = 3  # consecutive skipped (non-finite) steps; the run then stops as failed
-
-
-@dataclass
-class MonitorConfig:
-    """Schema for ``monitor.*`` (not frozen: Hydra composes into it)."""
-
-    action: MonitorAction = MonitorAction.warn
-    warmup_steps: int = 5  # updates that only feed the EMAs (the first steps are the noisiest)
-    baseline_steps: int = 10  # updates after warm-up whose raw means are the early baselines
-    ema_span: int = 10  # EMA smoothing: alpha = 2 / (ema_span + 1)
-    # A reward fall must also exceed this many standard deviations of the reward EMA's own noise
-    # (estimated from the raw rewards of the baseline window), so a noisy but flat run stays quiet.
-    noise_sigmas: float = 7.0
-    reward: RewardDropRule = field(default_factory=RewardDropRule)
-    kl: KLGrowthRule = field(default_factory=KLGrowthRule)
-    format: FormatErrorRule = field(default_factory=FormatErrorRule)
-    grad: GradSpikeRule = field(default_factory=GradSpikeRule)
-    nonfinite: NonFiniteRule = field(default_factory=NonFiniteRule)
 
 
 @dataclass(frozen=True)
@@ -134,21 +75,6 @@ class MonitorVerdict:
     def as_summary(self) -> dict[str, bool | int | str | None]:
         """The ``collapse`` object of ``summary.json``."""
         return {"verdict": self.collapse, "step": self.step, "reason": self.reason}
-
-
-def check_monitor(cfg: MonitorConfig) -> None:
-    """ConfigError naming the first ``monitor.*`` key out of range."""
-    for key, value, low in (
-        ("ema_span", cfg.ema_span, 1), ("warmup_steps", cfg.warmup_steps, 0), ("baseline_steps", cfg.baseline_steps, 1),
-        ("grad.window", cfg.grad.window, 1), ("grad.count", cfg.grad.count, 1), ("nonfinite.count", cfg.nonfinite.count, 1),
-    ):
-        if value < low:
-            raise ConfigError(f"monitor.{key}={value}: must be >= {low}")
-    for key, value in (("noise_sigmas", cfg.noise_sigmas), ("reward.drop", cfg.reward.drop),
-                       ("reward.min_drop", cfg.reward.min_drop), ("kl.factor", cfg.kl.factor),
-                       ("format.rise", cfg.format.rise), ("grad.factor", cfg.grad.factor)):
-        if not (value >= 0 and math.isfinite(value)):
-            raise ConfigError(f"monitor.{key}={value}: must be a finite number >= 0")
 
 
 NO_COLLAPSE = MonitorVerdict(collapse=False, step=None, reason="", rule=None)
@@ -235,7 +161,7 @@ class CollapseMonitor:
             if x is not None:
                 signal.update(x, in_baseline, track_peak=warm)
         spike = self._grad_spike(i, metrics.get(GRAD_NORM_KEY), warm) if GRAD_NORM_KEY in metrics else ""
-        nonfinite = self._nonfinite(_finite(metrics, SKIPPED_KEY))
+        nonfinite = self._nonfinite(_finite(metrics, SKIPPED_STEPS))
         if not self._verdict.collapse and nonfinite:
             self._verdict = MonitorVerdict(collapse=True, step=step, reason=f"nonfinite: {nonfinite}",
                                            rule=CollapseRule.nonfinite)
@@ -289,7 +215,7 @@ class CollapseMonitor:
         why = f"k3 EMA {ema:.4g} = {ema / base:.3g}x baseline {base:.4g}"
         if not rule.require_decline:
             return why
-        # corrections.md §6: KL growth alone is not enough; it must come with a declining run.
+        # docs/math.md §6: KL growth alone is not enough; it must come with a declining run.
         decline = self._reward_falling(rule.reward_decline, 0.0) or self._format_rising(rule.format_increase)
         return f"{why} with {decline}" if decline else ""
 
@@ -297,9 +223,8 @@ class CollapseMonitor:
         """Count consecutive steps whose cumulative skipped count went up; '' until ``count`` in a row."""
         if skipped is None:
             return ""
-        self._skipped_run = self._skipped_run + 1 if self._skipped is not None and skipped > self._skipped else 0
-        if self._skipped is None and skipped > 0:  # the first step seen was itself skipped
-            self._skipped_run = 1
+        went_up = skipped > self._skipped if self._skipped is not None else skipped > 0
+        self._skipped_run = self._skipped_run + 1 if went_up else 0
         self._skipped = skipped
         rule = self.cfg.nonfinite
         if rule.enabled and self._skipped_run >= rule.count:

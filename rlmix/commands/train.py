@@ -1,0 +1,80 @@
+"""``rlmix train`` is real Hydra: ``@hydra.main`` behind the Typer command, arguments passed through.
+
+Every job of the run or sweep is composed and validated first (``compose.preflight``); then Hydra
+runs each job, which assembles the parts and calls ``rlmix.orchestration.runner.train``. How the
+run ended becomes one line and the exit status here (docs/reliability.md):
+
+completed / collapsed: 0 · failed: 1 · bad input: 2 · interrupted by signal N: 128 + N (130, 143).
+A failed job of a sweep does not stop the sweep; the command exits 1 once every job has run.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from rlmix.commands.compose import CONFIG_MODULE, CONFIG_NAME, command_line, preflight, resume_in_place
+from rlmix.errors import ConfigError
+
+_FAILED: list[str] = []  # run dirs of the failed jobs of this process's sweep
+
+
+@hydra.main(version_base="1.3", config_path="pkg://" + CONFIG_MODULE, config_name=CONFIG_NAME)
+def _hydra_train(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    import rlmix.samplers.checks  # noqa: F401 - registers each backend's pool rules with validation
+    from rlmix.config.load import to_run_config, validate
+    from rlmix.orchestration.runner import train
+
+    hc = HydraConfig.get()
+    multirun = hc.mode is RunMode.MULTIRUN
+    try:
+        summary = train(validate(to_run_config(cfg)), run_dir=hc.runtime.output_dir,
+                        sweep_group=hc.sweep.dir if multirun else None)
+    except ConfigError as err:  # e.g. a model path that is not a model: one line, no traceback
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    code = exit_code(summary)
+    say(summary, f"{command_line(list(hc.overrides.task))} resume={summary['run_dir']}")
+    if code == 1 and multirun:
+        _FAILED.append(hc.runtime.output_dir)  # the other jobs of the sweep still run
+    elif code != 0:
+        sys.exit(code)
+
+
+def exit_code(summary: dict) -> int:
+    status = summary["status"]
+    if status == "interrupted":
+        return 128 + signal.Signals[summary["signal"]].value  # the shell's convention
+    return 1 if status == "failed" else 0
+
+
+def say(summary: dict, resume_cmd: str) -> None:
+    """The one line for a run that did not complete: what happened and the command that continues it."""
+    status, step = summary["status"], summary["steps"]
+    if status == "interrupted":
+        saved = f"checkpoint {Path(summary['checkpoint']).name}" if summary["checkpoint"] else "no step to save"
+        print(f"interrupted at step {step} ({summary['signal']}), {saved}; continue with: {resume_cmd}",
+              file=sys.stderr, flush=True)
+    elif status == "failed":
+        then = f"continue with: {resume_cmd}" if summary["resumable"] else "no checkpoint was written yet"
+        print(f"error: run failed at step {step}: {summary['error']}; {then}", file=sys.stderr, flush=True)
+
+
+def run_train(args: list[str]) -> None:
+    from rlmix.config.schema import register_configs
+
+    register_configs()
+    args = resume_in_place(args)
+    preflight(args)
+    sys.argv = ["rlmix train", *args]
+    _hydra_train()
+    if _FAILED:
+        print(f"error: {len(_FAILED)} job(s) of the sweep failed: {', '.join(_FAILED)}", file=sys.stderr)
+        sys.exit(1)
