@@ -171,3 +171,26 @@ def test_a_run_whose_steps_are_all_non_finite_fails(tmp_path, tiny_llama_dir):
     assert "non-finite" in result["error"]
     errors = [line for line in run.err.read_text().splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "non-finite" in errors[0]
+
+
+def test_a_killed_trainer_fails_the_run_in_one_line_with_the_resume_command(tmp_path):
+    run_dir = tmp_path / "run"
+    run = Run(tmp_path, *SMOKE, "loop.steps=500", "loop.checkpoint_every=1", f"hydra.run.dir={run_dir}")
+    run.wait_for(lambda: complete(run_dir) and actor_pids(run.proc.pid, "TrainerWorker"), "a checkpoint")
+    os.kill(actor_pids(run.proc.pid, "TrainerWorker")[0], signal.SIGKILL)
+    assert run.finish() == 1, run.text()
+    result = summary(run_dir)
+    assert result["status"] == "failed" and "trainer died" in result["error"]
+    errors = [line for line in run.err.read_text().splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "trainer died" in errors[0] and f"resume={run_dir}" in errors[0]
+    assert "Traceback" not in run.text()
+
+
+def test_a_stopped_trainer_trips_the_watchdog_which_names_it(tmp_path):
+    run_dir = tmp_path / "run"
+    run = Run(tmp_path, *SMOKE, "loop.steps=500", "loop.step_timeout_s=30", f"hydra.run.dir={run_dir}")
+    run.wait_for(lambda: rows(run_dir) and actor_pids(run.proc.pid, "TrainerWorker"), "the first step")
+    os.kill(actor_pids(run.proc.pid, "TrainerWorker")[0], signal.SIGSTOP)  # hangs, does not die
+    assert run.finish() == 1, run.text()
+    result = summary(run_dir)
+    assert result["status"] == "failed" and "waiting on the trainer" in result["error"]

@@ -241,7 +241,8 @@ class AsyncLoop:
         else:
             busy = sorted(s.name for s in inflight.values())
             restarting = sorted(s.name for s in self.samplers if s.state is SlotState.restarting)
-            on = "samplers " + ", ".join(busy + [f"{n} (restarting)" for n in restarting]) or "nothing"
+            names = busy + [f"{n} (restarting)" for n in restarting]
+            on = "samplers " + ", ".join(names) if names else "nothing: no request out, no batch ready"
         raise RunFailed(f"no trainer step finished in {waited:.0f} s (loop.step_timeout_s); waiting on {on}")
 
     # -- sampler faults ------------------------------------------------------------------
@@ -255,6 +256,11 @@ class AsyncLoop:
             self.orphans.appendleft(request)
             self._died(slot, err)
             return
+        except ray.exceptions.RayError as err:  # the sampler raised: a bug or bad input, not a fault to retry
+            cause = getattr(err, "cause", None) or err
+            head = next((ln.strip() for ln in str(cause).splitlines() if ln.strip()), type(cause).__name__)
+            raise RunFailed(f"sampler {slot.name} failed on request {request.request_id}: "
+                            f"{type(cause).__name__}: {head}") from err
         self.buffer.append(part)
         self.window.tokens[slot.pool] = self.window.tokens.get(slot.pool, 0) + part.num_tokens
 
@@ -303,7 +309,9 @@ class AsyncLoop:
         if self.version % self.cfg.weight_sync_every == 0:
             start = time.perf_counter()
             self.weights_ref = self.trainer.published_weights.remote()
-            ray.wait([self.weights_ref])
+            if not ray.wait([self.weights_ref], timeout=self.cfg.step_timeout_s)[0]:
+                raise RunFailed(f"the trainer did not publish step {self.version}'s weights within "
+                                f"{self.cfg.step_timeout_s:.0f} s (loop.step_timeout_s); waiting on the trainer")
             self.published = self.version
             self.weight_sync_s = time.perf_counter() - start
         now = time.perf_counter()

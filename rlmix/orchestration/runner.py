@@ -150,11 +150,12 @@ class StepHandler:
             return checkpoints.latest_checkpoint(self.run_dir)
         tmp = checkpoints.staging_dir(self.run_dir, step)
         try:
-            ray.get(self.trainer.save_checkpoint.remote(str(tmp)))
-        except ray.exceptions.RayActorError as err:
+            ray.get(self.trainer.save_checkpoint.remote(str(tmp)), timeout=self.cfg.loop.step_timeout_s)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as err:
             from rlmix.errors import RunFailed
 
-            raise RunFailed(f"the trainer died while saving step {step} ({type(err).__name__})") from err
+            raise RunFailed(f"the trainer died or hung while saving step {step} ({type(err).__name__}); "
+                            "waiting on the trainer") from err
         wandb_id = getattr(self.logger.wandb, "id", None)
         state = RunState(step, self.loop.next_request, self.logger.elapsed_s(), wandb_id)
         path = checkpoints.seal(tmp, state, self.cfg.loop.keep_checkpoints)
