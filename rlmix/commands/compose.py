@@ -2,7 +2,8 @@
 
 Before ``rlmix train`` hands over to Hydra, a preflight composes and validates EVERY job of the requested run or sweep
 with the Compose API, so a typo in the fifth job of a sweep fails in a second with one line —
-not after four runs, and not with a traceback or a half-written run directory.
+not after four runs, and not with a traceback or a half-written run directory. The same preflight
+checks that a local run's GPU pools fit the GPUs of this machine (rlmix/orchestration/hardware.py).
 """
 
 from __future__ import annotations
@@ -92,9 +93,11 @@ def preflight(args: list[str]) -> None:
 
         raise ConfigError(one_line(err)) from None
     from rlmix.assembly.checkpoints import check_resume
+    from rlmix.orchestration.hardware import check_machine
 
     for job in jobs:
         cfg = compose_run_config(job, output_dir_key="hydra.sweep.dir" if multirun else "hydra.run.dir")
+        check_machine(cfg)  # GPUs asked for exist here, before Ray or a run dir
         check_resume(cfg.resume)
 
 

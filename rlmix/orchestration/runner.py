@@ -8,7 +8,7 @@ import os
 import time
 from pathlib import Path
 
-from rlmix.config.schema import RunConfig, SamplerBackend
+from rlmix.config.schema import RunConfig
 from rlmix.metrics.logger import RunLogger
 from rlmix.assembly import checkpoints
 from rlmix.assembly.checkpoints import RunState
@@ -56,10 +56,9 @@ def start_actors(cfg: RunConfig, specs: list[SamplerSpec], model_dir: Path):
     )
     slots = []
     for spec in specs:
-        gpus = 1 if spec.pool_cfg.backend is SamplerBackend.vllm and spec.pool_cfg.accelerator.upper() != "CPU" else 0
         actor = (
             ray.remote(SamplerWorker)
-            .options(num_cpus=0, num_gpus=gpus, resources={spec.resource: 0.001},
+            .options(num_cpus=0, num_gpus=spec.gpus, resources={spec.resource: 0.001},
                      max_restarts=cfg.loop.sampler_max_restarts)
             .remote(spec, str(model_dir), cfg.task, derive_seed(cfg.seed, spec.name), cfg.loop.sampler_threads)
         )
