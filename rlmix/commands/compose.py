@@ -36,13 +36,20 @@ def split_args(args: list[str]) -> tuple[list[str], bool, bool]:
 
 
 def expand_jobs(overrides: list[str], multirun: bool) -> list[list[str]]:
-    """One override list per job, as Hydra's basic sweeper would run them."""
+    """One override list per job, as Hydra's basic sweeper would run them.
+
+    Records the swept keys on the way: they name the jobs' directories and W&B runs.
+    """
+    from rlmix.commands.naming import set_swept_keys, swept_keys
+
+    set_swept_keys(())
     if not multirun:
         return [overrides]
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parsed = OverridesParser.create().parse_overrides(overrides)
+    set_swept_keys(swept_keys(parsed))
     batches = BasicSweeper.split_arguments(parsed, max_batch_size=None)
     return [job for batch in batches for job in batch]
 

@@ -87,8 +87,7 @@ def finish(loop, steps, stop: StopRequest, facts: dict) -> dict:
         summary["resumable"] = latest_checkpoint(steps.run_dir) is not None
     if stop.signum is not None:
         summary["signal"] = signal.Signals(stop.signum).name
-    steps.logger.finish(summary)
-    return summary
+    return steps.logger.finish(summary)  # with the accumulated wall time
 
 
 def _status(failure: str, stop: StopRequest, collapse: bool) -> Status:
