@@ -1,8 +1,11 @@
 """From a rollout batch and a model to the corrected loss: the part every trainer backend shares.
 
 The trainer recomputes its own log-probs for the tokens the samplers drew (fp32 log-softmax of
-BF16 logits, divided by the sampling temperature, corrections.md §3.3) and hands them, with the
-sampler's record, to the pure correction library.
+BF16 logits, divided by the sampling temperature, docs/math.md §3.3) and hands them, with the
+sampler's record, to the pure correction library. The logits reach the library as the few
+columns it reads plus the log-normaliser, computed a chunk of tokens at a time
+(``rlmix.trainers.lm_head``); ``masked_logits`` is the dense (N, V) form, for output layers that
+cannot be chunked and for the probe, which needs whole distributions.
 """
 
 from __future__ import annotations
@@ -12,8 +15,10 @@ from dataclasses import dataclass
 import torch
 
 from rlmix.config.schema import CorrectionConfig, Objective
-from rlmix.correction import CorrectionMode, ppo_clip_loss, token_loss
+from rlmix.correction import MODES, CorrectionMode, ppo_clip_loss, token_loss
+from rlmix.correction.logprobs import loss_columns
 from rlmix.rollout import Rollouts
+from rlmix.trainers.lm_head import token_logits
 
 # The weight function each correction mode puts on the sampled token inside PPO clip.
 _PPO_WEIGHT = {CorrectionMode.none: "none", CorrectionMode.tis: "tis", CorrectionMode.mis: "mis"}
@@ -73,14 +78,19 @@ def batch_loss(
     """The configured objective and correction on one micro-batch (corrections.md §2–§5)."""
     device = next(model.parameters()).device
     batch, advantages = batch.to(device), advantages.to(device)
-    logits = masked_logits(model, batch, pad_id, bf16)  # (N, V)
     mask = batch.mask
     adv = advantages[:, None].expand_as(mask)[mask]  # (N,) sequence advantage on each token
     support_ids = _per_token(batch.support_ids, mask) if cfg.replay_support else None
     support_probs = _per_token(batch.support_probs, mask) if cfg.replay_support else None
+    head_ids = _per_token(batch.head_ids, mask)
+    sampled_ids = batch.completion_ids[mask]
+    centered = cfg.objective is not Objective.ppo_clip and MODES[cfg.mode].centered
+    # The columns the loss reads: the support when replayed, else the head for SC, else none.
+    candidate_ids = support_ids if support_ids is not None else head_ids if centered else None
+    head = token_logits(model, batch, loss_columns(sampled_ids, candidate_ids), pad_id, bf16)
     common = dict(
-        logits=logits,
-        sampled_ids=batch.completion_ids[mask],
+        logits=head.logits,
+        sampled_ids=sampled_ids,
         sampler_logprobs=batch.sampler_logprobs[mask],
         advantages=adv,
         support_ids=support_ids,
@@ -97,11 +107,8 @@ def batch_loss(
     else:
         out = token_loss(
             mode=cfg.mode,
-            head_ids=_per_token(batch.head_ids, mask),
+            head_ids=head_ids,
             head_logprobs=_per_token(batch.head_logprobs, mask),
             **common,
         )
-    with torch.no_grad():
-        logp = torch.log_softmax(logits, dim=-1)
-        entropy = -(logp.exp() * logp).sum(-1)
-    return LossOutput(out.loss, out.stats, out.token_stats, entropy, logits.shape[0])
+    return LossOutput(out.loss, out.stats, out.token_stats, head.entropy, int(sampled_ids.shape[0]))

@@ -1,0 +1,174 @@
+"""Trainer log-probs without the (N, V) logits: the chunked lm-head pass.
+
+The correction reads, per generated token, the logits at a few columns (the sampled id, the K
+head ids or the S support ids) and the full-vocabulary log-normaliser (docs/math.md §3.3). So the
+trainer runs the decoder only up to its final hidden states, keeps the completion positions
+(N, d), and walks the output layer over chunks of tokens:
+
+    z_c   = (h_c W^T) / T                      (c, V) fp32, one chunk at a time
+    out   = z_c[ids], logsumexp(z_c), entropy(z_c)
+
+Backward recomputes each chunk's logits instead of keeping them, with the gradient of the
+gathered columns `g_z` and of the log-normaliser `g_n`:
+
+    dz_c   = (scatter(ids, g_z) + softmax(z_c) · g_n) / T
+    dh_c   = dz_c W            dW += dz_c^T h_c
+
+Peak memory is a few (c, V) buffers instead of several (N, V) ones (docs/performance.md).
+Output layers this cannot express exactly (a bias, logit soft-capping or scaling, ZeRO-3
+partitioned weights) take the dense path, the same numbers at the old cost, and say so once.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from enum import Enum
+
+import torch
+from torch import Tensor
+
+from rlmix.correction.logprobs import GatheredLogits
+from rlmix.rollout import Rollouts
+
+log = logging.getLogger(__name__)
+
+# Bytes of one fp32 (chunk, V) logit buffer; a chunk holds about three of them at its peak.
+CHUNK_BYTES = 1 << 27
+# Config attributes with which a model transforms the output layer's product: not a plain h W^T.
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+class HeadPath(str, Enum):
+    chunked = "chunked"  # hidden states (N, d), lm head a chunk of tokens at a time
+    dense = "dense"  # the model's own (B, L, V) logits, then the (N, V) rows
+
+
+@dataclass(frozen=True)
+class TokenLogits:
+    """What the loss needs from the trainer's logits for the N generated tokens of a batch.
+
+    logits:  (N, V) fp32 dense (path `dense`) or the `GatheredLogits` record (path `chunked`),
+             divided by the sampling temperature either way
+    entropy: (N,) detached entropy of the trainer's full-vocabulary distribution
+    """
+
+    logits: Tensor | GatheredLogits
+    entropy: Tensor
+    path: HeadPath
+
+
+def head_path(model: torch.nn.Module) -> tuple[HeadPath, str]:
+    """Which path `token_logits` takes for `model` (an HF causal LM or a DeepSpeed engine), and why."""
+    module = getattr(model, "module", model)  # a DeepSpeed engine wraps the HF model
+    if not (hasattr(module, "get_decoder") and hasattr(module, "get_output_embeddings")):
+        return HeadPath.dense, "the model has no get_decoder/get_output_embeddings"
+    head = module.get_output_embeddings()
+    if type(head) is not torch.nn.Linear or head.bias is not None:
+        return HeadPath.dense, f"the output layer is {type(head).__name__} with a bias or not a plain Linear"
+    config = getattr(module, "config", None)
+    for name in _LOGIT_TRANSFORMS:
+        if getattr(config, name, None) not in (None, 1.0):
+            return HeadPath.dense, f"the model transforms its logits (config.{name})"
+    if hasattr(head.weight, "ds_id"):
+        return HeadPath.dense, "the output weight is partitioned (DeepSpeed ZeRO-3)"
+    return HeadPath.chunked, "plain output layer"
+
+
+def token_logits(
+    model: torch.nn.Module, batch: Rollouts, columns: Tensor, pad_id: int, bf16: bool, chunk_bytes: int = CHUNK_BYTES
+) -> TokenLogits:
+    """The trainer's logits of the generated tokens at `columns` (N, C), plus entropy (N,)."""
+    from rlmix.trainers.loss import masked_logits, sequence_input_ids
+
+    path, why = head_path(model)
+    if path is HeadPath.dense:
+        _say_once(why)
+        logits = masked_logits(model, batch, pad_id, bf16)  # (N, V)
+        return TokenLogits(logits, _entropy(logits.detach()), path)
+    module = getattr(model, "module", model)
+    input_ids, target_pos = sequence_input_ids(batch, pad_id)
+    with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=bf16):
+        hidden = module.get_decoder()(input_ids=input_ids).last_hidden_state  # (B, L, d)
+    rows = torch.arange(hidden.shape[0], device=hidden.device)[:, None].expand_as(target_pos)
+    h = hidden[rows[batch.mask], target_pos[batch.mask]]  # (N, d)
+    weight = module.get_output_embeddings().weight  # (V, d)
+    compute = torch.bfloat16 if bf16 else torch.float32  # §3.3: BF16 logits, fp32 softmax
+    chunk = max(1, chunk_bytes // (4 * weight.shape[0]))
+    z, log_norm, entropy = _ChunkedHead.apply(h, weight, columns, float(batch.temperature), chunk, compute)
+    return TokenLogits(GatheredLogits(columns, z, log_norm), entropy, path)
+
+
+def _entropy(logits: Tensor) -> Tensor:
+    logp = torch.log_softmax(logits, dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+_said: set[str] = set()
+
+
+def _say_once(why: str) -> None:
+    if why not in _said:
+        _said.add(why)
+        log.info("lm head: dense (N, V) logits because %s", why)
+
+
+class _ChunkedHead(torch.autograd.Function):
+    """(h (N, d), W (V, d)) → z at `ids` (N, C), logsumexp (N,), entropy (N,, no gradient)."""
+
+    @staticmethod
+    def forward(ctx, h: Tensor, weight: Tensor, ids: Tensor, temperature: float, chunk: int, compute: torch.dtype):
+        ctx.set_materialize_grads(False)
+        w = weight.to(compute)  # one cast for all chunks (a no-op for a BF16 or fp32 match)
+        n = h.shape[0]
+        z = h.new_empty(ids.shape, dtype=torch.float32)
+        log_norm = h.new_empty((n,), dtype=torch.float32)
+        entropy = h.new_empty((n,), dtype=torch.float32)
+        for s in range(0, n, chunk):
+            logits = _chunk_logits(h[s : s + chunk], w, temperature)  # (c, V) fp32
+            z[s : s + chunk] = logits.gather(1, ids[s : s + chunk])
+            lse = torch.logsumexp(logits, dim=1)
+            log_norm[s : s + chunk] = lse
+            logp = logits.sub_(lse[:, None])  # in place: the chunk's logits are not needed again
+            p = logp.exp()
+            # −Σ_v p_v log p_v as a batched dot product: no third (c, V) buffer
+            entropy[s : s + chunk] = -torch.bmm(p[:, None, :], logp[:, :, None])[:, 0, 0]
+            del logits, logp, p
+        ctx.save_for_backward(h, weight, ids, log_norm)
+        ctx.temperature, ctx.chunk, ctx.compute = temperature, chunk, compute
+        ctx.mark_non_differentiable(entropy)
+        return z, log_norm, entropy
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_z: Tensor | None, grad_norm: Tensor | None, _grad_entropy: Tensor | None):
+        h, weight, ids, log_norm = ctx.saved_tensors
+        t, chunk, compute = ctx.temperature, ctx.chunk, ctx.compute
+        w = weight.to(compute)
+        grad_h = torch.empty_like(h) if ctx.needs_input_grad[0] else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        for s in range(0, h.shape[0], chunk):
+            h_c = h[s : s + chunk]
+            dz = _chunk_logits(h_c, w, t)
+            if grad_norm is None:
+                dz.zero_()
+            else:  # softmax(z) · g_n, in the recomputed logits' buffer
+                dz.sub_(log_norm[s : s + chunk, None]).exp_().mul_(grad_norm[s : s + chunk, None])
+            if grad_z is not None:
+                dz.scatter_add_(1, ids[s : s + chunk], grad_z[s : s + chunk].float())
+            if t != 1.0:  # through z = (h W^T) / T
+                dz.div_(t)
+            dz = dz.to(compute)
+            if grad_h is not None:
+                grad_h[s : s + chunk] = dz @ w
+            if compute is torch.float32:
+                grad_w.addmm_(dz.T, h_c.float())
+            else:  # fp32 accumulation over chunks of the BF16 products
+                grad_w += (dz.T @ h_c.to(compute)).float()
+        return grad_h, grad_w.to(weight.dtype), None, None, None, None
+
+
+def _chunk_logits(h_c: Tensor, w: Tensor, temperature: float) -> Tensor:
+    """(c, V) fp32 logits / T: the product in `w`'s dtype (as autocast would), then fp32."""
+    logits = (h_c.to(w.dtype) @ w.T).float()
+    return logits.div_(temperature) if temperature != 1.0 else logits
