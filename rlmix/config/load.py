@@ -63,6 +63,8 @@ def _check_loop(cfg: RunConfig) -> None:
     _require(loop.max_new_tokens >= 1, f"loop.max_new_tokens={loop.max_new_tokens}: must be >= 1")
     _require(loop.weight_sync_every >= 1, f"loop.weight_sync_every={loop.weight_sync_every}: must be >= 1")
     _require(cfg.trainer.micro_batch_size >= 1, f"trainer.micro_batch_size={cfg.trainer.micro_batch_size}: must be >= 1")
+    budget = cfg.trainer.max_tokens_per_micro_batch
+    _require(budget is None or budget >= 1, f"trainer.max_tokens_per_micro_batch={budget}: must be null or >= 1")
     _require(cfg.trainer.lr > 0, f"trainer.lr={cfg.trainer.lr}: must be > 0")
 
 

@@ -25,6 +25,12 @@ class StepResult:
     token_stats: dict[str, torch.Tensor]  # (N,) per masked token, batch row-major
     entropy: float
     num_tokens: int
+    positions: int = 0  # positions the forward passes ran on (rows × width, summed over micro-batches)
+    sequence_tokens: int = 0  # of those, real prompt and completion tokens
+
+    @property
+    def padding_frac(self) -> float:
+        return 1.0 - self.sequence_tokens / self.positions if self.positions else 0.0
 
 
 def advantages_for(batch: Rollouts, cfg: CorrectionConfig) -> torch.Tensor:
@@ -35,29 +41,93 @@ def advantages_for(batch: Rollouts, cfg: CorrectionConfig) -> torch.Tensor:
 
 
 def micro_batches(batch: Rollouts, size: int) -> Iterator[tuple[Rollouts, slice]]:
+    """Contiguous blocks of ``size`` rows (how DeepSpeed shards a batch over ranks)."""
     for start in range(0, len(batch), size):
         rows = slice(start, start + size)
         yield _rows(batch, rows), rows
 
 
-def _rows(batch: Rollouts, rows: slice) -> Rollouts:
+def completion_lengths(mask: torch.Tensor) -> torch.Tensor:
+    """(B,) one past each row's last generated token (0 for a row without one)."""
+    last = mask.shape[1] - mask.flip(1).int().argmax(dim=1)
+    return torch.where(mask.any(dim=1), last, 0)
+
+
+def sequence_lengths(batch: Rollouts) -> torch.Tensor:
+    """(B,) positions each row's forward needs: its prompt and its completion up to the last generated token."""
+    return batch.prompt_lens + completion_lengths(batch.mask)
+
+
+def plan_micro_batches(batch: Rollouts, max_rows: int, max_tokens: int | None) -> list[torch.Tensor]:
+    """Row indices of each micro-batch: at most ``max_rows`` rows and ``max_tokens`` padded positions.
+
+    Without a token budget: contiguous blocks of ``max_rows`` rows. With one, rows are taken
+    longest first and a micro-batch grows while rows × (its longest row) fits the budget, so each
+    micro-batch holds rows of similar length and the padding stays small. A row longer than the
+    budget gets a micro-batch of its own. The loss is a token mean over the GLOBAL count, so the
+    grouping changes the work, never the update.
+    """
+    if max_tokens is None:
+        return [torch.arange(s, min(s + max_rows, len(batch))) for s in range(0, len(batch), max_rows)]
+    lengths = sequence_lengths(batch)
+    order = torch.argsort(lengths, descending=True, stable=True).tolist()
+    plans: list[list[int]] = []
+    for row in order:
+        current = plans[-1] if plans else None
+        # Rows come longest first, so the micro-batch's width is the length of its first row.
+        if current and len(current) < max_rows and (len(current) + 1) * int(lengths[current[0]]) <= max_tokens:
+            current.append(row)
+        else:
+            plans.append([row])
+    return [torch.tensor(rows, dtype=torch.long) for rows in plans]
+
+
+def plan_positions(batch: Rollouts, plan: list[torch.Tensor]) -> tuple[int, int]:
+    """(positions the forwards of ``plan`` run on, real tokens among them); padding is the rest.
+
+    A micro-batch without generated tokens runs no forward and counts for neither.
+    """
+    lengths, generated = sequence_lengths(batch), batch.mask.any(dim=1)
+    positions = real = 0
+    for rows in plan:
+        if bool(generated[rows].any()):
+            positions += len(rows) * int(lengths[rows].max())
+            real += int(lengths[rows].sum())
+    return positions, real
+
+
+def _rows(batch: Rollouts, rows: slice | torch.Tensor) -> Rollouts:
+    """The rows ``rows`` of ``batch``, trimmed to their longest prompt and completion."""
+    mask = batch.mask[rows]
+    prompt_lens = batch.prompt_lens[rows]
+    width = int(completion_lengths(mask).max(initial=0))
+    prompt_width = max(int(prompt_lens.max(initial=0)), 1)
+
     def take(x):
         return None if x is None else x[rows]
 
+    def tokens(x):  # per-token fields: (rows, T, ...) → (rows, width, ...)
+        return None if x is None else x[rows][:, :width]
+
+    def each(values: tuple) -> tuple:
+        if isinstance(rows, slice):
+            return values[rows]
+        return tuple(values[i] for i in rows.tolist())
+
     return batch.replace(
-        prompt_ids=batch.prompt_ids[rows],
-        prompt_lens=batch.prompt_lens[rows],
-        completion_ids=batch.completion_ids[rows],
-        mask=batch.mask[rows],
-        sampler_logprobs=batch.sampler_logprobs[rows],
+        prompt_ids=batch.prompt_ids[rows][:, :prompt_width],
+        prompt_lens=prompt_lens,
+        completion_ids=tokens(batch.completion_ids),
+        mask=mask[:, :width],
+        sampler_logprobs=tokens(batch.sampler_logprobs),
         policy_version=batch.policy_version[rows],
-        pool=batch.pool[rows],
-        finish_reason=batch.finish_reason[rows],
-        head_ids=take(batch.head_ids),
-        head_logprobs=take(batch.head_logprobs),
-        support_ids=take(batch.support_ids),
-        support_probs=take(batch.support_probs),
-        task_ids=batch.task_ids[rows],
+        pool=each(batch.pool),
+        finish_reason=each(batch.finish_reason),
+        head_ids=tokens(batch.head_ids),
+        head_logprobs=tokens(batch.head_logprobs),
+        support_ids=tokens(batch.support_ids),
+        support_probs=tokens(batch.support_probs),
+        task_ids=each(batch.task_ids) if batch.task_ids else (),
         group_ids=take(batch.group_ids),
         rewards=take(batch.rewards),
         format_ok=take(batch.format_ok),
@@ -75,19 +145,29 @@ def forward_backward(
     bf16: bool,
     num_tokens: int,
     backward: Callable[[torch.Tensor], None],
+    max_tokens: int | None = None,
 ) -> StepResult:
     """Accumulate gradients of the token-mean loss over micro-batches of ``batch``.
 
     ``num_tokens`` is the GLOBAL masked-token count of the whole step (all micro-batches and,
     for several ranks, all ranks), so the sum of micro-batch losses is the token-mean over the
-    step (corrections.md §3.2: "the global token count is passed in").
+    step (docs/math.md §3.2: "the global token count is passed in") whatever the micro-batches
+    are. ``max_tokens`` packs rows into micro-batches by a budget of padded positions
+    (``plan_micro_batches``); per-token diagnostics come back in the batch's row-major order.
     """
     loss_sum, weighted, entropy_sum, n_total = 0.0, {}, 0.0, 0
+    # Where each masked token sits in the batch's row-major order, to undo the packing's reordering.
+    mask = batch.mask.cpu()
+    token_index = torch.full(mask.shape, -1, dtype=torch.long)
+    token_index[mask] = torch.arange(int(mask.sum()))
     token_stats: dict[str, list[torch.Tensor]] = {}
-    for micro, rows in micro_batches(batch, micro_batch_size):
+    order: list[torch.Tensor] = []
+    plan = plan_micro_batches(batch, micro_batch_size, max_tokens)
+    for rows in plan:
+        micro = _rows(batch, rows)
         if not micro.mask.any():
             continue
-        out = batch_loss(model, micro, advantages[rows], cfg, num_tokens, pad_id, bf16)
+        out = batch_loss(model, micro, advantages[rows.to(advantages.device)], cfg, num_tokens, pad_id, bf16)
         backward(out.loss)
         n = out.num_tokens
         loss_sum += float(out.loss.detach())
@@ -97,11 +177,23 @@ def forward_backward(
             weighted[key] = weighted.get(key, 0.0) + float(value) * n
         for key, value in out.token_stats.items():
             token_stats.setdefault(key, []).append(value.detach().cpu())
+        order.append(token_index[rows][mask[rows]])
     denom = max(n_total, 1)
+    positions, sequence_tokens = plan_positions(batch, plan)
     return StepResult(
         loss=loss_sum,
         stats={key: value / denom for key, value in weighted.items()},
-        token_stats={key: torch.cat(values) for key, values in token_stats.items()},
+        token_stats={key: _row_major(values, order) for key, values in token_stats.items()},
         entropy=entropy_sum / denom,
         num_tokens=n_total,
+        positions=positions,
+        sequence_tokens=sequence_tokens,
     )
+
+
+def _row_major(values: list[torch.Tensor], order: list[torch.Tensor]) -> torch.Tensor:
+    """Per-token values of the micro-batches put back in the batch's row-major token order."""
+    flat, index = torch.cat(values), torch.cat(order)
+    out = torch.empty_like(flat)
+    out[index] = flat
+    return out

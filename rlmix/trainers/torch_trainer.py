@@ -46,6 +46,7 @@ class TorchTrainer:
             self.correction,
             pad_id=self.pad_id,
             micro_batch_size=self.cfg.micro_batch_size,
+            max_tokens=self.cfg.max_tokens_per_micro_batch,
             bf16=self.cfg.bf16,
             num_tokens=batch.num_tokens,
             backward=torch.Tensor.backward,
@@ -103,6 +104,7 @@ def step_metrics(batch: Rollouts, result: StepResult, grad_norm: float, version:
         "train/grad_norm": grad_norm,
         "train/entropy": result.entropy,
         "train/tokens": float(result.num_tokens),
+        "train/padding_frac": result.padding_frac,
     }
     metrics |= reward_metrics(batch)
     metrics |= correction_metrics(result.stats)
