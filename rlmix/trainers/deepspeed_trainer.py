@@ -22,7 +22,7 @@ from rlmix.config.schema import CorrectionConfig, TrainerConfig
 from rlmix.rollout import Rollouts
 from rlmix.trainers.deepspeed_config import check_deepspeed
 from rlmix.trainers.deepspeed_rank import DeepSpeedRank, RankSetup, RankStep, comm_backend, free_port
-from rlmix.trainers.step import StepResult, advantages_for, micro_batches, plan_micro_batches
+from rlmix.trainers.step import StepResult, advantages_for, micro_batches, plan_micro_batches, step_stats
 from rlmix.trainers.torch_trainer import step_metrics
 
 STATE_FILE = "trainer_state.json"
@@ -48,11 +48,13 @@ def merge_results(results: list[StepResult]) -> StepResult:
     denom = max(n, 1)
     keys = {k for r in results for k in r.stats}
     token_keys = [k for r in results for k in r.token_stats]
+    token_stats = {k: torch.cat([r.token_stats[k] for r in results if k in r.token_stats])
+                   for k in dict.fromkeys(token_keys)}
     return StepResult(
         loss=sum(r.loss for r in results),  # each is (its tokens' loss sum) / global count
-        stats={k: sum(r.stats.get(k, 0.0) * r.num_tokens for r in results) / denom for k in keys},
-        token_stats={k: torch.cat([r.token_stats[k] for r in results if k in r.token_stats])
-                     for k in dict.fromkeys(token_keys)},
+        stats=step_stats({k: sum(r.stats.get(k, 0.0) * r.num_tokens for r in results) / denom for k in keys},
+                         token_stats),
+        token_stats=token_stats,
         entropy=sum(r.entropy * r.num_tokens for r in results) / denom,
         num_tokens=n,
         positions=sum(r.positions for r in results),

@@ -14,6 +14,7 @@ import torch
 
 from rlmix.config.schema import AdvantageNorm, CorrectionConfig
 from rlmix.correction.advantages import group_advantages
+from rlmix.correction.diagnostics import effective_sample_size
 from rlmix.rollout import Rollouts
 from rlmix.trainers.loss import batch_loss
 
@@ -58,28 +59,40 @@ def sequence_lengths(batch: Rollouts) -> torch.Tensor:
     return batch.prompt_lens + completion_lengths(batch.mask)
 
 
+# A forward/backward's fixed cost (launches, the optimizer-free part of a step), in positions, as a
+# share of a full micro-batch: the planner trades one more micro-batch for this much less padding.
+MICRO_BATCH_OVERHEAD = 0.05
+
+
 def plan_micro_batches(batch: Rollouts, max_rows: int, max_tokens: int | None) -> list[torch.Tensor]:
     """Row indices of each micro-batch: at most ``max_rows`` rows and ``max_tokens`` padded positions.
 
-    Without a token budget: contiguous blocks of ``max_rows`` rows. With one, rows are taken
-    longest first and a micro-batch grows while rows × (its longest row) fits the budget, so each
-    micro-batch holds rows of similar length and the padding stays small. A row longer than the
-    budget gets a micro-batch of its own. The loss is a token mean over the GLOBAL count, so the
-    grouping changes the work, never the update.
+    Without a token budget: contiguous blocks of ``max_rows`` rows. With one, rows are sorted
+    longest first and cut into runs that minimise the forward's cost, Σ rows × (longest row) +
+    ``MICRO_BATCH_OVERHEAD`` × ``max_tokens`` per micro-batch (exact dynamic programme over the
+    cuts), so long and short rows never share a micro-batch and padding stays small. A row
+    longer than the budget gets a micro-batch of its own. The loss is a token mean over the
+    GLOBAL count, so the grouping changes the work, never the update.
     """
     if max_tokens is None:
         return [torch.arange(s, min(s + max_rows, len(batch))) for s in range(0, len(batch), max_rows)]
-    lengths = sequence_lengths(batch)
-    order = torch.argsort(lengths, descending=True, stable=True).tolist()
-    plans: list[list[int]] = []
-    for row in order:
-        current = plans[-1] if plans else None
-        # Rows come longest first, so the micro-batch's width is the length of its first row.
-        if current and len(current) < max_rows and (len(current) + 1) * int(lengths[current[0]]) <= max_tokens:
-            current.append(row)
-        else:
-            plans.append([row])
-    return [torch.tensor(rows, dtype=torch.long) for rows in plans]
+    order = torch.argsort(sequence_lengths(batch), descending=True, stable=True)
+    widths = sequence_lengths(batch)[order].tolist()
+    n, overhead = len(widths), MICRO_BATCH_OVERHEAD * max_tokens
+    cost, cut = [0.0] * (n + 1), [n] * (n + 1)  # cost[i]: best cost of rows i.., first run i..cut[i]
+    for i in range(n - 1, -1, -1):
+        cost[i] = float("inf")
+        end = i + 1  # rows i..end-1 in one micro-batch, as wide as row i (the longest)
+        while end <= n and end - i <= max_rows and ((end - i) * widths[i] <= max_tokens or end == i + 1):
+            run = overhead + (end - i) * widths[i] + cost[end]
+            if run < cost[i]:
+                cost[i], cut[i] = run, end
+            end += 1
+    plan, i = [], 0
+    while i < n:
+        plan.append(order[i : cut[i]])
+        i = cut[i]
+    return plan
 
 
 def plan_positions(batch: Rollouts, plan: list[torch.Tensor]) -> tuple[int, int]:
@@ -100,8 +113,8 @@ def _rows(batch: Rollouts, rows: slice | torch.Tensor) -> Rollouts:
     """The rows ``rows`` of ``batch``, trimmed to their longest prompt and completion."""
     mask = batch.mask[rows]
     prompt_lens = batch.prompt_lens[rows]
-    width = int(completion_lengths(mask).max(initial=0))
-    prompt_width = max(int(prompt_lens.max(initial=0)), 1)
+    width = int(completion_lengths(mask).max()) if len(mask) else 0
+    prompt_width = max(int(prompt_lens.max()) if len(mask) else 0, 1)
 
     def take(x):
         return None if x is None else x[rows]
@@ -180,15 +193,27 @@ def forward_backward(
         order.append(token_index[rows][mask[rows]])
     denom = max(n_total, 1)
     positions, sequence_tokens = plan_positions(batch, plan)
+    per_token = {key: _row_major(values, order) for key, values in token_stats.items()}
     return StepResult(
         loss=loss_sum,
-        stats={key: value / denom for key, value in weighted.items()},
-        token_stats={key: _row_major(values, order) for key, values in token_stats.items()},
+        stats=step_stats({key: value / denom for key, value in weighted.items()}, per_token),
+        token_stats=per_token,
         entropy=entropy_sum / denom,
         num_tokens=n_total,
         positions=positions,
         sequence_tokens=sequence_tokens,
     )
+
+
+def step_stats(token_means: dict[str, float], token_stats: dict[str, torch.Tensor]) -> dict[str, float]:
+    """The step's diagnostics: token means stay, the effective sample size is recomputed.
+
+    ESS = (Σw)² / (n Σw²) is not a token mean, so averaging it over micro-batches would make it
+    depend on how rows were grouped; it is taken over the step's weights instead.
+    """
+    if "ess" in token_means and "weight" in token_stats:
+        token_means = token_means | {"ess": float(effective_sample_size(token_stats["weight"].double()))}
+    return token_means
 
 
 def _row_major(values: list[torch.Tensor], order: list[torch.Tensor]) -> torch.Tensor:
