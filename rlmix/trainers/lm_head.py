@@ -2,8 +2,8 @@
 
 The correction reads, per generated token, the logits at a few columns (the sampled id, the K
 head ids or the S support ids) and the full-vocabulary log-normaliser (docs/math.md §3.3). So the
-trainer runs the decoder only up to its final hidden states, keeps the completion positions
-(N, d), and walks the output layer over chunks of tokens:
+trainer runs the model with its output layer set aside, keeps the output layer's input at the
+completion positions (N, d), and walks the output layer over chunks of tokens:
 
     z_c   = (h_c W^T) / T                      (c, V) fp32, one chunk at a time
     out   = z_c[ids], logsumexp(z_c), entropy(z_c)
@@ -21,7 +21,9 @@ partitioned weights) take the dense path, the same numbers at the old cost, and 
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
 
@@ -62,8 +64,8 @@ class TokenLogits:
 def head_path(model: torch.nn.Module) -> tuple[HeadPath, str]:
     """Which path `token_logits` takes for `model` (an HF causal LM or a DeepSpeed engine), and why."""
     module = getattr(model, "module", model)  # a DeepSpeed engine wraps the HF model
-    if not (hasattr(module, "get_decoder") and hasattr(module, "get_output_embeddings")):
-        return HeadPath.dense, "the model has no get_decoder/get_output_embeddings"
+    if not (hasattr(module, "get_output_embeddings") and hasattr(module, "set_output_embeddings")):
+        return HeadPath.dense, "the model has no get/set_output_embeddings"
     head = module.get_output_embeddings()
     if type(head) is not torch.nn.Linear or head.bias is not None:
         return HeadPath.dense, f"the output layer is {type(head).__name__} with a bias or not a plain Linear"
@@ -87,17 +89,31 @@ def token_logits(
         _say_once(why)
         logits = masked_logits(model, batch, pad_id, bf16)  # (N, V)
         return TokenLogits(logits, _entropy(logits.detach()), path)
-    module = getattr(model, "module", model)
     input_ids, target_pos = sequence_input_ids(batch, pad_id)
-    with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=bf16):
-        hidden = module.get_decoder()(input_ids=input_ids).last_hidden_state  # (B, L, d)
+    with _output_layer_input(getattr(model, "module", model)) as head:
+        with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=bf16):
+            hidden = model(input_ids=input_ids).logits  # (B, L, d): what the output layer would read
     rows = torch.arange(hidden.shape[0], device=hidden.device)[:, None].expand_as(target_pos)
     h = hidden[rows[batch.mask], target_pos[batch.mask]]  # (N, d)
-    weight = module.get_output_embeddings().weight  # (V, d)
     compute = torch.bfloat16 if bf16 else torch.float32  # §3.3: BF16 logits, fp32 softmax
-    chunk = max(1, chunk_bytes // (4 * weight.shape[0]))
-    z, log_norm, entropy = _ChunkedHead.apply(h, weight, columns, float(batch.temperature), chunk, compute)
+    chunk = max(1, chunk_bytes // (4 * head.weight.shape[0]))
+    z, log_norm, entropy = _ChunkedHead.apply(h, head.weight, columns, float(batch.temperature), chunk, compute)
     return TokenLogits(GatheredLogits(columns, z, log_norm), entropy, path)
+
+
+@contextlib.contextmanager
+def _output_layer_input(module: torch.nn.Module) -> Iterator[torch.nn.Linear]:
+    """The model's forward with its output layer replaced by the identity, so `.logits` are its input.
+
+    The whole forward still runs through `model` (a DeepSpeed engine's hooks and gradient
+    accumulation bookkeeping included); only the (B, L, V) product is skipped.
+    """
+    head = module.get_output_embeddings()
+    module.set_output_embeddings(torch.nn.Identity())
+    try:
+        yield head
+    finally:
+        module.set_output_embeddings(head)
 
 
 def _entropy(logits: Tensor) -> Tensor:

@@ -74,10 +74,12 @@ def plan_micro_batches(batch: Rollouts, max_rows: int, max_tokens: int | None) -
     longer than the budget gets a micro-batch of its own. The loss is a token mean over the
     GLOBAL count, so the grouping changes the work, never the update.
     """
+    # Index tensors stay on the CPU whatever the batch's device (DeepSpeed sets a default device).
     if max_tokens is None:
-        return [torch.arange(s, min(s + max_rows, len(batch))) for s in range(0, len(batch), max_rows)]
-    order = torch.argsort(sequence_lengths(batch), descending=True, stable=True)
-    widths = sequence_lengths(batch)[order].tolist()
+        return [torch.arange(s, min(s + max_rows, len(batch)), device="cpu") for s in range(0, len(batch), max_rows)]
+    lengths = sequence_lengths(batch).cpu()
+    order = torch.argsort(lengths, descending=True, stable=True)
+    widths = lengths[order].tolist()
     n, overhead = len(widths), MICRO_BATCH_OVERHEAD * max_tokens
     cost, cut = [0.0] * (n + 1), [n] * (n + 1)  # cost[i]: best cost of rows i.., first run i..cut[i]
     for i in range(n - 1, -1, -1):
@@ -100,7 +102,7 @@ def plan_positions(batch: Rollouts, plan: list[torch.Tensor]) -> tuple[int, int]
 
     A micro-batch without generated tokens runs no forward and counts for neither.
     """
-    lengths, generated = sequence_lengths(batch), batch.mask.any(dim=1)
+    lengths, generated = sequence_lengths(batch).cpu(), batch.mask.any(dim=1).cpu()
     positions = real = 0
     for rows in plan:
         if bool(generated[rows].any()):
@@ -171,8 +173,8 @@ def forward_backward(
     loss_sum, weighted, entropy_sum, n_total = 0.0, {}, 0.0, 0
     # Where each masked token sits in the batch's row-major order, to undo the packing's reordering.
     mask = batch.mask.cpu()
-    token_index = torch.full(mask.shape, -1, dtype=torch.long)
-    token_index[mask] = torch.arange(int(mask.sum()))
+    token_index = torch.full(mask.shape, -1, dtype=torch.long, device="cpu")
+    token_index[mask] = torch.arange(int(mask.sum()), device="cpu")
     token_stats: dict[str, list[torch.Tensor]] = {}
     order: list[torch.Tensor] = []
     plan = plan_micro_batches(batch, micro_batch_size, max_tokens)
