@@ -15,8 +15,9 @@ from rlmix.correction import CorrectionMode
 from rlmix.correction.logprobs import gather_columns, loss_columns
 from rlmix.rollout import Rollouts
 from rlmix.trainers import lm_head
-from rlmix.trainers.lm_head import HeadPath, head_path, token_logits
-from rlmix.trainers.loss import batch_loss, masked_logits
+from rlmix.trainers.lm_head import HeadPath, chunked_logits, head_path
+from rlmix.trainers.loss import batch_loss
+from rlmix.trainers.tokens import masked_logits, token_batch
 
 V, K, S = 311, 6, 5
 
@@ -88,12 +89,11 @@ def test_chunked_pass_matches_dense_logits(chunk_tokens):
     logp = torch.log_softmax(dense.detach(), dim=-1)
     ref_entropy = -(logp.exp() * logp).sum(-1)
 
-    out = token_logits(model, batch, columns, pad_id=0, bf16=False, chunk_bytes=4 * V * chunk_tokens)
-    assert out.path is HeadPath.chunked
-    ((out.logits.z * w_z).sum() + (out.logits.log_norm * w_n).sum()).backward()
-    torch.testing.assert_close(out.logits.z, ref.z.detach(), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(out.logits.log_norm, ref.log_norm.detach(), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(out.entropy, ref_entropy, rtol=1e-5, atol=1e-5)
+    gathered, entropy = chunked_logits(model, batch, columns, pad_id=0, bf16=False, chunk_bytes=4 * V * chunk_tokens)
+    ((gathered.z * w_z).sum() + (gathered.log_norm * w_n).sum()).backward()
+    torch.testing.assert_close(gathered.z, ref.z.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gathered.log_norm, ref.log_norm.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(entropy, ref_entropy, rtol=1e-5, atol=1e-5)
     assert_grads_close(grads(model), ref_grads, rtol=1e-5, atol=1e-5)
 
 
@@ -124,7 +124,7 @@ def test_batch_loss_chunked_equals_dense(case, bf16, monkeypatch):
     # fp32: the same sums in another order. BF16: the same BF16 logits, products in another order.
     tol = dict(rtol=2e-2, atol=2e-3) if bf16 else dict(rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(chunked.loss, dense.loss, **tol)
-    torch.testing.assert_close(chunked.entropy, dense.entropy, **tol)
+    assert chunked.token_stats.keys() == dense.token_stats.keys() and "entropy" in dense.token_stats
     for key in dense.token_stats:
         torch.testing.assert_close(chunked.token_stats[key], dense.token_stats[key], **tol)
     assert_grads_close(chunked_grads, dense_grads, **tol)
@@ -133,11 +133,11 @@ def test_batch_loss_chunked_equals_dense(case, bf16, monkeypatch):
 def test_wrong_columns_are_refused():
     model, batch = tiny_model(), random_batch()
     sampled = batch.completion_ids[batch.mask]
-    out = token_logits(model, batch, loss_columns(sampled, None), pad_id=0, bf16=False)
+    gathered, _ = chunked_logits(model, batch, loss_columns(sampled, None), pad_id=0, bf16=False)
     from rlmix.correction import token_loss
 
     with pytest.raises(ValueError, match="loss_columns"):
-        token_loss(out.logits, sampled, batch.sampler_logprobs[batch.mask], torch.ones(len(sampled)),
+        token_loss(gathered, sampled, batch.sampler_logprobs[batch.mask], torch.ones(len(sampled)),
                    mode="sc", head_ids=batch.head_ids[batch.mask], head_logprobs=batch.head_logprobs[batch.mask])
 
 
@@ -151,6 +151,7 @@ def test_output_layers_that_cannot_be_chunked_fall_back():
     path, why = head_path(biased)
     assert path is HeadPath.dense and "bias" in why
     batch = random_batch()
-    sampled = batch.completion_ids[batch.mask]
-    out = token_logits(biased, batch, loss_columns(sampled, None), pad_id=0, bf16=False)
-    assert out.path is HeadPath.dense and out.logits.shape == (len(sampled), V)
+    tokens = token_batch(biased, batch, pad_id=0, bf16=False, replay_support=False, columns_for=True)
+    assert tokens.logits.shape == (batch.num_tokens, V) and tokens.entropy.shape == (batch.num_tokens,)
+    gathered = token_batch(tiny_model(), batch, pad_id=0, bf16=False, replay_support=False, columns_for=True)
+    assert gathered.logits.ids.shape == (batch.num_tokens, 1 + K)  # the sampled token and the head

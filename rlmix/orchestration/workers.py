@@ -7,15 +7,15 @@ They are plain classes so tests and the synchronous reference loop can use them 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from rlmix.config.schema import CorrectionConfig, MiniCodeTaskConfig, TrainerBackend, TrainerConfig
-from rlmix.orchestration.fleet import SamplerSpec, build_sampler
+from rlmix.assembly.fleet import SamplerSpec, build_sampler
+from rlmix.assembly.parts import build_trainer, decode_completions, derive_seed, encode_prompts, make_task
+from rlmix.config.schema import CorrectionConfig, MiniCodeTaskConfig, TrainerConfig
 from rlmix.rollout import Rollouts
 from rlmix.tasks.base import Problem, Task
 
@@ -30,35 +30,11 @@ class Request:
     seed: int
 
 
-def derive_seed(*parts: object) -> int:
-    """A stable 63-bit seed from the run seed and a request's identity (not Python's salted hash)."""
-    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
-
-
 def make_request(task: Task, request_id: int, groups: int, seed: int) -> Request:
     """Request ``request_id`` of a run: the same problems and sampler seed whoever serves it."""
     problems = tuple(task.sample(groups, seed=derive_seed(seed, "problems", request_id)))
     group_ids = tuple(request_id * groups + j for j in range(groups))
     return Request(request_id, problems, group_ids, derive_seed(seed, "sampler", request_id))
-
-
-def make_task(cfg: MiniCodeTaskConfig, seed: int) -> Task:
-    from rlmix.tasks.minicode import MiniCode
-
-    return MiniCode(levels=tuple(cfg.levels), seed=seed)
-
-
-def encode_prompts(tokenizer, problems: tuple[Problem, ...], group_size: int) -> list[list[int]]:
-    ids = [tokenizer(p.prompt).input_ids for p in problems]
-    return [row for row in ids for _ in range(group_size)]
-
-
-def decode_completions(tokenizer, out: Rollouts) -> list[str]:
-    """Each row's generated text (the tokens under ``mask``), special tokens dropped."""
-    return tokenizer.batch_decode(
-        [row[m].tolist() for row, m in zip(out.completion_ids, out.mask)], skip_special_tokens=True
-    )
 
 
 def score_rollouts(out: Rollouts, request: Request, group_size: int, tokenizer, task: Task) -> Rollouts:
@@ -94,21 +70,10 @@ class SamplerWorker:
         prompts = encode_prompts(self.tokenizer, request.problems, group_size)
         params = dataclasses.replace(self.spec.params, seed=request.seed)
         out = self.sampler.generate(prompts, params)
-        out = score_rollouts(out, request, group_size, self.tokenizer, self.task)
-        return out.replace(tags=dict(self.spec.tags))
+        return score_rollouts(out, request, group_size, self.tokenizer, self.task)
 
     def version(self) -> int:
         return self.sampler.version
-
-
-def build_trainer(model_dir: str | Path, cfg: TrainerConfig, correction: CorrectionConfig, seed: int):
-    if cfg.backend is TrainerBackend.torch:
-        from rlmix.trainers.torch_trainer import TorchTrainer
-
-        return TorchTrainer(model_dir, cfg, correction, seed)
-    from rlmix.trainers.deepspeed_trainer import DeepSpeedTrainer
-
-    return DeepSpeedTrainer(model_dir, cfg, correction, seed)
 
 
 class TrainerWorker:

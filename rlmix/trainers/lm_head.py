@@ -24,14 +24,13 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
 from enum import Enum
 
 import torch
 from torch import Tensor
 
 from rlmix.correction.logprobs import GatheredLogits
-from rlmix.rollout import Rollouts
+from rlmix.rollout import Rollouts, sequence_input_ids
 
 log = logging.getLogger(__name__)
 
@@ -47,22 +46,8 @@ class HeadPath(str, Enum):
     dense = "dense"  # the model's own (B, L, V) logits, then the (N, V) rows
 
 
-@dataclass(frozen=True)
-class TokenLogits:
-    """What the loss needs from the trainer's logits for the N generated tokens of a batch.
-
-    logits:  (N, V) fp32 dense (path `dense`) or the `GatheredLogits` record (path `chunked`),
-             divided by the sampling temperature either way
-    entropy: (N,) detached entropy of the trainer's full-vocabulary distribution
-    """
-
-    logits: Tensor | GatheredLogits
-    entropy: Tensor
-    path: HeadPath
-
-
 def head_path(model: torch.nn.Module) -> tuple[HeadPath, str]:
-    """Which path `token_logits` takes for `model` (an HF causal LM or a DeepSpeed engine), and why."""
+    """Which path the loss's `token_batch` takes for `model` (an HF causal LM or a DeepSpeed engine), and why."""
     module = getattr(model, "module", model)  # a DeepSpeed engine wraps the HF model
     if not (hasattr(module, "get_output_embeddings") and hasattr(module, "set_output_embeddings")):
         return HeadPath.dense, "the model has no get/set_output_embeddings"
@@ -78,17 +63,12 @@ def head_path(model: torch.nn.Module) -> tuple[HeadPath, str]:
     return HeadPath.chunked, "plain output layer"
 
 
-def token_logits(
-    model: torch.nn.Module, batch: Rollouts, columns: Tensor, pad_id: int, bf16: bool, chunk_bytes: int = CHUNK_BYTES
-) -> TokenLogits:
-    """The trainer's logits of the generated tokens at `columns` (N, C), plus entropy (N,)."""
-    from rlmix.trainers.loss import masked_logits, sequence_input_ids
-
-    path, why = head_path(model)
-    if path is HeadPath.dense:
-        _say_once(why)
-        logits = masked_logits(model, batch, pad_id, bf16)  # (N, V)
-        return TokenLogits(logits, _entropy(logits.detach()), path)
+def chunked_logits(
+    model: torch.nn.Module, batch: Rollouts, columns: Tensor, *, pad_id: int, bf16: bool, chunk_bytes: int = CHUNK_BYTES
+) -> tuple[GatheredLogits, Tensor]:
+    """The logits / T of `batch`'s generated tokens at `columns` (N, C) with the full log-normaliser,
+    and the detached entropy (N,), never holding more than a chunk of tokens × V. Needs a model
+    that `head_path` says `chunked` for."""
     input_ids, target_pos = sequence_input_ids(batch, pad_id)
     with _output_layer_input(getattr(model, "module", model)) as head:
         with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=bf16):
@@ -98,7 +78,7 @@ def token_logits(
     compute = torch.bfloat16 if bf16 else torch.float32  # §3.3: BF16 logits, fp32 softmax
     chunk = max(1, chunk_bytes // (4 * head.weight.shape[0]))
     z, log_norm, entropy = _ChunkedHead.apply(h, head.weight, columns, float(batch.temperature), chunk, compute)
-    return TokenLogits(GatheredLogits(columns, z, log_norm), entropy, path)
+    return GatheredLogits(columns, z, log_norm), entropy
 
 
 @contextlib.contextmanager
@@ -116,7 +96,8 @@ def _output_layer_input(module: torch.nn.Module) -> Iterator[torch.nn.Linear]:
         module.set_output_embeddings(head)
 
 
-def _entropy(logits: Tensor) -> Tensor:
+def entropy(logits: Tensor) -> Tensor:
+    """(N,) entropy of dense (N, V) logits."""
     logp = torch.log_softmax(logits, dim=-1)
     return -(logp.exp() * logp).sum(-1)
 
@@ -124,7 +105,8 @@ def _entropy(logits: Tensor) -> Tensor:
 _said: set[str] = set()
 
 
-def _say_once(why: str) -> None:
+def say_dense_once(why: str) -> None:
+    """Log, once per reason, that the dense (N, V) path runs."""
     if why not in _said:
         _said.add(why)
         log.info("lm head: dense (N, V) logits because %s", why)

@@ -7,35 +7,21 @@ aggregation of diagnostics — is written once here.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import torch
 
 from rlmix.config.schema import AdvantageNorm, CorrectionConfig
 from rlmix.correction.advantages import group_advantages
 from rlmix.correction.diagnostics import effective_sample_size
+from rlmix.metrics.aggregate import StepResult
 from rlmix.rollout import Rollouts
 from rlmix.trainers.loss import batch_loss
 
 
-@dataclass
-class StepResult:
-    loss: float
-    stats: dict[str, float]  # token-weighted means of the correction diagnostics
-    token_stats: dict[str, torch.Tensor]  # (N,) per masked token, batch row-major
-    entropy: float
-    num_tokens: int
-    positions: int = 0  # positions the forward passes ran on (rows × width, summed over micro-batches)
-    sequence_tokens: int = 0  # of those, real prompt and completion tokens
-
-    @property
-    def padding_frac(self) -> float:
-        return 1.0 - self.sequence_tokens / self.positions if self.positions else 0.0
-
-
 def advantages_for(batch: Rollouts, cfg: CorrectionConfig) -> torch.Tensor:
-    """(B,) detached sequence advantages from the group rewards (corrections.md §5)."""
+    """(B,) detached sequence advantages from the group rewards (docs/math.md §5)."""
     return group_advantages(
         batch.rewards, batch.group_ids, normalize_std=cfg.advantage is AdvantageNorm.group_mean_std
     )
@@ -45,7 +31,7 @@ def micro_batches(batch: Rollouts, size: int) -> Iterator[tuple[Rollouts, slice]
     """Contiguous blocks of ``size`` rows (how DeepSpeed shards a batch over ranks)."""
     for start in range(0, len(batch), size):
         rows = slice(start, start + size)
-        yield _rows(batch, rows), rows
+        yield batch.rows(rows), rows
 
 
 def completion_lengths(mask: torch.Tensor) -> torch.Tensor:
@@ -59,8 +45,8 @@ def sequence_lengths(batch: Rollouts) -> torch.Tensor:
     return batch.prompt_lens + completion_lengths(batch.mask)
 
 
-# A forward/backward's fixed cost (launches, the optimizer-free part of a step), in positions, as a
-# share of a full micro-batch: the planner trades one more micro-batch for this much less padding.
+# A forward/backward's fixed cost (launches, per-call overhead), in positions, as a share of a
+# full micro-batch: the planner trades one more micro-batch for this much less padding.
 MICRO_BATCH_OVERHEAD = 0.05
 
 
@@ -69,7 +55,7 @@ def plan_micro_batches(batch: Rollouts, max_rows: int, max_tokens: int | None) -
 
     Without a token budget: contiguous blocks of ``max_rows`` rows. With one, rows are sorted
     longest first and cut into runs that minimise the forward's cost, Σ rows × (longest row) +
-    ``MICRO_BATCH_OVERHEAD`` × ``max_tokens`` per micro-batch (exact dynamic programme over the
+    ``MICRO_BATCH_OVERHEAD`` × ``max_tokens`` per micro-batch (an exact dynamic programme over the
     cuts), so long and short rows never share a micro-batch and padding stays small. A row
     longer than the budget gets a micro-batch of its own. The loss is a token mean over the
     GLOBAL count, so the grouping changes the work, never the update.
@@ -111,42 +97,19 @@ def plan_positions(batch: Rollouts, plan: list[torch.Tensor]) -> tuple[int, int]
     return positions, real
 
 
-def _rows(batch: Rollouts, rows: slice | torch.Tensor) -> Rollouts:
+def micro_batch(batch: Rollouts, rows: torch.Tensor) -> Rollouts:
     """The rows ``rows`` of ``batch``, trimmed to their longest prompt and completion."""
-    mask = batch.mask[rows]
-    prompt_lens = batch.prompt_lens[rows]
-    width = int(completion_lengths(mask).max()) if len(mask) else 0
-    prompt_width = max(int(prompt_lens.max()) if len(mask) else 0, 1)
-
-    def take(x):
-        return None if x is None else x[rows]
-
-    def tokens(x):  # per-token fields: (rows, T, ...) → (rows, width, ...)
-        return None if x is None else x[rows][:, :width]
-
-    def each(values: tuple) -> tuple:
-        if isinstance(rows, slice):
-            return values[rows]
-        return tuple(values[i] for i in rows.tolist())
-
-    return batch.replace(
-        prompt_ids=batch.prompt_ids[rows][:, :prompt_width],
-        prompt_lens=prompt_lens,
-        completion_ids=tokens(batch.completion_ids),
-        mask=mask[:, :width],
-        sampler_logprobs=tokens(batch.sampler_logprobs),
-        policy_version=batch.policy_version[rows],
-        pool=each(batch.pool),
-        finish_reason=each(batch.finish_reason),
-        head_ids=tokens(batch.head_ids),
-        head_logprobs=tokens(batch.head_logprobs),
-        support_ids=tokens(batch.support_ids),
-        support_probs=tokens(batch.support_probs),
-        task_ids=each(batch.task_ids) if batch.task_ids else (),
-        group_ids=take(batch.group_ids),
-        rewards=take(batch.rewards),
-        format_ok=take(batch.format_ok),
-    )
+    micro = batch.rows(rows)
+    width = int(completion_lengths(micro.mask).max()) if len(micro) else 0
+    prompt_width = max(int(micro.prompt_lens.max()) if len(micro) else 0, 1)
+    T = micro.mask.shape[1]
+    trimmed = {
+        f.name: value[:, :width]
+        for f in dataclasses.fields(micro)
+        if isinstance(value := getattr(micro, f.name), torch.Tensor) and value.dim() >= 2 and value.shape[1] == T
+        and f.name != "prompt_ids"
+    }
+    return micro.replace(prompt_ids=micro.prompt_ids[:, :prompt_width], **trimmed)
 
 
 def forward_backward(
@@ -168,10 +131,10 @@ def forward_backward(
     for several ranks, all ranks), so the sum of micro-batch losses is the token-mean over the
     step (docs/math.md §3.2: "the global token count is passed in") whatever the micro-batches
     are. ``max_tokens`` packs rows into micro-batches by a budget of padded positions
-    (``plan_micro_batches``); per-token diagnostics come back in the batch's row-major order.
+    (``plan_micro_batches``); per-token values come back in the batch's row-major order.
     """
     loss_sum, weighted, entropy_sum, n_total = 0.0, {}, 0.0, 0
-    # Where each masked token sits in the batch's row-major order, to undo the packing's reordering.
+    # Where each generated token sits in the batch's row-major order, to undo the packing's reordering.
     mask = batch.mask.cpu()
     token_index = torch.full(mask.shape, -1, dtype=torch.long, device="cpu")
     token_index[mask] = torch.arange(int(mask.sum()), device="cpu")
@@ -179,14 +142,16 @@ def forward_backward(
     order: list[torch.Tensor] = []
     plan = plan_micro_batches(batch, micro_batch_size, max_tokens)
     for rows in plan:
-        micro = _rows(batch, rows)
+        micro = micro_batch(batch, rows)
         if not micro.mask.any():
             continue
-        out = batch_loss(model, micro, advantages[rows.to(advantages.device)], cfg, num_tokens, pad_id, bf16)
+        out = batch_loss(model, micro, advantages[rows.to(advantages.device)], cfg,
+                         num_tokens=num_tokens, pad_id=pad_id, bf16=bf16)
         backward(out.loss)
-        n = out.num_tokens
+        entropy = out.token_stats.pop("entropy")  # (n,)
+        n = entropy.numel()
         loss_sum += float(out.loss.detach())
-        entropy_sum += float(out.entropy.sum())
+        entropy_sum += float(entropy.sum())
         n_total += n
         for key, value in out.stats.items():
             weighted[key] = weighted.get(key, 0.0) + float(value) * n
