@@ -2,8 +2,9 @@
 
 The correction reads, per generated token, the logits at a few columns (the sampled id, the K
 head ids or the S support ids) and the full-vocabulary log-normaliser (docs/math.md §3.3). So the
-trainer runs the model with its output layer set aside, keeps the output layer's input at the
-completion positions (N, d), and walks the output layer over chunks of tokens:
+trainer runs the model with its output layer replaced for one forward by a pass that takes the
+output layer's input at the completion positions only (N, d) and walks the output layer over
+chunks of tokens:
 
     z_c   = (h_c W^T) / T                      (c, V) fp32, one chunk at a time
     out   = z_c[ids], logsumexp(z_c), entropy(z_c)
@@ -21,9 +22,7 @@ partitioned weights) take the dense path, the same numbers at the old cost, and 
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator
 from enum import Enum
 
 import torch
@@ -69,31 +68,50 @@ def chunked_logits(
     """The logits / T of `batch`'s generated tokens at `columns` (N, C) with the full log-normaliser,
     and the detached entropy (N,), never holding more than a chunk of tokens × V. Needs a model
     that `head_path` says `chunked` for."""
-    input_ids, target_pos = sequence_input_ids(batch, pad_id)
-    with _output_layer_input(getattr(model, "module", model)) as head:
-        with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=bf16):
-            hidden = model(input_ids=input_ids).logits  # (B, L, d): what the output layer would read
-    rows = torch.arange(hidden.shape[0], device=hidden.device)[:, None].expand_as(target_pos)
-    h = hidden[rows[batch.mask], target_pos[batch.mask]]  # (N, d)
-    compute = torch.bfloat16 if bf16 else torch.float32  # §3.3: BF16 logits, fp32 softmax
-    chunk = max(1, chunk_bytes // (4 * head.weight.shape[0]))
-    z, log_norm, entropy = _ChunkedHead.apply(h, head.weight, columns, float(batch.temperature), chunk, compute)
-    return GatheredLogits(columns, z, log_norm), entropy
-
-
-@contextlib.contextmanager
-def _output_layer_input(module: torch.nn.Module) -> Iterator[torch.nn.Linear]:
-    """The model's forward with its output layer replaced by the identity, so `.logits` are its input.
-
-    The whole forward still runs through `model` (a DeepSpeed engine's hooks and gradient
-    accumulation bookkeeping included); only the (B, L, V) product is skipped.
-    """
+    module = getattr(model, "module", model)
     head = module.get_output_embeddings()
-    module.set_output_embeddings(torch.nn.Identity())
+    input_ids, target_pos = sequence_input_ids(batch, pad_id)
+    rows = torch.arange(target_pos.shape[0], device=target_pos.device)[:, None].expand_as(target_pos)
+    layer = _ChunkedOutputLayer(
+        head,
+        rows[batch.mask],
+        target_pos[batch.mask],
+        columns,
+        temperature=float(batch.temperature),
+        chunk=max(1, chunk_bytes // (4 * head.weight.shape[0])),
+        compute=torch.bfloat16 if bf16 else torch.float32,  # §3.3: BF16 logits, fp32 softmax
+    )
+    # The pass runs as the model's output layer, inside the model's own forward: a DeepSpeed
+    # engine's backward set-up (hooked on the forward's output) then runs before the output
+    # layer's gradient arrives, as with the dense logits.
+    module.set_output_embeddings(layer)
     try:
-        yield head
+        with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=bf16):
+            packed = model(input_ids=input_ids).logits  # (N·C + 2N,)
     finally:
         module.set_output_embeddings(head)
+    n, c = columns.shape
+    z, log_norm, entropy = packed[: n * c].view(n, c), packed[n * c : n * c + n], packed[n * c + n :]
+    return GatheredLogits(columns, z, log_norm), entropy.detach()
+
+
+class _ChunkedOutputLayer(torch.nn.Module):
+    """Stands in for the output layer during one forward: the chunked pass at the completion
+    positions, its three results packed into one tensor (what the model returns as `.logits`)."""
+
+    def __init__(self, head: torch.nn.Linear, rows: Tensor, positions: Tensor, columns: Tensor, *,
+                 temperature: float, chunk: int, compute: torch.dtype):
+        super().__init__()
+        self.head = head
+        self.rows, self.positions, self.columns = rows, positions, columns
+        self.temperature, self.chunk, self.compute = temperature, chunk, compute
+
+    def forward(self, hidden: Tensor) -> Tensor:  # (B, L, d) → (N·C + 2N,)
+        h = hidden[self.rows, self.positions]  # (N, d): only the positions that predict generated tokens
+        z, log_norm, entropy = _ChunkedHead.apply(
+            h, self.head.weight, self.columns, self.temperature, self.chunk, self.compute
+        )
+        return torch.cat([z.flatten(), log_norm, entropy])
 
 
 def entropy(logits: Tensor) -> Tensor:
@@ -117,6 +135,11 @@ class _ChunkedHead(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h: Tensor, weight: Tensor, ids: Tensor, temperature: float, chunk: int, compute: torch.dtype):
+        with torch.autocast(h.device.type, enabled=False):  # the dtypes below are chosen, not autocast's
+            return _ChunkedHead._forward(ctx, h, weight, ids, temperature, chunk, compute)
+
+    @staticmethod
+    def _forward(ctx, h: Tensor, weight: Tensor, ids: Tensor, temperature: float, chunk: int, compute: torch.dtype):
         ctx.set_materialize_grads(False)
         w = weight.to(compute)  # one cast for all chunks (a no-op for a BF16 or fp32 match)
         n = h.shape[0]
