@@ -12,7 +12,9 @@ to pass a pool whose backend registered none, so a check cannot be skipped silen
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+import re
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -21,8 +23,10 @@ from rlmix.config.schema import MiniCodeTaskConfig, PoolConfig, RunConfig, Sampl
 from rlmix.correction import MODES
 from rlmix.errors import ConfigError
 
-# A backend's platform rules for one pool: (pool name, pool config) -> None or ConfigError.
-PoolCheck = Callable[[str, PoolConfig], None]
+# A backend's rules for one pool: (pool name, pool config, the model's config.json fields or None
+# for the embedded model) -> None or ConfigError. The model is read as a plain mapping, so a
+# backend can refuse an architecture it cannot serve without building anything.
+PoolCheck = Callable[[str, PoolConfig, Mapping | None], None]
 _POOL_CHECKS: dict[SamplerBackend, PoolCheck] = {}
 
 
@@ -43,8 +47,8 @@ def validate(cfg: RunConfig, for_training: bool = True) -> RunConfig:
     """Every cross-field rule, checked before any process starts. Returns ``cfg`` unchanged."""
     _check_loop(cfg)
     _check_correction(cfg)
+    _check_paths(cfg)  # first: the pools' checks read the model's config.json
     _check_fleet(cfg)
-    _check_paths(cfg)
     if for_training and not isinstance(cfg.task, MiniCodeTaskConfig):
         raise ConfigError("rlmix train needs task=minicode; task=swebench_pro is for `rlmix eval`")
     return cfg
@@ -111,9 +115,20 @@ def _check_paths(cfg: RunConfig) -> None:
         )
 
 
+def _model_fields(cfg: RunConfig) -> Mapping | None:
+    """``model.path``'s config.json as a mapping (None: the embedded model, a Llama every backend serves)."""
+    if cfg.model.path is None:
+        return None
+    try:
+        return json.loads((Path(cfg.model.path) / "config.json").read_text())
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"model.path={cfg.model.path}: config.json is not valid JSON ({err.msg})") from None
+
+
 def _check_fleet(cfg: RunConfig) -> None:
     fleet, c = cfg.fleet, cfg.correction
     _require(bool(fleet.pools), "fleet.pools is empty: a run needs at least one sampler pool")
+    model = _model_fields(cfg)
     for name, pool in fleet.pools.items():
         key = f"fleet.pools.{name}"
         _require(pool.count >= 1, f"{key}.count={pool.count}: must be >= 1")
@@ -135,7 +150,7 @@ def _check_fleet(cfg: RunConfig) -> None:
         if check is None:  # a programming error, not bad input: the entry point forgot to register
             raise RuntimeError(f"no platform check registered for sampler backend {pool.backend.value}; "
                                "import rlmix.samplers.checks before validating")
-        check(name, pool)  # ConfigError for an unknown accelerator or an unsupported precision
+        check(name, pool, model)  # ConfigError for an unknown accelerator, precision or architecture
 
 
 def one_line(err: BaseException) -> str:
@@ -150,9 +165,26 @@ def one_line(err: BaseException) -> str:
             msg = str(cause).splitlines()[0].strip()
             return f"{cause.full_key}: {msg}"
     text = str(err)
-    if "Available options in" in text:  # an unknown group option: list the valid ones on the line
-        head = text.split("\n")[0].replace("In 'train': ", "")
-        options = [ln.strip() for ln in text.split("Available options in")[1].splitlines()[1:] if ln.startswith("\t")]
-        return f"{head}; available: {', '.join(options)}"
+    if "Available options in" in text:
+        return unknown_option(text)
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     return " ".join(lines[:2]) if lines else type(err).__name__
+
+
+def unknown_option(text: str) -> str:
+    """Hydra's "Could not find 'fleet/nope'" as the user typed it, with the group's options.
+
+    Hydra appends its config search path (providers, ``pkg://`` URLs) and lists the schema
+    nodes registered for validation; neither is something a user can pick, so both go.
+    """
+    import difflib
+
+    missing = re.search(r"Could not find '([^']+)'", text)
+    group, _, value = (missing.group(1) if missing else "").rpartition("/")
+    block = text.split("Available options in", 1)[1].split("Config search path", 1)[0]
+    options = [ln.strip() for ln in block.splitlines()[1:] if ln.startswith("\t") and not ln.strip().endswith("_schema")]
+    if not missing:
+        return f"unknown config option; available: {', '.join(options)}"
+    close = difflib.get_close_matches(value, options, n=1)
+    hint = f" (did you mean {group}={close[0]}?)" if close else ""
+    return f"{group}={value}: no such option{hint}; available: {', '.join(options)}"
