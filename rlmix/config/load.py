@@ -12,7 +12,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlmix.config.schema import MiniCodeTaskConfig, Objective, RunConfig, SamplerBackend
+from rlmix.agentic.config import SwebenchProConfig
+from rlmix.config.schema import Objective, RunConfig, SamplerBackend
+from rlmix.tasks.dataset_config import DatasetTaskConfig
 from rlmix.errors import ConfigError
 
 
@@ -30,8 +32,12 @@ def validate(cfg: RunConfig, for_training: bool = True) -> RunConfig:
     _check_correction(cfg)
     _check_fleet(cfg)
     _check_paths(cfg)
-    if for_training and not isinstance(cfg.task, MiniCodeTaskConfig):
-        raise ConfigError("rlmix train needs task=minicode; task=swebench_pro is for `rlmix eval`")
+    if for_training and isinstance(cfg.task, SwebenchProConfig):
+        raise ConfigError("task=swebench_pro is for `rlmix eval`; train with task=minicode or task=dataset")
+    if isinstance(cfg.task, DatasetTaskConfig):
+        from rlmix.tasks.dataset import check_config  # the task's own rules: files, fields, reward
+
+        check_config(cfg.task, cfg.seed, cfg.loop.steps * cfg.loop.groups_per_step if for_training else 0)
     return cfg
 
 

@@ -92,6 +92,11 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None) -> dict
     run_dir = Path(run_dir)
     model_dir = resolve_model_dir(cfg)
     tokenizer = load_tokenizer(model_dir)
+    task = make_task(cfg.task, cfg.seed)
+    if hasattr(task, "rows"):  # a dataset: every prompt must be encodable by this model's tokenizer
+        from rlmix.tasks.dataset import check_encodable
+
+        check_encodable(task, tokenizer)
     specs = resolve_fleet(cfg, tokenizer.eos_token_id)
     manifest = fleet_manifest(specs)
     for pool, entry in manifest.items():
@@ -108,7 +113,7 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None) -> dict
             run_dir, cfg.logger.wandb, cfg.name, config_dict(cfg), sweep_group, cfg.loop.steps, cfg.logger.console_every
         )
         loop = AsyncLoop(
-            cfg.loop, trainer, slots, make_task(cfg.task, cfg.seed), cfg.seed, tokenizer.pad_token_id,
+            cfg.loop, trainer, slots, task, cfg.seed, tokenizer.pad_token_id,
             start_version=start_version,
             start_request=start_version * cfg.loop.groups_per_step // cfg.loop.groups_per_request,
         )

@@ -12,12 +12,14 @@ class Problem:
     prompt: str  # the text the policy continues
     difficulty: int
     payload: object = None  # task-private data (hidden tests); never shown to the policy
+    messages: tuple[dict[str, str], ...] | None = None  # chat form of the prompt; None: one user turn
 
 
 @dataclass(frozen=True)
 class Score:
     reward: float  # 1.0 iff the answer is well-formed and correct
     format_ok: bool  # False is a format error, counted apart from a wrong answer
+    error: str | None = None  # the reward function raised: excluded from its group, counted
 
 
 class Task(Protocol):

@@ -61,6 +61,7 @@ def _rows(batch: Rollouts, rows: slice) -> Rollouts:
         group_ids=take(batch.group_ids),
         rewards=take(batch.rewards),
         format_ok=take(batch.format_ok),
+        reward_errors=take(batch.reward_errors),
     )
 
 
