@@ -43,6 +43,8 @@ def load_rows(spec: str, key: str):
 
     datasets.disable_progress_bars()
     path = Path(spec).expanduser()
+    if not path.is_dir() and not any(path.parent.glob(path.name)):
+        raise ConfigError(f"{key}={spec}: no such file or directory")
     try:
         if path.is_dir():
             loaded = datasets.load_from_disk(str(path))
@@ -55,8 +57,6 @@ def load_rows(spec: str, key: str):
         kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}.get(path.suffix)
         if kind is None:
             raise ConfigError(f"{key}={spec}: use .jsonl, .json, .parquet files or a save_to_disk directory")
-        if not any(path.parent.glob(path.name)):
-            raise ConfigError(f"{key}={spec}: no such file")
         return datasets.load_dataset(kind, data_files=str(path), split="train")
     except ConfigError:
         raise
