@@ -36,8 +36,13 @@ def train_bpe_tokenizer(vocab_size: int = 320):
     return fast
 
 
+# Llama 3's RoPE frequency scaling, shrunk to the tiny model's context.
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+
+
 def save_model(path: Path, arch: str = "llama", seed: int = 0) -> Path:
-    """A random tiny causal LM of ``arch`` (llama | qwen2) with the BPE tokenizer, saved to ``path``."""
+    """A random tiny causal LM of ``arch`` (llama | llama3 | qwen2) with the BPE tokenizer, saved to ``path``."""
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
     tok = train_bpe_tokenizer()
@@ -46,8 +51,25 @@ def save_model(path: Path, arch: str = "llama", seed: int = 0) -> Path:
         num_key_value_heads=1, max_position_embeddings=256, pad_token_id=tok.pad_token_id,
         eos_token_id=tok.eos_token_id, bos_token_id=tok.pad_token_id, tie_word_embeddings=False,
     )
-    config = {"llama": LlamaConfig, "qwen2": Qwen2Config}[arch](**common)
+    if arch == "llama3":
+        config = LlamaConfig(**common, rope_parameters=LLAMA3_ROPE)
+    else:
+        config = {"llama": LlamaConfig, "qwen2": Qwen2Config}[arch](**common)
     torch.manual_seed(seed)
     AutoModelForCausalLM.from_config(config).save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+def torch_sampler_refusal(model_dir: Path) -> str | None:
+    """Why the torch sampler cannot run this model (its own check), or None if it can."""
+    from transformers import AutoConfig
+
+    from rlmix.errors import ConfigError
+    from rlmix.samplers.emulated_llama import LlamaShape
+
+    try:
+        LlamaShape.from_hf_config(AutoConfig.from_pretrained(model_dir))
+    except ConfigError as err:
+        return str(err)
+    return None

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.byo_model import save_model
+from tests.byo_model import save_model, torch_sampler_refusal
 
 pytestmark = pytest.mark.slow
 
@@ -58,10 +58,13 @@ def test_embedded_model_trains_and_evaluates_a_jsonl_task_with_a_flaky_reward(tm
     assert odd and all(r["c"] == 0 for r in odd)
 
 
-@pytest.mark.parametrize("arch", ["llama"])
+@pytest.mark.parametrize("arch", ["llama", "llama3", "qwen2"])
 def test_user_model_with_bpe_tokenizer_and_chat_template(tmp_path, arch):
     """A BPE tokenizer trained in the test, a ChatML template, a random tiny model; the math verifier."""
     model = save_model(tmp_path / "model", arch)
+    refusal = torch_sampler_refusal(model)
+    if refusal is not None:
+        pytest.skip(f"the torch sampler does not run {arch} yet: {refusal}")
     run_dir = tmp_path / "run"
     rlmix("train", "+experiment=sc_mis", *SMALL, f"model.path={model}", "task=dataset",
           f"task.train_files={ARITH / 'train.jsonl'}", "task.prompt_key=question", "task.reward=math",

@@ -101,7 +101,8 @@ def evaluate(cfg: RunConfig, progress=print) -> dict:
     model_dir = resolve_checkpoint(cfg)
     if isinstance(cfg.task, SwebenchProConfig):
         return evaluate_agentic(cfg, model_dir, ks, progress)
-    split = cfg.task.split if cfg.task.split != "train" else "test"
+    # minicode's default split names its training stream; evaluation means its test split
+    split = "test" if cfg.task.name == "minicode" and cfg.task.split == "train" else cfg.task.split
     cfg.task.split = split
     out_dir = Path(cfg.eval.out_dir) if cfg.eval.out_dir else default_out_dir(cfg, split)
     rows, label = task_counts(cfg, model_dir, progress)
