@@ -169,3 +169,12 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], out.stderr
     assert "Traceback" not in out.stdout + out.stderr
+
+
+def test_a_task_option_added_through_the_searchpath_trains(monkeypatch):
+    from rlmix.config.hydra_app import compose_run_config
+
+    monkeypatch.chdir(ROOT)
+    cfg = compose_run_config(["+experiment=sc_mis", "hydra.searchpath=[file://examples/arith/conf]", "task=arith"])
+    assert isinstance(cfg.task, DatasetTaskConfig) and cfg.task.format_regex == "<p>(.*?)</p>"
+    assert cfg.task.reward == "examples.arith.reward:reward"
