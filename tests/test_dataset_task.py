@@ -149,6 +149,7 @@ BAD_INPUT = [
     (["task.train_files=d.jsonl", "task.reward=rewards:two_args"], "must accept (completion, answer, row)"),
     (["task.train_files=d.jsonl", "task.reward=rewards:text"], "returned str 'yes'; it must return a finite number"),
     (["task.train_files=d.jsonl", "task.reward=fuzzy"], "task.reward='fuzzy': use a built-in (exact|math|python_tests)"),
+    (["task.train_files=gaps.jsonl"], "task.prompt_key='prompt': row 2 of task.train_files has no value"),
     (["task.train_files=d.jsonl", "task.eval_files=nope/"], "task.eval_files=nope/: no such file or directory"),
     (["task.train_files=d.jsonl"], "cannot encode"),  # the embedded tokenizer has no capital W
 ]
@@ -158,6 +159,7 @@ BAD_INPUT = [
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     rows = numbers(3) if message != "cannot encode" else [{"prompt": "What?", "answer": "1"}]
     write_jsonl(tmp_path / "d.jsonl", rows)
+    write_jsonl(tmp_path / "gaps.jsonl", numbers(2) + [{"answer": "1"}])
     (tmp_path / "rewards.py").write_text("def two_args(completion, answer):\n    return 1.0\n\n"
                                          "def text(completion, answer, row):\n    return 'yes'\n")
     out = subprocess.run(

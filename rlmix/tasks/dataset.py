@@ -75,6 +75,10 @@ def check_columns(rows, cfg: DatasetTaskConfig, key: str) -> None:
                               f"fields: {', '.join(rows.column_names)}")
     if len(rows) == 0:
         raise ConfigError(f"{key}: the dataset has no rows")
+    for name, column in wanted.items():  # a row without the field reads as null in Arrow
+        if rows.data.column(column).null_count:
+            first = rows.data.column(column).to_pylist().index(None)
+            raise ConfigError(f"{name}={column!r}: row {first} of {key} has no value for it")
     for i, row in enumerate(rows.select(range(min(len(rows), 8)))):
         messages_of(row, cfg, f"{key} row {i}")
 
