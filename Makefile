@@ -15,6 +15,7 @@ PIP_FLAGS := --quiet --disable-pip-version-check --no-input $(WHEELS)
 .PHONY: setup train test bench reproduce clean
 
 setup: $(STAMP)
+	@sh scripts/setup_sandbox.sh  # bubblewrap for the local agentic runtime's sandbox
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

@@ -8,7 +8,7 @@ from rlmix.agentic.actions import Command, FormatError, Submit, parse_action, tr
 from rlmix.agentic.grading import read_reward
 from rlmix.agentic.harbor import load_tasks
 from rlmix.agentic.local import LocalRuntime
-from tests.test_agentic_fixtures import make_task
+from tests.test_agentic_fixtures import TRUSTED, make_task
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -44,7 +44,7 @@ def test_truncate_keeps_head_and_tail():
 
 def test_reward_file_then_json_then_exit_code(tmp_path):
     make_task(tmp_path / "tasks", "calc")
-    sb = LocalRuntime(None, 512, None, 10.0).start(load_tasks(tmp_path / "tasks")["calc"], network=False)
+    sb = LocalRuntime(None, 512, None, 10.0, trusted=TRUSTED).start(load_tasks(tmp_path / "tasks")["calc"], network=False)
     try:
         v = f"{sb.logs_dir}/verifier"
         assert read_reward(sb, exit_code=0) == 1.0 and read_reward(sb, exit_code=1) == 0.0

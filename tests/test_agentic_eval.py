@@ -14,11 +14,11 @@ from rlmix.agentic.harbor import load_tasks
 from rlmix.agentic.local import LocalRuntime
 from rlmix.agentic.run import run_sample, run_swebench_eval
 from rlmix.agentic.sandbox import InfraError
-from tests.test_agentic_fixtures import FIX, SUBMIT, WRONG_FIX, ScriptedPolicy, make_task
+from tests.test_agentic_fixtures import FIX, SUBMIT, TRUSTED, WRONG_FIX, ScriptedPolicy, make_task
 
 
 def _cfg(tmp_path, **kw) -> SwebenchProConfig:
-    return SwebenchProConfig(tasks_dir=str(tmp_path / "tasks"), subset="all", **{"turn_timeout_s": 10.0, **kw})
+    return SwebenchProConfig(tasks_dir=str(tmp_path / "tasks"), trusted=TRUSTED, subset="all", **{"turn_timeout_s": 10.0, **kw})
 
 
 @pytest.fixture
@@ -29,7 +29,7 @@ def one_task(tmp_path):
 
 def _one(tmp_path, task, script, **kw):
     cfg = _cfg(tmp_path, **kw)
-    runtime = LocalRuntime(None, cfg.local_max_procs, None, cfg.turn_timeout_s)
+    runtime = LocalRuntime(None, cfg.local_max_procs, None, cfg.turn_timeout_s, trusted=TRUSTED)
     return run_sample(task, 0, ScriptedPolicy(script), runtime, cfg)
 
 
@@ -62,7 +62,7 @@ def test_observations_and_state_persist_through_files(tmp_path, one_task):
     policy = ScriptedPolicy(["<bash>echo hi > note.txt; python3 test_calc.py</bash>", "<bash>cat note.txt</bash>",
                              SUBMIT])
     cfg = _cfg(tmp_path)
-    run_sample(one_task, 0, policy, LocalRuntime(None, 512, None, 10.0), cfg)
+    run_sample(one_task, 0, policy, LocalRuntime(None, 512, None, 10.0, trusted=TRUSTED), cfg)
     first, second = policy.seen[1][-1], policy.seen[2][-1]
     assert first.role == "tool" and first.text.startswith("[exit code 1]") and "fail-to-pass" in first.text
     assert second.text == "[exit code 0]\nhi\n"
@@ -110,7 +110,7 @@ class FlakyRuntime:
     """A real LocalRuntime whose first ``failures`` starts fail like a dying container engine."""
 
     def __init__(self, failures: int):
-        self.inner, self.failures, self.starts = LocalRuntime(None, 512, None, 10.0), failures, 0
+        self.inner, self.failures, self.starts = LocalRuntime(None, 512, None, 10.0, trusted=TRUSTED), failures, 0
 
     def check(self, task):
         return self.inner.check(task)
@@ -150,7 +150,7 @@ def test_run_directory_pass_at_k_and_subset(tmp_path):
     for t in ("a", "b", "c"):
         make_task(tmp_path / "tasks", t)
     (tmp_path / "hard.txt").write_text("a\nb\n")
-    cfg = SwebenchProConfig(tasks_dir=str(tmp_path / "tasks"), subset="hard2", subset_file=str(tmp_path / "hard.txt"),
+    cfg = SwebenchProConfig(tasks_dir=str(tmp_path / "tasks"), trusted=TRUSTED, subset="hard2", subset_file=str(tmp_path / "hard.txt"),
                             expected_subset_size=2, eval_all_tasks=True, max_format_errors=2)
     lines: list[str] = []
     out = tmp_path / "run"
@@ -196,7 +196,7 @@ def test_subset_only_evaluates_the_subset(tmp_path):
     for t in ("a", "b", "c"):
         make_task(tmp_path / "tasks", t)
     (tmp_path / "hard.txt").write_text("c\n")
-    cfg = SwebenchProConfig(tasks_dir=str(tmp_path / "tasks"), subset="hard1", subset_file=str(tmp_path / "hard.txt"),
+    cfg = SwebenchProConfig(tasks_dir=str(tmp_path / "tasks"), trusted=TRUSTED, subset="hard1", subset_file=str(tmp_path / "hard.txt"),
                             expected_subset_size=1)
     summary = run_swebench_eval(cfg, ScriptedPolicy(_script), ks=[1], samples=1, out_dir=tmp_path / "run")
     assert sorted(p.name for p in (tmp_path / "run" / "tasks").iterdir()) == ["c.json"]

@@ -10,7 +10,12 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
+from rlmix.agentic.isolation import isolation_problem
 from rlmix.agentic.policy import Message, PolicyTurn, Transcript
+
+# The fixture tasks are our own: where bubblewrap cannot run they may run unisolated (task.trusted);
+# where it can, they are isolated like any task. The attacks in test_agentic_sandbox.py never opt out.
+TRUSTED = isolation_problem() is not None
 
 BUGGY = "def add(a, b):\n    return a - b\n\n\ndef sub(a, b):\n    return a - b\n"
 TEST = "from calc import add, sub\n\nassert add(2, 3) == 5, 'fail-to-pass'\nassert sub(5, 3) == 2, 'pass-to-pass'\nprint('ok')\n"

@@ -14,7 +14,7 @@ from rlmix.agentic.records import episodes_to_rollouts
 from rlmix.agentic.sandbox import snapshot_baseline
 from rlmix.rollout import FINISH_LENGTH, FINISH_STOP, Rollouts, SamplingParams, concat_rollouts
 from rlmix.samplers.base import Sampler
-from tests.test_agentic_fixtures import FIX, SUBMIT, make_task
+from tests.test_agentic_fixtures import FIX, SUBMIT, TRUSTED, make_task
 
 
 class CharTokenizer:
@@ -64,7 +64,7 @@ def _episode(tmp_path, replies, max_total_tokens):
     task = load_tasks(tmp_path / "tasks")["calc"]
     sampler = ScriptedSampler(replies)
     policy = ModelPolicy(CharTokenizer(), sampler, SamplingParams(max_new_tokens=200))
-    sandbox = LocalRuntime(None, 512, None, 10.0).start(task, network=False)
+    sandbox = LocalRuntime(None, 512, None, 10.0, trusted=TRUSTED).start(task, network=False)
     try:
         snapshot_baseline(sandbox)
         limits = EpisodeLimits(max_turns=5, turn_timeout_s=10.0, agent_timeout_s=60.0,
@@ -133,7 +133,7 @@ def test_model_policy_through_the_entry_point(tmp_path):
     make_task(tmp_path / "tasks", "calc")
     sampler = ScriptedSampler([FIX, SUBMIT, WRONG_FIX, SUBMIT])
     policy = ModelPolicy(CharTokenizer(), sampler, SamplingParams(max_new_tokens=100))
-    cfg = SwebenchProConfig(tasks_dir=str(tmp_path / "tasks"), subset="all", turn_timeout_s=10.0)
+    cfg = SwebenchProConfig(tasks_dir=str(tmp_path / "tasks"), trusted=TRUSTED, subset="all", turn_timeout_s=10.0)
     summary = run_swebench_eval(cfg, policy, ks=[1, 2], samples=2, out_dir=tmp_path / "run")
     assert summary["sets"]["all"]["pass@1"]["mean"] == 0.5 and summary["sets"]["all"]["pass@2"]["mean"] == 1.0
     # Each sample starts from the same first prompt: no tokens leak from one episode into the next.

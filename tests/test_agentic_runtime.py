@@ -12,7 +12,7 @@ from rlmix.agentic.local import LocalRuntime, no_network_prefix
 from rlmix.agentic.run import RUNTIMES, run_sample, run_swebench_eval
 from rlmix.agentic.sandbox import capture_patch, snapshot_baseline
 from rlmix.errors import ConfigError
-from tests.test_agentic_fixtures import FIX, SUBMIT, ScriptedPolicy, make_task
+from tests.test_agentic_fixtures import FIX, SUBMIT, TRUSTED, ScriptedPolicy, make_task
 
 
 @pytest.fixture
@@ -26,7 +26,7 @@ def test_every_runtime_kind_has_a_factory():
 
 
 def test_local_memory_limit_and_working_copy(task):
-    sb = LocalRuntime(memory_mb=256, max_procs=512, cpu_s=None, turn_timeout_s=10.0).start(task, network=False)
+    sb = LocalRuntime(memory_mb=256, max_procs=512, cpu_s=None, turn_timeout_s=10.0, trusted=TRUSTED).start(task, network=False)
     try:
         big = sb.run("python3 -c 'x = bytearray(512 * 1024 * 1024)'", timeout_s=20.0)
         assert big.exit_code != 0 and "MemoryError" in big.output
@@ -43,7 +43,7 @@ def test_local_memory_limit_and_working_copy(task):
 
 
 def test_local_cpu_limit(task):
-    sb = LocalRuntime(memory_mb=None, max_procs=512, cpu_s=1, turn_timeout_s=10.0).start(task, network=False)
+    sb = LocalRuntime(memory_mb=None, max_procs=512, cpu_s=1, turn_timeout_s=10.0, trusted=TRUSTED).start(task, network=False)
     try:
         res = sb.run("python3 -c 'while True: pass'", timeout_s=20.0)
         assert not res.timed_out and res.exit_code != 0 and res.duration_s < 10.0  # SIGXCPU, not the wall clock
@@ -51,11 +51,11 @@ def test_local_cpu_limit(task):
         sb.close()
 
 
-@pytest.mark.skipif(not no_network_prefix(), reason="unshare -n is not permitted on this machine")
+@pytest.mark.skipif(TRUSTED and not no_network_prefix(), reason="neither bwrap nor unshare -n can run here")
 def test_local_agent_phase_has_no_network(task):
     probe = ("python3 -c \"import socket\ntry:\n    socket.create_connection(('192.0.2.1', 80), timeout=3)\n"
              "except OSError as e:\n    print(type(e).__name__, e.errno)\"")
-    sb = LocalRuntime(None, 512, None, 10.0).start(task, network=False)
+    sb = LocalRuntime(None, 512, None, 10.0, trusted=TRUSTED).start(task, network=False)
     try:
         out = sb.run(probe, timeout_s=10.0).output
         assert "OSError 101" in out  # ENETUNREACH: no interface but loopback
@@ -68,7 +68,7 @@ def test_local_runtime_needs_the_repo_directory(tmp_path):
     import shutil
 
     shutil.rmtree(d / "environment" / "repo")
-    cfg = SwebenchProConfig(tasks_dir=str(tmp_path / "tasks"), subset="all")
+    cfg = SwebenchProConfig(tasks_dir=str(tmp_path / "tasks"), trusted=TRUSTED, subset="all")
     with pytest.raises(ConfigError, match="1 task.s. cannot run with task.runtime=local:\n  task norepo has no"):
         run_swebench_eval(cfg, ScriptedPolicy([SUBMIT]), ks=[1], samples=1, out_dir=tmp_path / "run")
     assert not (tmp_path / "run").exists()  # refused before anything was written
@@ -78,7 +78,7 @@ def test_local_runtime_needs_the_repo_directory(tmp_path):
 @pytest.mark.slow
 def test_docker_runtime_end_to_end(task, tmp_path):
     """Builds the fixture image (FROM python:3.11, which has git), runs a fixing episode, grades it."""
-    cfg = SwebenchProConfig(tasks_dir=str(tmp_path / "tasks"), subset="all", runtime=RuntimeKind.docker,
+    cfg = SwebenchProConfig(tasks_dir=str(tmp_path / "tasks"), trusted=TRUSTED, subset="all", runtime=RuntimeKind.docker,
                             turn_timeout_s=30.0)
     runtime = DockerRuntime(cfg.docker_image_prefix)
     sb = runtime.start(task, network=False)
@@ -102,8 +102,8 @@ def test_git_never_touches_an_enclosing_repository(task, tmp_path, monkeypatch):
     outer.mkdir()
     subprocess.run(["git", "init", "-q", str(outer)], check=True)
     monkeypatch.setattr(tempfile, "tempdir", str(outer))  # sandboxes now live inside another repository
-    cfg = SwebenchProConfig(tasks_dir=str(tmp_path / "tasks"), subset="all", turn_timeout_s=10.0)
-    runtime = LocalRuntime(None, 512, None, 10.0)
+    cfg = SwebenchProConfig(tasks_dir=str(tmp_path / "tasks"), trusted=TRUSTED, subset="all", turn_timeout_s=10.0)
+    runtime = LocalRuntime(None, 512, None, 10.0, trusted=TRUSTED)
     assert run_sample(task, 0, ScriptedPolicy([FIX, SUBMIT]), runtime, cfg).outcome.reward == 1.0
     wreck = run_sample(task, 1, ScriptedPolicy([FIX, "<bash>rm -rf .git</bash>", SUBMIT]), runtime, cfg)
     assert wreck.outcome.patch_error and wreck.patch == ""

@@ -17,7 +17,7 @@ UNSET = "???"  # Hydra's "mandatory value"; "" is read as unset too
 class RuntimeKind(enum.Enum):
     """Where agent commands and the verifier run. Member names are the YAML spelling."""
 
-    local = "local"  # temporary working copy + limited subprocess (tests, embedded tasks)
+    local = "local"  # temporary working copy, commands isolated by bubblewrap (tests, embedded tasks)
     docker = "docker"  # the task's image, network off during the agent phase
 
 
@@ -37,6 +37,9 @@ class SwebenchProConfig:
     # False: evaluate only the subset's tasks. True: evaluate every task, report the whole set and the subset.
     eval_all_tasks: bool = False
     runtime: RuntimeKind = RuntimeKind.local
+    # True: the tasks are your own, so the local runtime may run them without isolation where
+    # bubblewrap cannot run (it still isolates wherever it can). False: such tasks are refused.
+    trusted: bool = False
     # --- agent episode limits ---
     max_turns: int = 50  # policy actions per episode
     turn_timeout_s: float = 120.0  # wall-clock limit of one shell command
@@ -45,12 +48,15 @@ class SwebenchProConfig:
     max_total_tokens: int = 32768  # prompt + observations + policy tokens of one episode
     max_format_errors: int = 3  # malformed actions in one episode before it ends
     max_output_chars: int = 4000  # command output shown to the policy (head and tail kept)
+    command_output_cap_bytes: int = 1048576  # output read from one command; the rest is dropped while read
     # --- grading ---
     grade_retries: int = 2  # extra attempts after an infrastructure failure (agent phase or grading)
     grade_network: bool = False  # give the verifier the network (the agent phase never has it)
     # --- local runtime limits ---
     local_memory_mb: Optional[int] = None  # RLIMIT_AS per command; null uses the task's memory_mb
-    local_max_procs: int = 512  # RLIMIT_NPROC per command (ignored for root, as the kernel ignores it)
+    # RLIMIT_NPROC per command; the kernel counts every process of the user the sandboxes run as
+    # (nobody when the runner is root), so concurrent episodes share it.
+    local_max_procs: int = 512
     local_cpu_s: Optional[int] = None  # RLIMIT_CPU per command; null = 2 x turn_timeout_s
     # --- docker runtime ---
     docker_image_prefix: str = "rlmix-swebench"  # tag of images built from environment/Dockerfile

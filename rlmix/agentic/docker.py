@@ -4,8 +4,8 @@ The image is ``[environment] docker_image`` (pulled if absent) or built from ``e
 tagged ``<prefix>/<task id>:latest``. A sandbox is a container started with ``sleep infinity``,
 ``--cpus`` and ``--memory`` from task.toml, and ``--network none`` unless asked otherwise; commands
 run with ``docker exec`` in the task's WORKDIR under coreutils ``timeout`` (which signals the whole
-process group, then SIGKILLs it 5 s later). The task's tests are copied to ``/tests`` and the
-verifier writes to ``/logs/verifier``, as in Harbor.
+process group, then SIGKILLs it 5 s later); their output is read in chunks and capped. The task's
+tests are copied to ``/tests`` and the verifier writes to ``/logs/verifier``, as in Harbor.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from rlmix.agentic.harbor import HarborTask
-from rlmix.agentic.sandbox import ExecResult, InfraError
+from rlmix.agentic.sandbox import DEFAULT_OUTPUT_CAP_BYTES, ExecResult, InfraError, read_capped
 
 TIMEOUT_EXIT = 124  # coreutils timeout's exit status when the time limit was hit
 # What the docker CLI prints when the engine or the container (not the command) failed.
@@ -43,7 +43,8 @@ def docker_available() -> bool:
 
 
 class DockerSandbox:
-    def __init__(self, image: str, task: HarborTask, network: bool):
+    def __init__(self, image: str, task: HarborTask, network: bool, output_cap_bytes: int = DEFAULT_OUTPUT_CAP_BYTES):
+        self._output_cap = output_cap_bytes
         self.name = f"rlmix-{re.sub(r'[^a-zA-Z0-9_.-]', '-', task.task_id)[:40]}-{uuid.uuid4().hex[:8]}"
         self.workdir, self.tests_dir, self.logs_dir = task.workdir, "/tests", "/logs"
         args = ["run", "-d", "--name", self.name, "--cpus", f"{task.cpus:g}", "--memory", f"{task.memory_mb}m",
@@ -61,13 +62,19 @@ class DockerSandbox:
             args += ["-e", f"{k}={v}"]
         args += [self.name, "timeout", "-k", "5", f"{timeout_s:g}", "bash", "-c", command]
         start = time.monotonic()
-        res = _docker(args, timeout_s=timeout_s + 60.0)
-        out = (res.stdout + res.stderr).decode("utf-8", errors="replace")
-        err = res.stderr.decode("utf-8", errors="replace")
-        if res.returncode != 0 and any(m in err for m in DAEMON_ERRORS):
-            raise InfraError(f"docker exec in {self.name} failed: {err[-500:]}")
-        timed_out = res.returncode in (TIMEOUT_EXIT, 137) and time.monotonic() - start >= timeout_s
-        return ExecResult(-1 if timed_out else res.returncode, out, timed_out, time.monotonic() - start)
+        try:
+            proc = subprocess.Popen(["docker", *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT)
+        except OSError as e:
+            raise InfraError(f"docker exec failed: {e}") from e
+        # `timeout` inside the container ends the command; the CLI itself gets a minute more.
+        raw, cli_hung = read_capped(proc, timeout_s + 60.0, self._output_cap, proc.kill)
+        returncode = proc.wait()
+        out = raw.decode("utf-8", errors="replace")
+        if cli_hung or (returncode != 0 and any(m in out[-2000:] for m in DAEMON_ERRORS)):
+            raise InfraError(f"docker exec in {self.name} failed: {out[-500:]}")
+        timed_out = returncode in (TIMEOUT_EXIT, 137) and time.monotonic() - start >= timeout_s
+        return ExecResult(-1 if timed_out else returncode, out, timed_out, time.monotonic() - start)
 
     def put_dir(self, host_dir: Path, sandbox_dir: str) -> None:
         self.run(f"mkdir -p {shlex.quote(sandbox_dir)}", timeout_s=60.0)
@@ -96,9 +103,15 @@ class DockerSandbox:
 
 
 class DockerRuntime:
-    def __init__(self, image_prefix: str):
-        self._prefix = image_prefix
+    def __init__(self, image_prefix: str, output_cap_bytes: int = DEFAULT_OUTPUT_CAP_BYTES):
+        self._prefix, self._output_cap = image_prefix, output_cap_bytes
         self._images: dict[str, str] = {}
+
+    def unavailable(self) -> str | None:
+        if docker_available():
+            return None
+        return ("task.runtime=docker needs a running Docker engine and `docker info` does not answer: start "
+                "one (README, \"Docker runtime\"), or use task.runtime=local")
 
     def image_tag(self, task: HarborTask) -> str:
         return f"{self._prefix}/{re.sub(r'[^a-z0-9_.-]', '-', task.task_id.lower())}:latest"
@@ -125,4 +138,4 @@ class DockerRuntime:
 
     def start(self, task: HarborTask, network: bool) -> DockerSandbox:
         self.prepare(task)
-        return DockerSandbox(self._images[task.task_id], task, network)
+        return DockerSandbox(self._images[task.task_id], task, network, self._output_cap)

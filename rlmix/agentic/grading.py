@@ -4,8 +4,9 @@
 2. Snapshot it, apply the agent's patch with ``git apply``, skipping every protected test path
    (``[metadata] test_files`` or ``DEFAULT_TEST_GLOBS``): the benchmark's tests stay as shipped, so a
    policy that edits the tests cannot pass by it.
-3. Copy the task's ``tests/`` in (never the agent's copy) and run ``bash $TESTS_DIR/test.sh`` with the
-   task's ``[verifier] env`` and ``timeout_sec``.
+3. Copy the task's ``tests/`` in from the task directory on the host (which no sandbox can see; the
+   local runtime mounts them read-only) and run ``bash $TESTS_DIR/test.sh`` with the task's
+   ``[verifier] env`` and ``timeout_sec``. Nothing the agent wrote outside its patch reaches here.
 4. The reward is ``$LOGS_DIR/verifier/reward.txt`` (a number; or ``reward.json`` with ``"reward"``),
    else the exit code (0 passes). Reward 1 iff that number is >= 1.
 

@@ -1,22 +1,31 @@
-"""The ``local`` runtime: a temporary working copy and limited subprocesses (tests, embedded tasks).
+"""The ``local`` runtime: a temporary working copy, each command isolated by bubblewrap (``isolation.py``).
 
 Convention: the task carries its repository as ``environment/repo/`` (the Dockerfile copies it to
-its WORKDIR). A sandbox is a temporary directory ``{repo/, tests/, logs/, home/}``; each command runs
-as ``bash -c`` in ``repo/`` in its own process group, with RLIMIT_AS / RLIMIT_NPROC / RLIMIT_CPU set
-in the child, and with no network (``unshare -n``) when the platform allows it. On a timeout the
-whole process group is killed, so ``sleep 1000`` (and anything it spawned) cannot outlive its limit.
-This isolates resources, not trust: the local runtime is for tasks you wrote, the docker runtime for
-the benchmark.
+its WORKDIR). A sandbox is a host temporary directory ``{repo/, tests/, logs/, home/, tmp/}``. Inside
+the sandbox a command sees them as the task's WORKDIR (writable), ``/tests`` (read-only: grading
+copies the task's tests there from the host, where no command can reach them), ``/logs``, ``$HOME``
+and ``/tmp`` (writable), over a read-only system and nothing else of the host; no network unless
+asked; its own PID namespace, so it cannot signal host processes and nothing it starts outlives it.
+Commands run as ``nobody`` when the runner is root (the working copy is handed to it), with
+RLIMIT_AS / RLIMIT_NPROC / RLIMIT_CPU on top. Output is read in chunks and capped.
+
+Where bwrap cannot run (not installed, or the kernel forbids its namespaces) the runtime refuses to
+start, with one line naming the fix, unless ``task.trusted=true``: then commands run as plain
+subprocesses in their own process group (no network through ``unshare -n`` where permitted) with
+host paths, which isolates resources, not trust.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import resource
+import select
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -24,18 +33,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlmix.agentic.harbor import HarborTask
-from rlmix.agentic.sandbox import ExecResult, InfraError
+from rlmix.agentic.harbor import DEFAULT_WORKDIR, HarborTask
+from rlmix.agentic.isolation import PATH, Bind, bwrap_argv, isolation_problem, sandbox_user, sandbox_workdir
+from rlmix.agentic.sandbox import DEFAULT_OUTPUT_CAP_BYTES, ExecResult, InfraError, read_capped
 from rlmix.errors import ConfigError
 
 log = logging.getLogger(__name__)
+
+TESTS_DIR, LOGS_DIR, HOME_DIR, TMP_DIR = "/tests", "/logs", "/home/sandbox", "/tmp"
+NAMESPACE_EXIT_WAIT_S = 30.0  # the kernel kills and reaps a namespace's processes; a bound, never reached
 
 
 @functools.cache
 def no_network_prefix() -> tuple[str, ...]:
     """``unshare -n`` (or ``-rn`` through a user namespace) if either drops the network here; checked once.
 
-    Empty when neither is permitted: commands then keep the host network, which is logged once.
+    Only for trusted tasks without bwrap; empty when neither is permitted (logged once).
     """
     for flags in ("-n", "-rn"):
         try:
@@ -43,7 +56,7 @@ def no_network_prefix() -> tuple[str, ...]:
                 return ("unshare", flags)
         except (OSError, subprocess.SubprocessError):
             pass
-    log.warning("local runtime: unshare -n is not permitted here; commands keep the host network")
+    log.warning("local runtime: unshare -n is not permitted here; trusted commands keep the host network")
     return ()
 
 
@@ -52,6 +65,7 @@ class LocalLimits:
     memory_mb: int  # RLIMIT_AS
     max_procs: int  # RLIMIT_NPROC (the kernel ignores it for root)
     cpu_s: int  # RLIMIT_CPU
+    output_cap_bytes: int  # command output kept (first and last halves)
 
 
 def _lower_limit(which: int, value: int) -> None:
@@ -68,65 +82,164 @@ def _limit_child(limits: LocalLimits) -> None:
     _lower_limit(resource.RLIMIT_CPU, limits.cpu_s)
 
 
-class LocalSandbox:
-    """One working copy; see the module docstring."""
+def _open_ns_init(info_fd: int, bwrap_pid: int) -> int | None:
+    """A pidfd on the PID namespace's init (bwrap's child), from bwrap's ``--info-fd``; None if it is gone.
 
-    def __init__(self, task: HarborTask, limits: LocalLimits, network: bool):
+    A pidfd names one process for good, so signalling it later can never hit a recycled pid; the
+    parent check makes sure it was opened on bwrap's child and not on a pid recycled before that.
+    """
+    with os.fdopen(info_fd, "rb") as f:  # bwrap writes it and closes it as soon as the sandbox exists
+        data = f.read()
+    try:
+        pid = int(json.loads(data)["child-pid"])
+        pidfd = os.pidfd_open(pid)
+    except (ValueError, KeyError, TypeError, OSError):
+        return None  # bwrap failed before it started the sandbox (its exit says why), or it already ended
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        ppid = int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
+    except (OSError, StopIteration, ValueError):
+        ppid = -1
+    if ppid != bwrap_pid:
+        os.close(pidfd)
+        return None
+    return pidfd
+
+
+def _end_namespace(pidfd: int) -> None:
+    """SIGKILL the namespace's init and wait until it is gone.
+
+    When a PID namespace's init dies, the kernel kills every process in the namespace and waits for
+    all of them before the init's exit is reported: once the pidfd reads as exited, nothing is left.
+    """
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    select.select([pidfd], [], [], NAMESPACE_EXIT_WAIT_S)
+    os.close(pidfd)
+
+
+def _kill(pid: int, ns_init: int | None) -> None:
+    """SIGKILL the command: its whole PID namespace, then its process group (bwrap, or unisolated children)."""
+    if ns_init is not None:
+        _end_namespace(os.dup(ns_init))
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _searchable_by_others(path: Path) -> bool:
+    return all(os.stat(p).st_mode & stat.S_IXOTH for p in (path.resolve(), *path.resolve().parents))
+
+
+def _chown_tree(root: Path, uid: int, gid: int) -> None:
+    os.chown(root, uid, gid)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            os.lchown(os.path.join(dirpath, name), uid, gid)
+
+
+@functools.cache
+def _warn_unisolated(problem: str) -> None:
+    log.warning("task.trusted=true and %s: agent commands run without isolation", problem)
+
+
+class LocalSandbox:
+    """One working copy; see the module docstring. ``isolated=False`` only for trusted tasks."""
+
+    def __init__(self, task: HarborTask, limits: LocalLimits, network: bool, isolated: bool):
         if not task.repo_dir.is_dir():
             raise ConfigError(f"task {task.task_id} has no environment/repo/ directory, which the local "
                               f"runtime copies; use task.runtime=docker")
-        self.root = Path(tempfile.mkdtemp(prefix=f"rlmix-{task.task_id[:40]}-"))
+        self._user = sandbox_user() if isolated else {}
+        parent = tempfile.gettempdir()
+        if self._user and not _searchable_by_others(Path(parent)):
+            parent = "/tmp"  # bwrap, run as the sandbox user, must reach the working copy to mount it
+        self.root = Path(tempfile.mkdtemp(prefix=f"rlmix-{task.task_id[:40]}-", dir=parent))
         try:
             shutil.copytree(task.repo_dir, self.root / "repo", symlinks=True)
-            for d in ("tests", "logs/verifier", "home"):
+            for d in ("tests", "logs/verifier", "home", "tmp"):
                 (self.root / d).mkdir(parents=True, exist_ok=True)
+            self._give(self.root)  # commands run as an unprivileged user: its working copy
         except OSError as e:
             shutil.rmtree(self.root, ignore_errors=True)
             raise InfraError(f"could not create the working copy of {task.task_id}: {e}") from e
-        self.workdir = str(self.root / "repo")
-        self.tests_dir = str(self.root / "tests")
-        self.logs_dir = str(self.root / "logs")
-        self._limits = limits
-        self._prefix = () if network else no_network_prefix()
+        inside = ((sandbox_workdir(task.workdir, DEFAULT_WORKDIR), TESTS_DIR, LOGS_DIR, HOME_DIR, TMP_DIR)
+                  if isolated else tuple(str(self.root / d) for d in ("repo", "tests", "logs", "home", "tmp")))
+        self.workdir, self.tests_dir, self.logs_dir, self._home, self._tmp = inside
+        # sandbox path -> host path, longest first; tests/ is read-only inside.
+        self._mounts = sorted(((p, self.root / d) for p, d in zip(inside, ("repo", "tests", "logs", "home", "tmp"))),
+                              key=lambda m: -len(m[0]))
+        self._limits, self._network, self._isolated = limits, network, isolated
+
+    def _argv(self, command: str, info_fd: int | None) -> list[str]:
+        if info_fd is None:
+            return [*(() if self._network else no_network_prefix()), "bash", "-c", command]
+        binds = [Bind(str(self.root / d), p, writable=d != "tests")
+                 for p, d in zip((self._tmp, self._home, self.logs_dir, self.tests_dir, self.workdir),
+                                 ("tmp", "home", "logs", "tests", "repo"))]
+        return [*bwrap_argv(binds, self.workdir, self._network), "--info-fd", str(info_fd), "bash", "-c", command]
 
     def _env(self, extra: Mapping[str, str] | None) -> dict[str, str]:
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.root / "home"),
-               "LANG": "C.UTF-8", "APP_DIR": self.workdir, "TESTS_DIR": self.tests_dir,
-               "LOGS_DIR": self.logs_dir, "PYTHONDONTWRITEBYTECODE": "1"}
+        path = PATH if self._isolated else os.environ.get("PATH", "/usr/bin:/bin")
+        env = {"PATH": path, "HOME": self._home, "TMPDIR": self._tmp, "LANG": "C.UTF-8", "APP_DIR": self.workdir,
+               "TESTS_DIR": self.tests_dir, "LOGS_DIR": self.logs_dir, "PYTHONDONTWRITEBYTECODE": "1"}
         env.update(extra or {})
         return env
 
     def run(self, command: str, timeout_s: float, env: Mapping[str, str] | None = None) -> ExecResult:
-        argv = [*self._prefix, "bash", "-c", command]
         start = time.monotonic()
+        info_r, info_w = os.pipe() if self._isolated else (None, None)
         try:
-            proc = subprocess.Popen(argv, cwd=self.workdir, env=self._env(env), stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                                    preexec_fn=functools.partial(_limit_child, self._limits))
+            proc = subprocess.Popen(self._argv(command, info_w), cwd=self.root / "repo", env=self._env(env),
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    start_new_session=True, pass_fds=() if info_w is None else (info_w,),
+                                    preexec_fn=functools.partial(_limit_child, self._limits), **self._user)
         except (OSError, subprocess.SubprocessError) as e:  # fork failed, working copy gone
+            if info_r is not None:
+                os.close(info_r)
             raise InfraError(f"could not start a command in {self.root}: {e}") from e
+        finally:
+            if info_w is not None:
+                os.close(info_w)
+        ns_init = None if info_r is None else _open_ns_init(info_r, proc.pid)
+        # Called at a timeout and after every command: a background child dies with its command.
+        # read_capped leaves bwrap (or bash) unreaped, so its process group id is still ours.
+        kill = functools.partial(_kill, proc.pid, ns_init)
         try:
-            out, _ = proc.communicate(timeout=timeout_s)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # the whole group: children of a hung command too
-            try:
-                out, _ = proc.communicate(timeout=5.0)
-            except subprocess.TimeoutExpired:  # a grandchild escaped the group and holds the pipe
-                proc.kill()
-                out = b""
-            timed_out = True
+            out, timed_out = read_capped(proc, timeout_s, self._limits.output_cap_bytes, kill)
+        finally:
+            kill()
+            if ns_init is not None:
+                os.close(ns_init)
+            proc.wait()
         return ExecResult(exit_code=-1 if timed_out else proc.returncode,
                           output=out.decode("utf-8", errors="replace"), timed_out=timed_out,
                           duration_s=time.monotonic() - start)
 
     def _host(self, sandbox_path: str) -> Path:
-        p = Path(sandbox_path)
-        return p if p.is_absolute() else Path(self.workdir) / p
+        """The host path of a sandbox path; InfraError if it (or a link in it) leads out of the sandbox."""
+        p = sandbox_path if sandbox_path.startswith("/") else f"{self.workdir}/{sandbox_path}"
+        for inside, host in self._mounts:
+            if p == inside or p.startswith(inside.rstrip("/") + "/"):
+                target = host / p[len(inside):].lstrip("/")
+                # A command may have planted a symlink: never follow one to a host file.
+                if target.resolve().is_relative_to(host.resolve()):
+                    return target
+        raise InfraError(f"{sandbox_path} is not inside the sandbox")
+
+    def _give(self, path: Path) -> None:
+        """Hand what we copied in to the sandbox user (read-only mounts stay read-only regardless)."""
+        if self._user:
+            _chown_tree(path, self._user["user"], self._user["group"])
 
     def put_dir(self, host_dir: Path, sandbox_dir: str) -> None:
+        target = self._host(sandbox_dir)
         try:
-            shutil.copytree(host_dir, self._host(sandbox_dir), symlinks=True, dirs_exist_ok=True)
+            shutil.copytree(host_dir, target, symlinks=True, dirs_exist_ok=True)
+            self._give(target)
         except OSError as e:
             raise InfraError(f"could not copy {host_dir} into the sandbox: {e}") from e
 
@@ -135,14 +248,19 @@ class LocalSandbox:
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
+            self._give(target.parent)
         except OSError as e:
             raise InfraError(f"could not write {target}: {e}") from e
 
     def read_file(self, sandbox_path: str) -> bytes | None:
-        target = self._host(sandbox_path)
+        try:
+            target = self._host(sandbox_path)
+        except InfraError:
+            return None
         return target.read_bytes() if target.is_file() else None
 
     def close(self) -> None:
+        # Every command's processes died with it (see run); only the files remain.
         shutil.rmtree(self.root, ignore_errors=True)
 
 
@@ -151,11 +269,21 @@ class LocalRuntime:
 
     ``cpu_s=None`` sets RLIMIT_CPU to twice the longer of ``turn_timeout_s`` and the task's verifier
     timeout, so only a runaway (not a slow test suite) meets it before the wall-clock limit.
+    ``trusted=True`` permits running without isolation where bwrap cannot run (never otherwise).
     """
 
-    def __init__(self, memory_mb: int | None, max_procs: int, cpu_s: int | None, turn_timeout_s: float):
+    def __init__(self, memory_mb: int | None, max_procs: int, cpu_s: int | None, turn_timeout_s: float,
+                 trusted: bool = False, output_cap_bytes: int = DEFAULT_OUTPUT_CAP_BYTES):
         self._memory_mb, self._max_procs, self._cpu_s = memory_mb, max_procs, cpu_s
-        self._turn_timeout_s = turn_timeout_s
+        self._turn_timeout_s, self._trusted, self._output_cap = turn_timeout_s, trusted, output_cap_bytes
+
+    def unavailable(self) -> str | None:
+        problem = isolation_problem()
+        if problem is None or self._trusted:
+            return None
+        return (f"task.runtime=local isolates agent commands with bubblewrap, but {problem}: install it "
+                f"(`make setup` as root, or `apt-get install bubblewrap`), or set task.trusted=true for tasks "
+                f"you wrote yourself")
 
     def check(self, task: HarborTask) -> str | None:
         if not task.repo_dir.is_dir():
@@ -164,11 +292,16 @@ class LocalRuntime:
         return None
 
     def prepare(self, task: HarborTask) -> None:
-        problem = self.check(task)
+        problem = self.unavailable() or self.check(task)
         if problem:
             raise ConfigError(problem)
 
     def start(self, task: HarborTask, network: bool) -> LocalSandbox:
+        self.prepare(task)  # never degrade silently: an untrusted task without isolation is refused here too
+        problem = isolation_problem()
+        if problem is not None:
+            _warn_unisolated(problem)
         cpu_s = self._cpu_s or int(2 * max(self._turn_timeout_s, task.verifier_timeout_s)) + 1
-        limits = LocalLimits(memory_mb=self._memory_mb or task.memory_mb, max_procs=self._max_procs, cpu_s=cpu_s)
-        return LocalSandbox(task, limits, network)
+        limits = LocalLimits(memory_mb=self._memory_mb or task.memory_mb, max_procs=self._max_procs, cpu_s=cpu_s,
+                             output_cap_bytes=self._output_cap)
+        return LocalSandbox(task, limits, network, isolated=problem is None)

@@ -29,9 +29,27 @@ log = logging.getLogger(__name__)
 
 RUNTIMES: dict[RuntimeKind, Callable[[SwebenchProConfig], Runtime]] = {
     RuntimeKind.local: lambda cfg: LocalRuntime(memory_mb=cfg.local_memory_mb, max_procs=cfg.local_max_procs,
-                                                cpu_s=cfg.local_cpu_s, turn_timeout_s=cfg.turn_timeout_s),
-    RuntimeKind.docker: lambda cfg: DockerRuntime(image_prefix=cfg.docker_image_prefix),
+                                                cpu_s=cfg.local_cpu_s, turn_timeout_s=cfg.turn_timeout_s,
+                                                trusted=cfg.trusted, output_cap_bytes=cfg.command_output_cap_bytes),
+    RuntimeKind.docker: lambda cfg: DockerRuntime(image_prefix=cfg.docker_image_prefix,
+                                                  output_cap_bytes=cfg.command_output_cap_bytes),
 }
+MIN_OUTPUT_CAP_BYTES = 4096
+
+
+def check_runtime(cfg: SwebenchProConfig) -> Runtime:
+    """The configured runtime, or a one-line ConfigError if it cannot run here (no bwrap, no Docker engine).
+
+    Cheap and side-effect free: call it before anything expensive starts (Ray, a sampler).
+    """
+    if cfg.command_output_cap_bytes < MIN_OUTPUT_CAP_BYTES:
+        raise ConfigError(f"task.command_output_cap_bytes={cfg.command_output_cap_bytes} must be >= "
+                          f"{MIN_OUTPUT_CAP_BYTES}")
+    runtime = RUNTIMES[cfg.runtime](cfg)
+    problem = runtime.unavailable()
+    if problem:
+        raise ConfigError(problem)
+    return runtime
 
 
 def resolve_tasks(cfg: SwebenchProConfig) -> tuple[list[HarborTask], list[str] | None]:
@@ -117,8 +135,8 @@ def run_swebench_eval(cfg: SwebenchProConfig, policy: AgentPolicy, ks: list[int]
                       progress: Callable[[str], None] | None = None, wandb_run=None) -> dict:
     """Evaluate ``policy`` on the configured tasks; writes the run directory and returns eval.json's content."""
     check_ks(ks, samples)
+    runtime = check_runtime(cfg)
     tasks, subset_ids = resolve_tasks(cfg)
-    runtime = RUNTIMES[cfg.runtime](cfg)
     problems = [p for p in (runtime.check(t) for t in tasks) if p]
     if problems:  # before the first episode, not halfway through the run
         raise ConfigError(f"{len(problems)} task(s) cannot run with task.runtime={cfg.runtime.name}:\n"

@@ -1,0 +1,112 @@
+"""Isolation of the local runtime's commands with bubblewrap (``bwrap``): mounts, namespaces, availability.
+
+Each command runs as ``bwrap ... bash -c <command>`` with
+
+* a root file system built from scratch: the host's ``/usr`` (and the ``/bin``, ``/lib*``, ``/sbin``
+  links or directories beside it) read-only, a short list of harmless files from ``/etc`` read-only,
+  a fresh ``/proc`` and a minimal ``/dev``, and the sandbox's own directories (only those writable
+  that the caller binds writable; the root itself is read-only). Nothing else of the host exists
+  inside: not its home directories, not the project, not the task's source directory, not
+  ``/etc/shadow``;
+* new user, PID, IPC, UTS, cgroup and network namespaces (``--unshare-all``): host processes are
+  invisible and cannot be signalled, and only a loopback interface exists unless the network is
+  asked for (``--share-net``);
+* an unprivileged user (``nobody`` when the runner is root, see ``SANDBOX_UID``), no capabilities
+  (``--cap-drop ALL``), ``--new-session`` (no ioctl on the caller's terminal) and
+  ``--die-with-parent``.
+
+bwrap's own process is PID 1 of the new PID namespace. When PID 1 dies, the kernel kills every
+process left in the namespace (``setsid``/``nohup`` children too) before its death is reported; the
+runtime kills it after every command and at a timeout (``local.py``), and ``--die-with-parent``
+kills it if the runner dies. So no process a command starts outlives that command.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+BWRAP = "bwrap"
+# Top-level system directories shared read-only (merged-/usr systems have links for all but /usr).
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# What of /etc programs need to start (the dynamic loader's cache, users, alternatives, TLS roots);
+# credentials (shadow, ssh keys, machine-id) stay out.
+ETC_ENTRIES = ("passwd", "group", "hosts", "nsswitch.conf", "resolv.conf", "host.conf", "ld.so.cache",
+               "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime", "timezone", "ssl", "ca-certificates",
+               "gitconfig", "os-release", "debian_version", "mime.types", "bash.bashrc", "profile", "inputrc")
+# Top-level names a task's WORKDIR may not take inside the sandbox: they are the system's or the sandbox's own.
+RESERVED_TOP = frozenset({"", "usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "proc", "dev", "sys",
+                          "run", "tmp", "tests", "logs", "home"})
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Who sandboxed commands run as when the runner is root: ``nobody``. Started as root, bwrap would map
+# the sandbox's uid 0 to the host's root, which even without capabilities may write the kernel's
+# global settings in /proc/sys and /proc/sysrq-trigger. An unprivileged user may not.
+SANDBOX_UID = SANDBOX_GID = 65534
+
+
+@dataclass(frozen=True)
+class Bind:
+    host: str
+    inside: str
+    writable: bool
+
+
+@functools.cache
+def _system_args() -> tuple[str, ...]:
+    args: list[str] = []
+    for d in SYSTEM_DIRS:
+        if os.path.islink(d):  # merged /usr: /bin -> usr/bin
+            args += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            args += ["--ro-bind", d, d]
+    for name in ETC_ENTRIES:
+        args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    return tuple(args + ["--proc", "/proc", "--dev", "/dev"])
+
+
+def bwrap_argv(binds: Sequence[Bind], chdir: str, network: bool) -> list[str]:
+    """The bwrap prefix for one command; ``binds`` are laid over the system mounts in order."""
+    # --cap-drop ALL: run as root, bwrap keeps every capability inside its user namespace, and
+    # CAP_SYS_ADMIN there can remount the read-only binds writable (host /usr included).
+    argv = [BWRAP, "--unshare-all", "--cap-drop", "ALL", "--die-with-parent", "--new-session", *_system_args()]
+    if network:
+        argv.append("--share-net")
+    for b in binds:
+        argv += ["--bind" if b.writable else "--ro-bind", b.host, b.inside]
+    # The root bwrap builds is a tmpfs: read-only too, so nothing but the binds can be written.
+    return [*argv, "--remount-ro", "/", "--chdir", chdir]
+
+
+def sandbox_workdir(task_workdir: str, default: str) -> str:
+    """The task's WORKDIR inside the sandbox, unless it would sit on a system or sandbox directory."""
+    parts = [p for p in task_workdir.split("/") if p and p != "."]
+    if not task_workdir.startswith("/") or ".." in parts or not parts or parts[0] in RESERVED_TOP:
+        return default
+    return "/" + "/".join(parts)
+
+
+def sandbox_user() -> dict:
+    """``subprocess.Popen`` arguments that run a command as ``SANDBOX_UID`` when we are root; else none."""
+    if os.geteuid() != 0:
+        return {}
+    return {"user": SANDBOX_UID, "group": SANDBOX_GID, "extra_groups": []}
+
+
+@functools.cache
+def isolation_problem() -> str | None:
+    """Why commands cannot be isolated on this machine (one line), or None; probed once per process."""
+    if shutil.which(BWRAP) is None:
+        return "bubblewrap (bwrap) is not installed"
+    try:
+        res = subprocess.run(bwrap_argv((), "/", network=False) + ["true"], capture_output=True, timeout=30,
+                             **sandbox_user())
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"bwrap does not start: {e}"
+    if res.returncode != 0:
+        lines = res.stderr.decode(errors="replace").strip().splitlines() or [f"exit {res.returncode}"]
+        return f"the kernel refuses bwrap's namespaces to an unprivileged user here ({lines[-1]})"
+    return None

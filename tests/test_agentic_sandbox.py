@@ -1,0 +1,174 @@
+"""The local runtime's sandbox against the attacks a policy under training would find (real bwrap, no mocks).
+
+Each attack is one a plain subprocess allows: reading or writing host files, killing a host process,
+a ``setsid`` child outliving the sandbox, flooding the caller with output, and overwriting the
+verifier to score an empty patch. None of these tests opts out with ``task.trusted``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tracemalloc
+import uuid
+from pathlib import Path
+
+import pytest
+
+from rlmix.agentic.config import SwebenchProConfig
+from rlmix.agentic.harbor import load_tasks
+from rlmix.agentic.isolation import isolation_problem
+from rlmix.agentic.local import LocalRuntime
+from rlmix.agentic.run import check_runtime, run_sample
+from rlmix.errors import ConfigError
+from tests.test_agentic_fixtures import FIX, SUBMIT, ScriptedPolicy, make_task
+
+needs_bwrap = pytest.mark.skipif(isolation_problem() is not None,
+                                 reason=f"{isolation_problem()}; `make setup` as root installs bubblewrap")
+CAP = 1 << 20
+
+
+@pytest.fixture
+def task(tmp_path):
+    make_task(tmp_path / "tasks", "calc")
+    return load_tasks(tmp_path / "tasks")["calc"]
+
+
+@pytest.fixture
+def sandbox(task):
+    sb = LocalRuntime(None, 512, None, 10.0, output_cap_bytes=CAP).start(task, network=False)
+    yield sb
+    sb.close()
+
+
+def _host_pids_running(token: str) -> list[int]:
+    """Host processes whose command line contains ``token``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and token.encode() in (entry / "cmdline").read_bytes():
+                pids.append(int(entry.name))
+        except OSError:
+            pass  # exited while we looked
+    return pids
+
+
+@needs_bwrap
+def test_reading_and_writing_outside_the_sandbox_fails(sandbox, task, tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("s3cret-value\n")
+    instruction = (task.path / "instruction.md").read_bytes()
+    for cmd in (f"cat {secret}", "cat /etc/shadow", f"ls {task.path}", "ls /root /work /var /opt"):
+        res = sandbox.run(cmd, timeout_s=10.0)
+        assert res.exit_code != 0 and "s3cret" not in res.output, cmd
+    name = f"rlmix-sandbox-test-{uuid.uuid4().hex[:8]}"
+    outside = [tmp_path / name, Path("/usr") / name, Path("/etc") / name]
+    try:
+        writes = [f"echo x > {p}" for p in outside] + [f"echo x > {task.path}/instruction.md",
+                                                        f"echo x > {task.repo_dir}/calc.py",
+                                                        f"mount -o remount,bind,rw /usr && touch /usr/{name}"]
+        for cmd in writes:
+            assert sandbox.run(cmd, timeout_s=10.0).exit_code != 0, cmd
+        assert not any(p.exists() for p in outside)
+    finally:
+        for p in outside:
+            p.unlink(missing_ok=True)
+    assert (task.path / "instruction.md").read_bytes() == instruction
+    # Nor through the runner: a planted link to a host file is not followed when the reward is read.
+    sandbox.run(f"ln -sf {secret} $LOGS_DIR/verifier/reward.txt", timeout_s=10.0)
+    assert sandbox.read_file(f"{sandbox.logs_dir}/verifier/reward.txt") is None
+    # Not the host's root either (whose uid may write kernel settings in /proc/sys even without capabilities).
+    assert sandbox.run("id -u", timeout_s=10.0).output.strip() not in ("", "0")
+    # The working copy itself is writable, and the host sees the change there and only there.
+    assert sandbox.run("echo ours > note.txt && cat calc.py", timeout_s=10.0).exit_code == 0
+    assert (Path(sandbox.root) / "repo" / "note.txt").read_text() == "ours\n"
+    assert not (task.repo_dir / "note.txt").exists()
+
+
+@needs_bwrap
+def test_host_processes_cannot_be_signalled(sandbox):
+    victim = subprocess.Popen(["sleep", "300"])
+    try:
+        # Only ever the one victim: were the PID namespace missing, a broader kill would hit the host.
+        res = sandbox.run(f"kill -9 {victim.pid}; echo rc=$?; ls /proc", timeout_s=10.0)
+        assert "rc=1" in res.output
+        assert str(victim.pid) not in res.output.split()  # host processes are not even visible
+        assert victim.poll() is None
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+@needs_bwrap
+def test_no_background_child_outlives_its_command_or_close(task):
+    token = f"{uuid.uuid4().int % 10**6 + 10**6}.25"  # a unique `sleep` argument to find it by
+    sb = LocalRuntime(None, 512, None, 10.0).start(task, network=False)
+    try:
+        res = sb.run(f"setsid nohup sleep {token} >/dev/null 2>&1 & disown; echo started", timeout_s=10.0)
+        assert res.exit_code == 0 and "started" in res.output and not res.timed_out
+        assert _host_pids_running(token) == []
+        hung = sb.run(f"(setsid sleep {token} &); sleep {token}", timeout_s=1.0)
+        assert hung.timed_out
+        assert _host_pids_running(token) == []
+    finally:
+        sb.close()
+    assert _host_pids_running(token) == []
+    assert not Path(sb.root).exists()
+
+
+@needs_bwrap
+def test_100mb_of_output_is_capped_while_read(sandbox):
+    tracemalloc.start()
+    try:
+        res = sandbox.run("head -c 100000000 /dev/zero | tr '\\0' x; echo; echo END", timeout_s=60.0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert res.exit_code == 0 and not res.timed_out
+    assert len(res.output) <= CAP + 100
+    assert "bytes of output dropped" in res.output and res.output.rstrip().endswith("END")
+    assert peak < 8 * CAP  # never the whole 100 MB at once
+    endless = sandbox.run("yes", timeout_s=2.0)
+    assert endless.timed_out and len(endless.output) <= CAP + 100
+
+
+@needs_bwrap
+def test_tampering_with_the_verifier_scores_zero(task, tmp_path):
+    host_test_sh = task.tests_dir / "test.sh"
+    shipped = host_test_sh.read_bytes()
+    forge = "echo 1 > $LOGS_DIR/verifier/reward.txt; exit 0"
+    attack = [
+        f"<bash>printf '%s\\n' '{forge}' > {host_test_sh}</bash>",  # the task's own verifier on the host
+        f"<bash>printf '%s\\n' '{forge}' > $TESTS_DIR/test.sh</bash>",  # the sandbox's copy
+        "<bash>mkdir -p $LOGS_DIR/verifier && echo 1 > $LOGS_DIR/verifier/reward.txt</bash>",
+        "<bash>echo \"print('ok')\" > test_calc.py</bash>",  # a protected test file: dropped at grading
+        SUBMIT,
+    ]
+    cfg = SwebenchProConfig(tasks_dir=str(tmp_path / "tasks"), subset="all", turn_timeout_s=10.0)
+    runtime = check_runtime(cfg)
+    hacked = run_sample(task, 0, ScriptedPolicy(attack), runtime, cfg)
+    assert [t.exit_code for t in hacked.episode.turns[:2]] != [0, 0]
+    assert host_test_sh.read_bytes() == shipped
+    assert hacked.outcome.reward == 0.0 and hacked.outcome.infra_error is None
+    # The same grader passes a real fix: the zero above is the attack failing, not grading.
+    assert run_sample(task, 1, ScriptedPolicy([FIX, SUBMIT]), runtime, cfg).outcome.reward == 1.0
+
+
+def test_without_bwrap_untrusted_tasks_are_refused_in_one_line(task, tmp_path, monkeypatch):
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    try:
+        with monkeypatch.context() as m:
+            m.setenv("PATH", str(empty))  # no bwrap to be found
+            isolation_problem.cache_clear()
+            cfg = SwebenchProConfig(tasks_dir=str(tmp_path / "tasks"), subset="all")
+            with pytest.raises(ConfigError) as err:
+                check_runtime(cfg)
+            assert "\n" not in str(err.value)
+            assert "bubblewrap (bwrap) is not installed" in str(err.value) and "task.trusted=true" in str(err.value)
+            with pytest.raises(ConfigError, match="bwrap"):  # never a silent fallback at start either
+                LocalRuntime(None, 512, None, 10.0).start(task, network=False)
+            check_runtime(SwebenchProConfig(tasks_dir=str(tmp_path / "tasks"), subset="all", trusted=True))
+            with pytest.raises(ConfigError, match="command_output_cap_bytes=10 must be"):
+                check_runtime(SwebenchProConfig(trusted=True, command_output_cap_bytes=10))
+    finally:
+        isolation_problem.cache_clear()
