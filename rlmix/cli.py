@@ -28,7 +28,7 @@ def train(ctx: typer.Context) -> None:
     Everything after `train` goes to Hydra: `-m` sweeps, `--cfg job`, `--help` (lists the
     config groups), launcher and sweeper plugins.
     """
-    from rlmix.config.hydra_app import run_train
+    from rlmix.commands.train import run_train
     from rlmix.errors import ConfigError
 
     try:
@@ -41,7 +41,7 @@ def train(ctx: typer.Context) -> None:
 def eval(ctx: typer.Context) -> None:  # noqa: A001 - the command is called eval
     """Evaluate a checkpoint with pass@k: `rlmix eval checkpoint=<run dir> task.split=hard51 eval.k=[1,4]`."""
     from rlmix.errors import ConfigError
-    from rlmix.eval.command import run_eval
+    from rlmix.commands.eval import run_eval
 
     try:
         run_eval(list(ctx.args))
@@ -53,7 +53,7 @@ def eval(ctx: typer.Context) -> None:  # noqa: A001 - the command is called eval
 def probe(ctx: typer.Context) -> None:
     """Measure each pool's mismatch against the trainer, without training: `rlmix probe fleet=emulated_hetero6`."""
     from rlmix.errors import ConfigError
-    from rlmix.eval.probe_command import run_probe
+    from rlmix.commands.probe import run_probe
 
     try:
         run_probe(list(ctx.args))
@@ -68,7 +68,7 @@ def report(
 ) -> None:
     """Table and plots across the runs of a sweep."""
     from rlmix.errors import ConfigError
-    from rlmix.report import run_report
+    from rlmix.commands.report import run_report
 
     try:
         run_report(path, out)

@@ -9,7 +9,7 @@ candidates per token as objects is what makes some systems 3x slower). Shapes:
     K  top-K candidate slots     (-1 / -inf padding)
     S  recorded sampling-support slots (-1 / 0.0 padding)
 
-Log-prob semantics (corrections.md §4): ``sampler_logprobs[b, t]`` is log q(a) under the
+Log-prob semantics (docs/math.md §4): ``sampler_logprobs[b, t]`` is log q(a) under the
 distribution the token was actually drawn from (temperature applied, and renormalised over
 the kept set when top-p/top-k truncated it). ``head_logprobs`` are log-probs under the
 sampler's FULL-vocabulary softmax at the same temperature (not renormalised over the head).
@@ -81,6 +81,15 @@ class Rollouts:
     def replace(self, **changes) -> Rollouts:
         return dataclasses.replace(self, **changes)
 
+    def rows(self, rows: slice) -> Rollouts:
+        """The sequences ``rows``: every per-sequence tensor and tuple is cut along dim 0."""
+        n, changes = len(self), {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if (isinstance(value, torch.Tensor) and value.dim() >= 1 or isinstance(value, tuple)) and len(value) == n:
+                changes[f.name] = value[rows]
+        return self.replace(**changes)
+
     def to(self, device: torch.device | str) -> Rollouts:
         """Every tensor field on ``device`` (the trainer's), the rest unchanged."""
         moved = {
@@ -89,6 +98,25 @@ class Rollouts:
             if isinstance(value := getattr(self, f.name), torch.Tensor)
         }
         return self.replace(**moved)
+
+
+def sequence_input_ids(batch: Rollouts, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompt and completion of each row laid end to end, right-padded.
+
+    Returns ``input_ids`` (B, L) and ``target_pos`` (B, T): the position whose logits predict
+    completion token t, i.e. prompt_len + t − 1. Right padding keeps every real token's
+    causal context free of padding, so no attention mask is needed for the positions we read.
+    """
+    B, T = batch.completion_ids.shape
+    lens = batch.prompt_lens  # (B,)
+    device = batch.completion_ids.device
+    L = int(lens.max()) + T
+    input_ids = torch.full((B, L), pad_id, dtype=torch.long, device=device)
+    P = batch.prompt_ids.shape[1]
+    input_ids[:, :P] = batch.prompt_ids
+    completion_pos = lens[:, None] + torch.arange(T, device=device)[None, :]  # (B, T)
+    input_ids.scatter_(1, completion_pos, batch.completion_ids)
+    return input_ids, completion_pos - 1
 
 
 def _pad_cat(tensors: list[torch.Tensor | None], value: float | int) -> torch.Tensor | None:

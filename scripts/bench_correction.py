@@ -2,7 +2,7 @@
 
 Both modes run on the same batch in one process, interleaved (alternating which goes first),
 several repetitions; prints the absolute median times and the median of the per-repetition
-ratios sc_mis / none (architecture.md target: ≤ 1.10), for wall-clock time and for this
+ratios sc_mis / none (docs/architecture.md target: ≤ 1.10), for wall-clock time and for this
 process's CPU time (the latter is the steadier number on a shared machine).
 
     .venv/bin/python scripts/bench_correction.py                 # N=4096, V=32768, K=128, fp32, CPU

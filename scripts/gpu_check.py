@@ -8,7 +8,7 @@ Prints one JSON line per check and a final verdict; exits 1 if any check failed:
 
 1. vLLM bf16 pool: sampled-token log-probs and the full-vocabulary head against a teacher-forced
    fp32 Hugging Face forward on the same weights; top-p/top-k support rows sum to 1 and hold the
-   sampled token; the log-prob is renormalised over the support (corrections.md §3.2, §4).
+   sampled token; the log-prob is renormalised over the support (docs/math.md §3.2, §4).
 2. vLLM fp8 pool (online e4m3): the same record; its mismatch (mean |log p − log q|) vs the oracle.
 3. DeepSpeed (BF16, ZeRO 1 then 2, NCCL): a few steps on a batch sampled by the bf16 pool; loss
    and grad norm finite, parameters move.

@@ -1,4 +1,4 @@
-"""Reproduce the study's comparison on the embedded default (corrections.md §5).
+"""Reproduce the study's comparison on the embedded default (docs/math.md §5).
 
 One Hydra multirun over the arms × seeds on ``fleet=emulated_hetero6`` with unbounded staleness,
 then ``rlmix report`` over the sweep and ``rlmix eval`` (pass@1, pass@4 on ``hard51``) on every

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlmix.models.chartok import build_char_tokenizer
-from rlmix.orchestration.workers import encode_prompts
+from rlmix.assembly.parts import encode_prompts
 from rlmix.tasks.chat import (
     ChatTemplateMode,
     append_completion,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rlmix.config.hydra_app import compose_run_config, expand_jobs, split_args
+from rlmix.commands.compose import compose_run_config, expand_jobs, split_args
 from rlmix.config.schema import AdvantageNorm, CorrectionConfig, Objective
 from rlmix.correction import CorrectionMode, ppo_clip_loss, token_loss
 from rlmix.errors import ConfigError
@@ -38,7 +38,7 @@ def test_every_option_composes(option: Path):
         assert cfg.fleet.name == name and cfg.fleet.pools
 
 
-# corrections.md §5: (objective, advantages, correction, top_p, top_k)
+# docs/math.md §5: (objective, advantages, correction, top_p, top_k)
 ARMS = {
     "grpo": (Objective.ppo_clip, AdvantageNorm.group_mean_std, CorrectionMode.none, 1.0, 0),
     "icepop": (Objective.ppo_clip, AdvantageNorm.group_mean_std, CorrectionMode.mis, 1.0, 0),

@@ -1,4 +1,4 @@
-"""Diagnostics (corrections.md §6) and group advantages, against hand-computed values."""
+"""Diagnostics (docs/math.md §6) and group advantages, against hand-computed values."""
 
 from __future__ import annotations
 

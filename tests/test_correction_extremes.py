@@ -1,4 +1,4 @@
-"""Extremes stay finite and correct (corrections.md §3.3, §8): underflow, zero mass, all masked, padding."""
+"""Extremes stay finite and correct (docs/math.md §3.3, §8): underflow, zero mass, all masked, padding."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Invariants of the correction loss (corrections.md §1, §3, §4, §8): p == q, drift, top-p, worked example."""
+"""Invariants of the correction loss (docs/math.md §1, §3, §4, §8): p == q, drift, top-p, worked example."""
 
 from __future__ import annotations
 

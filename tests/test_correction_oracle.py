@@ -1,4 +1,4 @@
-"""Dense-oracle tests, and the dense reference other correction tests import, written from corrections.md §3.1 without the library.
+"""Dense-oracle tests, and the dense reference other correction tests import, written from docs/math.md §3.1 without the library.
 
 Everything is float64 and closed form: for a softmax, d log p(v) / d z = e_v − p, so the §3.1 loss
 
@@ -6,7 +6,7 @@ Everything is float64 and closed form: for a softmax, d log p(v) / d z = e_v −
 
 has the logit gradient  −A · [ f(r_a)(e_a − p) − (q⊙f(r) − (Σ_v q_v f(r_v)) · p) ].
 With a recorded support, p is the softmax over the support (zero elsewhere) and q the support
-probabilities, so the same formula holds with p_S, q_S (corrections.md §4).
+probabilities, so the same formula holds with p_S, q_S (docs/math.md §4).
 """
 
 from __future__ import annotations

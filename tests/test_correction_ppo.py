@@ -1,4 +1,4 @@
-"""PPO-clip with the sampler as π_old (corrections.md §5 grpo/icepop arms), against a closed form."""
+"""PPO-clip with the sampler as π_old (docs/math.md §5 grpo/icepop arms), against a closed form."""
 
 from __future__ import annotations
 

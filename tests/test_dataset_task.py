@@ -18,7 +18,7 @@ from rlmix.models.chartok import build_char_tokenizer
 from rlmix.orchestration.workers import ERROR_GROUP_BASE, make_request, score_rollouts
 from rlmix.rollout import Rollouts
 from rlmix.tasks.dataset import DatasetTask, check_config, check_encodable
-from rlmix.tasks.dataset_config import DatasetTaskConfig
+from rlmix.config.dataset import DatasetTaskConfig
 from rlmix.tasks.minicode import ALPHABET
 from rlmix.tasks.rewards import math_answer, parse_number, run_python_tests
 
@@ -174,7 +174,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
 
 
 def test_a_task_option_added_through_the_searchpath_trains(monkeypatch):
-    from rlmix.config.hydra_app import compose_run_config
+    from rlmix.commands.compose import compose_run_config
 
     monkeypatch.chdir(ROOT)
     cfg = compose_run_config(["+experiment=sc_mis", "hydra.searchpath=[file://examples/arith/conf]", "task=arith"])

@@ -28,7 +28,7 @@ LR = 1e-2  # large enough that one Adam step moves BF16 weights by many ulps
 def fixed_batch(model_dir: Path, b: int = 6, t: int = 7, k: int = 8, seed: int = 0) -> Rollouts:
     """A scored batch with uneven lengths, a head of K candidates and sampler log-probs off the model's."""
     from rlmix.models.io import load_causal_lm
-    from rlmix.trainers.loss import sequence_input_ids
+    from rlmix.rollout import sequence_input_ids
 
     g = torch.Generator().manual_seed(seed)
     model = load_causal_lm(model_dir, dtype=torch.float32)

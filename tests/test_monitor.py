@@ -1,4 +1,4 @@
-"""Collapse monitor on synthetic metric streams (corrections.md §6).
+"""Collapse monitor on synthetic metric streams (docs/math.md §6).
 
 Expected alarm steps come from the closed form of an EMA's response, written here independently of
 the monitor: after a jump from ``a`` to ``b`` the EMA's distance from ``a`` is
@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlmix.errors import ConfigError
-from rlmix.monitor import (
+from rlmix.metrics.monitor import (
     CollapseMonitor,
     CollapseRule,
     MonitorAction,
@@ -171,7 +171,7 @@ def test_kl_below_factor_never_alarms_even_with_falling_reward() -> None:
 
 @pytest.mark.parametrize(("rise", "expected"), [(0.2, 57), (0.22, 57), (0.23, 58), (0.3, 59)])
 def test_format_error_ramp_alarms_at_closed_form_step(rise: float, expected: int) -> None:
-    # corrections.md §5: format errors 21% -> 72% within ~10 steps. At j = 7 the EMA has risen 0.2244.
+    # docs/math.md §5: format errors 21% -> 72% within ~10 steps. At j = 7 the EMA has risen 0.2244.
     start, length = 50, 10
     slope = (0.72 - 0.21) / length
     stream = level_stream(**{"format/error_rate": 0.21})

@@ -1,4 +1,4 @@
-"""Unbiased pass@k (corrections.md §7) against brute-force enumeration over subsets."""
+"""Unbiased pass@k (docs/math.md §7) against brute-force enumeration over subsets."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from rlmix.eval.passk import mean_pass_at_k, pass_at_k
+from rlmix.metrics.passk import mean_pass_at_k, pass_at_k
 
 
 def _brute_force(n: int, c: int, k: int) -> float:

@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from rlmix.errors import ConfigError
-from rlmix.report import ReportWindows, collect_runs, format_table, run_report, summarize, write_report
+from rlmix.commands.report import run_report
+from rlmix.report import ReportWindows, collect_runs, format_table, summarize, write_report
 from rlmix.report.plots import arm_curves
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

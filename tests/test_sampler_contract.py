@@ -1,4 +1,4 @@
-"""The contract every sampler backend passes (rollout record + log-prob semantics, corrections.md §3.2/§4).
+"""The contract every sampler backend passes (rollout record + log-prob semantics, docs/math.md §3.2/§4).
 
 Backends are listed in ``BACKENDS``: adding one is one entry mapping a name to a function
 ``(model_dir, pool) -> Sampler``; every test runs once per backend on one module-scoped sampler

@@ -79,10 +79,10 @@ def test_multirun_over_two_correction_modes(tmp_path):
 
 def test_max_staleness_zero_matches_a_synchronous_loop(tmp_path):
     """max_staleness=0 is on-policy: the first update equals sampling then training in one process."""
-    from rlmix.config.hydra_app import compose_run_config
+    from rlmix.commands.compose import compose_run_config
     from rlmix.models.io import load_causal_lm, load_tokenizer
-    from rlmix.orchestration.fleet import resolve_fleet
-    from rlmix.orchestration.runner import resolve_model_dir
+    from rlmix.assembly.fleet import resolve_fleet
+    from rlmix.assembly.parts import resolve_model_dir
     from rlmix.orchestration.workers import SamplerWorker, TrainerWorker, derive_seed, make_request, make_task
     from rlmix.rollout import concat_rollouts
 

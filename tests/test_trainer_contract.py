@@ -39,7 +39,7 @@ def ray_local():
 
 
 def make(name: str, model_dir) -> Trainer:
-    from rlmix.orchestration.workers import build_trainer
+    from rlmix.assembly.parts import build_trainer
 
     return build_trainer(model_dir, BACKENDS[name], CORRECTION, seed=0)
 

@@ -1,4 +1,4 @@
-"""Multi-turn agentic evaluation on Harbor task directories (SWE-bench Pro V2, HARD-51; corrections.md §7).
+"""Multi-turn agentic evaluation on Harbor task directories (SWE-bench Pro V2, HARD-51; docs/math.md §7).
 
 Entry point: ``run_swebench_eval`` (``rlmix.agentic.run``). Layout: ``harbor`` (task loading,
 subsets), ``sandbox`` (runtime interface, git snapshot/patch), ``local`` / ``docker`` (runtimes),

@@ -1,4 +1,4 @@
-"""Grading in a fresh sandbox (corrections.md §7): reward 1 iff every required test passes.
+"""Grading in a fresh sandbox (docs/math.md §7): reward 1 iff every required test passes.
 
 1. Start a fresh sandbox from the task (same image / same repository copy as the agent got).
 2. Snapshot it, apply the agent's patch with ``git apply``, skipping every protected test path

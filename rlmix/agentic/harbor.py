@@ -1,6 +1,6 @@
 """Harbor task directories: loading, validation and subset selection.
 
-A Harbor task directory (the format SWE-bench Pro V2 ships in, corrections.md §7)::
+A Harbor task directory (the format SWE-bench Pro V2 ships in, docs/math.md §7)::
 
     <id>/task.toml               [metadata], [agent] timeout_sec, [verifier] timeout_sec + env,
                                  [environment] build_timeout_sec, cpus, memory_mb (or memory = "4G"),

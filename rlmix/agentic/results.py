@@ -1,4 +1,4 @@
-"""Per-sample outcomes -> pass@k summary (corrections.md §7), run-directory files and a W&B table.
+"""Per-sample outcomes -> pass@k summary (docs/math.md §7), run-directory files and a W&B table.
 
 Run directory layout written by ``write_results``::
 
@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rlmix.agentic.episode import END_FORMAT, Episode, turn_dicts
-from rlmix.eval.passk import mean_pass_at_k
+from rlmix.metrics.passk import mean_pass_at_k
 
 
 @dataclass(frozen=True)

@@ -1,21 +1,46 @@
 """Config becomes a typed object once, here, and is checked once, here.
 
 ``to_run_config`` turns Hydra's composed ``DictConfig`` into a ``RunConfig``; ``validate``
-applies the cross-field rules (corrections.md §4, accelerator support, batch shapes) and raises
+applies the cross-field rules (docs/math.md §4, accelerator support, batch shapes) and raises
 ``ConfigError`` naming the keys to change. ``one_line`` turns any composition error into the
 single line the CLI prints.
+
+This package imports no backend: a sampler backend's own platform rules live beside it and
+register here (``register_pool_check``, done by ``rlmix.samplers.checks``); ``validate`` refuses
+to pass a pool whose backend registered none, so a check cannot be skipped silently. A task's own
+rules register the same way (``register_task_check``, done by ``rlmix.tasks.checks``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlmix.agentic.config import SwebenchProConfig
-from rlmix.config.schema import Objective, RunConfig, SamplerBackend
-from rlmix.tasks.dataset_config import DatasetTaskConfig
+from rlmix.config.schema import PoolConfig, RunConfig, SamplerBackend
+from rlmix.config.swebench import SwebenchProConfig
+from rlmix.correction import MODES
 from rlmix.errors import ConfigError
+
+# A backend's platform rules for one pool: (pool name, pool config) -> None or ConfigError.
+PoolCheck = Callable[[str, PoolConfig], None]
+_POOL_CHECKS: dict[SamplerBackend, PoolCheck] = {}
+
+
+def register_pool_check(backend: SamplerBackend, check: PoolCheck) -> None:
+    """Install ``backend``'s platform rules; ``validate`` runs them for every pool of that backend."""
+    _POOL_CHECKS[backend] = check
+
+
+# A task's own rules (files exist, fields present, reward imports): (run config, training?) -> None.
+TaskCheck = Callable[[RunConfig, bool], None]
+_TASK_CHECKS: dict[type, TaskCheck] = {}
+
+
+def register_task_check(config_type: type, check: TaskCheck) -> None:
+    """Install the rules of the task whose config is ``config_type`` (done by ``rlmix.tasks.checks``)."""
+    _TASK_CHECKS[config_type] = check
 
 
 def to_run_config(cfg: DictConfig) -> RunConfig:
@@ -34,10 +59,11 @@ def validate(cfg: RunConfig, for_training: bool = True) -> RunConfig:
     _check_paths(cfg)
     if for_training and isinstance(cfg.task, SwebenchProConfig):
         raise ConfigError("task=swebench_pro is for `rlmix eval`; train with task=minicode or task=dataset")
-    if isinstance(cfg.task, DatasetTaskConfig):
-        from rlmix.tasks.dataset import check_config  # the task's own rules: files, fields, reward
-
-        check_config(cfg.task, cfg.seed, cfg.loop.steps * cfg.loop.groups_per_step if for_training else 0)
+    if not _TASK_CHECKS:  # a programming error, not bad input: the entry point forgot to register
+        raise RuntimeError("no task checks registered; import rlmix.tasks.checks before validating")
+    check = _TASK_CHECKS.get(type(cfg.task))
+    if check is not None:
+        check(cfg, for_training)
     return cfg
 
 
@@ -74,17 +100,18 @@ def _check_loop(cfg: RunConfig) -> None:
 
 def _check_correction(cfg: RunConfig) -> None:
     c = cfg.correction
-    centered = c.mode.value.startswith("sc")
+    spec = MODES[c.mode]
     _require(
-        not (centered and c.objective is Objective.ppo_clip),
-        f"correction.mode={c.mode.value} cannot be combined with correction.objective=ppo_clip "
-        "(score centering cannot be substituted into PPO clipping, corrections.md §3.2); "
-        "use correction.objective=reinforce or correction.mode=none|tis|mis",
+        c.objective in spec.objectives,
+        f"correction.mode={c.mode.value} cannot be combined with correction.objective={c.objective.value} "
+        "(score centering cannot be substituted into PPO clipping, docs/math.md §3.2); use "
+        f"correction.objective={'|'.join(sorted(o.value for o in spec.objectives))} or correction.mode="
+        + "|".join(m.value for m, s in MODES.items() if c.objective in s.objectives),
     )
     _require(0 < c.low <= 1 <= c.high, f"correction.low={c.low}, correction.high={c.high}: need 0 < low <= 1 <= high")
     _require(c.cap >= 1, f"correction.cap={c.cap}: the TIS cap must be >= 1")
     _require(
-        not centered or c.num_candidates >= 1,
+        not spec.needs_head or c.num_candidates >= 1,
         f"correction.mode={c.mode.value} needs correction.num_candidates >= 1 (the sampler's top-K head)",
     )
 
@@ -100,8 +127,6 @@ def _check_paths(cfg: RunConfig) -> None:
 
 
 def _check_fleet(cfg: RunConfig) -> None:
-    from rlmix.orchestration.fleet import pool_view
-
     fleet, c = cfg.fleet, cfg.correction
     _require(bool(fleet.pools), "fleet.pools is empty: a run needs at least one sampler pool")
     for name, pool in fleet.pools.items():
@@ -115,17 +140,17 @@ def _check_fleet(cfg: RunConfig) -> None:
             _require(
                 c.replay_support,
                 f"{key} truncates (top_p={top_p}, top_k={top_k}) but correction.replay_support=false: every ratio "
-                "would be scaled by the kept mass (corrections.md §4); set correction.replay_support=true or top_p=1, top_k=0",
+                "would be scaled by the kept mass (docs/math.md §4); set correction.replay_support=true or top_p=1, top_k=0",
             )
             _require(
                 top_k == 0 or c.support_slots >= top_k,
                 f"correction.support_slots={c.support_slots} < top_k={top_k} of {key}: the support would not fit",
             )
-        if pool.backend is SamplerBackend.vllm:
-            from rlmix.samplers.vllm_sampler import check_pool  # the backend's own platform rules
-
-            check_pool(name, pool)
-        pool_view(name, pool)  # ConfigError for an unknown accelerator or an unsupported precision
+        check = _POOL_CHECKS.get(pool.backend)
+        if check is None:  # a programming error, not bad input: the entry point forgot to register
+            raise RuntimeError(f"no platform check registered for sampler backend {pool.backend.value}; "
+                               "import rlmix.samplers.checks before validating")
+        check(name, pool)  # ConfigError for an unknown accelerator or an unsupported precision
 
 
 def one_line(err: BaseException) -> str:

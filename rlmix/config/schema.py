@@ -14,18 +14,13 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
-from rlmix.agentic.config import SwebenchProConfig
-from rlmix.correction import CorrectionMode
-from rlmix.models.embedded import EmbeddedModelSpec
-from rlmix.monitor import MonitorConfig
-from rlmix.tasks.chat import ChatTemplateMode
-from rlmix.tasks.dataset_config import DatasetTaskConfig
-from rlmix.trainers.deepspeed_config import DeepSpeedConfig
-
-
-class Objective(enum.Enum):
-    reinforce = "reinforce"  # corrections.md §3: the SC arms
-    ppo_clip = "ppo_clip"  # corrections.md §5: the grpo / icepop arms
+from rlmix.config.dataset import ChatTemplateMode, DatasetTaskConfig
+from rlmix.config.deepspeed import DeepSpeedConfig
+from rlmix.config.embedded import EmbeddedModelSpec
+from rlmix.config.monitor import MonitorConfig
+from rlmix.config.swebench import SwebenchProConfig
+from rlmix.correction import CorrectionMode, Objective
+from rlmix.correction.weights import MIS_HIGH, MIS_LOW, PPO_EPS_HIGH, PPO_EPS_LOW, TIS_CAP
 
 
 class AdvantageNorm(enum.Enum):
@@ -73,16 +68,16 @@ class FleetConfig:
 
 @dataclass
 class CorrectionConfig:
-    """Objective and off-policy correction (corrections.md §2–§5)."""
+    """Objective and off-policy correction (docs/math.md §2–§5)."""
 
     mode: CorrectionMode = CorrectionMode.sc_mis
     objective: Objective = Objective.reinforce
     advantage: AdvantageNorm = AdvantageNorm.group_mean
-    low: float = 0.5  # MIS band [low, high]
-    high: float = 5.0
-    cap: float = 2.0  # TIS cap
-    eps_low: float = 0.2  # PPO clip range (ppo_clip only)
-    eps_high: float = 0.28
+    low: float = MIS_LOW  # MIS band [low, high]
+    high: float = MIS_HIGH
+    cap: float = TIS_CAP  # TIS cap
+    eps_low: float = PPO_EPS_LOW  # PPO clip range (ppo_clip only)
+    eps_high: float = PPO_EPS_HIGH
     num_candidates: int = 128  # K: top-K candidates recorded per token
     support_slots: int = 128  # slots recorded for the top-p/top-k support
     replay_support: bool = True  # renormalise the trainer over the recorded support (§4)
@@ -131,7 +126,7 @@ class LoggerConfig:
 
 @dataclass
 class LoopConfig:
-    """The asynchronous loop (architecture.md, "Process model")."""
+    """The asynchronous loop (docs/architecture.md, "Process model")."""
 
     steps: int = 150
     groups_per_step: int = 16  # prompts per trainer step
@@ -158,7 +153,6 @@ class EvalConfig:
     samples: int = 8  # samples per task (n of pass@k)
     accelerator: str = "CPU"  # the fixed reference backend and precision
     precision: str = "fp32"
-    backend: SamplerBackend = SamplerBackend.torch
     temperature: float = 1.0
     max_new_tokens: int = 24
     out_dir: Optional[str] = None  # None: <run dir>/eval_<split>, or outputs/eval/<time>_<split>

@@ -1,4 +1,4 @@
-"""Off-policy correction math (corrections.md §2–§6): pure tensor functions, no config, no I/O."""
+"""Off-policy correction math (docs/math.md §2–§6): pure tensor functions, no config, no I/O."""
 
 from rlmix.correction.advantages import group_advantages
 from rlmix.correction.centering import Centering, centering_coefficients
@@ -17,7 +17,7 @@ from rlmix.correction.diagnostics import (
 )
 from rlmix.correction.logprobs import log_ratio
 from rlmix.correction.loss import LossOutput, ppo_clip_loss, token_loss
-from rlmix.correction.weights import MODES, WEIGHTS, CorrectionMode, Weight, make_weight
+from rlmix.correction.weights import MODES, WEIGHTS, CorrectionMode, ModeSpec, Objective, Weight, make_weight
 
 __all__ = [
     "MODES",
@@ -25,6 +25,8 @@ __all__ = [
     "Centering",
     "CorrectionMode",
     "LossOutput",
+    "ModeSpec",
+    "Objective",
     "TokenMismatch",
     "Weight",
     "centering_coefficients",

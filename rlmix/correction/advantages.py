@@ -1,4 +1,4 @@
-"""Group-relative advantages (corrections.md §3.2 defaults, §5 arms).
+"""Group-relative advantages (docs/math.md §3.2 defaults, §5 arms).
 
     A_i = r_i − mean_{j ∈ g(i)} r_j                          (normalize_std=False: sc, sc_mis)
     A_i = (r_i − mean_g) / (std_g + eps)                     (normalize_std=True: grpo, icepop)

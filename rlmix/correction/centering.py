@@ -1,4 +1,4 @@
-"""Score-centering coefficients, top-K form with a modelled tail (corrections.md §3.2, §4).
+"""Score-centering coefficients, top-K form with a modelled tail (docs/math.md §3.2, §4).
 
     P_H = Σ_{v∈H} p_v,   Q_H = Σ_{v∈H} q_v
     ρ   = max(1 − Q_H, 1e-6) / max(1 − P_H, 1e-6)      (ρ = 1 for a recorded support: no tail)

@@ -1,4 +1,4 @@
-"""Mismatch, importance-weight and score-centering diagnostics (corrections.md §6).
+"""Mismatch, importance-weight and score-centering diagnostics (docs/math.md §6).
 
 Pure functions of detached tensors. Per-token functions return (N,) so a caller can aggregate
 by pool or staleness bucket; the reducers return 0-dim tensors (no `.item()`: the caller

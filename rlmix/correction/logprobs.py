@@ -1,4 +1,4 @@
-"""Trainer log-probs of the sampled token and of a candidate set (corrections.md §3.2, §3.3, §4).
+"""Trainer log-probs of the sampled token and of a candidate set (docs/math.md §3.2, §3.3, §4).
 
 Only the sampled column and the K candidate columns are gathered from the logits: the single
 O(V) operation is the log-normaliser (full-vocabulary logsumexp), and with a recorded support

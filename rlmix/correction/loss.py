@@ -1,4 +1,4 @@
-"""Per-token policy-gradient losses with off-policy correction (corrections.md §2–§4).
+"""Per-token policy-gradient losses with off-policy correction (docs/math.md §2–§4).
 
 `token_loss` is the REINFORCE form with an importance weight and optional score centering;
 `ppo_clip_loss` is the PPO-clip objective of the `grpo`/`icepop` arms, with the sampler's
@@ -21,7 +21,18 @@ from rlmix.correction.logprobs import (
     log_ratio,
     support_candidates,
 )
-from rlmix.correction.weights import MODES, CorrectionMode, Weight, make_weight, parse_enum
+from rlmix.correction.weights import (
+    MIS_HIGH,
+    MIS_LOW,
+    MODES,
+    PPO_EPS_HIGH,
+    PPO_EPS_LOW,
+    TIS_CAP,
+    CorrectionMode,
+    Weight,
+    make_weight,
+    parse_enum,
+)
 
 
 @dataclass(frozen=True)
@@ -42,14 +53,15 @@ def token_loss(
     sampled_ids: Tensor,
     sampler_logprobs: Tensor,
     advantages: Tensor,
+    *,
     mode: CorrectionMode | str = CorrectionMode.sc_mis,
     head_ids: Tensor | None = None,
     head_logprobs: Tensor | None = None,
     support_ids: Tensor | None = None,
     support_probs: Tensor | None = None,
-    low: float = 0.5,
-    high: float = 5.0,
-    cap: float = 2.0,
+    low: float = MIS_LOW,
+    high: float = MIS_HIGH,
+    cap: float = TIS_CAP,
     num_tokens: int | Tensor | None = None,
 ) -> LossOutput:
     """Token-mean REINFORCE loss with correction `mode`.
@@ -92,14 +104,15 @@ def ppo_clip_loss(
     sampled_ids: Tensor,
     sampler_logprobs: Tensor,
     advantages: Tensor,
+    *,
     weight: Weight | str = Weight.none,
-    eps_low: float = 0.2,
-    eps_high: float = 0.28,
+    eps_low: float = PPO_EPS_LOW,
+    eps_high: float = PPO_EPS_HIGH,
     support_ids: Tensor | None = None,
     support_probs: Tensor | None = None,
-    low: float = 0.5,
-    high: float = 5.0,
-    cap: float = 2.0,
+    low: float = MIS_LOW,
+    high: float = MIS_HIGH,
+    cap: float = TIS_CAP,
     num_tokens: int | Tensor | None = None,
 ) -> LossOutput:
     """PPO-clip with the sampler's log-probs as π_old (the `grpo`/`icepop` arms of §5).

@@ -1,4 +1,4 @@
-"""Correction variants and importance-weight functions (corrections.md §2 and the §3.2 table).
+"""Correction variants and importance-weight functions (docs/math.md §2 and the §3.2 table).
 
 One way to pick a variant: a `CorrectionMode` names a weight function and whether score
 centering is on (`MODES`); a `Weight` maps to its implementation through `WEIGHTS`.
@@ -31,26 +31,59 @@ class CorrectionMode(str, Enum):
 
 
 class Weight(str, Enum):
-    """The per-token importance weight `f(r)` of corrections.md §2."""
+    """The per-token importance weight `f(r)` of docs/math.md §2."""
 
     none = "none"
     tis = "tis"
     mis = "mis"
 
 
+class Objective(str, Enum):
+    """The policy-gradient objective. Member names equal the YAML spelling."""
+
+    reinforce = "reinforce"  # docs/math.md §3: the SC arms
+    ppo_clip = "ppo_clip"  # docs/math.md §5: the grpo / icepop arms
+
+
+# The knobs' defaults (the study's values, docs/math.md §2 and §5): the one place they live.
+# config/schema.py and the loss functions both read these names.
+MIS_LOW, MIS_HIGH = 0.5, 5.0  # MIS band [low, high] on the ratio p/q
+TIS_CAP = 2.0  # TIS cap C on the ratio
+PPO_EPS_LOW, PPO_EPS_HIGH = 0.2, 0.28  # PPO clip range [1 - eps_low, 1 + eps_high]
+
+_ANY_OBJECTIVE = frozenset(Objective)
+
+
 @dataclass(frozen=True)
 class ModeSpec:
+    """One correction variant: everything config checks, the trainer, the samplers and the probe read.
+
+    weight: `f` of §2 on the sampled token (inside PPO clip it multiplies the clipped ratio).
+    centered: add the score-centering term of §3 over the sampler's head (or the replayed support).
+    objectives: the objectives the variant is defined for; score centering cannot be substituted
+    into PPO clipping (§3.2), so the SC variants allow only REINFORCE.
+    """
+
     weight: Weight
-    centered: bool  # add the score-centering term of §3
+    centered: bool
+    objectives: frozenset[Objective] = _ANY_OBJECTIVE
+
+    @property
+    def needs_head(self) -> bool:
+        """Whether samplers must record their top-K head (``correction.num_candidates``) per token."""
+        return self.centered
 
 
+_REINFORCE = frozenset({Objective.reinforce})
+
+# Adding a variant: one row here, one member of CorrectionMode, one conf/correction/*.yaml.
 MODES: dict[CorrectionMode, ModeSpec] = {
     CorrectionMode.none: ModeSpec(Weight.none, centered=False),
     CorrectionMode.tis: ModeSpec(Weight.tis, centered=False),
     CorrectionMode.mis: ModeSpec(Weight.mis, centered=False),
-    CorrectionMode.sc: ModeSpec(Weight.none, centered=True),
-    CorrectionMode.sc_tis: ModeSpec(Weight.tis, centered=True),
-    CorrectionMode.sc_mis: ModeSpec(Weight.mis, centered=True),
+    CorrectionMode.sc: ModeSpec(Weight.none, centered=True, objectives=_REINFORCE),
+    CorrectionMode.sc_tis: ModeSpec(Weight.tis, centered=True, objectives=_REINFORCE),
+    CorrectionMode.sc_mis: ModeSpec(Weight.mis, centered=True, objectives=_REINFORCE),
 }
 
 

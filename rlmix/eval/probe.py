@@ -4,8 +4,8 @@ For one pool the probe
 
 1. samples completions of a fixed prompt set with the pool's own sampler (its precision view,
    its sampling params, K top candidates recorded) and times the generation (tokens/s);
-2. recomputes the trainer's logits on exactly those tokens with ``masked_logits`` — the fp32 HF
-   model under BF16 autocast, as ``rlmix train`` computes them — and reports the corrections.md
+2. recomputes the trainer's logits on exactly those tokens with ``rlmix.trainers.tokens.token_batch`` — the fp32 HF
+   model under BF16 autocast, as ``rlmix train`` computes them — and reports the docs/math.md
    §6 diagnostics of the sampled tokens: k3, k1, mean |Δ log-prob|, multiplicative error, ratio
    tail fraction, and the §3.2 SC tail ratio ρ and head mass P_H over the pool's head;
 3. attributes the mismatch to its factors by teacher forcing (below).
@@ -46,12 +46,13 @@ from rlmix.config.schema import CorrectionConfig, RunConfig
 from rlmix.correction import make_weight, multiplicative_error, token_mismatch
 from rlmix.correction.centering import centering_coefficients
 from rlmix.correction.diagnostics import centering_stats, mismatch_stats
-from rlmix.correction.logprobs import Candidates, gather_logprobs, head_candidates, support_candidates
+from rlmix.correction.logprobs import gather_logprobs
 from rlmix.correction.weights import MODES
 from rlmix.errors import ConfigError
-from rlmix.orchestration.fleet import SamplerSpec
-from rlmix.rollout import Rollouts
+from rlmix.assembly.fleet import SamplerSpec
+from rlmix.rollout import Rollouts, sequence_input_ids
 from rlmix.samplers.accelerators import PrecisionView, resolve_view
+from rlmix.trainers.tokens import TokenBatch, token_batch
 
 FACTORS = ("weights", "kv", "kernel")
 # Defaults that have no RunConfig field yet (the one place they live).
@@ -160,20 +161,8 @@ class PoolProbe:
 # -- measurement -------------------------------------------------------------------------------
 
 
-def slice_rows(batch: Rollouts, start: int, stop: int) -> Rollouts:
-    """Rows [start, stop) of a batch: every per-sequence tensor and tuple is cut along dim 0."""
-    n, changes = len(batch), {}
-    for f in dataclasses.fields(batch):
-        value = getattr(batch, f.name)
-        if (isinstance(value, Tensor) and value.dim() >= 1 or isinstance(value, tuple)) and len(value) == n:
-            changes[f.name] = value[start:stop]
-    return batch.replace(**changes)
-
-
 def sequence_attention(batch: Rollouts, pad_id: int) -> tuple[Tensor, Tensor, Tensor]:
     """``input_ids`` (B, L) right-padded, ``attention_mask`` (B, L) and ``target_pos`` (B, T)."""
-    from rlmix.trainers.loss import sequence_input_ids
-
     input_ids, target_pos = sequence_input_ids(batch, pad_id)
     ends = batch.prompt_lens + batch.mask.sum(1)  # (B,) real tokens per row
     return input_ids, torch.arange(input_ids.shape[1])[None] < ends[:, None], target_pos
@@ -186,14 +175,6 @@ def teacher_forced_logits(sampler, batch: Rollouts, pad_id: int) -> Tensor:
     V = logits.shape[-1]
     picked = logits.gather(1, target_pos[..., None].expand(-1, -1, V))  # (B, T, V)
     return picked[batch.mask] / batch.temperature
-
-
-def candidates(batch: Rollouts, replay_support: bool) -> Candidates:
-    """What training centres over: the recorded support when it replays one (§4), else the top-K head (§3.2)."""
-    mask = batch.mask
-    if replay_support and batch.support_ids is not None:
-        return support_candidates(batch.support_ids[mask], batch.support_probs[mask], torch.float32)
-    return head_candidates(batch.head_ids[mask], batch.head_logprobs[mask])
 
 
 class ProbeContext:
@@ -216,18 +197,18 @@ class ProbeContext:
         return self._samplers[view]
 
     @torch.no_grad()
-    def trainer_logits(self, batch: Rollouts) -> Tensor:
-        """(N, V) trainer logits / T, exactly as training computes them."""
-        from rlmix.trainers.loss import masked_logits
-
-        return masked_logits(self.trainer, batch, self.pad_id, self.bf16)
+    def trainer_tokens(self, batch: Rollouts) -> TokenBatch:
+        """The batch's tokens with the trainer's logits, exactly as training computes them."""
+        return token_batch(self.trainer, batch, pad_id=self.pad_id, bf16=self.bf16,
+                           replay_support=self.correction.replay_support)
 
 
 def _chunk_measure(ctx: ProbeContext, chunk: Rollouts, view: PrecisionView | None) -> dict[str, Tensor]:
     """Per-token tensors of one chunk: trainer log-probs of the sampled tokens and candidates, and KLs."""
-    trainer = ctx.trainer_logits(chunk)  # (n, V)
-    cand = candidates(chunk, ctx.correction.replay_support)
-    logp_a, logp_h = gather_logprobs(trainer, chunk.completion_ids[chunk.mask], cand)
+    tokens = ctx.trainer_tokens(chunk)
+    trainer = tokens.logits  # (n, V)
+    cand = tokens.candidates()
+    logp_a, logp_h = gather_logprobs(trainer, tokens.sampled_ids, cand)
     out = {"trainer_logprobs": logp_a, "trainer_head": logp_h, "valid": cand.valid,
            "sampler_head": cand.sampler_logprobs}
     if view is None:
@@ -251,7 +232,7 @@ def _mean(x: Tensor) -> float:
 def measure(ctx: ProbeContext, batch: Rollouts, spec: SamplerSpec, tokens_per_s: float) -> PoolProbe:
     """All of a pool's statistics on its sampled ``batch`` (teacher-forced parts need ``spec.view``)."""
     step = ROWS_PER_CHUNK
-    parts = [_chunk_measure(ctx, slice_rows(batch, i, i + step), spec.view) for i in range(0, len(batch), step)]
+    parts = [_chunk_measure(ctx, batch.rows(slice(i, i + step)), spec.view) for i in range(0, len(batch), step)]
     per_token = {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
     lr = token_mismatch(per_token["trainer_logprobs"], batch.sampler_logprobs[batch.mask]).log_ratio
     stats = {k: float(v) for k, v in mismatch_stats(lr).items()}
@@ -296,8 +277,8 @@ def probe_pool(ctx: ProbeContext, spec: SamplerSpec, prompts: list[list[int]], s
     Every pool draws with the same seed (common random numbers), so pools differ by their
     arithmetic, not by their luck.
     """
-    from rlmix.orchestration.fleet import build_sampler
-    from rlmix.orchestration.workers import derive_seed
+    from rlmix.assembly.fleet import build_sampler
+    from rlmix.assembly.parts import derive_seed
 
     sampler = build_sampler(spec, ctx.model_dir, derive_seed(settings.seed, "probe", spec.pool))
     params = dataclasses.replace(

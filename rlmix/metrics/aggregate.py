@@ -1,34 +1,34 @@
 """Per-step metrics from a trained batch: overall, per pool and per staleness bucket.
 
-The metric names are the stable ones of architecture.md ("Metric names"); W&B and
-``metrics.jsonl`` use the same keys. This is the one place that prefixes and reduces them.
+The names are the constants of ``rlmix.metrics.names`` (docs/architecture.md, "Metric names");
+W&B and ``metrics.jsonl`` use the same keys. This is the one place that prefixes and reduces them,
+for every trainer backend, and no two sources may write the same key (``merge_metrics``).
 """
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 
 import torch
 
+from rlmix.correction import effective_sample_size, multiplicative_error
+from rlmix.metrics import names as m
+from rlmix.metrics.names import STAT_NAMES
 from rlmix.rollout import Rollouts
+
+
+@dataclass
+class StepResult:
+    """One optimizer step's forward/backward, reduced over its micro-batches (and ranks)."""
+
+    loss: float
+    stats: dict[str, float]  # token-weighted means of the correction diagnostics
+    token_stats: dict[str, torch.Tensor]  # (N,) per masked token, batch row-major
+    entropy: float
+    num_tokens: int
 
 # Staleness buckets for ``mismatch/kl_k3/lag_<a>_<b>`` (inclusive; None = unbounded).
 LAG_BUCKETS: tuple[tuple[int, int | None], ...] = ((0, 0), (1, 1), (2, 3), (4, 7), (8, 15), (16, None))
-
-# Correction-library stat name -> metric name.
-STAT_NAMES = {
-    "kl_k3": "mismatch/kl_k3",
-    "kl_k1": "mismatch/kl_k1",
-    "logprob_abs_diff": "mismatch/logprob_abs_diff",
-    "ratio_tail_frac": "mismatch/ratio_tail_frac",
-    "weight_mean": "correction/weight_mean",
-    "masked_frac": "correction/masked_frac",
-    "ess": "correction/ess",
-    "sc_tail_ratio": "correction/sc_tail_ratio",
-    "sc_head_mass": "correction/sc_head_mass",
-    "sc_coef_l1": "correction/sc_coef_l1",
-}
-
 
 def lag_bucket_name(staleness: int) -> str:
     for low, high in LAG_BUCKETS:
@@ -41,17 +41,17 @@ def reward_metrics(batch: Rollouts) -> dict[str, float]:
     """Reward, pass rate, format errors (overall and per pool) and response length."""
     rewards, format_ok = batch.rewards.float(), batch.format_ok
     out = {
-        "reward/mean": float(rewards.mean()),
-        "reward/pass_rate": float((rewards >= 1.0).float().mean()),
-        "format/error_rate": float((~format_ok).float().mean()),
-        "train/response_len": float(batch.mask.sum(1).float().mean()),
+        m.REWARD_KEY: float(rewards.mean()),
+        m.PASS_RATE: float((rewards >= 1.0).float().mean()),
+        m.FORMAT_KEY: float((~format_ok).float().mean()),
+        m.RESPONSE_LEN: float(batch.mask.sum(1).float().mean()),
     }
     if batch.reward_errors is not None:
-        out["reward/errors"] = float(batch.reward_errors.sum())
+        out[m.REWARD_ERRORS] = float(batch.reward_errors.sum())
     pools = batch.pool
     for pool in sorted(set(pools)):
         rows = torch.tensor([p == pool for p in pools])
-        out[f"format/error_rate/{pool}"] = float((~format_ok[rows]).float().mean())
+        out[f"{m.FORMAT_KEY}/{pool}"] = float((~format_ok[rows]).float().mean())
     return out
 
 
@@ -66,23 +66,23 @@ def mismatch_metrics(
     staleness = trainer_version - batch.policy_version  # (B,)
     counts = batch.mask.sum(1)  # (B,)
     out = {
-        "staleness/mean": float(staleness.float().mean()),
-        "staleness/max": float(staleness.max()),
-        "policy_version/min": float(batch.policy_version.min()),
-        "policy_version/max": float(batch.policy_version.max()),
+        m.STALENESS_MEAN: float(staleness.float().mean()),
+        m.STALENESS_MAX: float(staleness.max()),
+        m.POLICY_VERSION_MIN: float(batch.policy_version.min()),
+        m.POLICY_VERSION_MAX: float(batch.policy_version.max()),
     }
     k3 = token_stats.get("kl_k3")
     log_ratio = token_stats.get("log_ratio")
     if log_ratio is not None and log_ratio.numel():
-        out["mismatch/mult_error"] = math.exp(float(log_ratio.abs().mean()))
+        out[m.MULT_ERROR] = float(multiplicative_error(log_ratio))
     weights = token_stats.get("weight")
-    if weights is not None and weights.numel():
-        out["correction/ess"] = float(weights.sum() ** 2 / (weights.numel() * (weights**2).sum()).clamp_min(1e-30))
+    if weights is not None and weights.numel():  # over the whole step, not a mean of micro-batch ESS
+        out[m.ESS] = float(effective_sample_size(weights))
     if k3 is None or not k3.numel():
         return out
-    out.update(_mean_by_label(k3, batch.pool, counts, "mismatch/kl_k3/"))
+    out.update(_mean_by_label(k3, batch.pool, counts, f"{m.KL_KEY}/"))
     lags = [lag_bucket_name(int(s)) for s in staleness]
-    out.update(_mean_by_label(k3, lags, counts, "mismatch/kl_k3/"))
+    out.update(_mean_by_label(k3, lags, counts, f"{m.KL_KEY}/"))
     return out
 
 
@@ -98,3 +98,30 @@ def _mean_by_label(values: torch.Tensor, row_labels, counts: torch.Tensor, prefi
 
 def correction_metrics(stats: dict[str, float]) -> dict[str, float]:
     return {STAT_NAMES[key]: value for key, value in stats.items() if key in STAT_NAMES}
+
+
+def merge_metrics(*parts: dict[str, float]) -> dict[str, float]:
+    """One dict from several sources; a key written twice is a bug, not a silent overwrite."""
+    out: dict[str, float] = {}
+    for part in parts:
+        clash = out.keys() & part.keys()
+        if clash:
+            raise ValueError(f"metric names written twice: {sorted(clash)}")
+        out |= part
+    return out
+
+
+def step_metrics(batch: Rollouts, result: StepResult, grad_norm: float, version: int) -> dict[str, float]:
+    """Every per-step metric a trainer reports, from the batch and its forward/backward."""
+    train = {
+        m.LOSS: result.loss,
+        m.GRAD_NORM_KEY: grad_norm,
+        m.ENTROPY: result.entropy,
+        m.TOKENS: float(result.num_tokens),
+    }
+    return merge_metrics(
+        train,
+        reward_metrics(batch),
+        correction_metrics(result.stats),
+        mismatch_metrics(batch, result.token_stats, version),
+    )

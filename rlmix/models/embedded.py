@@ -14,7 +14,6 @@ place only when complete, so an interrupted build never leaves a directory a lat
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import hashlib
 import inspect
 import json
@@ -23,44 +22,14 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from filelock import FileLock
+
+from rlmix.config.embedded import EmbeddedModelSpec
 
 BUILD_INFO = "rlmix_build.json"
-
-
-@dataclass
-class EmbeddedModelSpec:
-    """The embedded default model and its warm start (the Hydra ``model`` group's defaults)."""
-
-    hidden_size: int = 128
-    """Width d of the residual stream."""
-    num_layers: int = 2
-    """Transformer blocks."""
-    num_heads: int = 4
-    """Attention heads (no grouped-query attention: key/value heads = heads)."""
-    intermediate_size: int = 384
-    """Width of the SwiGLU MLP."""
-    max_position_embeddings: int = 256
-    """Longest sequence (prompt + completion) the model accepts; minicode needs under 72."""
-    seed: int = 0
-    """Seeds the initial weights, the warm-start problems and the reward measurement."""
-    warmup_steps: int = 1000
-    """Upper bound on supervised warm-start steps (it usually stops earlier, on reward)."""
-    warmup_lr: float = 5e-3
-    """AdamW learning rate of the warm start (linear ramp over the first 10% of steps)."""
-    warmup_batch_size: int = 32
-    """Problems per warm-start step."""
-    eval_every: int = 100
-    """Warm-start steps between reward measurements."""
-    eval_problems: int = 96
-    """Held problems (levels 1-3, one sampled completion each) per reward measurement."""
-    target_reward_low: float = 0.12
-    """The warm start stops once the sampled reward (temperature 1.0) reaches this."""
-    target_reward_high: float = 0.6
-    """Upper end of the intended band; a build that overshoots it says so in rlmix_build.json."""
 
 
 def default_cache_dir() -> Path:
@@ -123,8 +92,7 @@ def build_embedded_model(
     final = root / key
     if (final / BUILD_INFO).is_file():
         return final
-    with open(root / f"{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    with FileLock(root / f"{key}.lock"):  # an OS lock: released if this process dies
         if (final / BUILD_INFO).is_file():  # another process built it while we waited
             return final
         say(f"building the embedded model {key} in {root}")

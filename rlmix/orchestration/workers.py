@@ -7,7 +7,6 @@ They are plain classes so tests and the synchronous reference loop can use them 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -15,12 +14,12 @@ from pathlib import Path
 
 import torch
 
-from rlmix.config.schema import CorrectionConfig, MiniCodeTaskConfig, TrainerBackend, TrainerConfig
-from rlmix.orchestration.fleet import SamplerSpec, build_sampler
+from rlmix.assembly.fleet import SamplerSpec, build_sampler
+from rlmix.assembly.parts import build_trainer, decode_completions, derive_seed, encode_prompts, make_task
+from rlmix.config.dataset import DatasetTaskConfig
+from rlmix.config.schema import CorrectionConfig, MiniCodeTaskConfig, TrainerConfig
 from rlmix.rollout import Rollouts
-from rlmix.tasks.base import Problem, Task
-from rlmix.tasks.chat import ChatTemplateMode, prompt_messages, render_ids
-from rlmix.tasks.dataset_config import DatasetTaskConfig
+from rlmix.tasks.base import OrderedTask, Problem, Task
 
 log = logging.getLogger(__name__)
 # A sample whose reward function raised gets a group of its own (advantage 0): ids from here up.
@@ -37,54 +36,14 @@ class Request:
     seed: int
 
 
-def derive_seed(*parts: object) -> int:
-    """A stable 63-bit seed from the run seed and a request's identity (not Python's salted hash)."""
-    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
-
-
 def make_request(task: Task, request_id: int, groups: int, seed: int) -> Request:
     """Request ``request_id`` of a run: the same problems and sampler seed whoever serves it."""
-    if hasattr(task, "sample_at"):  # a dataset: the position in its data order is the request's
+    if isinstance(task, OrderedTask):  # a dataset: the request's prompts sit at a fixed position
         problems = tuple(task.sample_at(request_id * groups, groups))
     else:
         problems = tuple(task.sample(groups, seed=derive_seed(seed, "problems", request_id)))
     group_ids = tuple(request_id * groups + j for j in range(groups))
     return Request(request_id, problems, group_ids, derive_seed(seed, "sampler", request_id))
-
-
-def _minicode(cfg: MiniCodeTaskConfig, seed: int) -> Task:
-    from rlmix.tasks.minicode import MiniCode
-
-    return MiniCode(levels=tuple(cfg.levels), seed=seed)
-
-
-def _dataset(cfg: DatasetTaskConfig, seed: int) -> Task:
-    from rlmix.tasks.dataset import DatasetTask
-
-    return DatasetTask(cfg, seed)
-
-
-TASKS = {MiniCodeTaskConfig: _minicode, DatasetTaskConfig: _dataset}
-
-
-def make_task(cfg: MiniCodeTaskConfig | DatasetTaskConfig, seed: int) -> Task:
-    return TASKS[type(cfg)](cfg, seed)
-
-
-def encode_prompts(
-    tokenizer, problems: tuple[Problem, ...], group_size: int, mode: ChatTemplateMode = ChatTemplateMode.auto
-) -> list[list[int]]:
-    """Each problem's prompt rendered through the chat template (``rlmix.tasks.chat``), ``group_size`` times."""
-    ids = [render_ids(tokenizer, p.messages or prompt_messages(p.prompt), mode) for p in problems]
-    return [row for row in ids for _ in range(group_size)]
-
-
-def decode_completions(tokenizer, out: Rollouts) -> list[str]:
-    """Each row's generated text (the tokens under ``mask``), special tokens dropped."""
-    return tokenizer.batch_decode(
-        [row[m].tolist() for row, m in zip(out.completion_ids, out.mask)], skip_special_tokens=True
-    )
 
 
 def score_rollouts(out: Rollouts, request: Request, group_size: int, tokenizer, task: Task) -> Rollouts:
@@ -130,21 +89,10 @@ class SamplerWorker:
         prompts = encode_prompts(self.tokenizer, request.problems, group_size, self.chat_template)
         params = dataclasses.replace(self.spec.params, seed=request.seed)
         out = self.sampler.generate(prompts, params)
-        out = score_rollouts(out, request, group_size, self.tokenizer, self.task)
-        return out.replace(tags=dict(self.spec.tags))
+        return score_rollouts(out, request, group_size, self.tokenizer, self.task)
 
     def version(self) -> int:
         return self.sampler.version
-
-
-def build_trainer(model_dir: str | Path, cfg: TrainerConfig, correction: CorrectionConfig, seed: int):
-    if cfg.backend is TrainerBackend.torch:
-        from rlmix.trainers.torch_trainer import TorchTrainer
-
-        return TorchTrainer(model_dir, cfg, correction, seed)
-    from rlmix.trainers.deepspeed_trainer import DeepSpeedTrainer
-
-    return DeepSpeedTrainer(model_dir, cfg, correction, seed)
 
 
 class TrainerWorker:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rlmix.report.plots import PLOTS, write_plots
 from rlmix.report.runs import RunRecord, collect_runs
-from rlmix.report.table import ReportWindows, RunRow, markdown_table, print_table, summarize, write_csv, write_json
+from rlmix.report.table import ReportWindows, RunRow, markdown_table, summarize, write_csv, write_json
 
 REPORT_DIRNAME = "report"
 
@@ -18,19 +18,12 @@ def write_report(path: str | Path, out_dir: str | Path | None = None, windows: R
 
     Returns ``out_dir``. Raises ``ConfigError`` when ``path`` holds no run directory.
     """
-    out, _ = _write(path, out_dir, windows)
+    out, _ = build_report(path, out_dir, windows)
     return out
 
 
-def run_report(path: str | Path, out_dir: str | Path | None = None) -> Path:
-    """The ``rlmix report`` command: write the report, print the table and where the files went."""
-    out, rows = _write(path, out_dir, ReportWindows())
-    print_table(rows)
-    print(f"\nwrote {out / 'report.md'} (+ report.csv, report.json, {', '.join(s.filename for s in PLOTS)})")
-    return out
-
-
-def _write(path: str | Path, out_dir: str | Path | None, windows: ReportWindows) -> tuple[Path, list[RunRow]]:
+def build_report(path: str | Path, out_dir: str | Path | None, windows: ReportWindows) -> tuple[Path, list[RunRow]]:
+    """``write_report`` that also returns the table's rows."""
     runs = collect_runs(path)
     out = Path(out_dir) if out_dir is not None else Path(path) / REPORT_DIRNAME
     out.mkdir(parents=True, exist_ok=True)

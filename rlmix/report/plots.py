@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlmix.monitor import FORMAT_KEY, KL_KEY, REWARD_KEY
+from rlmix.metrics.names import FORMAT_KEY, KL_KEY, REWARD_KEY
 from rlmix.report.runs import RunRecord
 
 

@@ -1,6 +1,6 @@
 """Find and load run directories: a single run, a Hydra multirun, or a folder of either.
 
-A run directory is any directory holding ``metrics.jsonl`` (architecture.md, "Run directory"). Its
+A run directory is any directory holding ``metrics.jsonl`` (docs/architecture.md, "Run directory"). Its
 ``.hydra/config.yaml`` gives the arm (``name``) and ``seed``; ``.hydra/overrides.yaml`` the command-line
 overrides; ``summary.json`` (absent while a run is still going) the final verdict and wall time.
 """
@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from rlmix.errors import ConfigError
+from rlmix.metrics.jsonl import read_metrics
 
 # Overrides that do not make a different arm: the seed varies within an arm, and the experiment /
 # name overrides are already what ``name`` says. ``hydra.*`` only moves output directories.
@@ -107,26 +108,6 @@ def _read_json(path: Path) -> Any:
         return json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ConfigError(f"report: {path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
-
-
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """Rows of a ``metrics.jsonl``. A cut-off last line (a run killed mid-write) is dropped; any other
-    bad line is an error naming the file and line."""
-    lines = path.read_text().splitlines()
-    rows = []
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            if lineno == len(lines):
-                break
-            raise ConfigError(f"report: {path}:{lineno} is not a JSON object") from None
-        if not isinstance(row, dict) or not isinstance(row.get("step"), int):
-            raise ConfigError(f"report: {path}:{lineno} needs a JSON object with an integer 'step'")
-        rows.append(row)
-    return rows
 
 
 def _label_arms(runs: Sequence[RunRecord]) -> list[RunRecord]:

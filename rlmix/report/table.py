@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from rlmix.monitor import FORMAT_KEY, KL_KEY, REWARD_KEY
+from rlmix.metrics.names import FORMAT_KEY, KL_KEY, REWARD_KEY
 from rlmix.report.runs import RunRecord
 
 
@@ -127,13 +127,35 @@ def _cells(rows: Sequence[RunRow]) -> tuple[list[str], list[list[str]]]:
     return headers, [[fmt(getattr(row, name)) for _, name, fmt in _COLUMNS] for row in rows]
 
 
+# Column separators only: a header rule of "-", no borders, plain ASCII (logs and terminals alike).
+_PLAIN_BOX = "    \n    \n -  \n    \n    \n    \n    \n    \n"
+
+
+def render_table(headers: Sequence[str], body: Sequence[Sequence[str]], right_from: int | None = None) -> str:
+    """Aligned plain text, drawn by ``rich``: a header, a rule, one line per row.
+
+    Columns from index ``right_from`` on are right-aligned (numbers); the rest left-aligned.
+    """
+    import io
+
+    from rich.box import Box
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=Box(_PLAIN_BOX, ascii=True), show_edge=False, pad_edge=False, padding=(0, 1))
+    for i, name in enumerate(headers):
+        table.add_column(name, justify="right" if right_from is not None and i >= right_from else "left")
+    for row in body:
+        table.add_row(*row)
+    out = io.StringIO()
+    Console(file=out, width=100_000, color_system=None, highlight=False, emoji=False, markup=False).print(table)
+    return "\n".join(line.rstrip() for line in out.getvalue().splitlines())
+
+
 def format_table(rows: Sequence[RunRow]) -> str:
     """Plain-text table with aligned columns, for the console."""
     headers, body = _cells(rows)
-    widths = [max(len(c) for c in col) for col in zip(headers, *body)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [headers, *body]]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return render_table(headers, body)
 
 
 def print_table(rows: Sequence[RunRow]) -> None:

@@ -1,6 +1,6 @@
 """One sampling step over a batch of logits: truncation, the draw, and what the record needs.
 
-Pure tensor functions (corrections.md §3.2 and §4). For logits ``z`` (N, V) at temperature T:
+Pure tensor functions (docs/math.md §3.2 and §4). For logits ``z`` (N, V) at temperature T:
 
     full distribution      q(v)   = softmax(z / T)_v
     kept set S             top-k first, then top-p on the top-k-renormalised distribution

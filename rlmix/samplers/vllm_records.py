@@ -1,6 +1,6 @@
 """Turn what a vLLM engine returns into the rollout record's tensors (pure functions).
 
-How the vLLM backend gets the semantics of corrections.md §3.2 and §4 (see docs/backends.md):
+How the vLLM backend gets the semantics of docs/math.md §3.2 and §4 (see docs/backends.md):
 
 - The engine runs with ``logprobs_mode="raw_logprobs"`` and vLLM temperature 1.0, while the model's
   own logits scale is set to ``1/T``. vLLM then samples from ``softmax(trunc(z/T))`` — the same

@@ -1,6 +1,6 @@
 """The vLLM sampler backend: one real vLLM engine (CUDA build on GPUs, CPU build on CPUs).
 
-Log-prob semantics (corrections.md §3.2, §4; derivation in rlmix/samplers/vllm_records.py):
+Log-prob semantics (docs/math.md §3.2, §4; derivation in rlmix/samplers/vllm_records.py):
 the engine samples at vLLM temperature 1.0 from logits the model itself scales by ``1/T``, with
 ``logprobs_mode="raw_logprobs"``, so vLLM's returned log-probs are the full-vocabulary log-probs
 at ``T``; the kept set of top-p/top-k is derived from them and the sampled token's log-prob is

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -32,3 +32,11 @@ class Task(Protocol):
         """A fixed evaluation split ("test", "hard51", ...)."""
 
     def score(self, problem: Problem, completion: str) -> Score: ...
+
+
+@runtime_checkable
+class OrderedTask(Task, Protocol):
+    """A task whose training problems form one stream (a dataset's rows, epoch after epoch)."""
+
+    def sample_at(self, position: int, n: int) -> list[Problem]:
+        """Problems ``position .. position + n - 1`` of the stream: a function of the position alone."""

@@ -20,9 +20,10 @@ reasoning from past assistant turns) cannot be extended incrementally: ``append_
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from rlmix.config.dataset import ChatTemplateMode
 
 Message = dict[str, str]  # {"role": "system"|"user"|"assistant"|"tool", "content": "..."}
 
@@ -30,11 +31,6 @@ PLAIN_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{{ message['content'] }}"
     "{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}{% endfor %}"
 )
-
-
-class ChatTemplateMode(enum.Enum):
-    auto = "auto"  # the tokenizer's template, else PLAIN_TEMPLATE
-    raw = "raw"  # no template: contents joined by newlines
 
 
 def prompt_messages(prompt: str, system_prompt: str | None = None) -> list[Message]:

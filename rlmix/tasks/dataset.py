@@ -24,7 +24,7 @@ from typing import Any
 from rlmix.errors import ConfigError
 from rlmix.tasks.base import Problem, Score
 from rlmix.tasks.chat import Message, prompt_messages
-from rlmix.tasks.dataset_config import DatasetTaskConfig
+from rlmix.config.dataset import DatasetTaskConfig
 from rlmix.tasks.rewards import as_reward, resolve_reward
 
 SPLITS = {"train": "train_files", "test": "eval_files"}

@@ -13,50 +13,12 @@ built once per rank by ``deepspeed_json``; its fixed parts encode how rlmix driv
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass
-
-from rlmix.errors import ConfigError
-
-
-class CommBackend(enum.Enum):
-    auto = "auto"  # gloo on the CPU, nccl on CUDA
-    gloo = "gloo"
-    nccl = "nccl"
-
-
-class GradAccumDtype(enum.Enum):
-    fp32 = "fp32"
-    bf16 = "bf16"
-
-
-@dataclass
-class DeepSpeedConfig:
-    """``trainer.deepspeed``: how the DeepSpeed backend shards and communicates."""
-
-    zero_stage: int = 1  # 1 or 2 (optimizer / + gradient partitioning); 3 also partitions parameters
-    ranks: int = 1  # data-parallel ranks, one Ray actor each; the batch is split across them
-    grad_accum_dtype: GradAccumDtype = GradAccumDtype.fp32  # gradient accumulation over micro-batches
-    comm_backend: CommBackend = CommBackend.auto
-    overlap_comm: bool = False  # overlap gradient reduction with backward (useful on GPUs)
-    contiguous_gradients: bool = True
-    reduce_bucket_size: int = 50_000_000  # elements per gradient-reduction bucket
-    build_shm_op: bool = False  # compile DeepSpeed's CPU shared-memory comm op (~40 s once); gloo suffices
-
-
-def check_deepspeed(ds: DeepSpeedConfig, bf16: bool) -> None:
-    """Refuse settings DeepSpeed cannot run correctly, naming the keys to change."""
-    if ds.zero_stage not in (0, 1, 2, 3):
-        raise ConfigError(f"trainer.deepspeed.zero_stage={ds.zero_stage}: must be 1, 2 or 3")
-    if ds.zero_stage == 0 and bf16:
-        raise ConfigError(
-            "trainer.deepspeed.zero_stage=0 with trainer.bf16=true: DeepSpeed's stage-0 BF16 path takes a "
-            "spurious first optimizer step; use zero_stage 1 or 2"
-        )
-    if ds.ranks < 1:
-        raise ConfigError(f"trainer.deepspeed.ranks={ds.ranks}: must be >= 1")
-    if ds.reduce_bucket_size < 1:
-        raise ConfigError(f"trainer.deepspeed.reduce_bucket_size={ds.reduce_bucket_size}: must be >= 1")
+from rlmix.config.deepspeed import (  # noqa: F401 - the schema, importable beside its JSON
+    CommBackend,
+    DeepSpeedConfig,
+    GradAccumDtype,
+    check_deepspeed,
+)
 
 
 def deepspeed_json(ds: DeepSpeedConfig, *, bf16: bool, grad_clip: float) -> dict:

@@ -22,7 +22,8 @@ import torch
 
 from rlmix.rollout import Rollouts
 from rlmix.trainers.deepspeed_config import CommBackend, deepspeed_json
-from rlmix.trainers.step import StepResult, forward_backward
+from rlmix.metrics.aggregate import StepResult
+from rlmix.trainers.step import forward_backward
 
 DS_DIR = "deepspeed"  # DeepSpeed's own checkpoint (fp32 master weights, optimizer partitions)
 DS_TAG = "step"  # not "latest": DeepSpeed writes a file of that name beside the tag dir

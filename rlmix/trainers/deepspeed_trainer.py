@@ -4,7 +4,7 @@
 lives in this process; with several, each rank is a Ray actor (rlmix/trainers/deepspeed_rank.py)
 joined by torch.distributed (gloo on the CPU, NCCL on GPUs). Per step this coordinator computes
 the group advantages on the whole batch, splits it into contiguous row shards (one per rank),
-passes every rank the GLOBAL token count (corrections.md §3.2) and the number of backward passes
+passes every rank the GLOBAL token count (docs/math.md §3.2) and the number of backward passes
 to run, and merges the ranks' results into one set of metrics — the same loss
 (rlmix/trainers/loss.py via step.py) and the same metrics as the torch trainer.
 """
@@ -19,11 +19,12 @@ from pathlib import Path
 import torch
 
 from rlmix.config.schema import CorrectionConfig, TrainerConfig
+from rlmix.metrics.aggregate import StepResult, step_metrics
+from rlmix.metrics.names import SKIPPED_STEPS
 from rlmix.rollout import Rollouts
 from rlmix.trainers.deepspeed_config import check_deepspeed
 from rlmix.trainers.deepspeed_rank import DeepSpeedRank, RankSetup, RankStep, comm_backend, free_port
-from rlmix.trainers.step import StepResult, advantages_for, micro_batches
-from rlmix.trainers.torch_trainer import step_metrics
+from rlmix.trainers.step import advantages_for, micro_batches
 
 STATE_FILE = "trainer_state.json"
 
@@ -115,7 +116,7 @@ class DeepSpeedTrainer:
         if not steps[0].applied or not math.isfinite(result.loss):
             self.skipped_steps += 1  # DeepSpeed dropped the update (inf/NaN gradients)
         metrics = step_metrics(batch, result, grad_norm, self._version)
-        metrics["train/skipped_steps"] = float(self.skipped_steps)
+        metrics[SKIPPED_STEPS] = float(self.skipped_steps)
         self._version += 1
         return metrics
 

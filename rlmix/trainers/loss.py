@@ -1,64 +1,36 @@
 """From a rollout batch and a model to the corrected loss: the part every trainer backend shares.
 
-The trainer recomputes its own log-probs for the tokens the samplers drew (fp32 log-softmax of
-BF16 logits, divided by the sampling temperature, corrections.md §3.3) and hands them, with the
-sampler's record, to the pure correction library.
+The trainer computes its view of the batch once (``token_batch``: fp32 log-softmax of BF16
+logits divided by the sampling temperature, docs/math.md §3.3) and hands it, with the sampler's
+record, to the pure correction library. The variant comes from its row in ``MODES``; the
+objective picks the library function through ``OBJECTIVES``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import torch
 
-from rlmix.config.schema import CorrectionConfig, Objective
-from rlmix.correction import CorrectionMode, ppo_clip_loss, token_loss
-from rlmix.rollout import Rollouts
-
-# The weight function each correction mode puts on the sampled token inside PPO clip.
-_PPO_WEIGHT = {CorrectionMode.none: "none", CorrectionMode.tis: "tis", CorrectionMode.mis: "mis"}
+from rlmix.config.schema import CorrectionConfig
+from rlmix.correction import MODES, LossOutput, Objective, ppo_clip_loss, token_loss
+from rlmix.rollout import Rollouts, sequence_input_ids  # noqa: F401 - sequence_input_ids: public here too
+from rlmix.trainers.tokens import TokenBatch, masked_logits, token_batch  # noqa: F401 - masked_logits: ditto
 
 
-@dataclass
-class LossOutput:
-    loss: torch.Tensor  # 0-dim, sum over this micro-batch's tokens / the GLOBAL token count
-    stats: dict[str, torch.Tensor]  # 0-dim, means over this micro-batch's tokens
-    token_stats: dict[str, torch.Tensor]  # (N,) detached, per masked token, row-major
-    entropy: torch.Tensor  # (N,) detached trainer entropy per masked token
-    num_tokens: int  # N: masked tokens in this micro-batch
+def _reinforce(tokens: TokenBatch, cfg: CorrectionConfig, common: dict) -> LossOutput:
+    return token_loss(mode=cfg.mode, head_ids=tokens.head_ids, head_logprobs=tokens.head_logprobs, **common)
 
 
-def sequence_input_ids(batch: Rollouts, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prompt and completion of each row laid end to end, right-padded.
-
-    Returns ``input_ids`` (B, L) and ``target_pos`` (B, T): the position whose logits predict
-    completion token t, i.e. prompt_len + t − 1. Right padding keeps every real token's
-    causal context free of padding, so no attention mask is needed for the positions we read.
-    """
-    B, T = batch.completion_ids.shape
-    lens = batch.prompt_lens  # (B,)
-    device = batch.completion_ids.device
-    L = int(lens.max()) + T
-    input_ids = torch.full((B, L), pad_id, dtype=torch.long, device=device)
-    P = batch.prompt_ids.shape[1]
-    input_ids[:, :P] = batch.prompt_ids
-    completion_pos = lens[:, None] + torch.arange(T, device=device)[None, :]  # (B, T)
-    input_ids.scatter_(1, completion_pos, batch.completion_ids)
-    return input_ids, completion_pos - 1
+def _ppo_clip(tokens: TokenBatch, cfg: CorrectionConfig, common: dict) -> LossOutput:
+    # The variant's weight function multiplies the clipped ratio (IcePop for mis, §5).
+    return ppo_clip_loss(weight=MODES[cfg.mode].weight, eps_low=cfg.eps_low, eps_high=cfg.eps_high, **common)
 
 
-def masked_logits(model: torch.nn.Module, batch: Rollouts, pad_id: int, bf16: bool) -> torch.Tensor:
-    """Trainer logits for the generated tokens, (N, V) fp32, divided by the sampling temperature."""
-    input_ids, target_pos = sequence_input_ids(batch, pad_id)
-    with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=bf16):
-        logits = model(input_ids=input_ids).logits  # (B, L, V)
-    V = logits.shape[-1]
-    picked = logits.gather(1, target_pos[..., None].expand(-1, -1, V))  # (B, T, V)
-    return picked[batch.mask].float() / batch.temperature  # (N, V)
-
-
-def _per_token(x: torch.Tensor | None, mask: torch.Tensor) -> torch.Tensor | None:
-    return None if x is None else x[mask]
+OBJECTIVES: dict[Objective, Callable[[TokenBatch, CorrectionConfig, dict], LossOutput]] = {
+    Objective.reinforce: _reinforce,
+    Objective.ppo_clip: _ppo_clip,
+}
 
 
 def batch_loss(
@@ -66,42 +38,33 @@ def batch_loss(
     batch: Rollouts,
     advantages: torch.Tensor,  # (B,) detached sequence advantages
     cfg: CorrectionConfig,
+    *,
     num_tokens: int,
     pad_id: int,
-    bf16: bool = True,
+    bf16: bool,
 ) -> LossOutput:
-    """The configured objective and correction on one micro-batch (corrections.md §2–§5)."""
+    """The configured objective and correction on one micro-batch (docs/math.md §2–§5).
+
+    ``token_stats`` gains ``entropy``: (N,) detached trainer entropy per generated token.
+    """
     device = next(model.parameters()).device
     batch, advantages = batch.to(device), advantages.to(device)
-    logits = masked_logits(model, batch, pad_id, bf16)  # (N, V)
-    mask = batch.mask
-    adv = advantages[:, None].expand_as(mask)[mask]  # (N,) sequence advantage on each token
-    support_ids = _per_token(batch.support_ids, mask) if cfg.replay_support else None
-    support_probs = _per_token(batch.support_probs, mask) if cfg.replay_support else None
+    tokens = token_batch(model, batch, pad_id=pad_id, bf16=bf16, replay_support=cfg.replay_support)
+    adv = advantages[:, None].expand_as(batch.mask)[batch.mask]  # (N,) sequence advantage on each token
     common = dict(
-        logits=logits,
-        sampled_ids=batch.completion_ids[mask],
-        sampler_logprobs=batch.sampler_logprobs[mask],
+        logits=tokens.logits,
+        sampled_ids=tokens.sampled_ids,
+        sampler_logprobs=tokens.sampler_logprobs,
         advantages=adv,
-        support_ids=support_ids,
-        support_probs=support_probs,
+        support_ids=tokens.support_ids,
+        support_probs=tokens.support_probs,
         low=cfg.low,
         high=cfg.high,
         cap=cfg.cap,
         num_tokens=num_tokens,
     )
-    if cfg.objective is Objective.ppo_clip:
-        out = ppo_clip_loss(
-            weight=_PPO_WEIGHT[cfg.mode], eps_low=cfg.eps_low, eps_high=cfg.eps_high, **common
-        )
-    else:
-        out = token_loss(
-            mode=cfg.mode,
-            head_ids=_per_token(batch.head_ids, mask),
-            head_logprobs=_per_token(batch.head_logprobs, mask),
-            **common,
-        )
+    out = OBJECTIVES[cfg.objective](tokens, cfg, common)
     with torch.no_grad():
-        logp = torch.log_softmax(logits, dim=-1)
+        logp = torch.log_softmax(tokens.logits, dim=-1)
         entropy = -(logp.exp() * logp).sum(-1)
-    return LossOutput(out.loss, out.stats, out.token_stats, entropy, logits.shape[0])
+    return LossOutput(out.loss, out.stats, out.token_stats | {"entropy": entropy})

@@ -8,9 +8,10 @@ from pathlib import Path
 import torch
 
 from rlmix.config.schema import CorrectionConfig, TrainerConfig
-from rlmix.metrics.aggregate import correction_metrics, mismatch_metrics, reward_metrics
+from rlmix.metrics.aggregate import step_metrics
+from rlmix.metrics.names import SKIPPED_STEPS
 from rlmix.rollout import Rollouts
-from rlmix.trainers.step import StepResult, advantages_for, forward_backward
+from rlmix.trainers.step import advantages_for, forward_backward
 
 STATE_FILE = "trainer_state.pt"
 
@@ -58,7 +59,7 @@ class TorchTrainer:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         metrics = step_metrics(batch, result, grad_norm, self._version)
-        metrics["train/skipped_steps"] = float(self.skipped_steps)
+        metrics[SKIPPED_STEPS] = float(self.skipped_steps)
         self._version += 1
         return metrics
 
@@ -94,17 +95,3 @@ class TorchTrainer:
         self.skipped_steps = state["skipped_steps"]
         torch.set_rng_state(state["rng_torch"])
         random.setstate(state["rng_python"])
-
-
-def step_metrics(batch: Rollouts, result: StepResult, grad_norm: float, version: int) -> dict[str, float]:
-    """Every per-step metric a trainer reports, from the batch and its forward/backward."""
-    metrics = {
-        "train/loss": result.loss,
-        "train/grad_norm": grad_norm,
-        "train/entropy": result.entropy,
-        "train/tokens": float(result.num_tokens),
-    }
-    metrics |= reward_metrics(batch)
-    metrics |= correction_metrics(result.stats)
-    metrics |= mismatch_metrics(batch, result.token_stats, version)
-    return metrics

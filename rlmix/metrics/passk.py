@@ -1,4 +1,4 @@
-"""Unbiased pass@k (corrections.md §7; Chen et al. 2021, "Evaluating Large Language Models Trained on Code")."""
+"""Unbiased pass@k (docs/math.md §7; Chen et al. 2021, "Evaluating Large Language Models Trained on Code")."""
 
 from __future__ import annotations
 

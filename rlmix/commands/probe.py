@@ -16,7 +16,8 @@ import json
 import time
 from pathlib import Path
 
-from rlmix.config.schema import DatasetTaskConfig, MiniCodeTaskConfig, RunConfig
+from rlmix.config.dataset import DatasetTaskConfig
+from rlmix.config.schema import MiniCodeTaskConfig, RunConfig
 from rlmix.errors import ConfigError
 from rlmix.eval.probe import FACTORS, PoolProbe, ProbeContext, ProbeSettings, probe_pool, reference_view
 
@@ -32,7 +33,7 @@ REFERENCE_DEFINITION = (
 
 def probe_prompts(cfg: RunConfig, count: int) -> list:
     """``count`` problems of the task's test split, evenly spaced so every difficulty level is present."""
-    from rlmix.orchestration.workers import make_task
+    from rlmix.assembly.parts import make_task
 
     if not isinstance(cfg.task, (MiniCodeTaskConfig, DatasetTaskConfig)):
         raise ConfigError("rlmix probe needs task=minicode or task=dataset (its test split is the probe's prompt set)")
@@ -48,8 +49,8 @@ def probe_prompts(cfg: RunConfig, count: int) -> list:
 def probe_fleet(cfg: RunConfig, progress=print) -> tuple[list[PoolProbe], dict]:
     """Probe every pool of ``cfg.fleet`` (one instance each): (per-pool results, what ``probe.json`` holds)."""
     from rlmix.models.io import load_tokenizer
-    from rlmix.orchestration.fleet import fleet_manifest, resolve_fleet
-    from rlmix.orchestration.runner import package_versions, resolve_model_dir
+    from rlmix.assembly.fleet import fleet_manifest, resolve_fleet
+    from rlmix.assembly.parts import package_versions, resolve_model_dir
 
     if not cfg.fleet.pools:
         raise ConfigError("fleet.pools is empty: the probe needs at least one pool (e.g. fleet=emulated_hetero6)")
@@ -59,7 +60,7 @@ def probe_fleet(cfg: RunConfig, progress=print) -> tuple[list[PoolProbe], dict]:
     tokenizer = load_tokenizer(model_dir)
     specs = resolve_fleet(cfg, tokenizer.eos_token_id)
     firsts = [spec for spec in specs if spec.index == 0]
-    from rlmix.orchestration.workers import encode_prompts
+    from rlmix.assembly.parts import encode_prompts
 
     prompts = encode_prompts(tokenizer, tuple(problems), settings.samples_per_prompt, cfg.task.chat_template)
     ctx = ProbeContext(model_dir, tokenizer.pad_token_id, cfg.correction, cfg.trainer.bf16, cfg.seed)
@@ -109,10 +110,9 @@ def _row(r: PoolProbe) -> list[str]:
 
 def probe_table(results: list[PoolProbe]) -> str:
     """One row per pool, aligned columns."""
-    rows = [list(_COLUMNS)] + [_row(r) for r in results]
-    widths = [max(len(row[c]) for row in rows) for c in range(len(_COLUMNS))]
-    return "\n".join("  ".join(cell.rjust(w) if c else cell.ljust(w) for c, (cell, w) in enumerate(zip(row, widths)))
-                     for row in rows)
+    from rlmix.report.table import render_table
+
+    return render_table(_COLUMNS, [_row(r) for r in results], right_from=1)
 
 
 def write_probe(out_dir: Path, summary: dict) -> Path:
@@ -126,7 +126,7 @@ def write_probe(out_dir: Path, summary: dict) -> Path:
 
 def run_probe(args: list[str]) -> None:
     """The ``rlmix probe`` entry point: Hydra overrides in, table on stdout, ``probe.json`` on disk."""
-    from rlmix.config.hydra_app import compose_run_config
+    from rlmix.commands.compose import compose_run_config
 
     cfg = compose_run_config(list(args), for_training=False)
     out_dir = Path(cfg.probe.out_dir) if cfg.probe.out_dir else Path("outputs") / "probe" / time.strftime(

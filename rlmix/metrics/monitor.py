@@ -1,12 +1,12 @@
-"""Collapse monitor: turns the per-step metric stream into a latched collapse verdict (corrections.md §6).
+"""Collapse monitor: turns the per-step metric stream into a latched collapse verdict (docs/math.md §6).
 
 Four rules, each with its own knobs and switch, evaluated once per trainer step:
 
 - ``reward_drop``   — the reward EMA falls below its running peak by ``max(drop·|peak|, min_drop)``.
 - ``kl_growth``     — the EMA of ``mismatch/kl_k3`` reaches ``factor ×`` its early baseline, jointly with
-  a falling reward or rising format errors (the implementable rule written in corrections.md §6).
+  a falling reward or rising format errors (the implementable rule written in docs/math.md §6).
 - ``format_errors`` — the format-error-rate EMA rises ``rise`` (absolute) above its early baseline
-  (the study saw 21% → 72% within ~10 steps, corrections.md §5).
+  (the study saw 21% → 72% within ~10 steps, docs/math.md §5).
 - ``grad_spikes``   — ``count`` gradient norms of at least ``factor ×`` the trailing median within
   ``window`` steps.
 
@@ -33,22 +33,18 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from rlmix.config.monitor import (  # noqa: F401 - the schema, importable beside the monitor
+    FormatErrorRule,
+    GradSpikeRule,
+    KLGrowthRule,
+    MonitorAction,
+    MonitorConfig,
+    RewardDropRule,
+)
 from rlmix.errors import ConfigError
-
-REWARD_KEY = "reward/mean"
-KL_KEY = "mismatch/kl_k3"
-FORMAT_KEY = "format/error_rate"
-GRAD_NORM_KEY = "train/grad_norm"
-
-
-class MonitorAction(enum.Enum):
-    """What the training loop does on a collapse verdict. Member names are the YAML spelling."""
-
-    warn = "warn"  # log the verdict and keep training
-    stop = "stop"  # write the verdict, stop cleanly
-
+from rlmix.metrics.names import FORMAT_KEY, GRAD_NORM_KEY, KL_KEY, REWARD_KEY
 
 class CollapseRule(enum.Enum):
     """Which rule fired. Values are the spelling used in ``reason`` strings and summaries."""
@@ -57,54 +53,6 @@ class CollapseRule(enum.Enum):
     kl_growth = "kl_growth"
     format_errors = "format_errors"
     grad_spikes = "grad_spikes"
-
-
-@dataclass
-class RewardDropRule:
-    enabled: bool = True
-    drop: float = 0.3  # relative fall of the reward EMA below its running peak
-    min_drop: float = 0.05  # absolute floor on the fall, so a peak near 0 does not alarm on noise
-
-
-@dataclass
-class KLGrowthRule:
-    enabled: bool = True
-    factor: float = 3.0  # EMA of k3 ≥ factor × early baseline (corrections.md §6: "at least threefold")
-    require_decline: bool = True  # joint rule: also needs a falling reward or rising format errors
-    reward_decline: float = 0.1  # "falling reward" here: reward EMA ≤ (1 − reward_decline) × peak
-    format_increase: float = 0.05  # "rising format errors" here: EMA ≥ baseline + format_increase
-    kl_floor: float = 1e-8  # floor on the baseline, so an exactly on-policy start does not divide by 0
-
-
-@dataclass
-class FormatErrorRule:
-    enabled: bool = True
-    rise: float = 0.2  # absolute rise of the format-error EMA above its early baseline
-
-
-@dataclass
-class GradSpikeRule:
-    enabled: bool = True
-    factor: float = 5.0  # a spike: grad norm ≥ factor × median of the trailing non-spike norms
-    count: int = 3  # spikes needed ...
-    window: int = 20  # ... within this many steps; also the length of the median's history
-
-
-@dataclass
-class MonitorConfig:
-    """Schema for ``monitor.*`` (not frozen: Hydra composes into it)."""
-
-    action: MonitorAction = MonitorAction.warn
-    warmup_steps: int = 5  # updates that only feed the EMAs (the first steps are the noisiest)
-    baseline_steps: int = 10  # updates after warm-up whose raw means are the early baselines
-    ema_span: int = 10  # EMA smoothing: alpha = 2 / (ema_span + 1)
-    # A reward fall must also exceed this many standard deviations of the reward EMA's own noise
-    # (estimated from the raw rewards of the baseline window), so a noisy but flat run stays quiet.
-    noise_sigmas: float = 7.0
-    reward: RewardDropRule = field(default_factory=RewardDropRule)
-    kl: KLGrowthRule = field(default_factory=KLGrowthRule)
-    format: FormatErrorRule = field(default_factory=FormatErrorRule)
-    grad: GradSpikeRule = field(default_factory=GradSpikeRule)
 
 
 @dataclass(frozen=True)
@@ -261,7 +209,7 @@ class CollapseMonitor:
         why = f"k3 EMA {ema:.4g} = {ema / base:.3g}x baseline {base:.4g}"
         if not rule.require_decline:
             return why
-        # corrections.md §6: KL growth alone is not enough; it must come with a declining run.
+        # docs/math.md §6: KL growth alone is not enough; it must come with a declining run.
         decline = self._reward_falling(rule.reward_decline, 0.0) or self._format_rising(rule.format_increase)
         return f"{why} with {decline}" if decline else ""
 

@@ -1,16 +1,11 @@
-"""``rlmix train`` is real Hydra: ``@hydra.main`` behind the Typer command, arguments passed through.
+"""Composing ``train.yaml`` into a validated ``RunConfig``: shared by every command.
 
-Before Hydra starts, a preflight composes and validates EVERY job of the requested run or sweep
+Before ``rlmix train`` hands over to Hydra, a preflight composes and validates EVERY job of the requested run or sweep
 with the Compose API, so a typo in the fifth job of a sweep fails in a second with one line —
 not after four runs, and not with a traceback or a half-written run directory.
 """
 
 from __future__ import annotations
-
-import sys
-
-import hydra
-from omegaconf import DictConfig
 
 from rlmix.errors import ConfigError
 
@@ -56,6 +51,8 @@ def compose_run_config(overrides: list[str], for_training: bool = True):
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
+    import rlmix.samplers.checks  # noqa: F401 - registers each backend's pool rules with validation
+    import rlmix.tasks.checks  # noqa: F401 - registers each task's own rules with validation
     from rlmix.config.load import one_line, to_run_config, validate
     from rlmix.config.schema import register_configs
 
@@ -85,29 +82,3 @@ def preflight(args: list[str]) -> None:
         raise ConfigError(one_line(err)) from None
     for job in jobs:
         compose_run_config(job)
-
-
-@hydra.main(version_base="1.3", config_path="pkg://" + CONFIG_MODULE, config_name=CONFIG_NAME)
-def _hydra_train(cfg: DictConfig) -> None:
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    from rlmix.config.load import to_run_config, validate
-    from rlmix.orchestration.runner import train
-
-    hc = HydraConfig.get()
-    group = hc.sweep.dir if hc.mode is RunMode.MULTIRUN else None
-    try:
-        train(validate(to_run_config(cfg)), run_dir=hc.runtime.output_dir, sweep_group=group)
-    except ConfigError as err:  # e.g. a model path that is not a model: one line, no traceback
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
-
-
-def run_train(args: list[str]) -> None:
-    from rlmix.config.schema import register_configs
-
-    register_configs()
-    preflight(args)
-    sys.argv = ["rlmix train", *args]
-    _hydra_train()

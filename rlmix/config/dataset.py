@@ -1,16 +1,23 @@
 """Typed configuration of ``task=dataset``: your prompts, your answers, your reward.
 
-Light on purpose (no ``datasets`` import) so the CLI can register it in Hydra's ConfigStore.
+Light on purpose (no ``datasets`` import) so the CLI can register it in Hydra's ConfigStore; the
+task's own checks (files, fields, reward) live beside it in ``rlmix.tasks.dataset``.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Optional
 
 from omegaconf import MISSING
 
-from rlmix.tasks.chat import ChatTemplateMode
+
+class ChatTemplateMode(enum.Enum):
+    """How prompts become token ids (rlmix.tasks.chat); every task has this switch."""
+
+    auto = "auto"  # the tokenizer's chat template, else a plain one (bos + text)
+    raw = "raw"  # no template: message contents joined by newlines
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """``rlmix eval``: pass@k of a checkpoint on a task split, on one fixed reference backend and precision.
 
 Every checkpoint is sampled by the same reference view (``eval.accelerator``/``eval.precision``,
-recorded in ``eval.json``) so that sampler differences never leak into the score (corrections.md §7).
+recorded in ``eval.json``) so that sampler differences never leak into the score (docs/math.md §7).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import torch
 
-from rlmix.agentic.config import SwebenchProConfig
 from rlmix.config.schema import EvalConfig, RunConfig
+from rlmix.config.swebench import SwebenchProConfig
 from rlmix.errors import ConfigError
-from rlmix.eval.passk import PassAtK, mean_pass_at_k
+from rlmix.metrics.passk import PassAtK, mean_pass_at_k
 from rlmix.rollout import SamplingParams
 
 EVAL_FILE = "eval.json"
@@ -23,7 +23,7 @@ EVAL_FILE = "eval.json"
 
 def resolve_checkpoint(cfg: RunConfig) -> Path:
     """A run directory (its newest checkpoint), an HF model dir, or the embedded base model."""
-    from rlmix.orchestration.runner import latest_checkpoint, resolve_model_dir
+    from rlmix.assembly.parts import latest_checkpoint, resolve_model_dir
 
     if cfg.checkpoint is None:
         return resolve_model_dir(cfg)
@@ -52,11 +52,11 @@ def reference_sampler(cfg: EvalConfig, model_dir: Path, seed: int):
 def task_counts(cfg: RunConfig, model_dir: Path, progress) -> tuple[list[dict], str]:
     """Sample ``eval.samples`` completions per problem of ``task.split``; (per-task rows, reference label)."""
     from rlmix.models.io import load_tokenizer
-    from rlmix.orchestration.workers import decode_completions, derive_seed, encode_prompts, make_task
+    from rlmix.assembly.parts import decode_completions, derive_seed, encode_prompts, make_task_for
 
-    task = make_task(cfg.task, cfg.seed)
-    problems = task.split(cfg.task.split)
     tokenizer = load_tokenizer(model_dir)
+    task = make_task_for(cfg.task, cfg.seed, tokenizer)
+    problems = task.split(cfg.task.split)
     sampler, label = reference_sampler(cfg.eval, model_dir, cfg.seed)
     n = cfg.eval.samples
     rows = []
@@ -172,7 +172,7 @@ def _wandb_run(cfg: RunConfig, out_dir: Path):
 
 
 def run_eval(args: list[str]) -> None:
-    from rlmix.config.hydra_app import compose_run_config
+    from rlmix.commands.compose import compose_run_config
 
     torch.set_num_threads(max(torch.get_num_threads(), 1))
     cfg = compose_run_config(args, for_training=False)

