@@ -60,16 +60,3 @@ def save_model(path: Path, arch: str = "llama", seed: int = 0) -> Path:
     tok.save_pretrained(path)
     return path
 
-
-def torch_sampler_refusal(model_dir: Path) -> str | None:
-    """Why the torch sampler cannot run this model (its own check), or None if it can."""
-    from transformers import AutoConfig
-
-    from rlmix.errors import ConfigError
-    from rlmix.samplers.emulated_llama import LlamaShape
-
-    try:
-        LlamaShape.from_hf_config(AutoConfig.from_pretrained(model_dir))
-    except ConfigError as err:
-        return str(err)
-    return None

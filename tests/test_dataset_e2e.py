@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.byo_model import save_model, torch_sampler_refusal
+from tests.byo_model import save_model
 
 pytestmark = pytest.mark.slow
 
@@ -62,9 +62,6 @@ def test_embedded_model_trains_and_evaluates_a_jsonl_task_with_a_flaky_reward(tm
 def test_user_model_with_bpe_tokenizer_and_chat_template(tmp_path, arch):
     """A BPE tokenizer trained in the test, a ChatML template, a random tiny model; the math verifier."""
     model = save_model(tmp_path / "model", arch)
-    refusal = torch_sampler_refusal(model)
-    if refusal is not None:
-        pytest.skip(f"the torch sampler does not run {arch} yet: {refusal}")
     run_dir = tmp_path / "run"
     rlmix("train", "+experiment=sc_mis", *SMALL, f"model.path={model}", "task=dataset",
           f"task.train_files={ARITH / 'train.jsonl'}", "task.prompt_key=question", "task.reward=math",

@@ -23,7 +23,7 @@ import torch
 from rlmix.errors import ConfigError
 from rlmix.rollout import FINISH_LENGTH, FINISH_STOP, Rollouts, SamplingParams, concat_rollouts
 from rlmix.samplers.accelerators import PrecisionView
-from rlmix.samplers.emulated_llama import EmulatedLlama, LlamaShape
+from rlmix.samplers.emulated_decoder import DecoderShape, EmulatedDecoder
 from rlmix.samplers.sampling import draw
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ class TorchSampler:
         self.pool = pool
         self.view = view
         self.max_batch = max_batch
-        self.model = EmulatedLlama(LlamaShape.from_hf_config(cfg), view)
+        self.model = EmulatedDecoder(DecoderShape.from_hf_config(cfg), view)
         fallback = cfg.eos_token_id if isinstance(cfg.eos_token_id, int) else 0
         self.pad_id = pad_id if pad_id is not None else (cfg.pad_token_id if cfg.pad_token_id is not None else fallback)
         self._generator = torch.Generator().manual_seed(seed)
