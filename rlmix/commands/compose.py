@@ -2,7 +2,8 @@
 
 Before ``rlmix train`` hands over to Hydra, a preflight composes and validates EVERY job of the requested run or sweep
 with the Compose API, so a typo in the fifth job of a sweep fails in a second with one line —
-not after four runs, and not with a traceback or a half-written run directory.
+not after four runs, and not with a traceback or a half-written run directory. The same preflight
+checks that a local run's GPU pools fit the GPUs of this machine (rlmix/orchestration/hardware.py).
 """
 
 from __future__ import annotations
@@ -35,13 +36,20 @@ def split_args(args: list[str]) -> tuple[list[str], bool, bool]:
 
 
 def expand_jobs(overrides: list[str], multirun: bool) -> list[list[str]]:
-    """One override list per job, as Hydra's basic sweeper would run them."""
+    """One override list per job, as Hydra's basic sweeper would run them.
+
+    Records the swept keys on the way: they name the jobs' directories and W&B runs.
+    """
+    from rlmix.commands.naming import set_swept_keys, swept_keys
+
+    set_swept_keys(())
     if not multirun:
         return [overrides]
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parsed = OverridesParser.create().parse_overrides(overrides)
+    set_swept_keys(swept_keys(parsed))
     batches = BasicSweeper.split_arguments(parsed, max_batch_size=None)
     return [job for batch in batches for job in batch]
 
@@ -80,5 +88,7 @@ def preflight(args: list[str]) -> None:
         from rlmix.config.load import one_line
 
         raise ConfigError(one_line(err)) from None
+    from rlmix.orchestration.hardware import check_machine
+
     for job in jobs:
-        compose_run_config(job)
+        check_machine(compose_run_config(job))  # GPUs asked for exist here, before Ray or a run dir

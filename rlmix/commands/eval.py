@@ -173,7 +173,9 @@ def _wandb_run(cfg: RunConfig, out_dir: Path):
 
 def run_eval(args: list[str]) -> None:
     from rlmix.commands.compose import compose_run_config
+    from rlmix.metrics.console import CountedLines
 
     torch.set_num_threads(max(torch.get_num_threads(), 1))
     cfg = compose_run_config(args, for_training=False)
-    evaluate(cfg)
+    with CountedLines("eval") as progress:
+        evaluate(cfg, progress)

@@ -14,6 +14,7 @@ rules register the same way (``register_task_check``, done by ``rlmix.tasks.chec
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -179,9 +180,26 @@ def one_line(err: BaseException) -> str:
             msg = str(cause).splitlines()[0].strip()
             return f"{cause.full_key}: {msg}"
     text = str(err)
-    if "Available options in" in text:  # an unknown group option: list the valid ones on the line
-        head = text.split("\n")[0].replace("In 'train': ", "")
-        options = [ln.strip() for ln in text.split("Available options in")[1].splitlines()[1:] if ln.startswith("\t")]
-        return f"{head}; available: {', '.join(options)}"
+    if "Available options in" in text:
+        return unknown_option(text)
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     return " ".join(lines[:2]) if lines else type(err).__name__
+
+
+def unknown_option(text: str) -> str:
+    """Hydra's "Could not find 'fleet/nope'" as the user typed it, with the group's options.
+
+    Hydra appends its config search path (providers, ``pkg://`` URLs) and lists the schema
+    nodes registered for validation; neither is something a user can pick, so both go.
+    """
+    import difflib
+
+    missing = re.search(r"Could not find '([^']+)'", text)
+    group, _, value = (missing.group(1) if missing else "").rpartition("/")
+    block = text.split("Available options in", 1)[1].split("Config search path", 1)[0]
+    options = [ln.strip() for ln in block.splitlines()[1:] if ln.startswith("\t") and not ln.strip().endswith("_schema")]
+    if not missing:
+        return f"unknown config option; available: {', '.join(options)}"
+    close = difflib.get_close_matches(value, options, n=1)
+    hint = f" (did you mean {group}={close[0]}?)" if close else ""
+    return f"{group}={value}: no such option{hint}; available: {', '.join(options)}"

@@ -132,13 +132,14 @@ class WandbConfig:
     mode: WandbMode = WandbMode.offline
     project: str = "rlmix"
     entity: Optional[str] = None
-    group: Optional[str] = None  # None: the sweep directory for multiruns, else the run name
+    group: Optional[str] = None  # None: the sweep's name (date, time, experiment) for multiruns, else the run name
 
 
 @dataclass
 class LoggerConfig:
     wandb: WandbConfig = field(default_factory=WandbConfig)
     console_every: int = 1  # print a progress line every N steps
+    verbose: bool = False  # stream Ray, vLLM, DeepSpeed, W&B output to the console (else: the run dir's logs)
 
 
 @dataclass

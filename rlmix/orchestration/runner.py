@@ -15,17 +15,19 @@ from rlmix.assembly.parts import CHECKPOINTS, latest_checkpoint, package_version
 log = logging.getLogger(__name__)
 
 TRAINER_RESOURCE = "rlmix_trainer"
-# Worker processes: no tokenizer thread pools, no per-load progress bars in the run's console.
-QUIET_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error"}
 
 
-def start_ray(cfg: RunConfig, specs: list[SamplerSpec]) -> None:
+def start_ray(cfg: RunConfig, specs: list[SamplerSpec], log_dir: Path) -> None:
     import ray
 
+    from rlmix.metrics.quiet import route_driver_logs, worker_runtime_env
+
+    route_driver_logs(log_dir, cfg.logger.verbose)
+    runtime_env = worker_runtime_env(log_dir, cfg.logger.verbose)
     if ray.is_initialized():
         ray.shutdown()
     if cfg.cluster.address is not None:
-        ray.init(address=cfg.cluster.address, runtime_env={"env_vars": QUIET_ENV})
+        ray.init(address=cfg.cluster.address, runtime_env=runtime_env, log_to_driver=cfg.logger.verbose)
         return
     # Emulated accelerator types are declared as Ray's own accelerator_type resources, so the
     # same placement code runs unchanged on a real heterogeneous cluster.
@@ -34,9 +36,9 @@ def start_ray(cfg: RunConfig, specs: list[SamplerSpec]) -> None:
         num_cpus=cfg.cluster.num_cpus or os.cpu_count(),
         resources=resources,
         include_dashboard=False,
-        log_to_driver=True,
+        log_to_driver=cfg.logger.verbose,  # quiet: workers write to <run dir>/workers.log instead
         configure_logging=False,
-        runtime_env={"env_vars": QUIET_ENV},
+        runtime_env=runtime_env,
     )
 
 
@@ -62,8 +64,12 @@ def start_actors(cfg: RunConfig, specs: list[SamplerSpec], model_dir: Path):
     return trainer, slots
 
 
-def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None) -> dict:
-    """Run ``cfg`` to completion in ``run_dir``; returns the summary written to summary.json."""
+def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None, label: str | None = None) -> dict:
+    """Run ``cfg`` to completion in ``run_dir``; returns the summary written to summary.json.
+
+    ``label`` names the W&B run (a sweep job's swept overrides; default ``cfg.name``) and
+    ``sweep_group`` its group (default: the run's name, so a single run is a group of one).
+    """
     import ray
 
     from rlmix.models.io import load_tokenizer
@@ -79,7 +85,7 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None) -> dict
     manifest = fleet_manifest(specs)
     for pool, entry in manifest.items():
         log.info("pool %s: %d x %s", pool, entry["count"], entry["label"])
-    start_ray(cfg, specs)
+    start_ray(cfg, specs, log_dir=run_dir)
     try:
         trainer, slots = start_actors(cfg, specs, model_dir)
         # Every process up before the clock starts: an engine that takes 20 s to start would
@@ -88,7 +94,8 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None) -> dict
         monitor = CollapseMonitor(cfg.monitor)
         start_version, run_dir = resume(cfg, trainer, monitor, run_dir)
         logger = RunLogger(
-            run_dir, cfg.logger.wandb, cfg.name, config_dict(cfg), sweep_group, cfg.loop.steps, cfg.logger.console_every
+            run_dir, cfg.logger.wandb, label or cfg.name, config_dict(cfg), sweep_group or cfg.name,
+            cfg.loop.steps, cfg.logger.console_every,
         )
         loop = AsyncLoop(
             cfg.loop, trainer, slots, task, cfg.seed, tokenizer.pad_token_id,
@@ -108,8 +115,7 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None) -> dict
             "model_dir": str(model_dir),
             "versions": package_versions(),
         }
-        logger.finish(summary)
-        return summary
+        return logger.finish(summary)
     finally:
         ray.shutdown()  # a sweep's next job starts from a clean slate
 
