@@ -23,7 +23,8 @@ EVAL_FILE = "eval.json"
 
 def resolve_checkpoint(cfg: RunConfig) -> Path:
     """A run directory (its newest checkpoint), an HF model dir, or the embedded base model."""
-    from rlmix.assembly.parts import latest_checkpoint, resolve_model_dir
+    from rlmix.assembly.checkpoints import latest_checkpoint
+    from rlmix.assembly.parts import resolve_model_dir
 
     if cfg.checkpoint is None:
         return resolve_model_dir(cfg)
@@ -34,7 +35,7 @@ def resolve_checkpoint(cfg: RunConfig) -> Path:
         return path
     newest = latest_checkpoint(path)
     if newest is None:
-        raise ConfigError(f"checkpoint={cfg.checkpoint}: neither an HF model dir nor a run dir with checkpoints/step_*")
+        raise ConfigError(f"checkpoint={cfg.checkpoint}: neither an HF model dir nor a run dir with a complete checkpoints/step_*")
     return newest
 
 

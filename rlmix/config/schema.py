@@ -156,7 +156,13 @@ class LoopConfig:
     temperature: float = 1.0
     max_new_tokens: int = 24
     sampler_threads: int = 1  # torch threads per sampler actor
-    checkpoint_every: int = 0  # 0 = only at the end
+    # Checkpoints (docs/reliability.md): after every N steps or M minutes, whichever comes first,
+    # and at the end; 0 switches a trigger off. Only the newest ``keep_checkpoints`` are kept.
+    checkpoint_every: int = 25
+    checkpoint_every_min: float = 10.0
+    keep_checkpoints: int = 2
+    sampler_max_restarts: int = 3  # deaths of one sampler actor before it is dropped from the fleet
+    step_timeout_s: float = 900.0  # watchdog: no trainer step within this long stops the run as failed
 
 
 @dataclass

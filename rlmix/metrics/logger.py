@@ -41,14 +41,20 @@ class RunLogger:
         total_steps: int,
         console_every: int = 1,
         stream: TextIO = sys.stdout,
+        run_id: str | None = None,
+        elapsed_s: float = 0.0,
     ):
+        """``run_id`` continues that W&B run (a resumed run); ``elapsed_s``: wall time of its earlier parts."""
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.start = time.time()
+        self.start = time.time() - elapsed_s
         self.total_steps = total_steps
         self.display = StepDisplay(total_steps, console_every, stream)
         self._jsonl = open(self.run_dir / METRICS_FILE, "a", buffering=1)
-        self.wandb = start_wandb(wandb_cfg, self.run_dir, run_name, config, group)
+        self.wandb = start_wandb(wandb_cfg, self.run_dir, run_name, config, group, run_id)
+
+    def elapsed_s(self) -> float:
+        return round(time.time() - self.start, 3)
 
     def log(self, step: int, metrics: dict[str, float | str]) -> None:
         record = {"step": step, "time": round(time.time() - self.start, 3)}
@@ -90,7 +96,7 @@ def progress_line(step: int, total: int, metrics: dict, elapsed_s: float) -> str
     )
 
 
-def start_wandb(cfg: WandbConfig, run_dir: Path, name: str, config: dict, group: str | None):
+def start_wandb(cfg: WandbConfig, run_dir: Path, name: str, config: dict, group: str | None, run_id: str | None = None):
     if cfg.mode is WandbMode.disabled:
         return None
     try:
@@ -106,6 +112,8 @@ def start_wandb(cfg: WandbConfig, run_dir: Path, name: str, config: dict, group:
             mode=cfg.mode.value,
             config=config,
             reinit="finish_previous",
+            id=run_id,
+            resume="allow" if run_id else None,
         )
     except Exception as err:
         log.warning("W&B did not start in %s mode (%s); metrics go to %s only", cfg.mode.value, err, METRICS_FILE)

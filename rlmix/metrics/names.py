@@ -40,6 +40,10 @@ STALENESS_MAX = "staleness/max"
 POLICY_VERSION_MIN = "policy_version/min"
 POLICY_VERSION_MAX = "policy_version/max"
 
+# fault/: cumulative over the run (docs/reliability.md)
+SAMPLER_RESTARTS = "fault/sampler_restarts"  # sampler actors Ray restarted that came back
+REQUESTS_REISSUED = "fault/requests_reissued"  # requests of dead samplers served again
+
 # Correction-library stat name -> metric name. The library's own per-micro-batch ESS is not
 # reported: ``correction/ess`` is computed once over the whole step's weights (metrics/aggregate.py).
 STAT_NAMES = {

@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from pathlib import Path
 
 from rlmix.config.schema import RunConfig
 from rlmix.metrics.logger import RunLogger
+from rlmix.assembly import checkpoints
+from rlmix.assembly.checkpoints import RunState
 from rlmix.assembly.fleet import SamplerSpec, fleet_manifest, resolve_fleet
-from rlmix.assembly.parts import CHECKPOINTS, latest_checkpoint, package_versions, resolve_model_dir
+from rlmix.assembly.parts import package_versions, resolve_model_dir
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +60,8 @@ def start_actors(cfg: RunConfig, specs: list[SamplerSpec], model_dir: Path):
     for spec in specs:
         actor = (
             ray.remote(SamplerWorker)
-            .options(num_cpus=0, num_gpus=spec.gpus, resources={spec.resource: 0.001}, max_restarts=3)
+            .options(num_cpus=0, num_gpus=spec.gpus, resources={spec.resource: 0.001},
+                     max_restarts=cfg.loop.sampler_max_restarts)
             .remote(spec, str(model_dir), cfg.task, derive_seed(cfg.seed, spec.name), cfg.loop.sampler_threads)
         )
         slots.append(SamplerSlot(name=spec.name, pool=spec.pool, actor=actor))
@@ -65,7 +69,8 @@ def start_actors(cfg: RunConfig, specs: list[SamplerSpec], model_dir: Path):
 
 
 def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None, label: str | None = None) -> dict:
-    """Run ``cfg`` to completion in ``run_dir``; returns the summary written to summary.json.
+    """Run ``cfg`` in ``run_dir``; returns the summary written to summary.json (its ``status``:
+    rlmix.orchestration.outcome).
 
     ``label`` names the W&B run (a sweep job's swept overrides; default ``cfg.name``) and
     ``sweep_group`` its group (default: the run's name, so a single run is a group of one).
@@ -75,6 +80,7 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None, label: 
     from rlmix.models.io import load_tokenizer
     from rlmix.metrics.monitor import CollapseMonitor
     from rlmix.orchestration.loop import AsyncLoop
+    from rlmix.orchestration.outcome import StopRequest, finish
     from rlmix.assembly.parts import make_task_for
 
     run_dir = Path(run_dir)
@@ -86,36 +92,27 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None, label: 
     for pool, entry in manifest.items():
         log.info("pool %s: %d x %s", pool, entry["count"], entry["label"])
     start_ray(cfg, specs, log_dir=run_dir)
+    stop = StopRequest()
     try:
-        trainer, slots = start_actors(cfg, specs, model_dir)
-        # Every process up before the clock starts: an engine that takes 20 s to start would
-        # otherwise sit out the first steps of a short run.
-        ray.get([slot.actor.version.remote() for slot in slots] + [trainer.version.remote()])
-        monitor = CollapseMonitor(cfg.monitor)
-        start_version, run_dir = resume(cfg, trainer, monitor, run_dir)
-        logger = RunLogger(
-            run_dir, cfg.logger.wandb, label or cfg.name, config_dict(cfg), sweep_group or cfg.name,
-            cfg.loop.steps, cfg.logger.console_every,
-        )
-        loop = AsyncLoop(
-            cfg.loop, trainer, slots, task, cfg.seed, tokenizer.pad_token_id,
-            start_version=start_version,
-            start_request=start_version * cfg.loop.groups_per_step // cfg.loop.groups_per_request,
-        )
-        steps = StepHandler(cfg, trainer, monitor, logger, run_dir)
-        loop.run(cfg.loop.steps, steps)
-        steps.checkpoint(loop.version)
-        summary = {
-            "name": cfg.name,
-            "seed": cfg.seed,
-            "steps": loop.version,
-            "final": steps.last,
-            "collapse": monitor.verdict.as_summary(),
-            "fleet": manifest,
-            "model_dir": str(model_dir),
-            "versions": package_versions(),
-        }
-        return logger.finish(summary)
+        with stop.installed():
+            trainer, slots = start_actors(cfg, specs, model_dir)
+            # Every process up before the clock starts: an engine that takes 20 s to start would
+            # otherwise sit out the first steps of a short run.
+            ray.get([slot.actor.version.remote() for slot in slots] + [trainer.version.remote()])
+            monitor = CollapseMonitor(cfg.monitor)
+            state, run_dir = resume(cfg, trainer, monitor, run_dir)
+            logger = RunLogger(
+                run_dir, cfg.logger.wandb, label or cfg.name, config_dict(cfg), sweep_group or cfg.name,
+                cfg.loop.steps, cfg.logger.console_every, run_id=state.wandb_id, elapsed_s=state.wall_time_s,
+            )
+            loop = AsyncLoop(
+                cfg.loop, trainer, slots, task, cfg.seed, tokenizer.pad_token_id,
+                start_version=state.step, start_request=state.next_request,
+            )
+            steps = StepHandler(cfg, trainer, monitor, logger, run_dir, loop)
+            facts = {"name": cfg.name, "seed": cfg.seed, "run_dir": str(run_dir), "fleet": manifest,
+                     "model_dir": str(model_dir), "versions": package_versions()}
+            return finish(loop, steps, stop, facts)
     finally:
         ray.shutdown()  # a sweep's next job starts from a clean slate
 
@@ -123,39 +120,75 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None, label: 
 class StepHandler:
     """After each trainer step: collapse monitor, logging, periodic checkpoints, the stop decision."""
 
-    def __init__(self, cfg: RunConfig, trainer, monitor, logger: RunLogger, run_dir: Path):
+    def __init__(self, cfg: RunConfig, trainer, monitor, logger: RunLogger, run_dir: Path, loop):
         self.cfg, self.trainer, self.monitor, self.logger, self.run_dir = cfg, trainer, monitor, logger, run_dir
+        self.loop = loop
         self.last: dict[str, float | str] = {}
+        self.saved_step = loop.version  # a resumed run starts from a saved step
+        self.saved_at = time.monotonic()
 
     def __call__(self, report) -> bool:
         from rlmix.config.monitor import MonitorAction
+        from rlmix.metrics.monitor import CollapseRule
 
         verdict = self.monitor.update(report.step, report.metrics)
         self.last = report.metrics | verdict.as_metrics()
         self.logger.log(report.step, self.last)
-        every = self.cfg.loop.checkpoint_every
-        if every and report.step % every == 0 and report.step < self.cfg.loop.steps:
+        if verdict.rule is CollapseRule.nonfinite:
+            return False  # nothing more can be learned: the outcome says failed
+        if self._checkpoint_due(report.step):
             self.checkpoint(report.step)
         return not (verdict.collapse and self.cfg.monitor.action is MonitorAction.stop)
 
-    def checkpoint(self, step: int) -> None:
+    def _checkpoint_due(self, step: int) -> bool:
+        loop = self.cfg.loop
+        if step >= loop.steps:
+            return False  # the final checkpoint is written once the loop ends
+        by_steps = loop.checkpoint_every > 0 and step % loop.checkpoint_every == 0
+        by_time = loop.checkpoint_every_min > 0 and time.monotonic() - self.saved_at >= 60 * loop.checkpoint_every_min
+        return by_steps or by_time
+
+    def checkpoint(self, step: int) -> Path | None:
+        """Save step ``step`` (unless it is already saved); returns the checkpoint's directory."""
         import ray
 
-        ray.get(self.trainer.save_checkpoint.remote(str(self.run_dir / CHECKPOINTS / f"step_{step}")))
+        if step == self.saved_step:
+            return checkpoints.latest_checkpoint(self.run_dir)
+        tmp = checkpoints.staging_dir(self.run_dir, step)
+        try:
+            ray.get(self.trainer.save_checkpoint.remote(str(tmp)), timeout=self.cfg.loop.step_timeout_s)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as err:
+            from rlmix.errors import RunFailed
+
+            raise RunFailed(f"the trainer died or hung while saving step {step} ({type(err).__name__}); "
+                            "waiting on the trainer") from err
+        wandb_id = getattr(self.logger.wandb, "id", None)
+        state = RunState(step, self.loop.next_request, self.logger.elapsed_s(), wandb_id)
+        path = checkpoints.seal(tmp, state, self.cfg.loop.keep_checkpoints)
+        self.saved_step, self.saved_at = step, time.monotonic()
+        return path
 
 
-def resume(cfg: RunConfig, trainer, monitor, run_dir: Path) -> tuple[int, Path]:
-    """(start version, run dir): a resumed run continues in its own directory from its last checkpoint."""
+def resume(cfg: RunConfig, trainer, monitor, run_dir: Path) -> tuple[RunState, Path]:
+    """(run state to start from, run dir): a resumed run continues in its own directory from its
+    newest complete checkpoint."""
     import ray
 
-    checkpoint = latest_checkpoint(Path(cfg.resume)) if cfg.resume else None
-    if checkpoint is None:
-        return 0, run_dir
-    version = ray.get(trainer.load_checkpoint.remote(str(checkpoint)))
+    if not cfg.resume:
+        return RunState(step=0, next_request=0, wall_time_s=0.0), run_dir
+    checkpoint, skipped = checkpoints.newest_complete(Path(cfg.resume))
+    if checkpoint is None:  # validate() checked this; the directory changed since
+        from rlmix.errors import ConfigError
+
+        raise ConfigError(f"resume={cfg.resume}: no complete checkpoint under {Path(cfg.resume) / checkpoints.CHECKPOINTS}")
+    for path, why in skipped:
+        print(f"skipping {path.name}: {why}")
+    ray.get(trainer.load_checkpoint.remote(str(checkpoint)))
+    state = checkpoints.read_run_state(checkpoint)
     run_dir = Path(cfg.resume)
-    replay_history(run_dir, version, monitor)
-    print(f"resuming {run_dir} from {checkpoint.name} at step {version}")
-    return version, run_dir
+    replay_history(run_dir, state.step, monitor)
+    print(f"resuming {run_dir} from {checkpoint.name} at step {state.step}")
+    return state, run_dir
 
 
 def replay_history(run_dir: Path, step: int, monitor) -> None:
