@@ -36,6 +36,9 @@ def start_ray(cfg: RunConfig, specs: list[SamplerSpec], log_dir: Path) -> None:
     # same placement code runs unchanged on a real heterogeneous cluster.
     resources = {spec.resource: 1.0 for spec in specs} | {TRAINER_RESOURCE: 1.0}
     ray.init(
+        # "local": always a fresh instance of our own, never a `ray start` cluster that happens
+        # to run on this machine (joining one is what cluster.address is for).
+        address="local",
         num_cpus=cfg.cluster.num_cpus or os.cpu_count(),
         resources=resources,
         include_dashboard=False,
