@@ -80,6 +80,7 @@ class Rollouts:
     group_ids: torch.Tensor | None = None  # (B,) int64: samples of one prompt share a group
     rewards: torch.Tensor | None = None  # (B,) float32
     format_ok: torch.Tensor | None = None  # (B,) bool
+    reward_errors: torch.Tensor | None = None  # (B,) bool: the reward function raised (reward 0, own group)
     gen_time_s: float = 0.0
     tags: dict[str, str] = field(default_factory=dict)  # accelerator, precision, kernel, backend
     # Episodes only (rlmix.agentic.records): (B, len(EPISODE_STATS)) float32, and the episodes of the
@@ -97,13 +98,17 @@ class Rollouts:
     def replace(self, **changes) -> Rollouts:
         return dataclasses.replace(self, **changes)
 
-    def rows(self, rows: slice) -> Rollouts:
-        """The sequences ``rows``: every per-sequence tensor and tuple is cut along dim 0."""
+    def rows(self, rows: slice | torch.Tensor) -> Rollouts:
+        """The sequences ``rows`` (a slice or an index tensor): every per-sequence tensor and tuple is cut along dim 0."""
         n, changes = len(self), {}
+        picked = None if isinstance(rows, slice) else rows.tolist()
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if (isinstance(value, torch.Tensor) and value.dim() >= 1 or isinstance(value, tuple)) and len(value) == n:
-                changes[f.name] = value[rows]
+                if isinstance(value, tuple) and picked is not None:
+                    changes[f.name] = tuple(value[i] for i in picked)
+                else:
+                    changes[f.name] = value[rows]
         return self.replace(**changes)
 
     def to(self, device: torch.device | str) -> Rollouts:
@@ -182,6 +187,7 @@ def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
         group_ids=cat("group_ids", 0),
         rewards=cat("rewards", 0.0),
         format_ok=cat("format_ok", False),
+        reward_errors=cat("reward_errors", False),
         gen_time_s=sum(p.gen_time_s for p in parts),
         episode_stats=cat("episode_stats", 0.0),
         infra_errors=sum(p.infra_errors for p in parts),

@@ -10,8 +10,9 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from rlmix.config.dataset import ChatTemplateMode, DatasetTaskConfig
 from rlmix.config.schema import CorrectionConfig, MiniCodeTaskConfig, RunConfig, TrainerBackend, TrainerConfig
-from rlmix.config.swebench import AgentEnvConfig
+from rlmix.config.swebench import AgentEnvConfig, MiniCodeAgentConfig, SwebenchProConfig
 from rlmix.rollout import Rollouts
 from rlmix.tasks.base import Problem, Task
 
@@ -41,19 +42,51 @@ def derive_seed(*parts: object) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
-def make_task(cfg: MiniCodeTaskConfig | AgentEnvConfig, seed: int) -> Task:
-    """The task that hands out problems: single-turn (``Task``) or agentic (``rlmix.agentic.train.AgentTask``)."""
-    if isinstance(cfg, AgentEnvConfig):
-        from rlmix.agentic.train import make_agent_task
-
-        return make_agent_task(cfg, seed)
+def _minicode(cfg: MiniCodeTaskConfig, seed: int) -> Task:
     from rlmix.tasks.minicode import MiniCode
 
     return MiniCode(levels=tuple(cfg.levels), seed=seed)
 
 
-def encode_prompts(tokenizer, problems: tuple[Problem, ...], group_size: int) -> list[list[int]]:
-    ids = [tokenizer(p.prompt).input_ids for p in problems]
+def _dataset(cfg: DatasetTaskConfig, seed: int) -> Task:
+    from rlmix.tasks.dataset import DatasetTask
+
+    return DatasetTask(cfg, seed)
+
+
+def _agentic(cfg: AgentEnvConfig, seed: int):
+    """An agentic task (``rlmix.agentic.train.AgentTask``): problems for sandboxed episodes."""
+    from rlmix.agentic.train import make_agent_task
+
+    return make_agent_task(cfg, seed)
+
+
+# task config type -> constructor
+TASKS = {MiniCodeTaskConfig: _minicode, DatasetTaskConfig: _dataset, MiniCodeAgentConfig: _agentic,
+         SwebenchProConfig: _agentic}
+
+
+def make_task(cfg: MiniCodeTaskConfig | DatasetTaskConfig | AgentEnvConfig, seed: int) -> Task:
+    return TASKS[type(cfg)](cfg, seed)
+
+
+def make_task_for(cfg: MiniCodeTaskConfig | DatasetTaskConfig, seed: int, tokenizer) -> Task:
+    """``make_task``, then ConfigError if the model's tokenizer cannot encode a dataset's prompts."""
+    task = make_task(cfg, seed)
+    if isinstance(cfg, DatasetTaskConfig):
+        from rlmix.tasks.dataset import check_encodable
+
+        check_encodable(task, tokenizer)
+    return task
+
+
+def encode_prompts(
+    tokenizer, problems: tuple[Problem, ...], group_size: int, mode: ChatTemplateMode = ChatTemplateMode.auto
+) -> list[list[int]]:
+    """Each problem's prompt rendered through the chat template (``rlmix.tasks.chat``), ``group_size`` times."""
+    from rlmix.tasks.chat import prompt_messages, render_ids
+
+    ids = [render_ids(tokenizer, p.messages or prompt_messages(p.prompt), mode) for p in problems]
     return [row for row in ids for _ in range(group_size)]
 
 

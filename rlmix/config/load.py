@@ -7,7 +7,8 @@ single line the CLI prints.
 
 This package imports no backend: a sampler backend's own platform rules live beside it and
 register here (``register_pool_check``, done by ``rlmix.samplers.checks``); ``validate`` refuses
-to pass a pool whose backend registered none, so a check cannot be skipped silently.
+to pass a pool whose backend registered none, so a check cannot be skipped silently. A task's own
+rules register the same way (``register_task_check``, done by ``rlmix.tasks.checks``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlmix.config.schema import MiniCodeTaskConfig, PoolConfig, RunConfig, SamplerBackend, TrainerBackend
+from rlmix.config.schema import PoolConfig, RunConfig, SamplerBackend, TrainerBackend
 from rlmix.config.swebench import AgentEnvConfig, MiniCodeAgentConfig, SwebenchProConfig
 from rlmix.correction import MODES
 from rlmix.errors import ConfigError
@@ -36,6 +37,16 @@ _POOL_CHECKS: dict[SamplerBackend, PoolCheck] = {}
 def register_pool_check(backend: SamplerBackend, check: PoolCheck) -> None:
     """Install ``backend``'s platform rules; ``validate`` runs them for every pool of that backend."""
     _POOL_CHECKS[backend] = check
+
+
+# A task's own rules (files exist, fields present, reward imports): (run config, training?) -> None.
+TaskCheck = Callable[[RunConfig, bool], None]
+_TASK_CHECKS: dict[type, TaskCheck] = {}
+
+
+def register_task_check(config_type: type, check: TaskCheck) -> None:
+    """Install the rules of the task whose config is ``config_type`` (done by ``rlmix.tasks.checks``)."""
+    _TASK_CHECKS[config_type] = check
 
 
 def to_run_config(cfg: DictConfig) -> RunConfig:
@@ -56,9 +67,12 @@ def validate(cfg: RunConfig, for_training: bool = True) -> RunConfig:
     _check_fleet(cfg)
     if isinstance(cfg.task, AgentEnvConfig):
         _check_agent_task(cfg.task, for_training)
-    elif not isinstance(cfg.task, MiniCodeTaskConfig):
-        raise ConfigError(f"task={getattr(cfg.task, 'name', cfg.task)} is not a task; use task=minicode, "
-                          "task=minicode_agent or task=swebench_pro")
+        return cfg
+    if not _TASK_CHECKS:  # a programming error, not bad input: the entry point forgot to register
+        raise RuntimeError("no task checks registered; import rlmix.tasks.checks before validating")
+    check = _TASK_CHECKS.get(type(cfg.task))
+    if check is not None:
+        check(cfg, for_training)
     return cfg
 
 
@@ -125,6 +139,8 @@ def _check_trainer(cfg: RunConfig) -> None:
 
     t = cfg.trainer
     _require(t.micro_batch_size >= 1, f"trainer.micro_batch_size={t.micro_batch_size}: must be >= 1")
+    budget = t.max_tokens_per_micro_batch
+    _require(budget is None or budget >= 1, f"trainer.max_tokens_per_micro_batch={budget}: must be null or >= 1")
     _require(t.num_threads >= 1, f"trainer.num_threads={t.num_threads}: must be >= 1")
     _require(math.isfinite(t.lr) and 0 < t.lr <= 1, f"trainer.lr={t.lr}: must be in (0, 1]")
     # AdamW's decoupled decay multiplies each weight by (1 - lr * weight_decay) per step.

@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
+from rlmix.config.dataset import ChatTemplateMode, DatasetTaskConfig
 from rlmix.config.deepspeed import DeepSpeedConfig
 from rlmix.config.embedded import AgentModelSpec, EmbeddedModelSpec
 from rlmix.config.monitor import MonitorConfig
@@ -107,6 +108,9 @@ class TrainerConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     grad_clip: float = 1.0
     micro_batch_size: int = 64  # sequences per forward/backward; gradients accumulate over the batch
+    # Padded positions (rows × longest prompt+completion) per forward/backward; rows are packed
+    # longest first so mixed lengths waste little on padding. null: blocks of micro_batch_size rows.
+    max_tokens_per_micro_batch: Optional[int] = None
     bf16: bool = True  # BF16 autocast over fp32 master weights
     num_threads: int = 2  # torch threads of the trainer process
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
@@ -125,6 +129,7 @@ class MiniCodeTaskConfig:
     name: str = "minicode"
     levels: list[int] = field(default_factory=lambda: [1, 2, 3])
     split: str = "train"  # evaluation: "test" or "hard51"
+    chat_template: ChatTemplateMode = ChatTemplateMode.auto  # auto: the tokenizer's template; raw: none
 
 
 @dataclass
@@ -200,7 +205,7 @@ class RunConfig:
     correction: CorrectionConfig = field(default_factory=CorrectionConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    task: Any = MISSING  # a group option: MiniCodeTaskConfig, MiniCodeAgentConfig or SwebenchProConfig
+    task: Any = MISSING  # a group option: MiniCodeTaskConfig, DatasetTaskConfig, MiniCodeAgentConfig or SwebenchProConfig
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -223,5 +228,6 @@ def register_configs() -> None:
     cs.store(group="model", name="model_schema", node=ModelConfig)
     cs.store(group="task", name="minicode_schema", node=MiniCodeTaskConfig)
     cs.store(group="task", name="swebench_pro_schema", node=SwebenchProConfig)
+    cs.store(group="task", name="dataset_schema", node=DatasetTaskConfig)
     cs.store(group="task", name="minicode_agent_schema", node=MiniCodeAgentConfig)
     cs.store(group="logger", name="logger_schema", node=LoggerConfig)

@@ -26,6 +26,12 @@ class StepResult:
     token_stats: dict[str, torch.Tensor]  # (N,) per masked token, batch row-major
     entropy: float
     num_tokens: int
+    positions: int = 0  # positions the forwards ran on (rows × width, summed over micro-batches)
+    sequence_tokens: int = 0  # of those, real prompt and completion tokens
+
+    @property
+    def padding_frac(self) -> float:
+        return 1.0 - self.sequence_tokens / self.positions if self.positions else 0.0
 
 # Staleness buckets for ``mismatch/kl_k3/lag_<a>_<b>`` (inclusive; None = unbounded).
 LAG_BUCKETS: tuple[tuple[int, int | None], ...] = ((0, 0), (1, 1), (2, 3), (4, 7), (8, 15), (16, None))
@@ -56,6 +62,8 @@ def reward_metrics(batch: Rollouts) -> dict[str, float]:
         m.FORMAT_KEY: _format_error_rate(batch, everything),
         m.RESPONSE_LEN: float(batch.mask.sum(1).float().mean()),
     }
+    if batch.reward_errors is not None:
+        out[m.REWARD_ERRORS] = float(batch.reward_errors.sum())
     pools = batch.pool
     for pool in sorted(set(pools)):
         rows = torch.tensor([p == pool for p in pools])
@@ -152,6 +160,7 @@ def step_metrics(batch: Rollouts, result: StepResult, grad_norm: float, version:
         m.GRAD_NORM_KEY: grad_norm,
         m.ENTROPY: result.entropy,
         m.TOKENS: float(result.num_tokens),
+        m.PADDING_FRAC: result.padding_frac,
     }
     return merge_metrics(
         train,

@@ -10,12 +10,14 @@ LOSS = "train/loss"
 GRAD_NORM_KEY = "train/grad_norm"
 ENTROPY = "train/entropy"
 TOKENS = "train/tokens"
+PADDING_FRAC = "train/padding_frac"  # share of the forward's positions that were padding
 SKIPPED_STEPS = "train/skipped_steps"
 RESPONSE_LEN = "train/response_len"
 
 # reward/ and format/: what the task said about the batch
 REWARD_KEY = "reward/mean"
 PASS_RATE = "reward/pass_rate"
+REWARD_ERRORS = "reward/errors"  # samples whose reward function raised (reward 0, out of their group)
 FORMAT_KEY = "format/error_rate"
 
 # agent/: multi-turn episodes (rlmix.agentic; per pool with /<pool>). For episodes, format/error_rate

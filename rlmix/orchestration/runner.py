@@ -44,6 +44,9 @@ def start_ray(cfg: RunConfig, specs: list[SamplerSpec], log_dir: Path) -> None:
     # same placement code runs unchanged on a real heterogeneous cluster.
     resources = {spec.resource: 1.0 for spec in specs} | {TRAINER_RESOURCE: 1.0}
     ray.init(
+        # "local": always a fresh instance of our own, never a `ray start` cluster that happens
+        # to run on this machine (joining one is what cluster.address is for).
+        address="local",
         num_cpus=cfg.cluster.num_cpus or os.cpu_count(),
         resources=resources,
         include_dashboard=False,
@@ -89,11 +92,12 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None, label: 
     from rlmix.metrics.monitor import CollapseMonitor
     from rlmix.orchestration.loop import AsyncLoop
     from rlmix.orchestration.outcome import StopRequest, finish
-    from rlmix.orchestration.workers import make_task
+    from rlmix.assembly.parts import make_task_for
 
     run_dir = Path(run_dir)
     model_dir = resolve_model_dir(cfg)
     tokenizer = load_tokenizer(model_dir)
+    task = make_task_for(cfg.task, cfg.seed, tokenizer)  # before Ray: a prompt it cannot encode is one line
     specs = resolve_fleet(cfg, tokenizer.eos_token_id)
     if isinstance(cfg.task, AgentEnvConfig):  # runtime, tasks and context: one line, before Ray starts
         from rlmix.agentic.train import check_agent_run
@@ -117,7 +121,7 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None, label: 
                 cfg.loop.steps, cfg.logger.console_every, run_id=state.wandb_id, elapsed_s=state.wall_time_s,
             )
             loop = AsyncLoop(
-                cfg.loop, trainer, slots, make_task(cfg.task, cfg.seed), cfg.seed, tokenizer.pad_token_id,
+                cfg.loop, trainer, slots, task, cfg.seed, tokenizer.pad_token_id,
                 start_version=state.step, start_request=state.next_request,
             )
             steps = StepHandler(cfg, trainer, monitor, logger, run_dir, loop)
