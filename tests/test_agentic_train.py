@@ -88,20 +88,23 @@ def test_every_arm_trains_on_episodes_and_environment_tokens_get_no_gradient(epi
     batch, model_dir, tokenizer = episode_batch
     batch = batch.replace(rewards=torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0]))  # a signal in each group
     model = load_causal_lm(model_dir).train()
-    logits_seen = []
+    # The output layer's input (final norm's output, (B, L, d)): the trainer may compute logits a
+    # chunk at a time without a (B, L, V) tensor, but every position's logits are W h_j, so the loss
+    # reaches position j's logits iff it reaches h_j; a zero gradient at h_j is a zero logits gradient.
+    hidden_seen = []
 
-    def keep_logits(_module, _inputs, out):
+    def keep_hidden(_module, _inputs, out):
         out.retain_grad()
-        logits_seen.append(out)
+        hidden_seen.append(out)
 
-    model.lm_head.register_forward_hook(keep_logits)
+    model.model.norm.register_forward_hook(keep_hidden)
     cfg = CorrectionConfig(mode=mode, objective=objective, replay_support=replay_support)
     advantages = batch.rewards - batch.rewards.view(2, 4).mean(1).repeat_interleave(4)
     out = batch_loss(model, batch, advantages, cfg, num_tokens=batch.num_tokens, pad_id=tokenizer.pad_token_id,
                      bf16=False)
     out.loss.backward()
     assert torch.isfinite(out.loss)
-    grad = logits_seen[0].grad  # (B, L, V): position j's logits predict token j + 1
+    grad = hidden_seen[0].grad  # (B, L, d): position j predicts token j + 1
     B, T = batch.mask.shape
     predicts_policy = torch.zeros(grad.shape[:2], dtype=torch.bool)
     rows = torch.arange(B)[:, None].expand(B, T)
