@@ -67,14 +67,14 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None) -> dict
     """Run ``cfg`` to completion in ``run_dir``; returns the summary written to summary.json."""
     import ray
 
-    from rlmix.models.io import load_tokenizer
+    from rlmix.models.tokenizer_file import load_fast_tokenizer
     from rlmix.metrics.monitor import CollapseMonitor
     from rlmix.orchestration.loop import AsyncLoop
     from rlmix.orchestration.workers import make_task
 
     run_dir = Path(run_dir)
     model_dir = resolve_model_dir(cfg)
-    tokenizer = load_tokenizer(model_dir)
+    tokenizer = load_fast_tokenizer(model_dir)
     specs = resolve_fleet(cfg, tokenizer.eos_token_id)
     manifest = fleet_manifest(specs)
     for pool, entry in manifest.items():

@@ -54,12 +54,12 @@ class SamplerWorker:
     """One sampler instance: loads published weights between requests, generates, scores."""
 
     def __init__(self, spec: SamplerSpec, model_dir: str, task_cfg: MiniCodeTaskConfig, seed: int, threads: int):
-        from rlmix.models.io import load_tokenizer
+        from rlmix.models.tokenizer_file import load_fast_tokenizer
 
         torch.set_num_threads(threads)
         self.spec = spec
         self.sampler = build_sampler(spec, model_dir, seed)
-        self.tokenizer = load_tokenizer(model_dir)
+        self.tokenizer = load_fast_tokenizer(model_dir)
         self.task = make_task(task_cfg, seed)
 
     def generate(
