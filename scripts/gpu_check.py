@@ -1,10 +1,14 @@
 """The one check a GPU user runs: real vLLM bf16 and fp8 pools and the DeepSpeed trainer on CUDA.
 
-    .venv/bin/python scripts/gpu_check.py [--model DIR] [--steps 3] [--ranks 1]
+    .venv/bin/python scripts/gpu_check.py [--model DIR] [--steps 3] [--ranks 1] [--tp N]
 
 Needs the CUDA builds (``pip install vllm deepspeed`` with a CUDA torch). Without ``--model`` it
 saves a small random Llama (head_dim 64) in a temporary directory, so nothing is downloaded.
-Prints one JSON line per check and a final verdict; exits 1 if any check failed:
+Prints one JSON line per check and a final verdict; exits 1 if any check failed. Check 0 runs
+anywhere (no GPU needed); without CUDA the script stops after it:
+
+0. The GPU preset (``fleet=vllm_gpu_mixed``) passes the load-time rules, and out-of-range engine
+   settings (tensor parallel size above a node, gpu_memory_utilization outside (0, 1]) are refused.
 
 1. vLLM bf16 pool: sampled-token log-probs and the full-vocabulary head against a teacher-forced
    fp32 Hugging Face forward on the same weights; top-p/top-k support rows sum to 1 and hold the
@@ -14,6 +18,9 @@ Prints one JSON line per check and a final verdict; exits 1 if any check failed:
    and grad norm finite, parameters move.
 4. Weight sync: the trainer's published weights loaded in place into the bf16 vLLM engine change
    its generations and match a teacher-forced forward of those weights.
+5. Engine settings reach vLLM: a pool's ``vllm`` block (gpu_memory_utilization, max_model_len,
+   kv_cache_dtype fp8_e4m3, CUDA graphs, ``--tp`` GPUs; TP defaults to 2 when two GPUs are
+   visible) is what the engine reports, and its log-probs stay near the fp32 oracle.
 """
 
 from __future__ import annotations
@@ -86,6 +93,42 @@ def check_pool(name: str, sampler, model_dir: Path, prompts, tol: float) -> obje
     return full
 
 
+def check_config_rules() -> None:
+    from rlmix.commands.compose import compose_run_config
+    from rlmix.errors import ConfigError
+
+    cfg = compose_run_config(["fleet=vllm_gpu_mixed"])
+    engines = {name: vars(pool.vllm) for name, pool in cfg.fleet.pools.items()}
+    refused = {}
+    for override in ("fleet.pools.h200_bf16.vllm.tensor_parallel_size=16",
+                     "fleet.pools.h100_fp8.vllm.gpu_memory_utilization=1.5"):
+        try:
+            compose_run_config(["fleet=vllm_gpu_mixed", override])
+        except ConfigError as err:
+            refused[override] = str(err)
+    report("config: vllm_gpu_mixed engine settings", len(refused) == 2, engines=engines, refused=refused)
+
+
+def check_engine_settings(model_dir: Path, prompts, tp: int) -> None:
+    from rlmix.samplers.vllm_sampler import VllmSampler
+
+    wanted = dict(tensor_parallel_size=tp, gpu_memory_utilization=0.3, max_model_len=384,
+                  kv_cache_dtype="fp8_e4m3", enforce_eager=False)
+    try:
+        sampler = VllmSampler(model_dir, pool="gpu_engine_settings", dtype="bf16", **wanted)
+    except Exception as err:  # report what the engine said (fp8 KV needs compute capability >= 8.9)
+        report(f"engine settings {wanted}", False, error=f"{type(err).__name__}: {str(err).splitlines()[0]}")
+        return
+    config = sampler.llm.llm_engine.vllm_config
+    seen = dict(tensor_parallel_size=config.parallel_config.tensor_parallel_size,
+                gpu_memory_utilization=config.cache_config.gpu_memory_utilization,
+                max_model_len=config.model_config.max_model_len, kv_cache_dtype=config.cache_config.cache_dtype,
+                enforce_eager=config.model_config.enforce_eager)
+    report("engine settings reach vLLM", seen == wanted, wanted=wanted, seen=seen)
+    check_pool(f"vllm bf16 tp={tp} kv=fp8_e4m3", sampler, model_dir, prompts, tol=0.5)
+    sampler.close()
+
+
 def check_deepspeed(model_dir: Path, batch, steps: int, ranks: int):
     from rlmix.config.schema import CorrectionConfig, TrainerBackend, TrainerConfig
     from rlmix.trainers.deepspeed_config import DeepSpeedConfig
@@ -118,9 +161,11 @@ def main() -> None:
     ap.add_argument("--model", type=Path, default=None)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--ranks", type=int, default=1)
+    ap.add_argument("--tp", type=int, default=None, help="tensor parallel size of check 5 (default: 2 if 2 GPUs)")
     args = ap.parse_args()
+    check_config_rules()
     if not torch.cuda.is_available():
-        raise SystemExit("gpu_check: no CUDA device visible; this script checks the GPU builds")
+        raise SystemExit("gpu_check: no CUDA device visible; check 0 done, checks 1-5 need the GPU builds")
     from rlmix.models.io import load_tokenizer
     from rlmix.rollout import SamplingParams
     from rlmix.samplers.vllm_sampler import VllmSampler
@@ -129,10 +174,10 @@ def main() -> None:
     tok = load_tokenizer(model_dir)
     prompts = [tok(t).input_ids for t in ["def f(x):", "map (+1) [1,2,3] =", "reverse [4,5] =", "sum [1] ="]] * 4
     report("device", True, name=torch.cuda.get_device_name(), torch=torch.__version__, model=str(model_dir))
-    bf16 = VllmSampler(model_dir, pool="gpu_bf16", dtype="bf16", memory_fraction=0.3)
+    bf16 = VllmSampler(model_dir, pool="gpu_bf16", dtype="bf16", gpu_memory_utilization=0.3)
     batch = check_pool("vllm bf16", bf16, model_dir, prompts, tol=0.05)
     try:
-        fp8 = VllmSampler(model_dir, pool="gpu_fp8", dtype="fp8_e4m3", memory_fraction=0.3)
+        fp8 = VllmSampler(model_dir, pool="gpu_fp8", dtype="fp8_e4m3", gpu_memory_utilization=0.3)
         check_pool("vllm fp8_e4m3", fp8, model_dir, prompts, tol=0.5)
         fp8.close()
     except Exception as err:  # report what the engine said (e.g. fp8 needs compute capability >= 8.9)
@@ -146,6 +191,7 @@ def main() -> None:
     report("weight sync into vllm bf16", err < 0.05 and not torch.equal(after.completion_ids, batch.completion_ids),
            mean_abs_vs_new_weights=err, version=int(after.policy_version[0]))
     bf16.close()
+    check_engine_settings(model_dir, prompts, args.tp or (2 if torch.cuda.device_count() >= 2 else 1))
     ok = all(r["ok"] for r in RESULTS)
     print(json.dumps({"verdict": "ok" if ok else "FAILED", "failed": [r["check"] for r in RESULTS if not r["ok"]]}))
     raise SystemExit(0 if ok else 1)

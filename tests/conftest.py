@@ -1,4 +1,4 @@
-"""Shared fixtures: a tiny random Llama checkpoint in Hugging Face format."""
+"""Shared fixtures: tiny random decoder checkpoints (Llama and its relatives) in Hugging Face format."""
 
 from __future__ import annotations
 
@@ -44,6 +44,32 @@ def save_tiny_llama(path: Path, seed: int = 0, tie: bool = False, kv_heads: int 
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(cfg)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def save_tiny_decoder(path: Path, model_type: str, seed: int = 0, **overrides) -> Path:
+    """Save a random tiny ``<model_type>ForCausalLM`` plus the char tokenizer into ``path``.
+
+    Hidden 64, 2 layers, 4 query heads over 2 KV heads of size 16. Every parameter is random,
+    biases and norm weights included (HF initialises those to 0 and 1, which would hide them)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    tokenizer = build_char_tokenizer()
+    fields = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+                  rms_norm_eps=1e-5, tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id,
+                  bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    cfg = AutoConfig.for_model(model_type, **(fields | overrides))
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.3)
+            else:  # norm weights around 1, biases around 0
+                p.copy_((1.0 if "norm" in name else 0.0) + 0.3 * torch.randn_like(p))
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

@@ -12,7 +12,7 @@ from rlmix.errors import ConfigError
 from rlmix.rollout import SamplingParams
 from rlmix.samplers.accelerators import KernelFamily, Precision, PrecisionView, resolve_view
 from rlmix.samplers.attention import attend
-from rlmix.samplers.emulated_llama import LlamaShape
+from rlmix.samplers.emulated_decoder import DecoderShape
 from rlmix.samplers.sampling import draw, keep_mask
 from rlmix.samplers.torch_sampler import TorchSampler
 from tests.conftest import save_tiny_llama
@@ -210,13 +210,13 @@ def test_bad_model_dir_and_unsupported_rope(tmp_path):
         TorchSampler(tmp_path, PrecisionView.exact(), "x")
     from transformers import LlamaConfig
 
-    cfg = LlamaConfig(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
+    cfg = LlamaConfig(rope_parameters={"rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0})
     with pytest.raises(ConfigError, match="rope_type"):
-        LlamaShape.from_hf_config(cfg)
-    from transformers import Qwen2Config
+        DecoderShape.from_hf_config(cfg)
+    from transformers import GPT2Config
 
-    with pytest.raises(ConfigError, match="model_type='qwen2'"):
-        LlamaShape.from_hf_config(Qwen2Config())
+    with pytest.raises(ConfigError, match="model_type='gpt2'.*backend: vllm"):
+        DecoderShape.from_hf_config(GPT2Config())
 
 
 # --- attention kernels -------------------------------------------------------------------

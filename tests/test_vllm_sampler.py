@@ -231,25 +231,6 @@ def test_bf16_engine_is_close_to_the_fp32_oracle(model_dir, hf_model, sampler):
     assert 1e-4 < float(diff.mean()) < 0.05 and float(diff.max()) < 0.3
 
 
-def test_pool_rules_follow_the_pool_accelerator():
-    from types import SimpleNamespace
-
-    from rlmix.samplers.vllm_sampler import check_pool, resolve_precision
-
-    def pool(accelerator, precision, kv=None):
-        return SimpleNamespace(accelerator=accelerator, precision=precision, kv_precision=kv)
-
-    assert resolve_precision("fp8_e4m3") == ("bfloat16", "fp8") and resolve_precision("bf16") == ("bfloat16", None)
-    check_pool("cpu_bf16", pool("CPU", "bf16"))
-    check_pool("h100_fp8", pool("H100", "fp8_e4m3"))  # a GPU pool is judged by its accelerator
-    with pytest.raises(ConfigError, match=r"fleet.pools.cpu_fp8.precision=fp8_e4m3 needs fp8 kernels"):
-        check_pool("cpu_fp8", pool("CPU", "fp8_e4m3"))
-    with pytest.raises(ConfigError, match=r"fleet.pools.b200.precision='nvfp4' has no vLLM equivalent"):
-        check_pool("b200", pool("B200", "nvfp4"))
-    with pytest.raises(ConfigError, match=r"fleet.pools.x.kv_precision=fp8_e4m3"):
-        check_pool("x", pool("H100", "bf16", kv="fp8_e4m3"))
-
-
 @pytest.mark.slow
 def test_cli_mixed_fleet_vllm_and_torch_pools_with_deepspeed(tmp_path):
     """``rlmix train +experiment=smoke fleet=vllm_cpu_smoke trainer=deepspeed`` end to end: a real

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +27,13 @@ class SamplerSpec:
     @property
     def name(self) -> str:
         return f"{self.pool}/{self.index}"
+
+    @property
+    def gpus(self) -> int:
+        """GPUs one actor asks Ray for: a vLLM engine's tensor-parallel group; none for emulated pools."""
+        pool = self.pool_cfg
+        on_gpu = pool.backend is SamplerBackend.vllm and pool.accelerator.upper() != "CPU"
+        return pool.vllm.tensor_parallel_size if on_gpu else 0
 
     @property
     def resource(self) -> str:
@@ -71,9 +79,13 @@ def build_sampler(spec: SamplerSpec, model_dir: str | Path, seed: int):
         from rlmix.samplers.torch_sampler import TorchSampler
 
         return TorchSampler(model_dir, spec.view, pool=spec.pool, seed=seed)
+    from rlmix.samplers.vllm_checks import engine_precision
     from rlmix.samplers.vllm_sampler import VllmSampler
 
-    return VllmSampler(model_dir, pool=spec.pool, dtype=spec.pool_cfg.precision, seed=seed)
+    engine = dataclasses.asdict(spec.pool_cfg.vllm)
+    del engine["dtype"], engine["quantization"]  # resolved with the pool's precision
+    dtype, quantization = engine_precision(spec.pool_cfg, f"fleet.pools.{spec.pool}")
+    return VllmSampler(model_dir, pool=spec.pool, dtype=dtype, quantization=quantization, seed=seed, **engine)
 
 
 def fleet_manifest(specs: list[SamplerSpec]) -> dict[str, dict]:

@@ -12,7 +12,8 @@ to pass a pool whose backend registered none, so a check cannot be skipped silen
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -21,8 +22,10 @@ from rlmix.config.schema import MiniCodeTaskConfig, PoolConfig, RunConfig, Sampl
 from rlmix.correction import MODES
 from rlmix.errors import ConfigError
 
-# A backend's platform rules for one pool: (pool name, pool config) -> None or ConfigError.
-PoolCheck = Callable[[str, PoolConfig], None]
+# A backend's rules for one pool: (pool name, pool config, the model's config.json fields or None
+# for the embedded model) -> None or ConfigError. The model is read as a plain mapping, so a
+# backend can refuse an architecture it cannot serve without building anything.
+PoolCheck = Callable[[str, PoolConfig, Mapping | None], None]
 _POOL_CHECKS: dict[SamplerBackend, PoolCheck] = {}
 
 
@@ -43,8 +46,8 @@ def validate(cfg: RunConfig, for_training: bool = True) -> RunConfig:
     """Every cross-field rule, checked before any process starts. Returns ``cfg`` unchanged."""
     _check_loop(cfg)
     _check_correction(cfg)
+    _check_paths(cfg)  # first: the pools' checks read the model's config.json
     _check_fleet(cfg)
-    _check_paths(cfg)
     if for_training and not isinstance(cfg.task, MiniCodeTaskConfig):
         raise ConfigError("rlmix train needs task=minicode; task=swebench_pro is for `rlmix eval`")
     return cfg
@@ -109,9 +112,20 @@ def _check_paths(cfg: RunConfig) -> None:
         )
 
 
+def _model_fields(cfg: RunConfig) -> Mapping | None:
+    """``model.path``'s config.json as a mapping (None: the embedded model, a Llama every backend serves)."""
+    if cfg.model.path is None:
+        return None
+    try:
+        return json.loads((Path(cfg.model.path) / "config.json").read_text())
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"model.path={cfg.model.path}: config.json is not valid JSON ({err.msg})") from None
+
+
 def _check_fleet(cfg: RunConfig) -> None:
     fleet, c = cfg.fleet, cfg.correction
     _require(bool(fleet.pools), "fleet.pools is empty: a run needs at least one sampler pool")
+    model = _model_fields(cfg)
     for name, pool in fleet.pools.items():
         key = f"fleet.pools.{name}"
         _require(pool.count >= 1, f"{key}.count={pool.count}: must be >= 1")
@@ -133,7 +147,7 @@ def _check_fleet(cfg: RunConfig) -> None:
         if check is None:  # a programming error, not bad input: the entry point forgot to register
             raise RuntimeError(f"no platform check registered for sampler backend {pool.backend.value}; "
                                "import rlmix.samplers.checks before validating")
-        check(name, pool)  # ConfigError for an unknown accelerator or an unsupported precision
+        check(name, pool, model)  # ConfigError for an unknown accelerator, precision or architecture
 
 
 def one_line(err: BaseException) -> str:

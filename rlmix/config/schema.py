@@ -44,6 +44,22 @@ class WandbMode(enum.Enum):
 
 
 @dataclass
+class VllmEngineConfig:
+    """vLLM engine settings of one ``backend: vllm`` pool; the field names are ``VllmSampler``'s
+    keyword arguments. None means the platform's default, chosen inside the sampler: the GPU
+    defaults of vLLM on a GPU, the small-footprint ones of the CPU build on the CPU."""
+
+    tensor_parallel_size: int = 1  # GPUs per sampler instance, all on one node
+    gpu_memory_utilization: Optional[float] = None  # in (0, 1]; None: 0.9 on GPUs, 0.15 of host memory on the CPU
+    max_model_len: Optional[int] = None  # None: the model's own context length
+    kv_cache_dtype: str = "auto"  # auto (the model dtype), bfloat16, fp8, fp8_e4m3, fp8_e5m2 (GPU only)
+    quantization: Optional[str] = None  # None: what the pool's precision implies (fp8_e4m3 -> fp8)
+    enforce_eager: Optional[bool] = None  # None: eager on the CPU, CUDA graphs on GPUs
+    dtype: Optional[str] = None  # bfloat16 float16 float32; None: what the pool's precision implies
+    cpu_kv_cache_gib: int = 1  # CPU build only: the KV cache size (VLLM_CPU_KVCACHE_SPACE)
+
+
+@dataclass
 class PoolConfig:
     """One pool of identical sampler instances (one Ray actor each)."""
 
@@ -55,6 +71,7 @@ class PoolConfig:
     top_p: Optional[float] = None  # None: the fleet's default
     top_k: Optional[int] = None  # None: the fleet's default
     allow_emulation: bool = False  # emulate a precision the accelerator lacks (logged as such)
+    vllm: VllmEngineConfig = field(default_factory=VllmEngineConfig)  # backend: vllm only
 
 
 @dataclass

@@ -7,7 +7,7 @@ import logging
 import os
 from pathlib import Path
 
-from rlmix.config.schema import RunConfig, SamplerBackend
+from rlmix.config.schema import RunConfig
 from rlmix.metrics.logger import RunLogger
 from rlmix.assembly.fleet import SamplerSpec, fleet_manifest, resolve_fleet
 from rlmix.assembly.parts import CHECKPOINTS, latest_checkpoint, package_versions, resolve_model_dir
@@ -53,10 +53,9 @@ def start_actors(cfg: RunConfig, specs: list[SamplerSpec], model_dir: Path):
     )
     slots = []
     for spec in specs:
-        gpus = 1 if spec.pool_cfg.backend is SamplerBackend.vllm and spec.pool_cfg.accelerator.upper() != "CPU" else 0
         actor = (
             ray.remote(SamplerWorker)
-            .options(num_cpus=0, num_gpus=gpus, resources={spec.resource: 0.001}, max_restarts=3)
+            .options(num_cpus=0, num_gpus=spec.gpus, resources={spec.resource: 0.001}, max_restarts=3)
             .remote(spec, str(model_dir), cfg.task, derive_seed(cfg.seed, spec.name), cfg.loop.sampler_threads)
         )
         slots.append(SamplerSlot(name=spec.name, pool=spec.pool, actor=actor))

@@ -1,14 +1,19 @@
-"""Each sampler backend's load-time platform rules, registered with config validation.
+"""Each sampler backend's load-time rules, registered with config validation.
 
 Importing this module installs them (``rlmix.config.load.register_pool_check``); every entry
-point does so before it validates a config. The rules stay beside the backends they describe.
+point does so before it validates a config. The rules stay beside the backends they describe
+and read the model's config.json at most: no torch model or vLLM engine is built, so a config
+the backend cannot serve fails before Ray starts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from rlmix.config.load import register_pool_check
-from rlmix.config.schema import PoolConfig, SamplerBackend
+from rlmix.config.schema import PoolConfig, SamplerBackend, VllmEngineConfig
 from rlmix.errors import ConfigError
+from rlmix.samplers import architectures, vllm_checks
 from rlmix.samplers.accelerators import PrecisionView, resolve_view
 
 
@@ -22,14 +27,19 @@ def pool_view(name: str, pool: PoolConfig) -> PrecisionView | None:
         raise ConfigError(f"fleet.pools.{name}: {err}") from None
 
 
-def check_torch_pool(name: str, pool: PoolConfig) -> None:
-    pool_view(name, pool)  # an unknown accelerator or an unsupported precision
+def check_torch_pool(name: str, pool: PoolConfig, model: Mapping | None) -> None:
+    """An accelerator and precision the catalog knows, an architecture the torch sampler emulates
+    (``architectures.ARCHITECTURES``), and no vLLM engine settings (they would do nothing here)."""
+    pool_view(name, pool)
+    if pool.vllm != VllmEngineConfig():
+        raise ConfigError(f"fleet.pools.{name}.vllm is set but the pool has backend: torch; "
+                          "set backend: vllm or drop the vllm settings")
+    if model is not None:
+        architectures.describe(model, f"model.path (pool {name}, backend torch)")
 
 
-def check_vllm_pool(name: str, pool: PoolConfig) -> None:
-    from rlmix.samplers.vllm_sampler import check_pool  # light: vllm itself is imported lazily there
-
-    check_pool(name, pool)
+def check_vllm_pool(name: str, pool: PoolConfig, model: Mapping | None) -> None:
+    vllm_checks.check_pool(name, pool, model)
 
 
 register_pool_check(SamplerBackend.torch, check_torch_pool)

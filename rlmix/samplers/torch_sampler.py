@@ -13,19 +13,17 @@ sampler's own generator (seeded by the constructor's ``seed``) advances across c
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
 from rlmix.errors import ConfigError
 from rlmix.rollout import FINISH_LENGTH, FINISH_STOP, Rollouts, SamplingParams, concat_rollouts
 from rlmix.samplers.accelerators import PrecisionView
-from rlmix.samplers.emulated_llama import EmulatedLlama, LlamaShape
+from rlmix.samplers.emulated_decoder import DecoderShape, EmulatedDecoder
 from rlmix.samplers.sampling import draw
 
 log = logging.getLogger(__name__)
@@ -34,17 +32,14 @@ log = logging.getLogger(__name__)
 def read_model_dir(model_dir: Path) -> tuple[object, dict[str, torch.Tensor]]:
     """The HF config and the safetensors state dict of ``model_dir``; ConfigError when unreadable."""
     from safetensors.torch import load_file
+    from transformers import AutoConfig
 
     if not model_dir.is_dir():
         raise ConfigError(f"model dir {model_dir} does not exist; point model.path at a Hugging Face model directory")
-    cfg = _complete_llama_config(model_dir)
-    if cfg is None:
-        from transformers import AutoConfig
-
-        try:
-            cfg = AutoConfig.from_pretrained(model_dir)
-        except (OSError, ValueError) as err:
-            raise ConfigError(f"model dir {model_dir} has no readable config.json ({err.__class__.__name__})") from None
+    try:
+        cfg = AutoConfig.from_pretrained(model_dir)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"model dir {model_dir} has no readable config.json ({err.__class__.__name__})") from None
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise ConfigError(f"model dir {model_dir} has no *.safetensors weights")
@@ -52,29 +47,6 @@ def read_model_dir(model_dir: Path) -> tuple[object, dict[str, torch.Tensor]]:
     for f in files:
         weights.update(load_file(f))
     return cfg, weights
-
-
-# Keys of a Llama config.json that LlamaShape reads without a default of its own.
-_LLAMA_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "rms_norm_eps",
-               "tie_word_embeddings")
-
-
-def _complete_llama_config(model_dir: Path) -> SimpleNamespace | None:
-    """config.json as attributes when it is a Llama config that states every field the sampler reads.
-
-    ``transformers`` fills missing fields with its defaults; a file that states them all (as
-    ``save_pretrained`` writes them) reads the same without it, and saves each sampler actor the
-    ~1.4 core-seconds of importing ``transformers``. Anything else goes through ``AutoConfig``.
-    """
-    try:
-        fields = json.loads((model_dir / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    rope = fields.get("rope_parameters") or {}
-    has_theta = "rope_theta" in rope or "rope_theta" in fields
-    if fields.get("model_type") != "llama" or not has_theta or any(k not in fields for k in _LLAMA_KEYS):
-        return None
-    return SimpleNamespace(**fields)
 
 
 class TorchSampler:
@@ -86,10 +58,9 @@ class TorchSampler:
         self.pool = pool
         self.view = view
         self.max_batch = max_batch
-        self.model = EmulatedLlama(LlamaShape.from_hf_config(cfg), view)
-        eos, pad = getattr(cfg, "eos_token_id", None), getattr(cfg, "pad_token_id", None)
-        fallback = eos if isinstance(eos, int) else 0
-        self.pad_id = pad_id if pad_id is not None else (pad if pad is not None else fallback)
+        self.model = EmulatedDecoder(DecoderShape.from_hf_config(cfg), view)
+        fallback = cfg.eos_token_id if isinstance(cfg.eos_token_id, int) else 0
+        self.pad_id = pad_id if pad_id is not None else (cfg.pad_token_id if cfg.pad_token_id is not None else fallback)
         self._generator = torch.Generator().manual_seed(seed)
         self._version = 0
         try:

@@ -25,48 +25,17 @@ import torch
 
 from rlmix.errors import ConfigError
 from rlmix.rollout import FINISH_LENGTH, FINISH_STOP, Rollouts, SamplingParams
+from rlmix.samplers.vllm_checks import (
+    DEFAULT_MEMORY_UTILIZATION,
+    check_platform,
+    check_pool,
+    resolve_precision,
+)
 from rlmix.samplers.vllm_records import FlatPositions, flat_positions, kept_set, pad_slots, support_record
 
+__all__ = ["VllmSampler", "check_platform", "check_pool", "resolve_precision"]
+
 log = logging.getLogger(__name__)
-
-DTYPES = ("bfloat16", "float16", "float32")
-# Quantisation methods the CPU build of vLLM 0.32 has kernels for: none of the fp8/int4 GPU ones.
-CPU_QUANTIZATION: tuple[str | None, ...] = (None,)
-# rlmix pool precision -> (vLLM dtype, vLLM quantization). fp8_e4m3 is vLLM's online dynamic fp8
-# (weights quantised at load, e4m3); int8/int4/nvfp4 need pre-quantised checkpoints, not a view.
-PRECISIONS: dict[str, tuple[str, str | None]] = {
-    "fp32": ("float32", None), "float32": ("float32", None),
-    "bf16": ("bfloat16", None), "bfloat16": ("bfloat16", None),
-    "fp16": ("float16", None), "float16": ("float16", None),
-    "fp8_e4m3": ("bfloat16", "fp8"), "fp8": ("bfloat16", "fp8"),
-}
-
-
-def resolve_precision(precision: str, key: str = "precision") -> tuple[str, str | None]:
-    """(dtype, quantization) of vLLM for an rlmix precision name; ConfigError naming ``key`` if none."""
-    if precision not in PRECISIONS:
-        raise ConfigError(f"{key}={precision!r} has no vLLM equivalent; vllm pools take one of "
-                          f"{', '.join(sorted(PRECISIONS))} (int8/int4/nvfp4 need a pre-quantised checkpoint)")
-    return PRECISIONS[precision]
-
-
-def check_pool(name: str, pool) -> None:
-    """Load-time rules for a ``backend: vllm`` pool (``rlmix.config.schema.PoolConfig``).
-
-    The platform is the pool's accelerator, not the machine that loads the config: a CPU head
-    node may launch GPU pools. ``accelerator: CPU`` means the CPU build of vLLM.
-    """
-    key = f"fleet.pools.{name}"
-    dtype, quantization = resolve_precision(pool.precision, f"{key}.precision")
-    on_cpu = pool.accelerator.upper() == "CPU"
-    if on_cpu and quantization not in CPU_QUANTIZATION:
-        raise ConfigError(f"{key}.precision={pool.precision} needs {quantization} kernels that the CPU build of vLLM "
-                          "lacks; use bf16/fp32 on accelerator CPU or put this pool on a GPU")
-    if pool.kv_precision is not None:
-        raise ConfigError(f"{key}.kv_precision={pool.kv_precision}: vllm pools keep the KV cache in the model dtype; "
-                          "set kv_precision to null")
-    check_platform(dtype, quantization, on_cpu)
-
 
 def _set_logits_scale(worker, scale: float) -> float:
     """Runs inside the vLLM worker: make the model's logits come out as z / T."""
@@ -100,55 +69,56 @@ def _skip_rank_compile() -> None:
     vllm_sampler_module.batched_count_greater_than = _eager_count_greater_than
 
 
-def check_platform(dtype: str, quantization: str | None, on_cpu: bool) -> None:
-    """Refuse a dtype/quantisation the platform cannot run, with one line naming the key."""
-    if dtype not in DTYPES:
-        raise ConfigError(f"vllm pool dtype={dtype!r} is not one of {', '.join(DTYPES)}")
-    if on_cpu and quantization not in CPU_QUANTIZATION:
-        raise ConfigError(
-            f"vllm pool quantization={quantization!r} is not supported by the CPU build of vLLM; "
-            "set quantization to null (dtype bfloat16/float32) or run this pool on a GPU machine"
-        )
-
-
 class VllmSampler:
     """Implements ``rlmix.samplers.base.Sampler`` with one vLLM engine.
 
     ``dtype`` takes an rlmix precision (``bf16``, ``fp32``, ``fp16``, ``fp8_e4m3``) or a vLLM dtype
-    name; ``quantization`` overrides the method a precision implies (``fp8_e4m3`` -> ``fp8``).
-    ``max_model_len`` None means the model's own context length; ``memory_fraction`` is vLLM's
-    ``gpu_memory_utilization`` (on the CPU: the share of host memory it may reserve).
+    name; ``quantization`` overrides the method a precision implies (``fp8_e4m3`` -> ``fp8``). The
+    engine keywords are ``rlmix.config.schema.VllmEngineConfig``'s fields (a test keeps them in
+    step); None picks the platform default (memory: ``vllm_checks.DEFAULT_MEMORY_UTILIZATION``; eager on
+    the CPU, CUDA graphs on GPUs).
     """
 
     def __init__(self, model_dir: str | Path, pool: str, dtype: str = "bf16", quantization: str | None = None,
-                 seed: int = 0, max_model_len: int | None = None, max_logprobs: int = 128,
-                 memory_fraction: float = 0.15, kv_cache_gib: int = 1, pad_id: int | None = None,
-                 tags: Mapping[str, str] | None = None) -> None:
+                 seed: int = 0, max_logprobs: int = 128, pad_id: int | None = None,
+                 tags: Mapping[str, str] | None = None, *, tensor_parallel_size: int = 1,
+                 gpu_memory_utilization: float | None = None, max_model_len: int | None = None,
+                 kv_cache_dtype: str = "auto", enforce_eager: bool | None = None, cpu_kv_cache_gib: int = 1) -> None:
         model_dir = Path(model_dir)
         if not (model_dir / "config.json").is_file():
             raise ConfigError(f"model dir {model_dir} has no config.json; point model.path at a Hugging Face model directory")
         # Read by vLLM when the engine is built, so they must be set before it.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kv_cache_gib))
         from vllm import LLM
         from vllm.platforms import current_platform
 
+        on_cpu = current_platform.is_cpu()
         dtype, implied = resolve_precision(dtype, f"pool {pool} dtype")
         quantization = quantization or implied
-        check_platform(dtype, quantization, current_platform.is_cpu())
-        if current_platform.is_cpu():
+        check_platform(dtype, quantization, on_cpu)
+        if on_cpu:
             _skip_rank_compile()
         self.pool = pool
         self.dtype, self.quantization = dtype, quantization
         self.max_logprobs = max_logprobs
         self._version = 0
         self._scale: float | None = None
+        engine = dict(
+            tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len, kv_cache_dtype=kv_cache_dtype,
+            gpu_memory_utilization=DEFAULT_MEMORY_UTILIZATION[on_cpu] if gpu_memory_utilization is None
+            else gpu_memory_utilization,
+            enforce_eager=on_cpu if enforce_eager is None else enforce_eager,  # CUDA graphs on GPUs
+        )
+        if tensor_parallel_size > 1:
+            # Worker processes on the GPUs Ray gave this actor; vLLM's Ray executor would ask Ray
+            # for a second set of GPUs from inside an actor that already holds them.
+            engine["distributed_executor_backend"] = "mp"
         set_num_threads = torch.set_num_threads  # the CPU worker replaces it process-wide
         try:
             # vLLM takes a 32-bit engine seed; run seeds are derived 63-bit hashes.
             self.llm = LLM(model=str(model_dir), dtype=dtype, quantization=quantization, seed=seed % 2**32,
-                           max_model_len=max_model_len, enforce_eager=True, gpu_memory_utilization=memory_fraction,
-                           logprobs_mode="raw_logprobs", max_logprobs=max_logprobs)
+                           logprobs_mode="raw_logprobs", max_logprobs=max_logprobs, **engine)
         except (ValueError, NotImplementedError) as err:
             raise ConfigError(f"vllm pool {pool} (dtype={dtype}, quantization={quantization}): the engine did not "
                               f"start: {str(err).splitlines()[0]}") from None
@@ -158,7 +128,6 @@ class VllmSampler:
         self.vocab_size = int(hf.vocab_size)
         eos = hf.eos_token_id if isinstance(hf.eos_token_id, int) else 0
         self.pad_id = pad_id if pad_id is not None else (hf.pad_token_id if hf.pad_token_id is not None else eos)
-        on_cpu = current_platform.is_cpu()
         self.tags = {"backend": "vllm", "precision": quantization or dtype,
                      "accelerator": "CPU" if on_cpu else current_platform.get_device_name(),
                      "kernel": "vllm_cpu_attn" if on_cpu else "vllm_gpu_attn", **(tags or {})}

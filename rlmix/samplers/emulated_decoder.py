@@ -1,0 +1,279 @@
+"""The torch sampler's model: one decoder forward pass with precision hooks.
+
+Same math as Hugging Face ``LlamaForCausalLM`` and the architectures that differ from it only in
+the ways ``rlmix.samplers.architectures`` tabulates (Mistral's sliding window, Qwen2's q/k/v bias,
+Qwen3's per-head q/k RMSNorm): RMSNorm, RoPE (default, linear or Llama-3 scaled frequencies),
+grouped-query attention, SiLU-gated MLP, tied or untied lm_head. Under ``PrecisionView.exact()``
+its log-probs match HF fp32 to ~1e-5 for each architecture. Under other views it computes with
+the values the emulated hardware would: decoder linear weights quantise-dequantised once per
+weight version, every activation rounded after each matmul / norm / residual add, linear-layer
+inputs quantised (W8A8), the KV cache stored in its format, and attention by the view's kernel
+family. Biases and norm weights are kept in the activation dtype, as serving recipes keep them.
+
+Shapes: B batch, L new positions, C cache columns, H query heads, Hkv KV heads, G = H / Hkv,
+D head dim, V vocabulary. Everything is computed in fp32 tensors holding the rounded values.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from rlmix.samplers.accelerators import PrecisionView
+from rlmix.samplers.architectures import ModelSpec, describe
+from rlmix.samplers.attention import attend
+from rlmix.samplers.precision import quantize_dequantize, round_activation, round_kv
+
+_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    """The parts of a HF decoder config the forward pass needs."""
+
+    spec: ModelSpec
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    rms_eps: float
+    tie_embeddings: bool
+
+    @classmethod
+    def from_hf_config(cls, cfg) -> DecoderShape:
+        """Read a ``transformers`` config of a supported architecture; ConfigError otherwise."""
+        fields = cfg.to_dict()  # complete: the class defaults filled in
+        spec = describe(fields)  # first: an unsupported config may lack the fields read below
+        heads = fields["num_attention_heads"]
+        return cls(
+            spec=spec,
+            vocab=fields["vocab_size"],
+            hidden=fields["hidden_size"],
+            layers=fields["num_hidden_layers"],
+            heads=heads,
+            kv_heads=fields.get("num_key_value_heads") or heads,
+            head_dim=fields.get("head_dim") or fields["hidden_size"] // heads,
+            rms_eps=fields["rms_norm_eps"],
+            tie_embeddings=bool(fields.get("tie_word_embeddings", False)),
+        )
+
+
+def _default_inv_freq(rope: Mapping, dim: int) -> torch.Tensor:
+    """``1 / θ^(2i/D)`` in fp32, as HF's default rope init (integer exponents, then cast)."""
+    return 1.0 / (rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+
+
+def _linear_inv_freq(rope: Mapping, dim: int) -> torch.Tensor:
+    """Position interpolation: every frequency divided by ``factor``."""
+    return _default_inv_freq(rope, dim) / rope["factor"]
+
+
+def _llama3_inv_freq(rope: Mapping, dim: int) -> torch.Tensor:
+    """Llama 3.1 scaling: wavelengths above ``original_max_position_embeddings / low_freq_factor``
+    are stretched by ``factor``, those below ``... / high_freq_factor`` kept, the band between
+    interpolated smoothly (HF ``_compute_llama3_parameters``)."""
+    inv_freq = _default_inv_freq(rope, dim)
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    old_len = rope["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old_len / high) * ~(wavelen > old_len / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+# One row per rope_type of ``architectures.ROPE_TYPES``; each keeps HF's attention factor of 1.
+INV_FREQ = {"default": _default_inv_freq, "linear": _linear_inv_freq, "llama3": _llama3_inv_freq}
+
+
+@dataclass
+class Layer:
+    """One decoder block's parameters after this view's quantisation (fp32 tensors)."""
+
+    ln_attn: torch.Tensor  # (hidden,)
+    w_qkv: torch.Tensor  # ((H + 2·Hkv)·D, hidden): q, k, v stacked (scales are per row, so stacking is exact)
+    w_o: torch.Tensor  # (hidden, H·D)
+    ln_mlp: torch.Tensor  # (hidden,)
+    w_gate_up: torch.Tensor  # (2·I, hidden)
+    w_down: torch.Tensor  # (hidden, I)
+    b_qkv: torch.Tensor | None = None  # ((H + 2·Hkv)·D,)
+    b_o: torch.Tensor | None = None  # (hidden,)
+    q_norm: torch.Tensor | None = None  # (D,)
+    k_norm: torch.Tensor | None = None  # (D,)
+
+
+class KVCache:
+    """Preallocated keys/values per layer, (B, Hkv, C, D) each, holding values in the view's KV format."""
+
+    def __init__(self, shape: DecoderShape, batch: int, max_len: int) -> None:
+        size = (shape.layers, batch, shape.kv_heads, max_len, shape.head_dim)
+        self.k = torch.zeros(size)
+        self.v = torch.zeros(size)
+
+
+class EmulatedDecoder:
+    """The decoder forward under a ``PrecisionView``; weights set with ``load``."""
+
+    def __init__(self, shape: DecoderShape, view: PrecisionView) -> None:
+        self.shape = shape
+        self.view = view
+        self.inv_freq = INV_FREQ[shape.spec.rope_type](shape.spec.rope, shape.head_dim)  # (D/2,)
+        self.layers: list[Layer] = []
+
+    def load(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Apply the view to a HF-named state dict: decoder linears in the weight format, embeddings,
+        norms, biases and lm_head in the activation dtype (as fp8/int/fp4 serving recipes keep them)."""
+        missing = [n for n in self._required_names() if n not in weights]
+        if missing:
+            raise ValueError(f"weights lack {len(missing)} {self.shape.spec.model_type} parameters, e.g. {missing[:3]}")
+        act, view, spec = self.view.activations, self.view, self.shape.spec
+
+        def w(name: str) -> torch.Tensor:
+            return quantize_dequantize(weights[name], view.weights, view.int4_group)
+
+        def a(name: str) -> torch.Tensor:
+            return round_activation(weights[name].float(), act)
+
+        self.embed = a("model.embed_tokens.weight")
+        self.lm_head = self.embed if self.shape.tie_embeddings else a("lm_head.weight")
+        self.norm = a("model.norm.weight")
+        self.layers = []
+        for i in range(self.shape.layers):
+            p = f"model.layers.{i}."
+            qkv = [w(p + f"self_attn.{n}_proj.weight") for n in "qkv"]
+            gate_up = [w(p + f"mlp.{n}_proj.weight") for n in ("gate", "up")]
+            self.layers.append(Layer(
+                a(p + "input_layernorm.weight"), torch.cat(qkv), w(p + "self_attn.o_proj.weight"),
+                a(p + "post_attention_layernorm.weight"), torch.cat(gate_up), w(p + "mlp.down_proj.weight"),
+                b_qkv=torch.cat([a(p + f"self_attn.{n}_proj.bias") for n in "qkv"]) if spec.attention_bias else None,
+                b_o=a(p + "self_attn.o_proj.bias") if spec.o_bias else None,
+                q_norm=a(p + "self_attn.q_norm.weight") if spec.arch.qk_norm else None,
+                k_norm=a(p + "self_attn.k_norm.weight") if spec.arch.qk_norm else None,
+            ))
+
+    def _required_names(self) -> list[str]:
+        spec = self.shape.spec
+        names = ["model.embed_tokens.weight", "model.norm.weight"]
+        if not self.shape.tie_embeddings:
+            names.append("lm_head.weight")
+        per_layer = [f"{n}.weight" for n in _LINEARS] + ["input_layernorm.weight", "post_attention_layernorm.weight"]
+        if spec.attention_bias:
+            per_layer += [f"self_attn.{n}_proj.bias" for n in "qkv"]
+        if spec.o_bias:
+            per_layer.append("self_attn.o_proj.bias")
+        if spec.arch.qk_norm:
+            per_layer += ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
+        return names + [f"model.layers.{i}.{n}" for i in range(self.shape.layers) for n in per_layer]
+
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        return KVCache(self.shape, batch, max_len)
+
+    # -- pieces -----------------------------------------------------------------------------
+
+    def _act(self, x: torch.Tensor) -> torch.Tensor:
+        return round_activation(x, self.view.activations)
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``x Wᵀ + b`` with inputs in the view's linear-input format, output rounded to the activation
+        dtype (the bias is added in the GEMM epilogue, before that rounding).
+
+        Inputs already hold activation-dtype values, so they are re-quantised only for W8A8 views."""
+        if self.view.linear_inputs is not self.view.activations:
+            x = round_activation(x, self.view.linear_inputs)
+        return self._act(F.linear(x, weight, bias))
+
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """HF RMSNorm: ``weight · x / sqrt(mean(x²) + eps)`` in fp32, normalised value rounded first."""
+        normed = self._act(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.shape.rms_eps))
+        return self._act(weight * normed)
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """HF ``apply_rotary_pos_emb``: ``x·cos + rotate_half(x)·sin``; x (B, h, L, D), cos/sin (B, 1, L, D)."""
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return self._act(x * cos + rotated * sin)
+
+    def _rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin (B, 1, L, D) exactly as HF's rotary embedding computes them."""
+        freqs = positions[..., None].float() * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos()[:, None], emb.sin()[:, None]
+
+    def _heads(self, x: torch.Tensor, heads: int, norm: torch.Tensor | None) -> torch.Tensor:
+        """(B, L, h·D) -> (B, h, L, D), each head RMS-normalised first where the architecture does (Qwen3)."""
+        b, n, _ = x.shape
+        x = x.view(b, n, heads, self.shape.head_dim)
+        if norm is not None:
+            x = self._rms_norm(x, norm)
+        return x.transpose(1, 2)
+
+    def _attention(self, x, layer: Layer, i: int, rope, cache: KVCache, start: int, allowed) -> torch.Tensor:
+        s, (b, n, _) = self.shape, x.shape
+        qkv = self._linear(x, layer.w_qkv, layer.b_qkv)
+        q, k, v = qkv.split([s.heads * s.head_dim, s.kv_heads * s.head_dim, s.kv_heads * s.head_dim], dim=-1)
+        q = self._rope(self._heads(q, s.heads, layer.q_norm), *rope)
+        k = self._rope(self._heads(k, s.kv_heads, layer.k_norm), *rope)
+        v = self._heads(v, s.kv_heads, None)
+        end = start + n
+        if self.view.kv_cache is not self.view.activations:  # else k, v already hold these values
+            k, v = round_kv(k, self.view.kv_cache), round_kv(v, self.view.kv_cache)
+        cache.k[i, :, :, start:end] = k
+        cache.v[i, :, :, start:end] = v
+        group = s.heads // s.kv_heads
+        # Query heads sharing a KV head are stacked along the query axis: (B, Hkv, G·L, D).
+        q = q.reshape(b, s.kv_heads, group * n, s.head_dim)
+        out = attend(q, cache.k[i, :, :, :end], cache.v[i, :, :, :end], allowed,
+                     s.head_dim**-0.5, self.view.activations, self.view.kernel)
+        out = out.view(b, s.heads, n, s.head_dim).transpose(1, 2).reshape(b, n, s.heads * s.head_dim)
+        return self._linear(out, layer.w_o, layer.b_o)
+
+    def _mlp(self, x: torch.Tensor, layer: Layer) -> torch.Tensor:
+        gate, up = self._linear(x, layer.w_gate_up).chunk(2, dim=-1)
+        return self._linear(self._act(F.silu(gate) * up), layer.w_down)
+
+    def _masks(self, key_valid: torch.Tensor, start: int, n: int) -> dict[int | None, torch.Tensor]:
+        """Per distinct sliding window (None: full attention): allowed (B, 1, G·L, C) bool.
+
+        A query attends to valid columns at or before its own (and, with a window W, fewer than W
+        columns back: HF's ``kv_idx > q_idx - W``); a padding query attends to itself only, so no
+        row is empty. Columns and positions differ by a row's constant left padding, so a column
+        distance is a token distance.
+        """
+        b, end = key_valid.shape[0], start + n
+        cols, rows = torch.arange(end), torch.arange(start, end)
+        distance = rows[:, None] - cols[None, :]  # (L, C)
+        group = self.shape.heads // self.shape.kv_heads
+        masks = {}
+        for window in set(self.shape.spec.windows):
+            visible = (distance >= 0) if window is None else (distance >= 0) & (distance < window)
+            allowed = (visible[None] & key_valid[:, None, :]) | (distance == 0)[None]
+            masks[window] = allowed[:, None, None].expand(b, 1, group, n, end).reshape(b, 1, group * n, end)
+        return masks
+
+    # -- forward ----------------------------------------------------------------------------
+
+    def forward(self, ids, positions, key_valid, cache: KVCache, start: int, last_only: bool = False):
+        """Logits (B, L, V) — or (B, 1, V) with ``last_only`` — fp32, for ``ids`` (B, L) written at
+        cache columns [start, start + L).
+
+        ``positions`` (B, L): RoPE positions. ``key_valid`` (B, start + L) bool: columns holding
+        real tokens (False for left padding); see ``_masks`` for who attends to what.
+        """
+        masks = self._masks(key_valid, start, ids.shape[1])
+        rope = self._rope_tables(positions)
+        h = self.embed[ids]
+        for i, layer in enumerate(self.layers):
+            allowed = masks[self.shape.spec.windows[i]]
+            h = self._act(h + self._attention(self._rms_norm(h, layer.ln_attn), layer, i, rope, cache, start, allowed))
+            h = self._act(h + self._mlp(self._rms_norm(h, layer.ln_mlp), layer))
+        if last_only:
+            h = h[:, -1:]
+        return self._act(F.linear(self._rms_norm(h, self.norm), self.lm_head))

@@ -1,0 +1,157 @@
+"""Every architecture the torch sampler emulates, against the Hugging Face forward of the same
+random weights; and the one-line refusal of everything else, before any process starts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlmix.errors import ConfigError
+from rlmix.rollout import SamplingParams
+from rlmix.samplers.accelerators import PrecisionView, resolve_view
+from rlmix.samplers.architectures import ARCHITECTURES, describe
+from rlmix.samplers.torch_sampler import TorchSampler
+from tests.conftest import build_char_tokenizer, save_tiny_decoder
+
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+# One small random config per row of the table and per feature: (model_type, config overrides).
+# Windows are shorter than the test sequences, so the sliding masks are exercised.
+CASES = {
+    "llama": ("llama", {}),
+    "llama_tied_mha_bias": ("llama", {"tie_word_embeddings": True, "num_key_value_heads": 4, "attention_bias": True}),
+    "llama3_rope": ("llama", {"rope_parameters": LLAMA3_ROPE}),
+    "llama_linear_rope": ("llama", {"rope_parameters": {"rope_type": "linear", "rope_theta": 500.0, "factor": 4.0}}),
+    "qwen2": ("qwen2", {}),
+    "qwen2_sliding_tied": ("qwen2", {"use_sliding_window": True, "sliding_window": 5, "max_window_layers": 1,
+                                     "tie_word_embeddings": True}),
+    "qwen3": ("qwen3", {}),
+    "qwen3_tied_bias": ("qwen3", {"tie_word_embeddings": True, "attention_bias": True}),
+    "mistral_window": ("mistral", {"sliding_window": 6}),
+}
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("architectures")
+    return {name: save_tiny_decoder(root / name, model_type, seed=i, **overrides)
+            for i, (name, (model_type, overrides)) in enumerate(CASES.items())}
+
+
+def _teacher_batch(b: int = 5, n: int = 24) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random ids (B, n), right-padded to different lengths, and their attention mask."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 50, (b, n), generator=g)
+    lens = torch.tensor([n, 13, 20, 17, 9])[:b]
+    mask = (torch.arange(n)[None] < lens[:, None]).long()
+    return ids.masked_fill(mask == 0, 0), mask
+
+
+def test_every_row_of_the_table_has_a_case():
+    assert {model_type for model_type, _ in CASES.values()} == set(ARCHITECTURES)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_exact_view_matches_hf_fp32(case, model_dirs):
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model_dirs[case], dtype=torch.float32).eval()
+    ids, mask = _teacher_batch()
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(input_ids=ids, attention_mask=mask).logits.float(), -1)
+    mine = torch.log_softmax(TorchSampler(model_dirs[case], PrecisionView.exact(), "x").logits(ids, mask), -1)
+    real = mask.bool()
+    assert ref[real].std() > 1.0  # peaked enough that a missing bias/norm/window would show
+    torch.testing.assert_close(mine[real], ref[real], atol=3e-5, rtol=0)
+
+
+@pytest.mark.parametrize("case", ["qwen2_sliding_tied", "qwen3_tied_bias", "mistral_window", "llama3_rope"])
+def test_kv_cache_generation_matches_teacher_forcing(case, model_dirs):
+    """Left-padded batched generation records the log-probs a fresh forward over prompt + completion gives
+    (cache columns, RoPE positions and sliding windows agree)."""
+    sampler = TorchSampler(model_dirs[case], PrecisionView.exact(), "x")
+    prompts = [[1, 5, 6, 7, 8, 9, 10, 11, 12], [1, 11], [1, 20, 21, 22, 23]]
+    vocab = sampler.model.shape.vocab
+    r = sampler.generate(prompts, SamplingParams(max_new_tokens=10, num_candidates=vocab, seed=0))
+    for i, prompt in enumerate(prompts):
+        n = int(r.mask[i].sum())
+        seq = torch.tensor(prompt + r.completion_ids[i, :n].tolist())[None]
+        logits = sampler.logits(seq, torch.ones_like(seq))[0, len(prompt) - 1 : -1]
+        full = torch.full((n, vocab), float("-inf")).scatter(1, r.head_ids[i, :n], r.head_logprobs[i, :n])
+        torch.testing.assert_close(full, torch.log_softmax(logits, -1), atol=3e-5, rtol=0)
+
+
+@pytest.mark.parametrize("model_type", list(ARCHITECTURES))
+def test_precision_emulation_applies_to_every_architecture(model_type, model_dirs):
+    """bf16 rounds off the exact forward a little; fp8 weights and activations more."""
+    model_dir = model_dirs[next(c for c, (t, _) in CASES.items() if t == model_type)]
+    ids, mask = _teacher_batch()
+    real = mask.bool()
+
+    def logprobs(view: PrecisionView) -> torch.Tensor:
+        return torch.log_softmax(TorchSampler(model_dir, view, "x").logits(ids, mask), -1)[real]
+
+    exact = logprobs(PrecisionView.exact())
+    kl = {name: float((q.exp() * (q - exact)).sum(-1).mean())
+          for name, q in (("bf16", logprobs(resolve_view("H100", "bf16"))),
+                          ("fp8", logprobs(resolve_view("H100", "fp8_e4m3"))))}
+    assert 0 < kl["bf16"] < kl["fp8"] < 0.5, kl
+
+
+# --- refusals ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}, r"architecture GPT2LMHeadModel \(model_type='gpt2'\)"),
+    ({"model_type": "phi3"}, r"model_type='phi3'.*`backend: vllm`"),
+    ({"model_type": "llama", "hidden_act": "gelu"}, r"hidden_act='gelu'.*allowed: 'silu'"),
+    ({"model_type": "llama", "mlp_bias": True}, r"mlp_bias=True"),
+    ({"model_type": "qwen2", "rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, r"rope_type='yarn'"),
+    ({"model_type": "llama", "rope_theta": 5e5, "rope_scaling": {"type": "dynamic", "factor": 2.0}},
+     r"rope_type='dynamic'"),  # the transformers 4.x spelling
+])
+def test_unsupported_configs_are_one_line_naming_the_cause(fields, match):
+    with pytest.raises(ConfigError, match=match) as err:
+        describe(fields)
+    assert "\n" not in str(err.value)
+
+
+def test_both_rope_spellings_read_alike():
+    old = describe({"model_type": "llama", "rope_theta": 5e5, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
+    new = describe({"model_type": "llama", "rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}})
+    assert old.rope_type == new.rope_type == "llama3" and old.rope == new.rope
+
+
+def test_cli_refuses_an_unsupported_architecture_before_ray(tmp_path):
+    """The real CLI: exit 2, one line naming the architecture and the vllm way out, no run dir."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tokenizer = build_char_tokenizer()
+    model_dir = tmp_path / "gpt2"
+    GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=len(tokenizer),
+                               bos_token_id=1, eos_token_id=2)).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = subprocess.run([str(Path(sys.executable).parent / "rlmix"), "train", "+experiment=smoke",
+                           f"model.path={model_dir}"], cwd=work, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "GPT2LMHeadModel" in lines[0] and "backend: vllm" in lines[0]
+    assert list(work.iterdir()) == []  # no outputs/, no run dir
+
+
+def test_torch_pool_with_vllm_settings_is_refused(tmp_path):
+    from rlmix.commands.compose import compose_run_config
+
+    with pytest.raises(ConfigError, match=r"fleet.pools.a100_bf16.vllm is set but the pool has backend: torch"):
+        compose_run_config(["+experiment=smoke", "fleet.pools.a100_bf16.vllm.tensor_parallel_size=2"])
+    qwen = save_tiny_decoder(tmp_path / "qwen2", "qwen2")
+    cfg = compose_run_config(["+experiment=smoke", f"model.path={qwen}"])
+    assert json.loads((qwen / "config.json").read_text())["model_type"] == "qwen2" and cfg.model.path == str(qwen)
