@@ -38,5 +38,10 @@ def run_train(args: list[str]) -> None:
 
     register_configs()
     preflight(args)
+    from rlmix.orchestration.session import SESSION
+
     sys.argv = ["rlmix train", *args]
-    _hydra_train()
+    try:
+        _hydra_train()
+    finally:
+        SESSION.close()  # a sweep kept Ray and its processes warm between jobs

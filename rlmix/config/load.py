@@ -80,6 +80,9 @@ def _check_loop(cfg: RunConfig) -> None:
     _require(loop.temperature > 0, f"loop.temperature={loop.temperature}: must be > 0")
     _require(loop.max_new_tokens >= 1, f"loop.max_new_tokens={loop.max_new_tokens}: must be >= 1")
     _require(loop.weight_sync_every >= 1, f"loop.weight_sync_every={loop.weight_sync_every}: must be >= 1")
+    for key, value in (("loop.sampler_threads", loop.sampler_threads), ("loop.concurrent_requests",
+                       loop.concurrent_requests), ("trainer.num_threads", cfg.trainer.num_threads)):
+        _require(value is None or value >= 1, f"{key}={value}: must be null (from the cores Ray reports) or >= 1")
     _require(cfg.trainer.micro_batch_size >= 1, f"trainer.micro_batch_size={cfg.trainer.micro_batch_size}: must be >= 1")
     _require(cfg.trainer.lr > 0, f"trainer.lr={cfg.trainer.lr}: must be > 0")
 

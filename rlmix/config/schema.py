@@ -108,7 +108,7 @@ class TrainerConfig:
     grad_clip: float = 1.0
     micro_batch_size: int = 64  # sequences per forward/backward; gradients accumulate over the batch
     bf16: bool = True  # BF16 autocast over fp32 master weights
-    num_threads: int = 2  # torch threads of the trainer process
+    num_threads: Optional[int] = None  # torch threads of the trainer; None: its share of the cores Ray reports
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
 
 
@@ -152,7 +152,8 @@ class LoopConfig:
     weight_sync_every: int = 1  # publish weights every N trainer steps
     temperature: float = 1.0
     max_new_tokens: int = 24
-    sampler_threads: int = 1  # torch threads per sampler actor
+    sampler_threads: Optional[int] = None  # torch threads per CPU sampler actor; None: 1
+    concurrent_requests: Optional[int] = None  # CPU-sampler requests generating at once; None: the samplers' cores
     checkpoint_every: int = 0  # 0 = only at the end
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import ray
 
 from rlmix.config.schema import LoopConfig
+from rlmix.metrics.names import BUFFERED_GROUPS, SAMPLER_BUSY_FRAC, STEP_S, TRAINER_IDLE_FRAC
 from rlmix.orchestration.workers import Request, make_request
 from rlmix.rollout import Rollouts, concat_rollouts
 from rlmix.tasks.base import Task
@@ -50,6 +51,8 @@ class SamplerSlot:
     version: int = 0  # the weight version it holds (-1 after a restart: resend)
     inflight: Request | None = None
     restarts: int = 0
+    on_cpu: bool = True  # computes on the cores the loop shares out (rlmix.orchestration.cores)
+    started: float = 0.0  # when its in-flight request was submitted
 
 
 @dataclass
@@ -69,6 +72,7 @@ class _Window:
     idle_s: float = 0.0
     tokens: dict[str, int] = field(default_factory=dict)
     dropped_groups: int = 0
+    sampler_busy_s: float = 0.0  # summed over samplers: time with a request in flight
 
 
 class AsyncLoop:
@@ -82,6 +86,7 @@ class AsyncLoop:
         pad_id: int,
         start_version: int = 0,
         start_request: int = 0,
+        generating: int | None = None,
     ):
         self.cfg, self.trainer, self.samplers, self.task = cfg, trainer, samplers, task
         self.seed, self.pad_id = seed, pad_id
@@ -95,6 +100,10 @@ class AsyncLoop:
         self.recent: deque[tuple[float, dict[str, int]]] = deque(maxlen=THROUGHPUT_STEPS)
         self.weight_sync_s = 0.0
         self.idle_since: float | None = time.perf_counter()  # None while the trainer trains
+        # CPU-sampler requests generating at once (None: no limit); samplers are offered requests
+        # in turn from ``turn`` so a limit below the fleet size still draws from every pool.
+        self.generating = generating
+        self.turn = 0
         if start_version > 0:  # resume: samplers start from the model dir, so send the checkpoint
             self.weights_ref = trainer.published_weights.remote()
 
@@ -114,8 +123,35 @@ class AsyncLoop:
         earliest_train_version = self.version + (1 if training else 0)
         return earliest_train_version - self.published <= self.cfg.max_staleness
 
+    # -- cores: which samplers may start now, and how busy they were ----------------------
+    def _in_turn(self) -> list[SamplerSlot]:
+        return self.samplers[self.turn:] + self.samplers[:self.turn]
+
+    def _lane_free(self, slot: SamplerSlot) -> bool:
+        if self.generating is None or not slot.on_cpu:
+            return True
+        return sum(1 for s in self.samplers if s.on_cpu and s.inflight) < self.generating
+
+    def _sampler_lanes(self) -> int:
+        cpu = sum(1 for s in self.samplers if s.on_cpu)
+        limited = cpu if self.generating is None else min(self.generating, cpu)
+        return max(limited + len(self.samplers) - cpu, 1)
+
+    def _start_requests(self, inflight: dict, training: bool) -> None:
+        """Give every idle sampler a request, in turn, as far as the cores and the buffer allow."""
+        for slot in self._in_turn():
+            if slot.inflight is None and self._lane_free(slot) and self._may_start_request(training):
+                request = make_request(self.task, self.next_request, self.cfg.groups_per_request, self.seed)
+                self.next_request += 1
+                inflight[self._submit(slot, request)] = slot
+
+    def _count_busy(self, slot: SamplerSlot, now: float) -> None:
+        self.window.sampler_busy_s += now - max(slot.started, self.window.start)
+
     def _submit(self, slot: SamplerSlot, request: Request) -> ray.ObjectRef:
         stale = slot.version != self.published
+        slot.started = time.perf_counter()
+        self.turn = (self.samplers.index(slot) + 1) % len(self.samplers)
         weights = self.weights_ref if stale and self.weights_ref is not None else None
         slot.inflight = request
         if weights is not None:
@@ -154,11 +190,7 @@ class AsyncLoop:
         inflight: dict[ray.ObjectRef, SamplerSlot] = {}
         train_ref: ray.ObjectRef | None = None
         while self.version < steps:
-            for slot in self.samplers:
-                if slot.inflight is None and self._may_start_request(train_ref is not None):
-                    request = make_request(self.task, self.next_request, self.cfg.groups_per_request, self.seed)
-                    self.next_request += 1
-                    inflight[self._submit(slot, request)] = slot
+            self._start_requests(inflight, training=train_ref is not None)
             if train_ref is None:
                 batch = self._take_batch()
                 if batch is not None:
@@ -192,6 +224,7 @@ class AsyncLoop:
             slot.version = -1  # a restarted actor holds the initial weights: resend
             inflight[self._submit(slot, request)] = slot
             return
+        self._count_busy(slot, time.perf_counter())
         self.buffer.append(part)
         self.window.tokens[slot.pool] = self.window.tokens.get(slot.pool, 0) + part.num_tokens
 
@@ -205,9 +238,9 @@ class AsyncLoop:
             self.weight_sync_s = time.perf_counter() - start
         now = time.perf_counter()
         elapsed = max(now - self.window.start, 1e-9)
-        metrics["time/step_s"] = elapsed
+        metrics[STEP_S] = elapsed
         metrics["time/weight_sync_s"] = self.weight_sync_s
-        metrics["time/trainer_idle_frac"] = min(self.window.idle_s / elapsed, 1.0)
+        metrics[TRAINER_IDLE_FRAC] = min(self.window.idle_s / elapsed, 1.0)
         busy = max(elapsed - self.window.idle_s, 1e-9)
         metrics["throughput/trainer_tokens_per_s"] = metrics.get("train/tokens", 0.0) / busy
         # Sampler throughput over the last few steps: a single step's window often closes before
@@ -218,5 +251,12 @@ class AsyncLoop:
             tokens = sum(t.get(pool, 0) for _, t in self.recent)
             metrics[f"throughput/sampler_tokens_per_s/{pool}"] = tokens / span
         metrics["staleness/dropped_groups"] = float(self.window.dropped_groups)
+        for slot in self.samplers:
+            if slot.inflight is not None:
+                self._count_busy(slot, now)
+        # Sampler-bound: the trainer idles and the samplers are busy; trainer-bound: the samplers
+        # wait (buffer full or staleness bound) and finished groups queue up.
+        metrics[SAMPLER_BUSY_FRAC] = min(self.window.sampler_busy_s / (elapsed * self._sampler_lanes()), 1.0)
+        metrics[BUFFERED_GROUPS] = float(sum(len(b) for b in self.buffer) // self.cfg.group_size)
         self.window = _Window()
         return StepReport(step=self.version, metrics=metrics, version=self.version)

@@ -2,64 +2,57 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-import os
+import time
 from pathlib import Path
 
 from rlmix.config.schema import RunConfig
 from rlmix.metrics.logger import RunLogger
 from rlmix.assembly.fleet import SamplerSpec, fleet_manifest, resolve_fleet
 from rlmix.assembly.parts import CHECKPOINTS, latest_checkpoint, package_versions, resolve_model_dir
+from rlmix.orchestration.cores import CorePlan, plan_cores
+from rlmix.orchestration.session import SESSION, TRAINER_RESOURCE, ActorRequest
 
 log = logging.getLogger(__name__)
 
-TRAINER_RESOURCE = "rlmix_trainer"
-# Worker processes: no tokenizer thread pools, no per-load progress bars in the run's console.
-QUIET_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error"}
-
-
 def start_ray(cfg: RunConfig, specs: list[SamplerSpec]) -> None:
+    """Start or join Ray; the running instance of a sweep's previous job is kept where it fits."""
+    resources = {spec.resource for spec in specs} | {TRAINER_RESOURCE}
+    SESSION.ensure_ray(cfg.cluster.address, cfg.cluster.num_cpus, {name: 1.0 for name in resources})
+
+
+def core_plan(cfg: RunConfig, specs: list[SamplerSpec]) -> CorePlan:
+    """Threads per process from the cores Ray reports (rlmix.orchestration.cores)."""
     import ray
 
-    if ray.is_initialized():
-        ray.shutdown()
-    if cfg.cluster.address is not None:
-        ray.init(address=cfg.cluster.address, runtime_env={"env_vars": QUIET_ENV})
-        return
-    # Emulated accelerator types are declared as Ray's own accelerator_type resources, so the
-    # same placement code runs unchanged on a real heterogeneous cluster.
-    resources = {spec.resource: 1.0 for spec in specs} | {TRAINER_RESOURCE: 1.0}
-    ray.init(
-        num_cpus=cfg.cluster.num_cpus or os.cpu_count(),
-        resources=resources,
-        include_dashboard=False,
-        log_to_driver=True,
-        configure_logging=False,
-        runtime_env={"env_vars": QUIET_ENV},
-    )
+    cpu_samplers = sum(1 for spec in specs if spec.gpus == 0)
+    cpus = ray.cluster_resources().get("CPU", 1.0)
+    return plan_cores(cpus, cpu_samplers, cfg.trainer.num_threads, cfg.loop.sampler_threads,
+                      cfg.loop.concurrent_requests)
 
 
-def start_actors(cfg: RunConfig, specs: list[SamplerSpec], model_dir: Path):
-    import ray
-
+def start_actors(cfg: RunConfig, specs: list[SamplerSpec], model_dir: Path, plan: CorePlan):
+    """(trainer, sampler slots, readiness refs): every actor asked for at once, warm where possible."""
     from rlmix.orchestration.loop import SamplerSlot
     from rlmix.orchestration.workers import SamplerWorker, TrainerWorker, derive_seed
 
-    trainer = (
-        ray.remote(TrainerWorker)
-        .options(num_cpus=0, resources={TRAINER_RESOURCE: 1.0} if cfg.cluster.address is None else {})
-        .remote(str(model_dir), cfg.trainer, cfg.correction, cfg.seed)
-    )
-    slots = []
+    trainer_cfg = dataclasses.replace(cfg.trainer, num_threads=plan.trainer_threads)
+    wanted = [ActorRequest(
+        TrainerWorker, {"num_cpus": 0, "resources": {TRAINER_RESOURCE: 1.0} if cfg.cluster.address is None else {}},
+        (str(model_dir), trainer_cfg, cfg.correction, cfg.seed), reuse_with_other_args=True,
+    )]
     for spec in specs:
-        actor = (
-            ray.remote(SamplerWorker)
-            .options(num_cpus=0, num_gpus=spec.gpus, resources={spec.resource: 0.001}, max_restarts=3)
-            .remote(spec, str(model_dir), cfg.task, derive_seed(cfg.seed, spec.name), cfg.loop.sampler_threads)
-        )
-        slots.append(SamplerSlot(name=spec.name, pool=spec.pool, actor=actor))
-    return trainer, slots
+        threads = plan.sampler_threads if spec.gpus == 0 else cfg.loop.sampler_threads
+        wanted.append(ActorRequest(
+            SamplerWorker, {"num_cpus": 0, "num_gpus": spec.gpus, "resources": {spec.resource: 0.001}, "max_restarts": 3},
+            (spec, str(model_dir), cfg.task, derive_seed(cfg.seed, spec.name), threads), reuse_with_other_args=False,
+        ))
+    handles, ready = SESSION.actors(wanted)
+    slots = [SamplerSlot(name=spec.name, pool=spec.pool, actor=h, on_cpu=spec.gpus == 0)
+             for spec, h in zip(specs, handles[1:])]
+    return handles[0], slots, ready
 
 
 def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None) -> dict:
@@ -78,12 +71,17 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None) -> dict
     manifest = fleet_manifest(specs)
     for pool, entry in manifest.items():
         log.info("pool %s: %d x %s", pool, entry["count"], entry["label"])
+    launched = time.perf_counter()
     start_ray(cfg, specs)
+    keep_warm = sweep_group is not None  # the next job of this sweep reuses Ray and the processes
     try:
-        trainer, slots = start_actors(cfg, specs, model_dir)
+        plan = core_plan(cfg, specs)
+        log.info("%s", plan.describe())
+        trainer, slots, ready = start_actors(cfg, specs, model_dir, plan)
         # Every process up before the clock starts: an engine that takes 20 s to start would
-        # otherwise sit out the first steps of a short run.
-        ray.get([slot.actor.version.remote() for slot in slots] + [trainer.version.remote()])
+        # otherwise sit out the first steps of a short run. All are awaited together, once.
+        ray.get(ready)
+        log.info("Ray and %d actors ready in %.1fs", len(ready), time.perf_counter() - launched)
         monitor = CollapseMonitor(cfg.monitor)
         start_version, run_dir = resume(cfg, trainer, monitor, run_dir)
         logger = RunLogger(
@@ -93,6 +91,7 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None) -> dict
             cfg.loop, trainer, slots, make_task(cfg.task, cfg.seed), cfg.seed, tokenizer.pad_token_id,
             start_version=start_version,
             start_request=start_version * cfg.loop.groups_per_step // cfg.loop.groups_per_request,
+            generating=plan.generating,
         )
         steps = StepHandler(cfg, trainer, monitor, logger, run_dir)
         loop.run(cfg.loop.steps, steps)
@@ -109,8 +108,11 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None) -> dict
         }
         logger.finish(summary)
         return summary
+    except BaseException:
+        keep_warm = False  # after a failure nothing is trusted: the next job starts from scratch
+        raise
     finally:
-        ray.shutdown()  # a sweep's next job starts from a clean slate
+        SESSION.release(keep=keep_warm)  # parked processes are reset before any reuse
 
 
 class StepHandler:

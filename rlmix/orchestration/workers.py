@@ -56,7 +56,7 @@ class SamplerWorker:
     def __init__(self, spec: SamplerSpec, model_dir: str, task_cfg: MiniCodeTaskConfig, seed: int, threads: int):
         from rlmix.models.tokenizer_file import load_fast_tokenizer
 
-        torch.set_num_threads(threads)
+        torch.set_num_threads(threads or 1)
         self.spec = spec
         self.sampler = build_sampler(spec, model_dir, seed)
         self.tokenizer = load_fast_tokenizer(model_dir)
@@ -75,12 +75,19 @@ class SamplerWorker:
     def version(self) -> int:
         return self.sampler.version
 
+    def reset(self, *args) -> int:
+        """Become a new worker in this process (the next job of a sweep); returns the version."""
+        self.sampler.close()
+        self.__init__(*args)
+        return self.sampler.version
+
 
 class TrainerWorker:
     """The trainer process: wraps a backend and hands out versioned weights."""
 
     def __init__(self, model_dir: str, cfg: TrainerConfig, correction: CorrectionConfig, seed: int):
-        torch.set_num_threads(cfg.num_threads)
+        if cfg.num_threads:  # None only outside a run (the runner always assigns a number)
+            torch.set_num_threads(cfg.num_threads)
         self.trainer = build_trainer(model_dir, cfg, correction, seed)
 
     def train_step(self, batch: Rollouts) -> tuple[int, dict[str, float]]:
@@ -88,6 +95,14 @@ class TrainerWorker:
         return self.trainer.version, metrics
 
     def version(self) -> int:
+        return self.trainer.version
+
+    def reset(self, *args) -> int:
+        """Become a new trainer in this process (the next job of a sweep); returns the version."""
+        close = getattr(self.trainer, "close", None)
+        if close is not None:
+            close()
+        self.__init__(*args)
         return self.trainer.version
 
     def published_weights(self) -> dict[str, torch.Tensor]:
