@@ -1,27 +1,58 @@
 # Two entry points, each doing its own set-up on a fresh machine:
 #   make train   set-up, then `rlmix train +experiment=sc_mis` on the embedded default
 #   make test    set-up, then the whole test suite
-# Set-up builds .venv/ from requirements.lock (exact pins, installed without resolution so the
-# CPU builds stay what they are) and installs rlmix into it in editable mode.
+# Set-up builds .venv/ from the lock of the machine's target and installs rlmix into it in
+# editable mode (docs/install.md):
+#   TARGET=cpu   requirements/cpu.lock, installed without resolution (--no-deps) so the CPU builds
+#                stay what they are; torch's CPU build comes from WHEELS_DIR when it holds a torch
+#                wheel, otherwise from TORCH_CPU_INDEX
+#   TARGET=gpu   requirements/gpu.lock from INDEX_URL (PyPI: CUDA torch, vllm, deepspeed), resolved
+#                by pip, which must agree with the lock
+# TARGET defaults to gpu where `nvidia-smi -L` lists a GPU, else cpu.
+#   make setup TARGET=gpu DRY_RUN=1   resolve the lock for its platform; install nothing
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.rlmix-installed
-# torch's CPU build comes from the machine's local wheel folder where there is one.
-WHEELS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
-PIP_FLAGS := --quiet --disable-pip-version-check --no-input $(WHEELS)
+TARGET ?= $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo gpu || echo cpu)
+LOCK := requirements/$(TARGET).lock
+STAMP := $(VENV)/.rlmix-$(TARGET)
+OTHER_STAMP := $(VENV)/.rlmix-$(if $(filter cpu,$(TARGET)),gpu,cpu)
+WHEELS_DIR ?= /opt/wheels
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+CPU_SOURCE := $(if $(wildcard $(WHEELS_DIR)/torch-*.whl),\
+	--find-links $(WHEELS_DIR),--extra-index-url $(TORCH_CPU_INDEX))
+PIP := $(BIN)/python -m pip --disable-pip-version-check
+PIP_FLAGS := --quiet --no-input
+# The GPU set-up takes everything from INDEX_URL, with the user's pip settings off (--isolated):
+# a CPU wheel folder configured there must not stand in for the CUDA torch.
+INDEX_URL ?= https://pypi.org/simple
 
 .PHONY: setup train test bench reproduce clean
 
+ifneq ($(filter-out cpu gpu,$(TARGET)),)
+$(error TARGET=$(TARGET): use TARGET=cpu or TARGET=gpu)
+endif
+
+ifeq ($(DRY_RUN),1)
+setup:
+	RLMIX_INDEX_URL=$(INDEX_URL) $(PYTHON) scripts/lock.py check $(LOCK)
+else
 setup: $(STAMP)
 	@sh scripts/setup_sandbox.sh  # bubblewrap for the local agentic runtime's sandbox
+endif
 
-$(STAMP): requirements.lock pyproject.toml
+$(STAMP): $(LOCK) pyproject.toml
+	@# A venv built for the other target is rebuilt, not mixed: the two locks hold different torch builds.
+	@if [ -e $(OTHER_STAMP) ]; then echo "rebuilding $(VENV) for TARGET=$(TARGET)"; rm -rf $(VENV); fi
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install $(PIP_FLAGS) "setuptools==78.1.1" "wheel==0.45.1"
-	$(BIN)/python -m pip install $(PIP_FLAGS) --no-deps -r requirements.lock
-	$(BIN)/python -m pip install $(PIP_FLAGS) --no-deps --no-build-isolation -e .
+	$(PIP) install $(PIP_FLAGS) "setuptools==78.1.1" "wheel==0.45.1"
+ifeq ($(TARGET),cpu)
+	$(PIP) install $(PIP_FLAGS) $(CPU_SOURCE) --no-deps -r $(LOCK)
+else
+	$(PIP) install --isolated $(PIP_FLAGS) --index-url $(INDEX_URL) -r $(LOCK)
+endif
+	$(PIP) install $(PIP_FLAGS) --no-deps --no-build-isolation -e .
 	touch $@
 
 train: setup

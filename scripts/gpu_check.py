@@ -2,8 +2,9 @@
 
     .venv/bin/python scripts/gpu_check.py [--model DIR] [--steps 3] [--ranks 1] [--tp N]
 
-Needs the CUDA builds (``pip install vllm deepspeed`` with a CUDA torch). Without ``--model`` it
-saves a small random Llama (head_dim 64) in a temporary directory, so nothing is downloaded.
+Needs the CUDA builds (``make setup TARGET=gpu`` or ``pip install -e .[gpu]``; docs/install.md).
+Without ``--model`` it saves a small random Llama (head_dim 64) in a temporary directory, so
+nothing is downloaded.
 Prints one JSON line per check and a final verdict; exits 1 if any check failed. Check 0 runs
 anywhere (no GPU needed); without CUDA the script stops after it:
 

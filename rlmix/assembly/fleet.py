@@ -13,6 +13,12 @@ from rlmix.samplers.accelerators import PrecisionView
 from rlmix.samplers.checks import pool_view
 
 
+def pool_gpus(pool: PoolConfig) -> int:
+    """GPUs one instance of ``pool`` takes: a vLLM engine's tensor-parallel group; none for emulated pools."""
+    on_gpu = pool.backend is SamplerBackend.vllm and pool.accelerator.upper() != "CPU"
+    return pool.vllm.tensor_parallel_size if on_gpu else 0
+
+
 @dataclass(frozen=True)
 class SamplerSpec:
     """Everything one sampler actor needs to build its backend."""
@@ -30,10 +36,8 @@ class SamplerSpec:
 
     @property
     def gpus(self) -> int:
-        """GPUs one actor asks Ray for: a vLLM engine's tensor-parallel group; none for emulated pools."""
-        pool = self.pool_cfg
-        on_gpu = pool.backend is SamplerBackend.vllm and pool.accelerator.upper() != "CPU"
-        return pool.vllm.tensor_parallel_size if on_gpu else 0
+        """GPUs one actor asks Ray for (``pool_gpus``)."""
+        return pool_gpus(self.pool_cfg)
 
     @property
     def resource(self) -> str:

@@ -2,7 +2,8 @@
 
 Before ``rlmix train`` hands over to Hydra, a preflight composes and validates EVERY job of the requested run or sweep
 with the Compose API, so a typo in the fifth job of a sweep fails in a second with one line —
-not after four runs, and not with a traceback or a half-written run directory.
+not after four runs, and not with a traceback or a half-written run directory. The same preflight
+checks that a local run's GPU pools fit the GPUs of this machine (rlmix/orchestration/hardware.py).
 """
 
 from __future__ import annotations
@@ -79,5 +80,7 @@ def preflight(args: list[str]) -> None:
         from rlmix.config.load import one_line
 
         raise ConfigError(one_line(err)) from None
+    from rlmix.orchestration.hardware import check_machine
+
     for job in jobs:
-        compose_run_config(job)
+        check_machine(compose_run_config(job))  # GPUs asked for exist here, before Ray or a run dir

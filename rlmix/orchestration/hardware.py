@@ -1,0 +1,85 @@
+"""Does this machine have the GPUs a run asks for? Answered before Ray starts.
+
+A pool with ``backend: vllm`` on a GPU accelerator takes its tensor-parallel size in GPUs per
+instance (``num_gpus`` on its actor), and a multi-rank DeepSpeed trainer on NCCL one per rank. On a local Ray instance those
+GPUs must be on this machine: otherwise Ray would wait forever for actors it cannot place, after
+the run directory exists. ``check_gpus`` turns that into one line at config time. With
+``cluster.address`` set, the cluster's own resources decide and nothing is checked here.
+
+Emulated pools (``backend: torch``) take no GPU whatever accelerator they name: they compute on the
+CPU and are placed by a declared ``accelerator_type`` resource.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from rlmix.assembly.fleet import pool_gpus
+from rlmix.config.deepspeed import CommBackend
+from rlmix.config.schema import RunConfig, TrainerBackend
+from rlmix.errors import ConfigError
+
+
+def _multi_rank(cfg: RunConfig) -> bool:
+    return cfg.trainer.backend is TrainerBackend.deepspeed and cfg.trainer.deepspeed.ranks > 1
+
+
+def gpu_demand(cfg: RunConfig, one_per_pool: bool = False, cuda: bool = False) -> dict[str, int]:
+    """GPUs the run's actors request, keyed by the config key that asks for them.
+
+    ``one_per_pool``: ``rlmix probe`` builds one instance per pool, not ``count``. ``cuda``: the
+    machine has GPUs, so ``comm_backend=auto`` means NCCL (one GPU per rank), as in the trainer.
+    """
+    demand = {}
+    for name, pool in cfg.fleet.pools.items():
+        if pool_gpus(pool):
+            demand[f"fleet.pools.{name}"] = pool_gpus(pool) * (1 if one_per_pool else pool.count)
+    comm = cfg.trainer.deepspeed.comm_backend
+    if _multi_rank(cfg) and (comm is CommBackend.nccl or (comm is CommBackend.auto and cuda)):
+        demand["trainer.deepspeed.ranks"] = cfg.trainer.deepspeed.ranks
+    return demand
+
+
+def check_gpus(cfg: RunConfig, visible: int, one_per_pool: bool = False) -> None:
+    """ConfigError (one line) when a local run asks for more GPUs than ``visible``."""
+    if cfg.cluster.address is not None:
+        return
+    demand = gpu_demand(cfg, one_per_pool, cuda=visible > 0)
+    needed = sum(demand.values())
+    if needed <= visible:
+        return
+    asks = ", ".join(f"{key}: {n}" for key, n in demand.items())
+    has = "no CUDA device" if visible == 0 else f"{visible} GPU{'s' if visible > 1 else ''} (as Ray counts them)"
+    plural = "s" if needed > 1 else ""
+    raise ConfigError(
+        f"fleet {cfg.fleet.name} needs {needed} GPU{plural} ({asks}) but this machine has {has}; "
+        "use an emulated fleet (fleet=smoke|emulated_hetero6), accelerator CPU for vllm pools, "
+        "or join a GPU cluster with cluster.address=auto"
+    )
+
+
+def check_machine(cfg: RunConfig, one_per_pool: bool = False) -> None:
+    """``check_gpus`` against this machine; GPUs are counted only when the run may ask for some."""
+    if cfg.cluster.address is None and (gpu_demand(cfg, one_per_pool) or _multi_rank(cfg)):
+        check_gpus(cfg, visible_gpus(), one_per_pool)
+
+
+def visible_gpus() -> int:
+    """NVIDIA GPUs a local Ray instance would report: devices found, capped by CUDA_VISIBLE_DEVICES.
+
+    Ray's own detection (NVML through its bundled pynvml) when Ray is importable; otherwise the
+    device nodes under /dev. torch.cuda is not imported: it would initialise CUDA in the driver.
+    """
+    try:
+        from ray._private.accelerators.nvidia_gpu import NvidiaGPUAcceleratorManager as Nvidia
+
+        found = Nvidia.get_current_node_num_accelerators()
+    except ImportError:
+        found = sum(1 for p in Path("/dev").glob("nvidia*") if re.fullmatch(r"nvidia\d+", p.name))
+    ids = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if ids is None:
+        return found
+    ids = [] if ids in ("", "NoDevFiles") else ids.split(",")
+    return min(found, len(ids))
