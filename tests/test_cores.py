@@ -23,6 +23,11 @@ def test_derived_plan_never_hands_out_more_threads_than_cores(cpus, samplers, ex
         assert plan.trainer_threads + plan.sampler_threads * plan.generating <= cpus
 
 
+def test_on_a_cluster_the_trainer_takes_half_of_one_node_and_the_samplers_the_rest():
+    plan = plan_cores(64, 24, None, None, None, node_cpus=16)
+    assert (plan.trainer_threads, plan.generating) == (8, 24)
+
+
 def test_configured_values_win_and_gpu_only_fleets_are_not_held_back():
     plan = plan_cores(8, 6, trainer_threads=2, sampler_threads=2, generating=None)
     assert (plan.trainer_threads, plan.sampler_threads, plan.generating) == (2, 2, 3)

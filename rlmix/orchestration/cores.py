@@ -31,15 +31,16 @@ class CorePlan:
 
 
 def plan_cores(cpus: float, cpu_samplers: int, trainer_threads: int | None, sampler_threads: int | None,
-               generating: int | None) -> CorePlan:
+               generating: int | None, node_cpus: float | None = None) -> CorePlan:
     """Split ``cpus`` between the trainer and ``cpu_samplers`` CPU sampler actors.
 
     A value given in the config wins; ``None`` is derived: the trainer takes half the cores
-    (its step and a step's generation cost about the same here), the samplers the other half,
-    one thread each, as many generating as there are sampler cores.
+    (its step and a step's generation cost about the same here) — at most half of the largest
+    node's (``node_cpus``), since its threads share one machine — and the samplers the rest, one
+    thread each, as many generating as there are sampler cores.
     """
     cores = max(int(cpus), 1)
-    trainer = trainer_threads or max(cores // 2, 1)
+    trainer = trainer_threads or max(min(cores, int(node_cpus or cores)) // 2, 1)
     sampler_cores = max(cores - trainer, 1)
     per_sampler = sampler_threads or 1
     if cpu_samplers == 0:

@@ -29,8 +29,9 @@ def core_plan(cfg: RunConfig, specs: list[SamplerSpec]) -> CorePlan:
 
     cpu_samplers = sum(1 for spec in specs if spec.gpus == 0)
     cpus = ray.cluster_resources().get("CPU", 1.0)
+    node_cpus = max((n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n["Alive"]), default=cpus)
     return plan_cores(cpus, cpu_samplers, cfg.trainer.num_threads, cfg.loop.sampler_threads,
-                      cfg.loop.concurrent_requests)
+                      cfg.loop.concurrent_requests, node_cpus)
 
 
 def start_actors(cfg: RunConfig, specs: list[SamplerSpec], model_dir: Path, plan: CorePlan):

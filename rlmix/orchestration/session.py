@@ -77,6 +77,9 @@ class Session:
             # so the same placement code runs unchanged on a real heterogeneous cluster. Each
             # is declared many times over so later jobs of a sweep with more instances fit too.
             ray.init(
+                # "local": always a new instance of our own, never another process's `ray start`
+                # cluster found on this machine (which would refuse num_cpus and resources).
+                address="local",
                 num_cpus=cpus,
                 resources={name: 64.0 for name in resources},
                 include_dashboard=False,
