@@ -7,3 +7,11 @@ class ConfigError(ValueError):
     Raise it for any input a user can fix (config values, paths, task files, model dirs).
     The CLI prints ``error: <message>`` on one line and exits with status 2; no traceback.
     """
+
+
+class RunFailed(RuntimeError):
+    """A run that cannot go on (a dead trainer, no sampler left, steps that are all non-finite).
+
+    The message is the one line the CLI prints; the run's summary.json says ``"status": "failed"``
+    and the command exits with status 1.
+    """

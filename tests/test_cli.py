@@ -65,3 +65,22 @@ def test_bad_input_one_line_nonzero_no_traceback_nothing_written(tmp_path, args,
     assert len(lines) == 1 and lines[0].startswith("error: ") and key in lines[0], out.stderr
     assert "Traceback" not in out.stdout + out.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "group", "options"),
+    [
+        (["train", "fleet=smok"], "fleet", ("emulated_hetero6", "smoke", "vllm_cpu_smoke")),
+        (["train", "+experiment=sc_miss"], "experiment", ("sc_mis", "icepop", "smoke")),
+        (["train", "-m", "trainer=torch,deepspeeed"], "trainer", ("torch", "deepspeed")),
+    ],
+)
+def test_a_group_typo_lists_the_groups_options_in_the_users_terms(tmp_path, args, group, options):
+    out = rlmix(*args, cwd=tmp_path)
+    assert out.returncode == 2
+    [line] = out.stderr.strip().splitlines()
+    available = line.split("available: ")[1].split(", ")
+    assert set(options) <= set(available), line
+    assert f"{group}=" in line and "did you mean" in line
+    for internal in ("provider", "pkg://", "structured://", "_schema", "search path"):
+        assert internal not in line, line

@@ -53,9 +53,9 @@ def _loop(generating, on_cpu=(True,) * 6, groups_per_step=16):
 
 
 def _start_round(loop: AsyncLoop) -> list[str]:
-    """The pools ``AsyncLoop._start_requests`` starts a request on in one pass of the loop."""
+    """The pools ``AsyncLoop._fill`` starts a request on in one pass of the loop."""
     inflight: dict = {}
-    loop._start_requests(inflight, training=False)
+    loop._fill(inflight, training=False)
     return [slot.pool for slot in inflight.values()]
 
 

@@ -319,3 +319,24 @@ def test_noise_floor_keeps_a_flat_noisy_low_reward_run_quiet():
     assert all(_first_alarm(MonitorConfig(), s) is None for s in streams)
     # Without the noise floor the same streams alarm: the floor is what keeps them quiet.
     assert any(_first_alarm(MonitorConfig(noise_sigmas=0.0), s) is not None for s in streams)
+
+
+def test_consecutive_skipped_steps_latch_a_nonfinite_verdict_from_the_first_step():
+    from rlmix.metrics.monitor import CollapseRule
+
+    monitor = CollapseMonitor(MonitorConfig())  # warm-up and baseline do not delay this rule
+    skipped = [0, 1, 1, 2, 3]  # cumulative train/skipped_steps: step 2 skipped, 3 not, then 4 and 5
+    verdicts = [monitor.update(i + 1, {"train/skipped_steps": float(s)}) for i, s in enumerate(skipped)]
+    assert not any(v.collapse for v in verdicts)  # never 3 in a row
+    verdict = monitor.update(6, {"train/skipped_steps": 4.0})
+    assert verdict.collapse and verdict.rule is CollapseRule.nonfinite and verdict.step == 6
+    assert "3 consecutive" in verdict.reason
+
+
+def test_a_run_that_skips_its_very_first_steps_is_caught():
+    from rlmix.metrics.monitor import CollapseRule
+
+    monitor = CollapseMonitor(MonitorConfig())
+    for step in (1, 2, 3):
+        verdict = monitor.update(step, {"train/skipped_steps": float(step)})
+    assert verdict.rule is CollapseRule.nonfinite and verdict.step == 3

@@ -39,6 +39,12 @@ def test_smoke_run_end_to_end(tmp_path):
     run_dir = tmp_path / "run"
     out = rlmix_train("+experiment=smoke", "loop.steps=5", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert "step    5/5" in out.stdout  # the live progress line
+    # The closing block says where the run, its checkpoint and its W&B files went, and what to run next.
+    tail = out.stdout.strip().splitlines()[-12:]
+    assert "  run dir     run" in tail and "  checkpoint  run/checkpoints/step_5" in tail, tail
+    assert any(ln.startswith("  W&B") and "wandb sync run/wandb/offline-run-" in ln for ln in tail), tail
+    assert tail[-3:] == ["  rlmix eval checkpoint=run task.split=test", "  rlmix report run",
+                         "  rlmix train +experiment=smoke loop.steps=5 resume=run"], tail
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
     for row in rows:
@@ -63,12 +69,17 @@ def test_smoke_run_end_to_end(tmp_path):
 
 def test_multirun_over_two_correction_modes(tmp_path):
     sweep = tmp_path / "sweep"
-    rlmix_train(
-        "-m", "+experiment=smoke", "correction=mis,sc_mis", "loop.steps=2", "logger=disabled",
-        f"hydra.sweep.dir={sweep}", cwd=tmp_path,
+    out = rlmix_train(
+        "-m", "+experiment=smoke", "correction=mis,sc_mis", "loop.steps=2", f"hydra.sweep.dir={sweep}", cwd=tmp_path,
     )
     runs = sorted(p.parent for p in sweep.glob("*/summary.json"))
-    assert len(runs) == 2
+    # Directories and W&B runs carry what differs between the jobs; the W&B group is the sweep's name.
+    assert [run.name for run in runs] == ["0_correction=mis", "1_correction=sc_mis"]
+    for run in runs:
+        [record] = (run / "wandb").glob("offline-run-*/run-*.wandb")
+        data = record.read_bytes()
+        assert run.name.split("_", 1)[1].encode() in data and b"sweep" in data
+    assert out.stdout.strip().splitlines()[-1] == "  rlmix report sweep"
     modes = []
     for run in runs:
         assert len(read_metrics(run)) == 2
@@ -125,3 +136,19 @@ def test_resume_continues_from_the_last_checkpoint(tmp_path):
     assert [r["step"] for r in read_metrics(run_dir)] == [1, 2, 3, 4, 5]
     assert (run_dir / "checkpoints" / "step_5" / "trainer_state.pt").is_file()
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 5
+
+
+def test_the_vllm_and_deepspeed_console_holds_only_rlmix_lines(tmp_path):
+    """Engine banners, DeepSpeed memory dumps and per-sync warnings go to the run's log files."""
+    pytest.importorskip("vllm")
+    pytest.importorskip("deepspeed")
+    run_dir = tmp_path / "run"
+    out = rlmix_train("+experiment=smoke", "fleet=vllm_cpu_smoke", "trainer=deepspeed", "loop.steps=2",
+                      "logger=disabled", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    console = out.stdout + out.stderr
+    for noise in ("WARNING", "Warning", "(SamplerWorker", "(TrainerWorker", "Token authentication", "MA ", "INFO"):
+        assert noise not in console, console
+    workers = (run_dir / "workers.log").read_text()
+    assert "vLLM" in workers or "vllm" in workers  # the engine's own lines are kept, in the run dir
+    assert (run_dir / "train.log").is_file()
+    assert "warnings of" in console  # ... and summarised once, in the closing block

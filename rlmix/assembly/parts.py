@@ -1,7 +1,8 @@
 """Assembling a run's parts from its typed config: the one public module train, eval and probe share.
 
-Model directory, checkpoints, task, trainer, prompt encoding and decoding, seeds, package versions.
-Sampler specs and backends are in ``rlmix.assembly.fleet``. Nothing here starts a process.
+Model directory, task, trainer, prompt encoding and decoding, seeds, package versions.
+Sampler specs and backends are in ``rlmix.assembly.fleet``, checkpoints on disk in
+``rlmix.assembly.checkpoints``. Nothing here starts a process.
 """
 
 from __future__ import annotations
@@ -13,9 +14,6 @@ from rlmix.config.schema import CorrectionConfig, MiniCodeTaskConfig, RunConfig,
 from rlmix.rollout import Rollouts
 from rlmix.tasks.base import Problem, Task
 
-CHECKPOINTS = "checkpoints"  # a run directory's checkpoint folder: step_<n>/ inside
-
-
 def resolve_model_dir(cfg: RunConfig, progress=print) -> Path:
     """The HF model directory a run starts from: ``model.path`` or the embedded model (built once, cached)."""
     if cfg.model.path is not None:
@@ -26,11 +24,6 @@ def resolve_model_dir(cfg: RunConfig, progress=print) -> Path:
     from rlmix.models.embedded import build_embedded_model
 
     return build_embedded_model(cfg.model.embedded, progress=progress)
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    steps = sorted((run_dir / CHECKPOINTS).glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
-    return steps[-1] if steps else None
 
 
 def derive_seed(*parts: object) -> int:

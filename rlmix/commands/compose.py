@@ -36,38 +36,57 @@ def split_args(args: list[str]) -> tuple[list[str], bool, bool]:
 
 
 def expand_jobs(overrides: list[str], multirun: bool) -> list[list[str]]:
-    """One override list per job, as Hydra's basic sweeper would run them."""
+    """One override list per job, as Hydra's basic sweeper would run them.
+
+    Records the swept keys on the way: they name the jobs' directories and W&B runs.
+    """
+    from rlmix.commands.naming import set_swept_keys, swept_keys
+
+    set_swept_keys(())
     if not multirun:
         return [overrides]
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parsed = OverridesParser.create().parse_overrides(overrides)
+    set_swept_keys(swept_keys(parsed))
     batches = BasicSweeper.split_arguments(parsed, max_batch_size=None)
     return [job for batch in batches for job in batch]
 
 
-def compose_run_config(overrides: list[str], for_training: bool = True):
-    """Compose ``train.yaml`` with ``overrides`` into a validated ``RunConfig`` (ConfigError on bad input)."""
+def compose_run_config(overrides: list[str], for_training: bool = True, output_dir_key: str | None = None):
+    """Compose ``train.yaml`` with ``overrides`` into a validated ``RunConfig`` (ConfigError on bad input).
+
+    ``output_dir_key`` (``hydra.run.dir`` or ``hydra.sweep.dir``): also check that this directory
+    can be created and written, before Hydra creates it.
+    """
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf, open_dict
 
     import rlmix.samplers.checks  # noqa: F401 - registers each backend's pool rules with validation
-    from rlmix.config.load import one_line, to_run_config, validate
+    from rlmix.config.load import check_output_dir, one_line, to_run_config, validate
     from rlmix.config.schema import register_configs
 
     register_configs()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
-            cfg = compose(config_name=CONFIG_NAME, overrides=overrides)
+            cfg = compose(config_name=CONFIG_NAME, overrides=overrides, return_hydra_config=output_dir_key is not None)
+            if output_dir_key is not None:
+                out_dir = OmegaConf.select(cfg, output_dir_key)
+                with open_dict(cfg):
+                    del cfg["hydra"]
     except ConfigError:
         raise
     except Exception as err:
         raise ConfigError(one_line(err)) from None
     finally:
         GlobalHydra.instance().clear()
-    return validate(to_run_config(cfg), for_training=for_training)
+    run = validate(to_run_config(cfg), for_training=for_training)
+    if output_dir_key is not None:
+        check_output_dir(output_dir_key, out_dir)
+    return run
 
 
 def preflight(args: list[str]) -> None:
@@ -80,7 +99,27 @@ def preflight(args: list[str]) -> None:
         from rlmix.config.load import one_line
 
         raise ConfigError(one_line(err)) from None
+    from rlmix.assembly.checkpoints import check_resume
     from rlmix.orchestration.hardware import check_machine
 
     for job in jobs:
-        check_machine(compose_run_config(job))  # GPUs asked for exist here, before Ray or a run dir
+        cfg = compose_run_config(job, output_dir_key="hydra.sweep.dir" if multirun else "hydra.run.dir")
+        check_machine(cfg)  # GPUs asked for exist here, before Ray or a run dir
+        check_resume(cfg.resume)
+
+
+def resume_in_place(args: list[str]) -> list[str]:
+    """``resume=<dir>`` continues in ``<dir>``: Hydra's run dir defaults to it rather than a new one."""
+    overrides, multirun, _ = split_args(args)
+    resume = [o.split("=", 1)[1] for o in overrides if o.startswith("resume=")]
+    if multirun or not resume or any(o.startswith("hydra.run.dir=") for o in overrides):
+        return args
+    return [*args, f"hydra.run.dir={resume[-1]}"]
+
+
+def command_line(task_overrides: list[str]) -> str:
+    """The command that reproduces this job, without ``resume=`` (the caller appends its own)."""
+    import shlex
+
+    kept = [o for o in task_overrides if not o.startswith("resume=")]
+    return " ".join(["rlmix", "train", *map(shlex.quote, kept)])

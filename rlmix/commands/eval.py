@@ -22,7 +22,8 @@ EVAL_FILE = "eval.json"
 
 def resolve_checkpoint(cfg: RunConfig) -> Path:
     """A run directory (its newest checkpoint), an HF model dir, or the embedded base model."""
-    from rlmix.assembly.parts import latest_checkpoint, resolve_model_dir
+    from rlmix.assembly.checkpoints import latest_checkpoint
+    from rlmix.assembly.parts import resolve_model_dir
 
     if cfg.checkpoint is None:
         return resolve_model_dir(cfg)
@@ -33,7 +34,7 @@ def resolve_checkpoint(cfg: RunConfig) -> Path:
         return path
     newest = latest_checkpoint(path)
     if newest is None:
-        raise ConfigError(f"checkpoint={cfg.checkpoint}: neither an HF model dir nor a run dir with checkpoints/step_*")
+        raise ConfigError(f"checkpoint={cfg.checkpoint}: neither an HF model dir nor a run dir with a complete checkpoints/step_*")
     return newest
 
 
@@ -170,7 +171,9 @@ def _wandb_run(cfg: RunConfig, out_dir: Path):
 
 def run_eval(args: list[str]) -> None:
     from rlmix.commands.compose import compose_run_config
+    from rlmix.metrics.console import CountedLines
 
     torch.set_num_threads(max(torch.get_num_threads(), 1))
     cfg = compose_run_config(args, for_training=False)
-    evaluate(cfg)
+    with CountedLines("eval") as progress:
+        evaluate(cfg, progress)

@@ -124,12 +124,14 @@ def write_probe(out_dir: Path, summary: dict) -> Path:
 def run_probe(args: list[str]) -> None:
     """The ``rlmix probe`` entry point: Hydra overrides in, table on stdout, ``probe.json`` on disk."""
     from rlmix.commands.compose import compose_run_config
+    from rlmix.metrics.console import CountedLines
     from rlmix.orchestration.hardware import check_machine
 
     cfg = compose_run_config(list(args), for_training=False)
     check_machine(cfg, one_per_pool=True)  # the probe builds its samplers here, one per pool
     out_dir = Path(cfg.probe.out_dir) if cfg.probe.out_dir else Path("outputs") / "probe" / time.strftime(
         "%Y-%m-%d_%H-%M-%S")
-    results, summary = probe_fleet(cfg)
+    with CountedLines("probe") as progress:
+        results, summary = probe_fleet(cfg, progress)
     print(probe_table(results))
     print(f"reference: {summary['reference']['label']}; wrote {write_probe(out_dir, summary)}")

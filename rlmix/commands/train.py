@@ -1,18 +1,32 @@
 """``rlmix train`` is real Hydra: ``@hydra.main`` behind the Typer command, arguments passed through.
 
 Every job of the run or sweep is composed and validated first (``compose.preflight``); then Hydra
-runs each job, which assembles the parts and calls ``rlmix.orchestration.runner.train``.
+runs each job, which assembles the parts and calls ``rlmix.orchestration.runner.train``, then
+prints the block that ends the run (and, after a sweep's last job, one line per job). How the run
+ended becomes one line and the exit status here (docs/reliability.md):
+
+completed / collapsed: 0 · failed: 1 · bad input: 2 · interrupted by signal N: 128 + N (130, 143).
+A failed job of a sweep does not stop the sweep; the command exits 1 once every job has run.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
-from rlmix.commands.compose import CONFIG_MODULE, CONFIG_NAME, preflight
+from rlmix.commands.compose import CONFIG_MODULE, CONFIG_NAME, command_line, preflight, resume_in_place
+from rlmix.commands.naming import job_label, register_resolver, sweep_name
 from rlmix.errors import ConfigError
+
+_FAILED: list[str] = []  # run dirs of the failed jobs of this process's sweep
+
+
+_finished: list[tuple[str, dict, Path]] = []  # (label, summary, run dir) of each job of this command
+_sweep_dir: list[Path] = []  # the multirun directory, once a sweep's first job has run
 
 
 @hydra.main(version_base="1.3", config_path="pkg://" + CONFIG_MODULE, config_name=CONFIG_NAME)
@@ -25,23 +39,78 @@ def _hydra_train(cfg: DictConfig) -> None:
     from rlmix.orchestration.runner import train
 
     hc = HydraConfig.get()
-    group = hc.sweep.dir if hc.mode is RunMode.MULTIRUN else None
+    run_cfg = validate(to_run_config(cfg))
+    overrides = list(hc.overrides.task)
+    sweep = hc.mode is RunMode.MULTIRUN
+    label = job_label(overrides, run_cfg.name, run_cfg.seed) if sweep else run_cfg.name
     try:
-        train(validate(to_run_config(cfg)), run_dir=hc.runtime.output_dir, sweep_group=group)
+        summary = train(run_cfg, run_dir=hc.runtime.output_dir, label=label,
+                        sweep_group=sweep_name(hc.sweep.dir) if sweep else None)
     except ConfigError as err:  # e.g. a model path that is not a model: one line, no traceback
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    _finished.append(end_of_run(run_cfg, summary, overrides, Path(hc.runtime.output_dir), label))
+    _sweep_dir[:] = [Path(hc.sweep.dir)] if sweep else []
+    code = exit_code(summary)
+    say(summary, f"{command_line(overrides)} resume={summary['run_dir']}")
+    if code == 1 and sweep:
+        _FAILED.append(hc.runtime.output_dir)  # the other jobs of the sweep still run
+    elif code != 0:
+        sys.exit(code)
+
+
+def end_of_run(cfg, summary: dict, overrides: list[str], output_dir: Path, label: str) -> tuple[str, dict, Path]:
+    """Print the run's closing block; (label, summary, run dir) for the sweep's block."""
+    from rlmix.assembly.checkpoints import latest_checkpoint
+    from rlmix.metrics.console import run_block
+
+    # A resumed run continues in its own directory; Hydra's directory holds this attempt's logs.
+    resumed = cfg.resume is not None and latest_checkpoint(Path(cfg.resume)) is not None
+    run_dir = Path(cfg.resume) if resumed else output_dir
+    checkpoint = latest_checkpoint(run_dir)
+    print(run_block(summary, run_dir, checkpoint, cfg.loop.steps, overrides, log_dir=output_dir), flush=True)
+    return label, summary, run_dir
+
+
+def exit_code(summary: dict) -> int:
+    status = summary["status"]
+    if status == "interrupted":
+        return 128 + signal.Signals[summary["signal"]].value  # the shell's convention
+    return 1 if status == "failed" else 0
+
+
+def say(summary: dict, resume_cmd: str) -> None:
+    """The one line for a run that did not complete: what happened and the command that continues it."""
+    status, step = summary["status"], summary["steps"]
+    if status == "interrupted":
+        saved = f"checkpoint {Path(summary['checkpoint']).name}" if summary["checkpoint"] else "no step to save"
+        print(f"interrupted at step {step} ({summary['signal']}), {saved}; continue with: {resume_cmd}",
+              file=sys.stderr, flush=True)
+    elif status == "failed":
+        then = f"continue with: {resume_cmd}" if summary["resumable"] else "no checkpoint was written yet"
+        print(f"error: run failed at step {step}: {summary['error']}; {then}", file=sys.stderr, flush=True)
 
 
 def run_train(args: list[str]) -> None:
     from rlmix.config.schema import register_configs
+    from rlmix.metrics.console import sweep_block
 
     register_configs()
+    register_resolver()
+    args = resume_in_place(args)
     preflight(args)
     from rlmix.orchestration.session import SESSION
 
     sys.argv = ["rlmix train", *args]
     try:
+        _finished.clear()
+        _FAILED.clear()
+        _sweep_dir.clear()
         _hydra_train()
+        if _sweep_dir and _finished:
+            print(sweep_block(_finished, _sweep_dir[0]), flush=True)
+        if _FAILED:
+            print(f"error: {len(_FAILED)} job(s) of the sweep failed: {', '.join(_FAILED)}", file=sys.stderr)
+            sys.exit(1)
     finally:
         SESSION.close()  # a sweep kept Ray and its processes warm between jobs

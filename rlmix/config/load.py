@@ -13,12 +13,15 @@ to pass a pool whose backend registered none, so a check cannot be skipped silen
 from __future__ import annotations
 
 import json
+import math
+import os
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlmix.config.schema import MiniCodeTaskConfig, PoolConfig, RunConfig, SamplerBackend
+from rlmix.config.schema import MiniCodeTaskConfig, PoolConfig, RunConfig, SamplerBackend, TrainerBackend
 from rlmix.correction import MODES
 from rlmix.errors import ConfigError
 
@@ -45,7 +48,9 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
 def validate(cfg: RunConfig, for_training: bool = True) -> RunConfig:
     """Every cross-field rule, checked before any process starts. Returns ``cfg`` unchanged."""
     _check_loop(cfg)
+    _check_trainer(cfg)
     _check_correction(cfg)
+    _check_run(cfg)
     _check_paths(cfg)  # first: the pools' checks read the model's config.json
     _check_fleet(cfg)
     if for_training and not isinstance(cfg.task, MiniCodeTaskConfig):
@@ -63,6 +68,7 @@ def _check_loop(cfg: RunConfig) -> None:
     _require(loop.steps >= 1, f"loop.steps={loop.steps}: must be >= 1")
     _require(loop.group_size >= 2, f"loop.group_size={loop.group_size}: group baselines need >= 2 samples per prompt")
     _require(loop.groups_per_request >= 1, f"loop.groups_per_request={loop.groups_per_request}: must be >= 1")
+    _require(loop.groups_per_step >= 1, f"loop.groups_per_step={loop.groups_per_step}: must be >= 1")
     _require(
         loop.groups_per_step % loop.groups_per_request == 0,
         f"loop.groups_per_step={loop.groups_per_step} must be a multiple of "
@@ -77,14 +83,58 @@ def _check_loop(cfg: RunConfig) -> None:
         capacity is None or capacity >= loop.groups_per_step,
         f"loop.buffer_groups={capacity} must be >= loop.groups_per_step={loop.groups_per_step}",
     )
-    _require(loop.temperature > 0, f"loop.temperature={loop.temperature}: must be > 0")
-    _require(loop.max_new_tokens >= 1, f"loop.max_new_tokens={loop.max_new_tokens}: must be >= 1")
-    _require(loop.weight_sync_every >= 1, f"loop.weight_sync_every={loop.weight_sync_every}: must be >= 1")
-    for key, value in (("loop.sampler_threads", loop.sampler_threads), ("loop.concurrent_requests",
-                       loop.concurrent_requests), ("trainer.num_threads", cfg.trainer.num_threads)):
-        _require(value is None or value >= 1, f"{key}={value}: must be null (from the cores Ray reports) or >= 1")
-    _require(cfg.trainer.micro_batch_size >= 1, f"trainer.micro_batch_size={cfg.trainer.micro_batch_size}: must be >= 1")
-    _require(cfg.trainer.lr > 0, f"trainer.lr={cfg.trainer.lr}: must be > 0")
+    # Below 1e-3 the tempered logits overflow BF16/FP8 samplers (every step comes out non-finite).
+    _require(TEMPERATURE[0] <= loop.temperature <= TEMPERATURE[1],
+             f"loop.temperature={loop.temperature}: must be in [{TEMPERATURE[0]:g}, {TEMPERATURE[1]:g}]")
+    for key in ("max_new_tokens", "weight_sync_every", "keep_checkpoints"):
+        _require(getattr(loop, key) >= 1, f"loop.{key}={getattr(loop, key)}: must be >= 1")
+    for key in ("sampler_threads", "concurrent_requests"):  # null: from the cores Ray reports
+        value = getattr(loop, key)
+        _require(value is None or value >= 1, f"loop.{key}={value}: must be null (from the cores Ray reports) or >= 1")
+    _require(loop.sampler_max_restarts >= 0, f"loop.sampler_max_restarts={loop.sampler_max_restarts}: must be >= 0")
+    _require(loop.checkpoint_every >= 0, f"loop.checkpoint_every={loop.checkpoint_every}: must be >= 0 (0 = off)")
+    _require(math.isfinite(loop.checkpoint_every_min) and loop.checkpoint_every_min >= 0,
+             f"loop.checkpoint_every_min={loop.checkpoint_every_min}: must be >= 0 minutes (0 = off)")
+    _require(math.isfinite(loop.step_timeout_s) and loop.step_timeout_s > 0,
+             f"loop.step_timeout_s={loop.step_timeout_s}: must be > 0 seconds")
+
+
+TEMPERATURE = (1e-3, 100.0)
+
+
+def _check_trainer(cfg: RunConfig) -> None:
+    from rlmix.config.deepspeed import check_deepspeed
+
+    t = cfg.trainer
+    _require(t.micro_batch_size >= 1, f"trainer.micro_batch_size={t.micro_batch_size}: must be >= 1")
+    _require(t.num_threads is None or t.num_threads >= 1,
+             f"trainer.num_threads={t.num_threads}: must be null (from the cores Ray reports) or >= 1")
+    _require(math.isfinite(t.lr) and 0 < t.lr <= 1, f"trainer.lr={t.lr}: must be in (0, 1]")
+    # AdamW's decoupled decay multiplies each weight by (1 - lr * weight_decay) per step.
+    _require(math.isfinite(t.weight_decay) and 0 <= t.weight_decay <= 1, f"trainer.weight_decay={t.weight_decay}: must be in [0, 1]")
+    _require(len(t.betas) == 2 and all(math.isfinite(b) and 0 <= b < 1 for b in t.betas),
+             f"trainer.betas={list(t.betas)}: need two values, each in [0, 1)")
+    # clip_grad_norm_ with a negative max flips the gradient's sign; 0 zeroes every update.
+    _require(math.isfinite(t.grad_clip) and t.grad_clip > 0, f"trainer.grad_clip={t.grad_clip}: must be > 0 (a max gradient norm)")
+    if t.backend is TrainerBackend.deepspeed:
+        check_deepspeed(t.deepspeed, t.bf16)
+
+
+def _check_run(cfg: RunConfig) -> None:
+    from rlmix.config.monitor import check_monitor
+
+    check_monitor(cfg.monitor)
+    _require(cfg.logger.console_every >= 1, f"logger.console_every={cfg.logger.console_every}: must be >= 1")
+    _require(cfg.cluster.num_cpus is None or cfg.cluster.num_cpus >= 1,
+             f"cluster.num_cpus={cfg.cluster.num_cpus}: must be null (all cores) or >= 1")
+
+
+def check_output_dir(key: str, path: str) -> None:
+    """``path`` can be created and written (checked without creating anything)."""
+    target = Path(path).absolute()
+    existing = next(p for p in (target, *target.parents) if p.exists())
+    _require(existing.is_dir(), f"{key}={path}: {existing} is a file, not a directory")
+    _require(os.access(existing, os.W_OK | os.X_OK), f"{key}={path}: {existing} is not writable")
 
 
 def _check_correction(cfg: RunConfig) -> None:
@@ -99,6 +149,10 @@ def _check_correction(cfg: RunConfig) -> None:
     )
     _require(0 < c.low <= 1 <= c.high, f"correction.low={c.low}, correction.high={c.high}: need 0 < low <= 1 <= high")
     _require(c.cap >= 1, f"correction.cap={c.cap}: the TIS cap must be >= 1")
+    _require(0 < c.eps_low < 1 and c.eps_high > 0,
+             f"correction.eps_low={c.eps_low}, correction.eps_high={c.eps_high}: need 0 < eps_low < 1 and eps_high > 0")
+    _require(c.num_candidates >= 0 and c.support_slots >= 0,
+             f"correction.num_candidates={c.num_candidates}, correction.support_slots={c.support_slots}: must be >= 0")
     _require(
         not spec.needs_head or c.num_candidates >= 1,
         f"correction.mode={c.mode.value} needs correction.num_candidates >= 1 (the sampler's top-K head)",
@@ -165,9 +219,26 @@ def one_line(err: BaseException) -> str:
             msg = str(cause).splitlines()[0].strip()
             return f"{cause.full_key}: {msg}"
     text = str(err)
-    if "Available options in" in text:  # an unknown group option: list the valid ones on the line
-        head = text.split("\n")[0].replace("In 'train': ", "")
-        options = [ln.strip() for ln in text.split("Available options in")[1].splitlines()[1:] if ln.startswith("\t")]
-        return f"{head}; available: {', '.join(options)}"
+    if "Available options in" in text:
+        return unknown_option(text)
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     return " ".join(lines[:2]) if lines else type(err).__name__
+
+
+def unknown_option(text: str) -> str:
+    """Hydra's "Could not find 'fleet/nope'" as the user typed it, with the group's options.
+
+    Hydra appends its config search path (providers, ``pkg://`` URLs) and lists the schema
+    nodes registered for validation; neither is something a user can pick, so both go.
+    """
+    import difflib
+
+    missing = re.search(r"Could not find '([^']+)'", text)
+    group, _, value = (missing.group(1) if missing else "").rpartition("/")
+    block = text.split("Available options in", 1)[1].split("Config search path", 1)[0]
+    options = [ln.strip() for ln in block.splitlines()[1:] if ln.startswith("\t") and not ln.strip().endswith("_schema")]
+    if not missing:
+        return f"unknown config option; available: {', '.join(options)}"
+    close = difflib.get_close_matches(value, options, n=1)
+    hint = f" (did you mean {group}={close[0]}?)" if close else ""
+    return f"{group}={value}: no such option{hint}; available: {', '.join(options)}"

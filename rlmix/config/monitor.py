@@ -6,7 +6,10 @@ The monitor itself (``rlmix.metrics.monitor``) reads these; defaults live here a
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
+
+from rlmix.errors import ConfigError
 
 
 class MonitorAction(enum.Enum):
@@ -48,6 +51,12 @@ class GradSpikeRule:
 
 
 @dataclass
+class NonFiniteRule:
+    enabled: bool = True
+    count: int = 3  # consecutive skipped (non-finite) steps; the run then stops as failed
+
+
+@dataclass
 class MonitorConfig:
     """Schema for ``monitor.*`` (not frozen: Hydra composes into it)."""
 
@@ -62,3 +71,19 @@ class MonitorConfig:
     kl: KLGrowthRule = field(default_factory=KLGrowthRule)
     format: FormatErrorRule = field(default_factory=FormatErrorRule)
     grad: GradSpikeRule = field(default_factory=GradSpikeRule)
+    nonfinite: NonFiniteRule = field(default_factory=NonFiniteRule)
+
+
+def check_monitor(cfg: MonitorConfig) -> None:
+    """ConfigError naming the first ``monitor.*`` key out of range."""
+    for key, value, low in (
+        ("ema_span", cfg.ema_span, 1), ("warmup_steps", cfg.warmup_steps, 0), ("baseline_steps", cfg.baseline_steps, 1),
+        ("grad.window", cfg.grad.window, 1), ("grad.count", cfg.grad.count, 1), ("nonfinite.count", cfg.nonfinite.count, 1),
+    ):
+        if value < low:
+            raise ConfigError(f"monitor.{key}={value}: must be >= {low}")
+    for key, value in (("noise_sigmas", cfg.noise_sigmas), ("reward.drop", cfg.reward.drop),
+                       ("reward.min_drop", cfg.reward.min_drop), ("kl.factor", cfg.kl.factor),
+                       ("format.rise", cfg.format.rise), ("grad.factor", cfg.grad.factor)):
+        if not (value >= 0 and math.isfinite(value)):
+            raise ConfigError(f"monitor.{key}={value}: must be a finite number >= 0")

@@ -130,13 +130,14 @@ class WandbConfig:
     mode: WandbMode = WandbMode.offline
     project: str = "rlmix"
     entity: Optional[str] = None
-    group: Optional[str] = None  # None: the sweep directory for multiruns, else the run name
+    group: Optional[str] = None  # None: the sweep's name (date, time, experiment) for multiruns, else the run name
 
 
 @dataclass
 class LoggerConfig:
     wandb: WandbConfig = field(default_factory=WandbConfig)
     console_every: int = 1  # print a progress line every N steps
+    verbose: bool = False  # stream Ray, vLLM, DeepSpeed, W&B output to the console (else: the run dir's logs)
 
 
 @dataclass
@@ -154,7 +155,13 @@ class LoopConfig:
     max_new_tokens: int = 24
     sampler_threads: Optional[int] = None  # torch threads per CPU sampler actor; None: 1
     concurrent_requests: Optional[int] = None  # CPU-sampler requests generating at once; None: the samplers' cores
-    checkpoint_every: int = 0  # 0 = only at the end
+    # Checkpoints (docs/reliability.md): after every N steps or M minutes, whichever comes first,
+    # and at the end; 0 switches a trigger off. Only the newest ``keep_checkpoints`` are kept.
+    checkpoint_every: int = 25
+    checkpoint_every_min: float = 10.0
+    keep_checkpoints: int = 2
+    sampler_max_restarts: int = 3  # deaths of one sampler actor before it is dropped from the fleet
+    step_timeout_s: float = 900.0  # watchdog: no trainer step within this long stops the run as failed
 
 
 @dataclass

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from rlmix.config.schema import WandbConfig, WandbMode
+from rlmix.metrics.console import StepDisplay
+from rlmix.metrics.wandb_tables import finish_wandb
 
 log = logging.getLogger(__name__)
 
@@ -39,15 +41,20 @@ class RunLogger:
         total_steps: int,
         console_every: int = 1,
         stream: TextIO = sys.stdout,
+        run_id: str | None = None,
+        elapsed_s: float = 0.0,
     ):
+        """``run_id`` continues that W&B run (a resumed run); ``elapsed_s``: wall time of its earlier parts."""
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.start = time.time()
+        self.start = time.time() - elapsed_s
         self.total_steps = total_steps
-        self.console_every = max(console_every, 1)
-        self.stream = stream
+        self.display = StepDisplay(total_steps, console_every, stream)
         self._jsonl = open(self.run_dir / METRICS_FILE, "a", buffering=1)
-        self.wandb = start_wandb(wandb_cfg, self.run_dir, run_name, config, group)
+        self.wandb = start_wandb(wandb_cfg, self.run_dir, run_name, config, group, run_id)
+
+    def elapsed_s(self) -> float:
+        return round(time.time() - self.start, 3)
 
     def log(self, step: int, metrics: dict[str, float | str]) -> None:
         record = {"step": step, "time": round(time.time() - self.start, 3)}
@@ -59,22 +66,22 @@ class RunLogger:
             except Exception as err:  # W&B failure never kills training
                 log.warning("W&B logging failed (%s); continuing with metrics.jsonl only", err)
                 self.wandb = None
-        if step % self.console_every == 0 or step == self.total_steps:
-            self.stream.write(progress_line(step, self.total_steps, metrics, time.time() - self.start) + "\n")
-            self.stream.flush()
+        self.display.update(step, progress_line(step, self.total_steps, metrics, time.time() - self.start))
 
-    def finish(self, summary: dict) -> None:
+    def finish(self, summary: dict) -> dict:
+        """Write summary.json (with the wall time) and close every sink; returns what was written."""
         summary = {"wall_time_s": round(time.time() - self.start, 3)} | summary
         tmp = self.run_dir / (SUMMARY_FILE + ".tmp")
         tmp.write_text(json.dumps(summary, indent=2, default=str))
         tmp.replace(self.run_dir / SUMMARY_FILE)  # atomic: never a half-written summary
         self._jsonl.close()
+        self.display.close()
         if self.wandb is not None:
             try:
-                self.wandb.summary.update({k: v for k, v in summary.items() if not isinstance(v, dict)})
-                self.wandb.finish()
+                finish_wandb(self.wandb, summary, self.run_dir / METRICS_FILE)
             except Exception as err:
                 log.warning("W&B finish failed (%s)", err)
+        return summary
 
 
 def progress_line(step: int, total: int, metrics: dict, elapsed_s: float) -> str:
@@ -89,7 +96,7 @@ def progress_line(step: int, total: int, metrics: dict, elapsed_s: float) -> str
     )
 
 
-def start_wandb(cfg: WandbConfig, run_dir: Path, name: str, config: dict, group: str | None):
+def start_wandb(cfg: WandbConfig, run_dir: Path, name: str, config: dict, group: str | None, run_id: str | None = None):
     if cfg.mode is WandbMode.disabled:
         return None
     try:
@@ -105,6 +112,8 @@ def start_wandb(cfg: WandbConfig, run_dir: Path, name: str, config: dict, group:
             mode=cfg.mode.value,
             config=config,
             reinit="finish_previous",
+            id=run_id,
+            resume="allow" if run_id else None,
         )
     except Exception as err:
         log.warning("W&B did not start in %s mode (%s); metrics go to %s only", cfg.mode.value, err, METRICS_FILE)

@@ -9,6 +9,8 @@ Four rules, each with its own knobs and switch, evaluated once per trainer step:
   (the study saw 21% → 72% within ~10 steps, docs/math.md §5).
 - ``grad_spikes``   — ``count`` gradient norms of at least ``factor ×`` the trailing median within
   ``window`` steps.
+- ``nonfinite``     — ``count`` consecutive steps skipped by the trainer (non-finite loss or gradient,
+  ``train/skipped_steps``). Checked from the first update: no warm-up excuses a run that cannot learn.
 
 Timeline, counted in updates (not in step numbers, which may start anywhere): updates
 ``[0, warmup_steps)`` only feed the EMAs; updates ``[warmup_steps, warmup_steps + baseline_steps)``
@@ -41,10 +43,11 @@ from rlmix.config.monitor import (  # noqa: F401 - the schema, importable beside
     KLGrowthRule,
     MonitorAction,
     MonitorConfig,
+    NonFiniteRule,
     RewardDropRule,
+    check_monitor,
 )
-from rlmix.errors import ConfigError
-from rlmix.metrics.names import FORMAT_KEY, GRAD_NORM_KEY, KL_KEY, REWARD_KEY
+from rlmix.metrics.names import FORMAT_KEY, GRAD_NORM_KEY, KL_KEY, REWARD_KEY, SKIPPED_STEPS
 
 class CollapseRule(enum.Enum):
     """Which rule fired. Values are the spelling used in ``reason`` strings and summaries."""
@@ -53,6 +56,7 @@ class CollapseRule(enum.Enum):
     kl_growth = "kl_growth"
     format_errors = "format_errors"
     grad_spikes = "grad_spikes"
+    nonfinite = "nonfinite"
 
 
 @dataclass(frozen=True)
@@ -128,11 +132,7 @@ class CollapseMonitor:
     """Stateful, deterministic evaluator of the rules in ``MonitorConfig`` over a metric stream."""
 
     def __init__(self, cfg: MonitorConfig) -> None:
-        if cfg.ema_span < 1 or cfg.warmup_steps < 0 or cfg.baseline_steps < 1 or cfg.grad.window < 1 or cfg.grad.count < 1:
-            raise ConfigError(
-                "monitor: need monitor.ema_span >= 1, monitor.warmup_steps >= 0, monitor.baseline_steps >= 1, "
-                "monitor.grad.window >= 1 and monitor.grad.count >= 1"
-            )
+        check_monitor(cfg)
         self.cfg = cfg
         alpha = 2.0 / (cfg.ema_span + 1)
         self._reward = _Signal(alpha)
@@ -141,6 +141,8 @@ class CollapseMonitor:
         self._grad_history: deque[float] = deque(maxlen=cfg.grad.window)
         self._spikes: deque[int] = deque()  # update indices of recent spikes
         self._updates = 0
+        self._skipped: float | None = None  # the last cumulative skipped-step count
+        self._skipped_run = 0  # consecutive skipped steps up to now
         self._verdict = NO_COLLAPSE
 
     @property
@@ -159,6 +161,10 @@ class CollapseMonitor:
             if x is not None:
                 signal.update(x, in_baseline, track_peak=warm)
         spike = self._grad_spike(i, metrics.get(GRAD_NORM_KEY), warm) if GRAD_NORM_KEY in metrics else ""
+        nonfinite = self._nonfinite(_finite(metrics, SKIPPED_STEPS))
+        if not self._verdict.collapse and nonfinite:
+            self._verdict = MonitorVerdict(collapse=True, step=step, reason=f"nonfinite: {nonfinite}",
+                                           rule=CollapseRule.nonfinite)
         if self._verdict.collapse or not armed:
             return self._verdict
         fired = self._check_rules(spike)
@@ -212,6 +218,18 @@ class CollapseMonitor:
         # docs/math.md §6: KL growth alone is not enough; it must come with a declining run.
         decline = self._reward_falling(rule.reward_decline, 0.0) or self._format_rising(rule.format_increase)
         return f"{why} with {decline}" if decline else ""
+
+    def _nonfinite(self, skipped: float | None) -> str:
+        """Count consecutive steps whose cumulative skipped count went up; '' until ``count`` in a row."""
+        if skipped is None:
+            return ""
+        went_up = skipped > self._skipped if self._skipped is not None else skipped > 0
+        self._skipped_run = self._skipped_run + 1 if went_up else 0
+        self._skipped = skipped
+        rule = self.cfg.nonfinite
+        if rule.enabled and self._skipped_run >= rule.count:
+            return f"{self._skipped_run} consecutive steps skipped as non-finite"
+        return ""
 
     def _grad_spike(self, i: int, raw: float | None, warm: bool) -> str:
         """Record update ``i``'s grad norm; return the spike summary once ``count`` spikes fall in ``window``.

@@ -45,6 +45,10 @@ TRAINER_IDLE_FRAC = "time/trainer_idle_frac"  # the trainer waited for a batch: 
 SAMPLER_BUSY_FRAC = "time/sampler_busy_frac"  # share of the samplers' lanes with a request in flight
 BUFFERED_GROUPS = "loop/buffered_groups"  # finished groups waiting when the step ended: trainer-bound if >= a batch
 
+# fault/: cumulative over the run (docs/reliability.md)
+SAMPLER_RESTARTS = "fault/sampler_restarts"  # sampler actors Ray restarted that came back
+REQUESTS_REISSUED = "fault/requests_reissued"  # requests of dead samplers served again
+
 # Correction-library stat name -> metric name. The library's own per-micro-batch ESS is not
 # reported: ``correction/ess`` is computed once over the whole step's weights (metrics/aggregate.py).
 STAT_NAMES = {

@@ -14,6 +14,7 @@ too late, and groups that became too stale anyway are dropped (and counted), nev
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
 from collections import deque
@@ -23,15 +24,19 @@ from dataclasses import dataclass, field
 import ray
 
 from rlmix.config.schema import LoopConfig
-from rlmix.metrics.names import BUFFERED_GROUPS, SAMPLER_BUSY_FRAC, STEP_S, TRAINER_IDLE_FRAC
+from rlmix.errors import RunFailed
+from rlmix.metrics.names import (
+    BUFFERED_GROUPS, REQUESTS_REISSUED, SAMPLER_BUSY_FRAC, SAMPLER_RESTARTS, STEP_S, TRAINER_IDLE_FRAC,
+)
 from rlmix.orchestration.workers import Request, make_request
 from rlmix.rollout import Rollouts, concat_rollouts
 from rlmix.tasks.base import Task
 
 log = logging.getLogger(__name__)
 
-MAX_SAMPLER_RESTARTS = 3
 THROUGHPUT_STEPS = 8  # trailing steps over which sampler throughput is measured
+POLL_S = 0.5  # longest wait between checks of a stop request, the watchdog and restarting samplers
+PROBE_EVERY_S = 1.0  # how often a restarting sampler is asked whether it is back
 
 
 def loop_capacity(loop: LoopConfig) -> int:
@@ -39,6 +44,12 @@ def loop_capacity(loop: LoopConfig) -> int:
     if loop.max_staleness == 0:
         return loop.groups_per_step  # synchronous: exactly one batch, all from the current version
     return loop.buffer_groups or 2 * loop.groups_per_step
+
+
+class SlotState(enum.Enum):
+    ready = "ready"  # takes requests
+    restarting = "restarting"  # died; Ray is starting it again, its request waits in the queue
+    dropped = "dropped"  # died too often or for good; the fleet goes on without it
 
 
 @dataclass
@@ -50,7 +61,9 @@ class SamplerSlot:
     actor: ray.actor.ActorHandle
     version: int = 0  # the weight version it holds (-1 after a restart: resend)
     inflight: Request | None = None
-    restarts: int = 0
+    state: SlotState = SlotState.ready
+    deaths: int = 0
+    probe_at: float = 0.0  # restarting: when to next ask whether it is back
     on_cpu: bool = True  # computes on the cores the loop shares out (rlmix.orchestration.cores)
     started: float = 0.0  # when its in-flight request was submitted
 
@@ -94,12 +107,16 @@ class AsyncLoop:
         self.published = start_version  # the newest version samplers can load
         self.weights_ref: ray.ObjectRef | None = None
         self.next_request = start_request
+        self.orphans: deque[Request] = deque()  # requests of samplers that died, served first
         self.buffer: list[Rollouts] = []
         self.capacity = loop_capacity(cfg)
         self.window = _Window()
         self.recent: deque[tuple[float, dict[str, int]]] = deque(maxlen=THROUGHPUT_STEPS)
         self.weight_sync_s = 0.0
         self.idle_since: float | None = time.perf_counter()  # None while the trainer trains
+        self.sampler_restarts = 0  # cumulative over the run: fault/* metrics
+        self.requests_reissued = 0
+        self.last_step_at = time.monotonic()
         # CPU-sampler requests generating at once (None: no limit); samplers are offered requests
         # in turn from ``turn`` so a limit below the fleet size still draws from every pool.
         self.generating = generating
@@ -110,8 +127,8 @@ class AsyncLoop:
     # -- request bookkeeping -------------------------------------------------------------
     def _groups_ahead(self) -> int:
         buffered = sum(len(b) for b in self.buffer) // self.cfg.group_size
-        inflight = sum(1 for s in self.samplers if s.inflight) * self.cfg.groups_per_request
-        return buffered + inflight
+        requests = sum(1 for s in self.samplers if s.inflight) + len(self.orphans)
+        return buffered + requests * self.cfg.groups_per_request
 
     def _may_start_request(self, training: bool) -> bool:
         if self._groups_ahead() + self.cfg.groups_per_request > self.capacity:
@@ -137,14 +154,6 @@ class AsyncLoop:
         limited = cpu if self.generating is None else min(self.generating, cpu)
         return max(limited + len(self.samplers) - cpu, 1)
 
-    def _start_requests(self, inflight: dict, training: bool) -> None:
-        """Give every idle sampler a request, in turn, as far as the cores and the buffer allow."""
-        for slot in self._in_turn():
-            if slot.inflight is None and self._lane_free(slot) and self._may_start_request(training):
-                request = make_request(self.task, self.next_request, self.cfg.groups_per_request, self.seed)
-                self.next_request += 1
-                inflight[self._submit(slot, request)] = slot
-
     def _count_busy(self, slot: SamplerSlot, now: float) -> None:
         self.window.sampler_busy_s += now - max(slot.started, self.window.start)
 
@@ -157,6 +166,16 @@ class AsyncLoop:
         if weights is not None:
             slot.version = self.published
         return slot.actor.generate.remote(request, self.cfg.group_size, weights, self.published)
+
+    def _next_request(self, training: bool) -> Request | None:
+        if self.orphans:  # already counted in _groups_ahead: re-issue without asking again
+            self.requests_reissued += 1
+            return self.orphans.popleft()
+        if not self._may_start_request(training):
+            return None
+        request = make_request(self.task, self.next_request, self.cfg.groups_per_request, self.seed)
+        self.next_request += 1
+        return request
 
     # -- batches -------------------------------------------------------------------------
     def _drop_stale(self) -> None:
@@ -185,55 +204,145 @@ class AsyncLoop:
         return concat_rollouts(taken, self.pad_id)
 
     # -- the loop ------------------------------------------------------------------------
-    def run(self, steps: int, on_step: Callable[[StepReport], bool]) -> None:
-        """Run until ``steps`` trainer steps are done or ``on_step`` returns False (stop)."""
+    def run(self, steps: int, on_step: Callable[[StepReport], bool], stop: Callable[[], bool] = lambda: False) -> None:
+        """Run until ``steps`` trainer steps are done, ``on_step`` returns False, or ``stop()`` is true.
+
+        A stop request lets the step in flight finish (so its metrics and a checkpoint can be
+        written) and starts nothing new. Raises ``RunFailed`` when the trainer dies, no sampler is
+        left, or no step finishes within ``loop.step_timeout_s``.
+        """
         inflight: dict[ray.ObjectRef, SamplerSlot] = {}
+        probes: dict[ray.ObjectRef, SamplerSlot] = {}
         train_ref: ray.ObjectRef | None = None
+        self.last_step_at = time.monotonic()
         while self.version < steps:
-            self._start_requests(inflight, training=train_ref is not None)
-            if train_ref is None:
-                batch = self._take_batch()
-                if batch is not None:
-                    self.window.idle_s += time.perf_counter() - self.idle_since
-                    self.idle_since = None
-                    train_ref = self.trainer.train_step.remote(batch)
-            waiting = list(inflight) + ([train_ref] if train_ref is not None else [])
-            ready, _ = ray.wait(waiting, num_returns=1)
+            stopping = stop()
+            if stopping and train_ref is None:
+                break
+            if not stopping:
+                self._fill(inflight, training=train_ref is not None)
+                self._probe_restarting(probes)
+                if train_ref is None:
+                    train_ref = self._start_step()
+            waiting = list(inflight) + list(probes) + ([train_ref] if train_ref is not None else [])
+            ready = ray.wait(waiting, num_returns=1, timeout=POLL_S)[0] if waiting else []
+            if not ready:
+                if not waiting:  # every sampler restarting, nothing to train yet
+                    time.sleep(POLL_S)
+                self._watchdog(train_ref, inflight)
+                continue
             ref = ready[0]
             if ref is train_ref:
                 train_ref = None
                 self.idle_since = time.perf_counter()
+                self.last_step_at = time.monotonic()
                 if not on_step(self._finish_step(ref)):
                     break
+            elif ref in probes:
+                self._probed(ref, probes.pop(ref))
             else:
-                self._collect(ref, inflight.pop(ref), inflight)
+                self._collect(ref, inflight.pop(ref))
         for ref in inflight:  # leave nothing running into the next job of a sweep
             ray.cancel(ref, force=False)
 
-    def _collect(self, ref: ray.ObjectRef, slot: SamplerSlot, inflight: dict) -> None:
-        request = slot.inflight
-        slot.inflight = None
+    def _fill(self, inflight: dict, training: bool) -> None:
+        """Give idle samplers requests, in turn, as far as the cores, the buffer and staleness allow."""
+        for slot in self._in_turn():
+            if slot.state is SlotState.ready and slot.inflight is None and self._lane_free(slot):
+                request = self._next_request(training)
+                if request is None:
+                    return
+                inflight[self._submit(slot, request)] = slot
+
+    def _start_step(self) -> ray.ObjectRef | None:
+        batch = self._take_batch()
+        if batch is None:
+            return None
+        self.window.idle_s += time.perf_counter() - self.idle_since
+        self.idle_since = None
+        return self.trainer.train_step.remote(batch)
+
+    def _watchdog(self, train_ref: ray.ObjectRef | None, inflight: dict) -> None:
+        waited = time.monotonic() - self.last_step_at
+        if waited <= self.cfg.step_timeout_s:
+            return
+        if train_ref is not None:
+            on = f"the trainer (step {self.version + 1} in flight)"
+        else:
+            busy = sorted(s.name for s in inflight.values())
+            restarting = sorted(s.name for s in self.samplers if s.state is SlotState.restarting)
+            names = busy + [f"{n} (restarting)" for n in restarting]
+            on = "samplers " + ", ".join(names) if names else "nothing: no request out, no batch ready"
+        raise RunFailed(f"no trainer step finished in {waited:.0f} s (loop.step_timeout_s); waiting on {on}")
+
+    # -- sampler faults ------------------------------------------------------------------
+    def _collect(self, ref: ray.ObjectRef, slot: SamplerSlot) -> None:
+        request, slot.inflight = slot.inflight, None
         try:
             part: Rollouts = ray.get(ref)
         except ray.exceptions.RayActorError as err:
-            # Ray restarts the actor (max_restarts); re-issue the whole request, never half of it.
-            slot.restarts += 1
-            if slot.restarts > MAX_SAMPLER_RESTARTS:
-                raise RuntimeError(f"sampler {slot.name} died {slot.restarts} times; giving up") from err
-            log.warning("sampler %s died (%s); re-issuing request %d", slot.name, err, request.request_id)
-            slot.version = -1  # a restarted actor holds the initial weights: resend
-            inflight[self._submit(slot, request)] = slot
+            # The request goes back to the queue whole (never half of it): its groups are
+            # generated again from the same request id and seed, by whichever sampler is free.
+            self.orphans.appendleft(request)
+            self._died(slot, err)
             return
+        except ray.exceptions.RayError as err:  # the sampler raised: a bug or bad input, not a fault to retry
+            cause = getattr(err, "cause", None) or err
+            head = next((ln.strip() for ln in str(cause).splitlines() if ln.strip()), type(cause).__name__)
+            raise RunFailed(f"sampler {slot.name} failed on request {request.request_id}: "
+                            f"{type(cause).__name__}: {head}") from err
         self._count_busy(slot, time.perf_counter())
         self.buffer.append(part)
         self.window.tokens[slot.pool] = self.window.tokens.get(slot.pool, 0) + part.num_tokens
 
+    def _died(self, slot: SamplerSlot, err: Exception) -> None:
+        slot.deaths += 1
+        slot.version = -1  # a restarted actor holds the initial weights: resend
+        gone = isinstance(err, ray.exceptions.ActorDiedError) or slot.deaths > self.cfg.sampler_max_restarts
+        if gone:
+            self._drop(slot, f"died {slot.deaths} times" if slot.deaths > 1 else "died for good")
+            return
+        log.warning("sampler %s died (%d of %d restarts); its request is queued until a sampler is free",
+                    slot.name, slot.deaths, self.cfg.sampler_max_restarts)
+        slot.state, slot.probe_at = SlotState.restarting, time.monotonic()
+
+    def _drop(self, slot: SamplerSlot, why: str) -> None:
+        slot.state = SlotState.dropped
+        left = [s.name for s in self.samplers if s.state is not SlotState.dropped]
+        if not left:
+            raise RunFailed(f"sampler {slot.name} {why} and no sampler is left")
+        log.warning("sampler %s %s: dropped; the run goes on with %s", slot.name, why, ", ".join(left))
+
+    def _probe_restarting(self, probes: dict) -> None:
+        now = time.monotonic()
+        for slot in self.samplers:
+            if slot.state is SlotState.restarting and slot.probe_at <= now and all(s is not slot for s in probes.values()):
+                probes[slot.actor.version.remote()] = slot
+
+    def _probed(self, ref: ray.ObjectRef, slot: SamplerSlot) -> None:
+        try:
+            ray.get(ref)
+        except ray.exceptions.ActorUnavailableError:  # Ray is still starting it: not another death
+            slot.probe_at = time.monotonic() + PROBE_EVERY_S
+            return
+        except ray.exceptions.RayActorError as err:
+            self._died(slot, err)
+            return
+        slot.state = SlotState.ready
+        self.sampler_restarts += 1
+        log.warning("sampler %s is back", slot.name)
+
     def _finish_step(self, ref: ray.ObjectRef) -> StepReport:
-        self.version, metrics = ray.get(ref)
+        try:
+            self.version, metrics = ray.get(ref)
+        except ray.exceptions.RayActorError as err:
+            raise RunFailed(f"the trainer died during step {self.version + 1} ({type(err).__name__})") from err
         if self.version % self.cfg.weight_sync_every == 0:
             start = time.perf_counter()
             self.weights_ref = self.trainer.published_weights.remote()
-            ray.wait([self.weights_ref])
+            if not ray.wait([self.weights_ref], timeout=self.cfg.step_timeout_s)[0]:
+                raise RunFailed(f"the trainer did not publish step {self.version}'s weights within "
+                                f"{self.cfg.step_timeout_s:.0f} s (loop.step_timeout_s); waiting on the trainer")
             self.published = self.version
             self.weight_sync_s = time.perf_counter() - start
         now = time.perf_counter()
@@ -251,6 +360,8 @@ class AsyncLoop:
             tokens = sum(t.get(pool, 0) for _, t in self.recent)
             metrics[f"throughput/sampler_tokens_per_s/{pool}"] = tokens / span
         metrics["staleness/dropped_groups"] = float(self.window.dropped_groups)
+        metrics[REQUESTS_REISSUED] = float(self.requests_reissued)
+        metrics[SAMPLER_RESTARTS] = float(self.sampler_restarts)
         for slot in self.samplers:
             if slot.inflight is not None:
                 self._count_busy(slot, now)

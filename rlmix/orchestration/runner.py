@@ -10,17 +10,26 @@ from pathlib import Path
 
 from rlmix.config.schema import RunConfig
 from rlmix.metrics.logger import RunLogger
+from rlmix.assembly import checkpoints
+from rlmix.assembly.checkpoints import RunState
 from rlmix.assembly.fleet import SamplerSpec, fleet_manifest, resolve_fleet
-from rlmix.assembly.parts import CHECKPOINTS, latest_checkpoint, package_versions, resolve_model_dir
+from rlmix.assembly.parts import package_versions, resolve_model_dir
 from rlmix.orchestration.cores import CorePlan, plan_cores
 from rlmix.orchestration.session import SESSION, TRAINER_RESOURCE, ActorRequest
 
 log = logging.getLogger(__name__)
 
-def start_ray(cfg: RunConfig, specs: list[SamplerSpec]) -> None:
-    """Start or join Ray; the running instance of a sweep's previous job is kept where it fits."""
+
+def start_ray(cfg: RunConfig, specs: list[SamplerSpec], log_dir: Path) -> dict:
+    """Start or join Ray (a sweep's previous job's instance is kept where it fits); returns the
+    runtime environment of this run's actors (their output goes to ``log_dir``/workers.log)."""
+    from rlmix.metrics.quiet import route_driver_logs, worker_runtime_env
+
+    route_driver_logs(log_dir, cfg.logger.verbose)
+    runtime_env = worker_runtime_env(log_dir, cfg.logger.verbose)
     resources = {spec.resource for spec in specs} | {TRAINER_RESOURCE}
-    SESSION.ensure_ray(cfg.cluster.address, cfg.cluster.num_cpus, {name: 1.0 for name in resources})
+    SESSION.ensure_ray(cfg.cluster.address, cfg.cluster.num_cpus, resources, runtime_env, cfg.logger.verbose)
+    return runtime_env
 
 
 def core_plan(cfg: RunConfig, specs: list[SamplerSpec]) -> CorePlan:
@@ -34,35 +43,44 @@ def core_plan(cfg: RunConfig, specs: list[SamplerSpec]) -> CorePlan:
                       cfg.loop.concurrent_requests, node_cpus)
 
 
-def start_actors(cfg: RunConfig, specs: list[SamplerSpec], model_dir: Path, plan: CorePlan):
-    """(trainer, sampler slots, readiness refs): every actor asked for at once, warm where possible."""
+def start_actors(cfg: RunConfig, specs: list[SamplerSpec], model_dir: Path, plan: CorePlan, env_vars: dict):
+    """(trainer, sampler slots, readiness refs): every actor asked for at once, warm where possible.
+
+    ``env_vars`` (this run's worker environment: where worker output goes) travel with each actor,
+    so an actor of a sweep's later job, new or reused, writes to its own run's directory.
+    """
     from rlmix.orchestration.loop import SamplerSlot
     from rlmix.orchestration.workers import SamplerWorker, TrainerWorker, derive_seed
 
     trainer_cfg = dataclasses.replace(cfg.trainer, num_threads=plan.trainer_threads)
-    wanted = [ActorRequest(
-        TrainerWorker, {"num_cpus": 0, "resources": {TRAINER_RESOURCE: 1.0} if cfg.cluster.address is None else {}},
-        (str(model_dir), trainer_cfg, cfg.correction, cfg.seed), reuse_with_other_args=True,
-    )]
+    trainer_options = {"num_cpus": 0, "resources": {TRAINER_RESOURCE: 1.0} if cfg.cluster.address is None else {}}
+    wanted = [ActorRequest(TrainerWorker, trainer_options, (str(model_dir), trainer_cfg, cfg.correction, cfg.seed),
+                           env_vars, reuse_with_other_args=True)]
     for spec in specs:
         threads = plan.sampler_threads if spec.gpus == 0 else cfg.loop.sampler_threads
-        wanted.append(ActorRequest(
-            SamplerWorker, {"num_cpus": 0, "num_gpus": spec.gpus, "resources": {spec.resource: 0.001}, "max_restarts": 3},
-            (spec, str(model_dir), cfg.task, derive_seed(cfg.seed, spec.name), threads), reuse_with_other_args=False,
-        ))
+        options = {"num_cpus": 0, "num_gpus": spec.gpus, "resources": {spec.resource: 0.001},
+                   "max_restarts": cfg.loop.sampler_max_restarts}
+        args = (spec, str(model_dir), cfg.task, derive_seed(cfg.seed, spec.name), threads)
+        wanted.append(ActorRequest(SamplerWorker, options, args, env_vars, reuse_with_other_args=False))
     handles, ready = SESSION.actors(wanted)
     slots = [SamplerSlot(name=spec.name, pool=spec.pool, actor=h, on_cpu=spec.gpus == 0)
              for spec, h in zip(specs, handles[1:])]
     return handles[0], slots, ready
 
 
-def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None) -> dict:
-    """Run ``cfg`` to completion in ``run_dir``; returns the summary written to summary.json."""
+def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None, label: str | None = None) -> dict:
+    """Run ``cfg`` in ``run_dir``; returns the summary written to summary.json (its ``status``:
+    rlmix.orchestration.outcome).
+
+    ``label`` names the W&B run (a sweep job's swept overrides; default ``cfg.name``) and
+    ``sweep_group`` its group (default: the run's name, so a single run is a group of one).
+    """
     import ray
 
     from rlmix.models.tokenizer_file import load_fast_tokenizer
     from rlmix.metrics.monitor import CollapseMonitor
     from rlmix.orchestration.loop import AsyncLoop
+    from rlmix.orchestration.outcome import StopRequest, finish
     from rlmix.orchestration.workers import make_task
 
     run_dir = Path(run_dir)
@@ -73,44 +91,37 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None) -> dict
     for pool, entry in manifest.items():
         log.info("pool %s: %d x %s", pool, entry["count"], entry["label"])
     launched = time.perf_counter()
-    start_ray(cfg, specs)
+    runtime_env = start_ray(cfg, specs, log_dir=run_dir)
+    stop = StopRequest()
     keep_warm = sweep_group is not None  # the next job of this sweep reuses Ray and the processes
     try:
-        plan = core_plan(cfg, specs)
-        log.info("%s", plan.describe())
-        trainer, slots, ready = start_actors(cfg, specs, model_dir, plan)
-        # Every process up before the clock starts: an engine that takes 20 s to start would
-        # otherwise sit out the first steps of a short run. All are awaited together, once.
-        ray.get(ready)
-        log.info("Ray and %d actors ready in %.1fs", len(ready), time.perf_counter() - launched)
-        monitor = CollapseMonitor(cfg.monitor)
-        start_version, run_dir = resume(cfg, trainer, monitor, run_dir)
-        logger = RunLogger(
-            run_dir, cfg.logger.wandb, cfg.name, config_dict(cfg), sweep_group, cfg.loop.steps, cfg.logger.console_every
-        )
-        loop = AsyncLoop(
-            cfg.loop, trainer, slots, make_task(cfg.task, cfg.seed), cfg.seed, tokenizer.pad_token_id,
-            start_version=start_version,
-            start_request=start_version * cfg.loop.groups_per_step // cfg.loop.groups_per_request,
-            generating=plan.generating,
-        )
-        steps = StepHandler(cfg, trainer, monitor, logger, run_dir)
-        loop.run(cfg.loop.steps, steps)
-        steps.checkpoint(loop.version)
-        summary = {
-            "name": cfg.name,
-            "seed": cfg.seed,
-            "steps": loop.version,
-            "final": steps.last,
-            "collapse": monitor.verdict.as_summary(),
-            "fleet": manifest,
-            "model_dir": str(model_dir),
-            "versions": package_versions(),
-        }
-        logger.finish(summary)
-        return summary
+        with stop.installed():
+            plan = core_plan(cfg, specs)
+            log.info("%s", plan.describe())
+            trainer, slots, ready = start_actors(cfg, specs, model_dir, plan, runtime_env["env_vars"])
+            # Every process up before the clock starts: an engine that takes 20 s to start would
+            # otherwise sit out the first steps of a short run. All are awaited together, once.
+            ray.get(ready)
+            log.info("Ray and %d actors ready in %.1fs", len(ready), time.perf_counter() - launched)
+            monitor = CollapseMonitor(cfg.monitor)
+            state, run_dir = resume(cfg, trainer, monitor, run_dir)
+            logger = RunLogger(
+                run_dir, cfg.logger.wandb, label or cfg.name, config_dict(cfg), sweep_group or cfg.name,
+                cfg.loop.steps, cfg.logger.console_every, run_id=state.wandb_id, elapsed_s=state.wall_time_s,
+            )
+            loop = AsyncLoop(
+                cfg.loop, trainer, slots, make_task(cfg.task, cfg.seed), cfg.seed, tokenizer.pad_token_id,
+                start_version=state.step, start_request=state.next_request, generating=plan.generating,
+            )
+            steps = StepHandler(cfg, trainer, monitor, logger, run_dir, loop)
+            facts = {"name": cfg.name, "seed": cfg.seed, "run_dir": str(run_dir), "fleet": manifest,
+                     "model_dir": str(model_dir), "versions": package_versions()}
+            summary = finish(loop, steps, stop, facts)
+            # Only after a clean end are the processes trusted with the next job of a sweep.
+            keep_warm = keep_warm and summary.get("status") == "completed" and loop.sampler_restarts == 0
+            return summary
     except BaseException:
-        keep_warm = False  # after a failure nothing is trusted: the next job starts from scratch
+        keep_warm = False
         raise
     finally:
         SESSION.release(keep=keep_warm)  # parked processes are reset before any reuse
@@ -119,39 +130,75 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None) -> dict
 class StepHandler:
     """After each trainer step: collapse monitor, logging, periodic checkpoints, the stop decision."""
 
-    def __init__(self, cfg: RunConfig, trainer, monitor, logger: RunLogger, run_dir: Path):
+    def __init__(self, cfg: RunConfig, trainer, monitor, logger: RunLogger, run_dir: Path, loop):
         self.cfg, self.trainer, self.monitor, self.logger, self.run_dir = cfg, trainer, monitor, logger, run_dir
+        self.loop = loop
         self.last: dict[str, float | str] = {}
+        self.saved_step = loop.version  # a resumed run starts from a saved step
+        self.saved_at = time.monotonic()
 
     def __call__(self, report) -> bool:
         from rlmix.config.monitor import MonitorAction
+        from rlmix.metrics.monitor import CollapseRule
 
         verdict = self.monitor.update(report.step, report.metrics)
         self.last = report.metrics | verdict.as_metrics()
         self.logger.log(report.step, self.last)
-        every = self.cfg.loop.checkpoint_every
-        if every and report.step % every == 0 and report.step < self.cfg.loop.steps:
+        if verdict.rule is CollapseRule.nonfinite:
+            return False  # nothing more can be learned: the outcome says failed
+        if self._checkpoint_due(report.step):
             self.checkpoint(report.step)
         return not (verdict.collapse and self.cfg.monitor.action is MonitorAction.stop)
 
-    def checkpoint(self, step: int) -> None:
+    def _checkpoint_due(self, step: int) -> bool:
+        loop = self.cfg.loop
+        if step >= loop.steps:
+            return False  # the final checkpoint is written once the loop ends
+        by_steps = loop.checkpoint_every > 0 and step % loop.checkpoint_every == 0
+        by_time = loop.checkpoint_every_min > 0 and time.monotonic() - self.saved_at >= 60 * loop.checkpoint_every_min
+        return by_steps or by_time
+
+    def checkpoint(self, step: int) -> Path | None:
+        """Save step ``step`` (unless it is already saved); returns the checkpoint's directory."""
         import ray
 
-        ray.get(self.trainer.save_checkpoint.remote(str(self.run_dir / CHECKPOINTS / f"step_{step}")))
+        if step == self.saved_step:
+            return checkpoints.latest_checkpoint(self.run_dir)
+        tmp = checkpoints.staging_dir(self.run_dir, step)
+        try:
+            ray.get(self.trainer.save_checkpoint.remote(str(tmp)), timeout=self.cfg.loop.step_timeout_s)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as err:
+            from rlmix.errors import RunFailed
+
+            raise RunFailed(f"the trainer died or hung while saving step {step} ({type(err).__name__}); "
+                            "waiting on the trainer") from err
+        wandb_id = getattr(self.logger.wandb, "id", None)
+        state = RunState(step, self.loop.next_request, self.logger.elapsed_s(), wandb_id)
+        path = checkpoints.seal(tmp, state, self.cfg.loop.keep_checkpoints)
+        self.saved_step, self.saved_at = step, time.monotonic()
+        return path
 
 
-def resume(cfg: RunConfig, trainer, monitor, run_dir: Path) -> tuple[int, Path]:
-    """(start version, run dir): a resumed run continues in its own directory from its last checkpoint."""
+def resume(cfg: RunConfig, trainer, monitor, run_dir: Path) -> tuple[RunState, Path]:
+    """(run state to start from, run dir): a resumed run continues in its own directory from its
+    newest complete checkpoint."""
     import ray
 
-    checkpoint = latest_checkpoint(Path(cfg.resume)) if cfg.resume else None
-    if checkpoint is None:
-        return 0, run_dir
-    version = ray.get(trainer.load_checkpoint.remote(str(checkpoint)))
+    if not cfg.resume:
+        return RunState(step=0, next_request=0, wall_time_s=0.0), run_dir
+    checkpoint, skipped = checkpoints.newest_complete(Path(cfg.resume))
+    if checkpoint is None:  # validate() checked this; the directory changed since
+        from rlmix.errors import ConfigError
+
+        raise ConfigError(f"resume={cfg.resume}: no complete checkpoint under {Path(cfg.resume) / checkpoints.CHECKPOINTS}")
+    for path, why in skipped:
+        print(f"skipping {path.name}: {why}")
+    ray.get(trainer.load_checkpoint.remote(str(checkpoint)))
+    state = checkpoints.read_run_state(checkpoint)
     run_dir = Path(cfg.resume)
-    replay_history(run_dir, version, monitor)
-    print(f"resuming {run_dir} from {checkpoint.name} at step {version}")
-    return version, run_dir
+    replay_history(run_dir, state.step, monitor)
+    print(f"resuming {run_dir} from {checkpoint.name} at step {state.step}")
+    return state, run_dir
 
 
 def replay_history(run_dir: Path, step: int, monitor) -> None:

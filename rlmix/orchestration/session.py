@@ -25,8 +25,6 @@ from dataclasses import dataclass, field
 log = logging.getLogger(__name__)
 
 TRAINER_RESOURCE = "rlmix_trainer"
-# Worker processes: no tokenizer thread pools, no per-load progress bars in the run's console.
-QUIET_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error"}
 
 
 @dataclass(frozen=True)
@@ -34,8 +32,9 @@ class ActorRequest:
     """One actor a job needs: its class, Ray options and constructor arguments."""
 
     cls: type
-    options: dict
+    options: dict  # Ray placement options
     args: tuple
+    env_vars: dict  # this run's worker environment (where output goes); not part of the placement
     reuse_with_other_args: bool  # False where Ray may re-create it from its first arguments
 
     def place_key(self) -> tuple:
@@ -60,17 +59,21 @@ class Session:
     idle: list[_Warm] = field(default_factory=list)
     running: list[tuple[ActorRequest, object]] = field(default_factory=list)  # the current job's
 
-    def ensure_ray(self, address: str | None, num_cpus: int | None, resources: dict[str, float]) -> None:
-        """Start (or join) Ray unless the running instance already offers everything asked for."""
+    def ensure_ray(self, address: str | None, num_cpus: int | None, resources: set[str], runtime_env: dict,
+                   log_to_driver: bool) -> None:
+        """Start (or join) Ray unless the running instance already offers everything asked for.
+
+        ``runtime_env`` is the first job's; each actor also carries its own run's ``env_vars``.
+        """
         import ray
 
-        key = (address, num_cpus, tuple(sorted(resources)))
+        key = (address, num_cpus, tuple(sorted(resources)), log_to_driver)
         if ray.is_initialized() and self._covers(key):
             return
         self.close()
-        env = {"env_vars": QUIET_ENV}
+        env = runtime_env
         if address is not None:
-            ray.init(address=address, runtime_env=env)
+            ray.init(address=address, runtime_env=env, log_to_driver=log_to_driver)
         else:
             cpus = num_cpus or os.cpu_count() or 1
             # Emulated accelerator types are declared as Ray's own accelerator_type resources,
@@ -83,7 +86,7 @@ class Session:
                 num_cpus=cpus,
                 resources={name: 64.0 for name in resources},
                 include_dashboard=False,
-                log_to_driver=True,
+                log_to_driver=log_to_driver,
                 configure_logging=False,
                 runtime_env=env,
                 # Ray caps concurrent worker start-ups at the core count: lift it so every
@@ -95,8 +98,9 @@ class Session:
     def _covers(self, key: tuple) -> bool:
         if self.ray_key is None:
             return False
-        address, cpus, names = key
-        return self.ray_key[:2] == (address, cpus) and set(names) <= set(self.ray_key[2])
+        address, cpus, names, to_driver = key
+        return self.ray_key[:2] == (address, cpus) and set(names) <= set(self.ray_key[2]) \
+            and self.ray_key[3] == to_driver
 
     def actors(self, wanted: list[ActorRequest]) -> tuple[list, list]:
         """(handles, readiness refs): one actor per request, warm where possible.
@@ -110,11 +114,12 @@ class Session:
         for req in wanted:
             warm = self._take(req)
             if warm is None:
-                handle = ray.remote(req.cls).options(**req.options).remote(*req.args)
+                options = req.options | {"runtime_env": {"env_vars": req.env_vars}}
+                handle = ray.remote(req.cls).options(**options).remote(*req.args)
                 ready.append(handle.version.remote())
             else:
                 handle, reused = warm.handle, reused + 1
-                ready.append(handle.reset.remote(*req.args))
+                ready.append(handle.reset.remote(req.env_vars, *req.args))
             handles.append(handle)
         for warm in self.idle:
             ray.kill(warm.handle)

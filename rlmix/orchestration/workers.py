@@ -50,6 +50,16 @@ def score_rollouts(out: Rollouts, request: Request, group_size: int, tokenizer, 
     )
 
 
+def adopt_run_env(env_vars: Mapping[str, str]) -> None:
+    """A reused process takes on the new run's worker environment: its output goes to that run."""
+    import os
+
+    from rlmix.metrics.quiet import redirect_worker_output
+
+    os.environ.update(env_vars)
+    redirect_worker_output()  # a no-op when the run streams worker output to the console
+
+
 class SamplerWorker:
     """One sampler instance: loads published weights between requests, generates, scores."""
 
@@ -75,9 +85,10 @@ class SamplerWorker:
     def version(self) -> int:
         return self.sampler.version
 
-    def reset(self, *args) -> int:
+    def reset(self, env_vars: Mapping[str, str], *args) -> int:
         """Become a new worker in this process (the next job of a sweep); returns the version."""
         self.sampler.close()
+        adopt_run_env(env_vars)
         self.__init__(*args)
         return self.sampler.version
 
@@ -97,11 +108,12 @@ class TrainerWorker:
     def version(self) -> int:
         return self.trainer.version
 
-    def reset(self, *args) -> int:
+    def reset(self, env_vars: Mapping[str, str], *args) -> int:
         """Become a new trainer in this process (the next job of a sweep); returns the version."""
         close = getattr(self.trainer, "close", None)
         if close is not None:
             close()
+        adopt_run_env(env_vars)
         self.__init__(*args)
         return self.trainer.version
 

@@ -1,0 +1,179 @@
+"""What a person reads: the step lines of a run and the block that ends it.
+
+On a terminal the step lines scroll above a progress bar (``rich``); anywhere else (CI, a log
+file, a pipe) they are plain lines, one per ``logger.console_every`` steps.
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import re
+import shlex
+import sys
+from pathlib import Path
+from typing import TextIO
+
+from rlmix.metrics.quiet import DRIVER_LOG, WORKERS_LOG, worker_warnings
+
+
+class StepDisplay:
+    """Step lines, above a live progress bar when ``stream`` is a terminal."""
+
+    def __init__(self, total: int, every: int = 1, stream: TextIO = sys.stdout, live: bool | None = None):
+        self.total, self.every, self.stream = total, max(every, 1), stream
+        live = stream.isatty() if live is None else live
+        self._bar = self._task = None
+        if live:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
+
+            console = Console(file=stream)
+            self._bar = Progress(
+                "train", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), "eta", TimeRemainingColumn(),
+                console=console, transient=True,
+            )
+            self._task = self._bar.add_task("train", total=total)
+            self._bar.start()
+            atexit.register(self.close)  # a run that dies mid-way still gives the terminal its cursor back
+
+    def update(self, step: int, line: str) -> None:
+        if step % self.every == 0 or step == self.total:
+            if self._bar is not None:
+                self._bar.console.print(line, markup=False, highlight=False)
+            else:
+                self.stream.write(line + "\n")
+                self.stream.flush()
+        if self._bar is not None:
+            self._bar.update(self._task, completed=step)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
+class CountedLines:
+    """The ``progress`` callback of ``rlmix eval`` and ``rlmix probe``.
+
+    Their per-item lines read ``[i/n] ...``. On a terminal those drive a progress bar (the item
+    shown beside it) and every other line prints above it; elsewhere every line prints as is.
+    Use as a context manager so the bar always goes away.
+    """
+
+    _COUNTED = re.compile(r"^\[(\d+)/(\d+)\] (.*)$")
+
+    def __init__(self, label: str, stream: TextIO = sys.stdout, live: bool | None = None):
+        self.label, self.stream = label, stream
+        self.live = stream.isatty() if live is None else live
+        self._bar = self._task = None
+
+    def __enter__(self) -> CountedLines:
+        if self.live:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._bar = Progress(self.label, BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                 TextColumn("{task.description}"), console=Console(file=self.stream), transient=True)
+            self._task = self._bar.add_task("", total=None)
+            self._bar.start()
+        return self
+
+    def __call__(self, line: str) -> None:
+        counted = self._COUNTED.match(line)
+        if self._bar is not None and counted:
+            done, total, item = counted.groups()
+            self._bar.update(self._task, completed=int(done), total=int(total), description=item)
+        elif self._bar is not None:
+            self._bar.console.print(line, markup=False, highlight=False)
+        else:
+            self.stream.write(line + "\n")
+            self.stream.flush()
+
+    def __exit__(self, *exc) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
+def shown(path: str | Path) -> str:
+    """A path as a user would type it from here: relative under the working directory."""
+    path = Path(path).resolve()
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _number(value, spec: str) -> str:
+    return format(value, spec) if isinstance(value, (int, float)) and math.isfinite(value) else "n/a"
+
+
+def collapse_text(collapse: dict | None) -> str:
+    if not collapse or not collapse.get("verdict"):
+        return "none"
+    return f"at step {collapse.get('step')}: {collapse.get('reason') or 'collapse'}"
+
+
+def next_commands(run_dir: Path, overrides: list[str]) -> list[str]:
+    """Evaluate, report and resume ``run_dir``; resuming repeats the run's own overrides."""
+    keep = [o for o in overrides if not o.startswith(("resume=", "hydra.", "+hydra."))]
+    where = shlex.quote(shown(run_dir))
+    return [
+        f"rlmix eval checkpoint={where} task.split=test",
+        f"rlmix report {where}",
+        " ".join(["rlmix train", *map(shlex.quote, keep), f"resume={where}"]),
+    ]
+
+
+def run_block(
+    summary: dict, run_dir: Path, checkpoint: Path | None, total_steps: int, overrides: list[str], log_dir: Path
+) -> str:
+    """The lines that end ``rlmix train``: outcome, where everything went, and what to run next."""
+    final = summary.get("final") or {}
+    rows = [
+        ("status", str(summary.get("status", "completed"))),
+        ("steps", f"{summary.get('steps', 0)}/{total_steps} in {_number(summary.get('wall_time_s'), ',.0f')} s"),
+        ("final", f"reward {_number(final.get('reward/mean'), '.3f')}  kl_k3 {_number(final.get('mismatch/kl_k3'), '.2e')}"
+                  f"  format errors {_number(final.get('format/error_rate'), '.3f')}"),
+        ("collapse", collapse_text(summary.get("collapse"))),
+        ("run dir", shown(run_dir)),
+        ("checkpoint", shown(checkpoint) if checkpoint else "none"),
+        ("logs", logs_text(log_dir, run_dir)),
+    ]
+    wandb_dirs = sorted((run_dir / "wandb").glob("offline-run-*"))
+    if wandb_dirs:
+        rows.append(("W&B", f"offline; upload with: wandb sync {shlex.quote(shown(wandb_dirs[-1]))}"))
+    width = max(len(key) for key, _ in rows)
+    lines = [f"── run {summary.get('name', '')} ".ljust(60, "─")]
+    lines += [f"  {key:<{width}}  {value}" for key, value in rows]
+    lines += ["next:"] + [f"  {command}" for command in next_commands(run_dir, overrides)]
+    return "\n".join(lines)
+
+
+def logs_text(log_dir: Path, run_dir: Path) -> str:
+    """The run's log files (named alone when they sit in the run directory) and the warning count."""
+    name = (lambda f: f) if log_dir.resolve() == run_dir.resolve() else (lambda f: shown(log_dir / f))
+    text = name(DRIVER_LOG)
+    if (log_dir / WORKERS_LOG).is_file():
+        count, kinds = worker_warnings(log_dir)
+        text += f", {name(WORKERS_LOG)}"
+        if count:
+            text += f" ({count} warnings of {kinds} kinds from the samplers and trainer)"
+    return text
+
+
+def sweep_block(jobs: list[tuple[str, dict, Path]], sweep_dir: Path) -> str:
+    """One line per job of a sweep, then the command that compares them."""
+    width = max((len(label) for label, _, _ in jobs), default=0)
+    lines = [f"── sweep {shown(sweep_dir)} ".ljust(60, "─")]
+    for label, summary, run_dir in jobs:
+        final = summary.get("final") or {}
+        lines.append(
+            f"  {label:<{width}}  {summary.get('status', 'completed'):<9}  steps {summary.get('steps', 0)}"
+            f"  reward {_number(final.get('reward/mean'), '.3f')}  kl_k3 {_number(final.get('mismatch/kl_k3'), '.2e')}"
+            f"  fmt_err {_number(final.get('format/error_rate'), '.3f')}  collapse {collapse_text(summary.get('collapse'))}"
+            f"  {shown(run_dir)}"
+        )
+    lines += ["next:", f"  rlmix report {shlex.quote(shown(sweep_dir))}"]
+    return "\n".join(lines)

@@ -1,0 +1,131 @@
+"""A quiet console: third-party output goes to log files in the run directory, not the terminal.
+
+Two sources, two routes:
+
+* the driver (the ``rlmix train`` process): Python logging. Records from rlmix and Hydra reach
+  the console; everything else (Ray, W&B, DeepSpeed, ...) reaches only Hydra's ``train.log``.
+  Errors always reach the console.
+* the Ray workers (samplers, trainer): vLLM, DeepSpeed and torch print from C++ and from child
+  processes too, so logging filters cannot catch it all. Each worker process points its own
+  stdout and stderr (file descriptors 1 and 2, which child processes inherit) at
+  ``workers.log`` in the run directory, from Ray's worker set-up hook, and Ray does not
+  forward worker output to the driver.
+
+``logger.verbose=true`` turns both routes off: everything streams to the console as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+
+WORKERS_LOG = "workers.log"
+DRIVER_LOG = "train.log"  # written by Hydra's job logging (hydra.job.name: train)
+_LOG_ENV = "RLMIX_WORKER_LOG"
+# Worker processes: no tokenizer thread pools, no per-load progress bars even in the log file.
+WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error"}
+_CONSOLE_LOGGERS = ("rlmix", "hydra", "__main__")
+THIRD_PARTY = ("deepspeed", "wandb", "transformers", "vllm", "torch", "py.warnings", "urllib3", "filelock")
+_SOURCE = re.compile(r"([\w.-]+\.py:\d+)")
+_WARNING = re.compile(r"\bWARN(ING)?\b|Warning|^\[W\d|\(raylet\).*warn", re.IGNORECASE)
+
+
+def worker_runtime_env(run_dir: Path, verbose: bool) -> dict:
+    """Ray ``runtime_env`` for every worker of a run."""
+    env = dict(WORKER_ENV)
+    if verbose:
+        return {"env_vars": env}
+    env[_LOG_ENV] = str(Path(run_dir).resolve() / WORKERS_LOG)
+    return {"env_vars": env, "worker_process_setup_hook": f"{__name__}.redirect_worker_output"}
+
+
+def redirect_worker_output() -> None:
+    """Ray's worker set-up hook: this process's stdout and stderr append to the run's workers.log.
+
+    On a remote node that cannot see the run directory the worker keeps Ray's own log files.
+    """
+    path = os.environ.get(_LOG_ENV)
+    if not path:
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError:
+        return
+    for stream in (1, 2):
+        os.dup2(fd, stream)
+    os.close(fd)
+    logging.captureWarnings(True)
+
+
+class _RunConsoleFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR or record.name.split(".")[0] in _CONSOLE_LOGGERS
+
+
+class _ThirdPartyFile(logging.FileHandler):
+    """train.log for a third-party logger that no longer propagates (one per logger, per run)."""
+
+
+class _ThirdPartyErrors(logging.StreamHandler):
+    """A third-party logger's errors still reach the console."""
+
+
+def route_driver_logs(log_dir: Path, verbose: bool) -> None:
+    """Keep third-party records of this process off the console; they go to ``log_dir``/train.log.
+
+    Two layers, because Hydra re-configures the root logger around every job of a sweep: the
+    known libraries get their own file handler and stop propagating (that survives Hydra's
+    re-configuration, and catches W&B's records at interpreter exit), and the root's console
+    handlers pass only rlmix's and Hydra's records below ERROR. Call after ``import ray`` and
+    before ``ray.init``: Ray attaches a console handler on import, removed here.
+    """
+    if verbose:
+        return
+    logging.captureWarnings(True)  # warnings.warn(...) becomes a record of logger py.warnings
+    for handler in logging.getLogger().handlers:
+        if not isinstance(handler, logging.FileHandler) and not any(
+            isinstance(f, _RunConsoleFilter) for f in handler.filters
+        ):
+            handler.addFilter(_RunConsoleFilter())
+    # ray.init(configure_logging=False) clears the "ray" logger's handlers, so a file handler there
+    # would not last; its records propagate to the root instead (file: yes, console: filtered).
+    ray = logging.getLogger("ray")
+    for handler in [h for h in ray.handlers if not isinstance(h, logging.FileHandler)]:
+        ray.removeHandler(handler)
+    ray.propagate = True
+    root_file = next((h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)), None)
+    for name in THIRD_PARTY:
+        _to_file(logging.getLogger(name), Path(log_dir) / DRIVER_LOG, root_file.formatter if root_file else None)
+
+
+def _to_file(logger: logging.Logger, path: Path, formatter: logging.Formatter | None) -> None:
+    """``logger`` writes to ``path`` (and its errors to stderr) instead of its own or the root's handlers."""
+    for handler in list(logger.handlers):
+        if isinstance(handler, (_ThirdPartyFile, _ThirdPartyErrors)):
+            handler.close()
+        if not isinstance(handler, logging.FileHandler) or isinstance(handler, _ThirdPartyFile):
+            logger.removeHandler(handler)
+    to_file = _ThirdPartyFile(path, delay=True)
+    # W&B keeps its own debug log in the run's wandb/ folder; train.log takes its warnings only.
+    to_file.setLevel(logging.WARNING if logger.name == "wandb" else logging.INFO)
+    if formatter is not None:
+        to_file.setFormatter(formatter)
+    errors = _ThirdPartyErrors()
+    errors.setLevel(logging.ERROR)
+    logger.addHandler(to_file)
+    logger.addHandler(errors)
+    logger.propagate = False
+
+
+def worker_warnings(run_dir: Path) -> tuple[int, int]:
+    """(warning lines, distinct warnings) in the run's workers.log: the once-per-run summary."""
+    path = Path(run_dir) / WORKERS_LOG
+    if not path.is_file():
+        return 0, 0
+    lines = [ln for ln in path.read_text(errors="replace").splitlines() if _WARNING.search(ln)]
+    # One kind per source line that warned (vLLM, DeepSpeed and Python warnings all name it);
+    # otherwise the text without the numbers that differ between repeats (times, pids, layers).
+    kinds = {(m.group(1) if (m := _SOURCE.search(ln)) else re.sub(r"\d+", "#", ln)) for ln in lines}
+    return len(lines), len(kinds)

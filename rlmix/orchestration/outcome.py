@@ -1,0 +1,98 @@
+"""How a run ends, told truthfully: a status in summary.json (rlmix.commands.train turns it into
+one line on stderr and an exit code).
+
+| status        | when                                                         | exit       |
+|---------------|--------------------------------------------------------------|------------|
+| `completed`   | every step ran and the collapse monitor stayed quiet         | 0          |
+| `collapsed`   | the monitor latched a collapse verdict (the run is data)     | 0          |
+| `interrupted` | SIGINT / SIGTERM: the step in flight finished, then a checkpoint | 130 / 143 |
+| `failed`      | a dead trainer, no sampler left, the watchdog, non-finite steps | 1        |
+
+docs/reliability.md lists each fault and what the run does about it.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import signal
+from contextlib import contextmanager
+
+from rlmix.errors import RunFailed
+
+log = logging.getLogger(__name__)
+
+
+class Status(enum.Enum):
+    completed = "completed"
+    collapsed = "collapsed"
+    interrupted = "interrupted"
+    failed = "failed"
+
+
+class StopRequest:
+    """The first SIGINT/SIGTERM asks the loop to stop after the step in flight; a second stops at once."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def __call__(self) -> bool:
+        return self.signum is not None
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+        log.warning("%s: finishing the step in flight, then a checkpoint (send it again to stop at once)",
+                    signal.Signals(signum).name)
+
+    @contextmanager
+    def installed(self):
+        # Installed after ray.init, so these handlers replace the ones Ray's core worker sets
+        # (its SIGTERM handler dumps a C++ stack and exits 1).
+        previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        try:
+            yield self
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+
+def finish(loop, steps, stop: StopRequest, facts: dict) -> dict:
+    """Run the loop to its end, then write the checkpoint and summary the outcome calls for."""
+    from rlmix.assembly.checkpoints import latest_checkpoint
+    from rlmix.metrics.monitor import CollapseRule
+
+    try:
+        loop.run(steps.cfg.loop.steps, steps, stop)
+        verdict = steps.monitor.verdict
+        failure = f"{verdict.reason}, so the weights no longer change" if verdict.rule is CollapseRule.nonfinite else ""
+    except RunFailed as err:
+        failure = str(err)
+    status = _status(failure, stop, steps.monitor.verdict.collapse)
+    checkpoint = None
+    if status is not Status.failed:
+        checkpoint = steps.checkpoint(loop.version)
+    summary = {"status": status.value} | facts | {
+        "steps": loop.version,
+        "final": steps.last,
+        "collapse": steps.monitor.verdict.as_summary(),
+        "checkpoint": str(checkpoint) if checkpoint else None,
+        "fault": {"sampler_restarts": loop.sampler_restarts, "requests_reissued": loop.requests_reissued},
+    }
+    if failure:
+        summary["error"] = failure
+        summary["resumable"] = latest_checkpoint(steps.run_dir) is not None
+    if stop.signum is not None:
+        summary["signal"] = signal.Signals(stop.signum).name
+    return steps.logger.finish(summary)  # with the accumulated wall time
+
+
+def _status(failure: str, stop: StopRequest, collapse: bool) -> Status:
+    if failure:
+        return Status.failed
+    if stop():
+        return Status.interrupted
+    return Status.collapsed if collapse else Status.completed

@@ -1,0 +1,102 @@
+"""The console's parts on their own: job names, the worker-warning summary, W&B's pool table, step lines."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from rlmix.commands.naming import job_label, set_swept_keys, sweep_name
+from rlmix.metrics.console import CountedLines, StepDisplay, collapse_text, next_commands, sweep_block
+from rlmix.metrics.quiet import WORKERS_LOG, worker_warnings
+from rlmix.metrics.wandb_tables import pool_rows, summary_fields
+
+
+@pytest.fixture(autouse=True)
+def _no_swept_keys():
+    yield
+    set_swept_keys(())
+
+
+def test_a_sweep_job_is_named_by_its_swept_overrides_only():
+    set_swept_keys(("correction.mode", "seed"))
+    overrides = ["+experiment=smoke", "correction.mode=sc_mis", "loop.steps=2", "seed=1"]
+    assert job_label(overrides, "smoke", 1) == "correction.mode=sc_mis,seed=1"
+    set_swept_keys(("experiment", "model.path"))
+    assert job_label(["+experiment=sc", "model.path=/m/a"], "sc", 0) == "experiment=sc,model.path=_m_a"
+
+
+def test_a_sweep_without_swept_values_falls_back_to_name_and_seed():
+    assert job_label(["loop.steps=2"], "smoke", 3) == "smoke_s3"
+
+
+def test_the_sweep_name_carries_date_time_and_experiment():
+    assert sweep_name("multirun/2026-12-03/07-14-05_smoke") == "2026-12-03_07-14-05_smoke"
+    assert sweep_name("/tmp/x/my_sweep") == "my_sweep"
+
+
+def test_worker_warnings_are_counted_once_per_kind(tmp_path):
+    lines = [
+        "(MainProcess pid=1) WARNING 12-03 07:04:02 [layerwise.py:266] RotaryEmbedding: Failed to load weights",
+        "(MainProcess pid=1) WARNING 12-03 07:05:09 [layerwise.py:266] RotaryEmbedding: Failed to load weights",
+        "(MainProcess pid=1) INFO 12-03 07:04:02 [inplace.py:91] Reloading weights inplace...",
+        "[2026-12-03 07:03:37,908] [WARNING] [real_accelerator.py:213:get_accelerator] Setting accelerator to CPU.",
+        "x.py:138: FutureWarning: `torch.distributed.reduce_op` is deprecated",
+    ]
+    (tmp_path / WORKERS_LOG).write_text("\n".join(lines) + "\n")
+    assert worker_warnings(tmp_path) == (4, 3)
+    assert worker_warnings(tmp_path / "absent") == (0, 0)
+
+
+def test_the_pool_table_averages_each_pools_rows(tmp_path):
+    rows = [
+        {"step": 1, "mismatch/kl_k3/a": 1.0, "format/error_rate/a": 0.5, "throughput/sampler_tokens_per_s/a": 100},
+        {"step": 2, "mismatch/kl_k3/a": 3.0, "mismatch/kl_k3/b": 2.0, "throughput/sampler_tokens_per_s/a": 300},
+    ]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    fleet = {"a": {"label": "emulated:A", "count": 2}, "b": {"label": "vllm:b", "count": 1}}
+    assert pool_rows(fleet, path) == [["a", "emulated:A", 2, 2, 2.0, 0.5, 200.0], ["b", "vllm:b", 1, 1, 2.0, None, None]]
+
+
+def test_the_collapse_verdict_is_a_flat_summary_field():
+    fields = summary_fields({"steps": 4, "collapse": {"verdict": True, "step": 3, "reason": "kl"}, "fleet": {}})
+    assert fields == {"steps": 4, "collapse/verdict": True, "collapse/step": 3, "collapse/reason": "kl"}
+    assert collapse_text({"verdict": True, "step": 3, "reason": "kl"}) == "at step 3: kl"
+    assert collapse_text({"verdict": False}) == "none"
+
+
+def test_resume_repeats_the_runs_overrides_but_not_its_directory(tmp_path):
+    commands = next_commands(tmp_path / "run", ["+experiment=smoke", "hydra.run.dir=x", "loop.steps=5"])
+    assert commands[-1] == f"rlmix train +experiment=smoke loop.steps=5 resume={tmp_path / 'run'}"
+    assert commands[0].startswith(f"rlmix eval checkpoint={tmp_path / 'run'}")
+
+
+def test_the_sweep_block_ends_with_the_report_command(tmp_path):
+    jobs = [("correction.mode=mis", {"steps": 2, "final": {"reward/mean": 0.5}}, tmp_path / "0_correction.mode=mis")]
+    text = sweep_block(jobs, tmp_path)
+    assert "correction.mode=mis  completed  steps 2  reward 0.500" in text
+    assert text.splitlines()[-1] == f"  rlmix report {tmp_path}"
+
+
+@pytest.mark.parametrize("live", [False, True])
+def test_step_lines_every_n_steps_and_always_the_last(live):
+    out = io.StringIO()
+    display = StepDisplay(total=5, every=2, stream=out, live=live)
+    for step in range(1, 6):
+        display.update(step, f"step {step}")
+    display.close()
+    assert [ln for ln in out.getvalue().splitlines() if ln.startswith("step")] == ["step 2", "step 4", "step 5"]
+
+
+@pytest.mark.parametrize("live", [False, True])
+def test_eval_and_probe_lines_drive_a_bar_on_a_terminal_and_print_elsewhere(live):
+    out = io.StringIO()
+    with CountedLines("eval", stream=out, live=live) as progress:
+        progress("[1/2] minicode/l1/0: 3/8 correct")
+        progress("[2/2] minicode/l1/1: 0/8 correct")
+        progress("wrote outputs/eval/eval.json")
+    lines = out.getvalue().splitlines()
+    assert "wrote outputs/eval/eval.json" in lines
+    assert ("[1/2] minicode/l1/0: 3/8 correct" in lines) is not live  # on a terminal the bar shows it

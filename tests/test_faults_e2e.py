@@ -1,0 +1,196 @@
+"""Fault injection through the real CLI: killed actors, a killed driver, signals, non-finite steps.
+
+Each test starts ``rlmix train`` in its own session, waits for a condition on disk (never a fixed
+sleep), injects the fault into a process of that session only, and checks what the run left
+behind. docs/reliability.md maps each fault to its test here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+RLMIX = str(Path(sys.executable).with_name("rlmix"))
+DEADLINE_S = 600  # generous: a loaded 2-core machine starts Ray and the actors slowly
+SMOKE = ["+experiment=smoke", "logger=disabled"]
+
+
+class Run:
+    """One ``rlmix train`` process in its own session; every process it starts is cleaned up."""
+
+    def __init__(self, tmp_path: Path, *args: str):
+        self.out, self.err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+        with open(self.out, "w") as out, open(self.err, "w") as err:
+            self.proc = subprocess.Popen([RLMIX, "train", *args], cwd=tmp_path, stdout=out, stderr=err,
+                                         start_new_session=True)
+
+    def wait_for(self, condition, what: str) -> None:
+        deadline = time.monotonic() + DEADLINE_S
+        while not condition():
+            assert self.proc.poll() is None, f"exited {self.proc.returncode} before {what}:\n{self.text()}"
+            assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{self.text()}"
+            time.sleep(0.2)
+
+    def finish(self) -> int:
+        try:
+            return self.proc.wait(timeout=DEADLINE_S)
+        finally:
+            self.kill_session()
+
+    def kill_session(self) -> None:
+        """SIGKILL whatever is left of this run's session (Ray's processes after a driver kill)."""
+        for pid in session_pids(self.proc.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def text(self) -> str:
+        return self.out.read_text()[-3000:] + self.err.read_text()[-3000:]
+
+
+def session_pids(sid: int) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.getsid(int(entry.name)) == sid:
+                    pids.append(int(entry.name))
+            except (ProcessLookupError, PermissionError):
+                pass
+    return pids
+
+
+def actor_pids(sid: int, actor: str) -> list[int]:
+    """Processes of this session whose title is Ray's ``ray::<actor>...``."""
+    found = []
+    for pid in session_pids(sid):
+        try:
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+        except OSError:
+            continue
+        if title.startswith(f"ray::{actor}"):
+            found.append(pid)
+    return found
+
+
+def rows(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def complete(run_dir: Path) -> list[int]:
+    from rlmix.assembly.checkpoints import CHECKPOINTS, problem, step_of
+
+    dirs = (run_dir / CHECKPOINTS).glob("step_*")
+    return sorted(step_of(p) for p in dirs if not problem(p))
+
+
+def test_a_killed_sampler_is_restarted_and_every_step_is_trained_once(tmp_path):
+    run_dir = tmp_path / "run"
+    run = Run(tmp_path, *SMOKE, "loop.steps=16", f"hydra.run.dir={run_dir}")
+    run.wait_for(lambda: len(rows(run_dir)) >= 1 and actor_pids(run.proc.pid, "SamplerWorker"), "the first step")
+    os.kill(actor_pids(run.proc.pid, "SamplerWorker")[0], signal.SIGKILL)
+    assert run.finish() == 0, run.text()
+    got = rows(run_dir)
+    assert [r["step"] for r in got] == list(range(1, 17))
+    assert got[-1]["fault/requests_reissued"] >= 1  # the dead actor's request was served again
+    assert summary(run_dir)["status"] in ("completed", "collapsed")  # the smoke toy may collapse: not a fault
+    assert "sampler " in run.text() and " died " in run.text()  # the warning (logged to the console)
+
+
+def test_a_killed_driver_resumes_from_the_newest_complete_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    common = [*SMOKE, "loop.checkpoint_every=2"]
+    first = Run(tmp_path, *common, "loop.steps=200", f"hydra.run.dir={run_dir}")
+    first.wait_for(lambda: len(complete(run_dir)) >= 2, "two complete checkpoints")
+    os.kill(first.proc.pid, signal.SIGKILL)
+    first.finish()
+    newest, previous = complete(run_dir)[-1], complete(run_dir)[-2]
+    weights = run_dir / "checkpoints" / f"step_{newest}" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # the newest checkpoint, cut short on disk
+    total = newest + 3
+    again = Run(tmp_path, *common, f"loop.steps={total}", f"resume={run_dir}")  # no hydra.run.dir: in place
+    assert again.finish() == 0, again.text()
+    out = again.out.read_text()
+    assert f"skipping step_{newest}: model.safetensors is truncated" in out
+    assert f"from step_{previous} at step {previous}" in out
+    assert [r["step"] for r in rows(run_dir)] == list(range(1, total + 1))
+    assert summary(run_dir)["status"] in ("completed", "collapsed") and summary(run_dir)["steps"] == total
+    assert not (tmp_path / "outputs").exists()  # the resumed run wrote into its own directory
+
+
+@pytest.mark.parametrize(
+    ("signum", "to_group", "code"),
+    [(signal.SIGINT, True, 130), (signal.SIGTERM, False, 143)],  # Ctrl-C reaches Ray's processes too
+    ids=["ctrl_c", "sigterm"],
+)
+def test_a_signal_finishes_the_step_writes_a_checkpoint_and_exits_128_plus_n(tmp_path, signum, to_group, code):
+    run_dir = tmp_path / "run"
+    run = Run(tmp_path, *SMOKE, "loop.steps=500", f"hydra.run.dir={run_dir}")
+    run.wait_for(lambda: len(rows(run_dir)) >= 2, "two steps")
+    (os.killpg if to_group else os.kill)(run.proc.pid, signum)
+    assert run.finish() == code, run.text()
+    result = summary(run_dir)
+    assert result["status"] == "interrupted" and result["signal"] == signum.name
+    assert complete(run_dir)[-1] == result["steps"] == rows(run_dir)[-1]["step"]
+    assert f"resume={run_dir}" in run.err.read_text()
+    assert "Traceback" not in run.text()
+
+
+def test_a_run_whose_steps_are_all_non_finite_fails(tmp_path, tiny_llama_dir):
+    from transformers import AutoModelForCausalLM
+
+    poisoned = tmp_path / "nan_model"
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    with torch.no_grad():
+        model.model.norm.weight.fill_(float("nan"))  # every logit NaN, in the samplers and the trainer
+    model.save_pretrained(poisoned)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (tiny_llama_dir / name).exists():
+            (poisoned / name).write_bytes((tiny_llama_dir / name).read_bytes())
+    run_dir = tmp_path / "run"
+    run = Run(tmp_path, *SMOKE, "loop.steps=10", f"model.path={poisoned}", f"hydra.run.dir={run_dir}")
+    assert run.finish() == 1, run.text()
+    result = summary(run_dir)
+    assert result["status"] == "failed" and result["steps"] == 3  # monitor.nonfinite.count
+    assert "non-finite" in result["error"]
+    errors = [line for line in run.err.read_text().splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "non-finite" in errors[0]
+
+
+def test_a_killed_trainer_fails_the_run_in_one_line_with_the_resume_command(tmp_path):
+    run_dir = tmp_path / "run"
+    run = Run(tmp_path, *SMOKE, "loop.steps=500", "loop.checkpoint_every=1", f"hydra.run.dir={run_dir}")
+    run.wait_for(lambda: complete(run_dir) and actor_pids(run.proc.pid, "TrainerWorker"), "a checkpoint")
+    os.kill(actor_pids(run.proc.pid, "TrainerWorker")[0], signal.SIGKILL)
+    assert run.finish() == 1, run.text()
+    result = summary(run_dir)
+    assert result["status"] == "failed" and "trainer died" in result["error"]
+    errors = [line for line in run.err.read_text().splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "trainer died" in errors[0] and f"resume={run_dir}" in errors[0]
+    assert "Traceback" not in run.text()
+
+
+def test_a_stopped_trainer_trips_the_watchdog_which_names_it(tmp_path):
+    run_dir = tmp_path / "run"
+    run = Run(tmp_path, *SMOKE, "loop.steps=500", "loop.step_timeout_s=30", f"hydra.run.dir={run_dir}")
+    run.wait_for(lambda: rows(run_dir) and actor_pids(run.proc.pid, "TrainerWorker"), "the first step")
+    os.kill(actor_pids(run.proc.pid, "TrainerWorker")[0], signal.SIGSTOP)  # hangs, does not die
+    assert run.finish() == 1, run.text()
+    result = summary(run_dir)
+    assert result["status"] == "failed" and "waiting on the trainer" in result["error"]

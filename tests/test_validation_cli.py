@@ -1,0 +1,66 @@
+"""Settings that would corrupt training or crash half-way are refused before anything starts:
+one line naming the key, exit status 2, no traceback, no run directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.test_cli import rlmix
+
+
+def refused(out, key: str) -> None:
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and key in lines[0], out.stderr
+    assert "Traceback" not in out.stdout + out.stderr
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("trainer.grad_clip=-1", "trainer.grad_clip"),  # clip_grad_norm_ would flip the gradient's sign
+        ("trainer.grad_clip=0", "trainer.grad_clip"),
+        ("trainer.betas=[1.0,0.95]", "trainer.betas"),
+        ("trainer.weight_decay=1e10", "trainer.weight_decay"),
+        ("trainer.lr=5", "trainer.lr"),
+        ("trainer.num_threads=0", "trainer.num_threads"),
+        ("loop.groups_per_step=0", "loop.groups_per_step"),
+        ("loop.temperature=1e-38", "loop.temperature"),
+        ("loop.checkpoint_every=-1", "loop.checkpoint_every"),
+        ("loop.sampler_threads=0", "loop.sampler_threads"),
+        ("loop.step_timeout_s=0", "loop.step_timeout_s"),
+        ("monitor.ema_span=0", "monitor.ema_span"),
+        ("correction.eps_low=0", "correction.eps_low"),
+    ],
+)
+def test_out_of_range_settings_are_one_line_exit_2_nothing_written(tmp_path, override, key):
+    refused(rlmix("train", "+experiment=smoke", override, cwd=tmp_path), key)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_deepspeed_settings_are_checked_before_ray_starts(tmp_path):
+    refused(rlmix("train", "+experiment=smoke", "trainer=deepspeed", "trainer.deepspeed.ranks=0", cwd=tmp_path),
+            "trainer.deepspeed.ranks")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_dir_that_cannot_be_created_is_refused(tmp_path):
+    (tmp_path / "a_file").write_text("")
+    refused(rlmix("train", "+experiment=smoke", f"hydra.run.dir={tmp_path / 'a_file' / 'run'}", cwd=tmp_path),
+            "hydra.run.dir")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
+def test_resume_without_a_complete_checkpoint_is_refused(tmp_path):
+    run = tmp_path / "old_run"
+    (run / "checkpoints" / "step_3").mkdir(parents=True)  # a save that never finished
+    refused(rlmix("train", "+experiment=smoke", f"resume={run}", cwd=tmp_path), "resume")
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
+        "old_run", "old_run/checkpoints", "old_run/checkpoints/step_3"]
+
+
+def test_resume_of_a_directory_that_does_not_exist_is_refused(tmp_path):
+    refused(rlmix("train", "+experiment=smoke", f"resume={Path(tmp_path) / 'nope'}", cwd=tmp_path), "resume")
+    assert list(tmp_path.iterdir()) == []
