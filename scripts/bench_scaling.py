@@ -61,7 +61,8 @@ def step_compute(model_dir: Path, cfg, stop: bool) -> dict:
     task, loop = make_task(cfg.task, cfg.seed), cfg.loop
     requests = [make_request(task, i, loop.groups_per_request, cfg.seed)
                 for i in range(loop.groups_per_step // loop.groups_per_request)]
-    samplers[0].generate(requests[0], loop.group_size, None, 0)  # warm-up
+    for sampler in samplers:  # warm-up: each sampler's first call pays one-time costs
+        sampler.generate(requests[0], loop.group_size, None, 0)
     start = time.perf_counter()
     parts = [samplers[i % len(samplers)].generate(r, loop.group_size, None, 0) for i, r in enumerate(requests)]
     generate_s = time.perf_counter() - start

@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 RLMIX = str(Path(sys.executable).with_name("rlmix"))
+# The benchmarks' own in-process model loads: no per-load progress bars in their output.
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
 def load_average() -> float:
