@@ -67,6 +67,7 @@ class Rollouts:
     group_ids: torch.Tensor | None = None  # (B,) int64: samples of one prompt share a group
     rewards: torch.Tensor | None = None  # (B,) float32
     format_ok: torch.Tensor | None = None  # (B,) bool
+    reward_errors: torch.Tensor | None = None  # (B,) bool: the reward function raised (reward 0, own group)
     gen_time_s: float = 0.0
     tags: dict[str, str] = field(default_factory=dict)  # accelerator, precision, kernel, backend
 
@@ -165,5 +166,6 @@ def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
         group_ids=cat("group_ids", 0),
         rewards=cat("rewards", 0.0),
         format_ok=cat("format_ok", False),
+        reward_errors=cat("reward_errors", False),
         gen_time_s=sum(p.gen_time_s for p in parts),
     )

@@ -17,15 +17,18 @@ OPTIONS = sorted(p.relative_to(CONF) for p in CONF.rglob("*.yaml") if p.parent !
 
 
 def test_every_option_is_seen():
-    # 5 fleets + 6 corrections + 2 trainers + 1 model + 2 tasks + 2 loggers + 7 experiments
-    assert len(OPTIONS) == 25, OPTIONS
+    # 5 fleets + 6 corrections + 2 trainers + 1 model + 3 tasks + 2 loggers + 7 experiments
+    assert len(OPTIONS) == 26, OPTIONS
 
 
 @pytest.mark.parametrize("option", OPTIONS, ids=str)
 def test_every_option_composes(option: Path):
     group, name = option.parent.as_posix(), option.stem
     override = f"+{group}={name}" if group == "experiment" else f"{group}={name}"
-    extra = ["task.tasks_dir=/nonexistent"] if name == "swebench_pro" else []
+    extra = {
+        "swebench_pro": ["task.tasks_dir=/nonexistent"],
+        "dataset": [f"task.train_files={CONF.parent / 'examples/arith/train.jsonl'}", "task.prompt_key=question"],
+    }.get(name, [])
     cfg = compose_run_config([override, *extra], for_training=group != "task")
     if group == "experiment":
         assert cfg.name == name
@@ -82,6 +85,7 @@ BAD = [
     (["loop.groups_per_step=5", "loop.groups_per_request=2"], "loop.groups_per_request"),
     (["fleet.top_k=200"], "correction.support_slots"),
     (["task=swebench_pro", "task.tasks_dir=/x"], "task=minicode"),
+    (["task=dataset"], "task.train_files"),
 ]
 
 

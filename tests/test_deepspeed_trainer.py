@@ -199,7 +199,7 @@ def test_two_ranks_same_loss_and_update_as_plain_torch(model_dir, corr, ray_loca
 def ray_local():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 

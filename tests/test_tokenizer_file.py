@@ -47,12 +47,29 @@ def test_file_tokenizer_matches_transformers(which, request):
         assert ours.decode(rows[2], skip_special_tokens=skip) == theirs.decode(rows[2], skip_special_tokens=skip)
 
 
+@pytest.mark.parametrize("which", ["char_model_dir", "tiny_llama_dir"])
+def test_prompts_render_to_the_same_ids_as_with_transformers(which, request):
+    from rlmix.config.dataset import ChatTemplateMode
+    from rlmix.models.io import load_tokenizer
+    from rlmix.tasks.chat import prompt_messages, render_ids
+
+    path = request.getfixturevalue(which)
+    ours, theirs = load_fast_tokenizer(path), load_tokenizer(path)
+    conversations = [prompt_messages("def f(x):"), prompt_messages("return x", system_prompt="be brief"),
+                     [{"role": "user", "content": "abc"}, {"role": "assistant", "content": "xyz"},
+                      {"role": "user", "content": "(1,2)"}]]
+    for messages in conversations:
+        for mode in ChatTemplateMode:
+            assert render_ids(ours, messages, mode) == render_ids(theirs, messages, mode), (messages, mode)
+
+
 def test_options_only_transformers_applies_fall_back_to_it(char_model_dir, tmp_path):
     import shutil
 
     from transformers import PreTrainedTokenizerBase
 
-    for option in ({"clean_up_tokenization_spaces": True}, {"add_eos_token": True}):
+    for option in ({"clean_up_tokenization_spaces": True}, {"add_eos_token": True},
+                   {"chat_template": "{{ messages[0]['content'] }}"}):
         path = tmp_path / next(iter(option))
         shutil.copytree(char_model_dir, path)
         config = json.loads((path / "tokenizer_config.json").read_text()) | option

@@ -33,7 +33,7 @@ CORRECTION = CorrectionConfig(mode=CorrectionMode.sc_mis, num_candidates=8)
 def ray_local():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from rlmix.config.dataset import ChatTemplateMode, DatasetTaskConfig
 from rlmix.config.schema import CorrectionConfig, MiniCodeTaskConfig, RunConfig, TrainerBackend, TrainerConfig
 from rlmix.rollout import Rollouts
 from rlmix.tasks.base import Problem, Task
@@ -32,14 +33,42 @@ def derive_seed(*parts: object) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
-def make_task(cfg: MiniCodeTaskConfig, seed: int) -> Task:
+def _minicode(cfg: MiniCodeTaskConfig, seed: int) -> Task:
     from rlmix.tasks.minicode import MiniCode
 
     return MiniCode(levels=tuple(cfg.levels), seed=seed)
 
 
-def encode_prompts(tokenizer, problems: tuple[Problem, ...], group_size: int) -> list[list[int]]:
-    ids = [tokenizer(p.prompt).input_ids for p in problems]
+def _dataset(cfg: DatasetTaskConfig, seed: int) -> Task:
+    from rlmix.tasks.dataset import DatasetTask
+
+    return DatasetTask(cfg, seed)
+
+
+TASKS = {MiniCodeTaskConfig: _minicode, DatasetTaskConfig: _dataset}  # task config type -> constructor
+
+
+def make_task(cfg: MiniCodeTaskConfig | DatasetTaskConfig, seed: int) -> Task:
+    return TASKS[type(cfg)](cfg, seed)
+
+
+def make_task_for(cfg: MiniCodeTaskConfig | DatasetTaskConfig, seed: int, tokenizer) -> Task:
+    """``make_task``, then ConfigError if the model's tokenizer cannot encode a dataset's prompts."""
+    task = make_task(cfg, seed)
+    if isinstance(cfg, DatasetTaskConfig):
+        from rlmix.tasks.dataset import check_encodable
+
+        check_encodable(task, tokenizer)
+    return task
+
+
+def encode_prompts(
+    tokenizer, problems: tuple[Problem, ...], group_size: int, mode: ChatTemplateMode = ChatTemplateMode.auto
+) -> list[list[int]]:
+    """Each problem's prompt rendered through the chat template (``rlmix.tasks.chat``), ``group_size`` times."""
+    from rlmix.tasks.chat import prompt_messages, render_ids
+
+    ids = [render_ids(tokenizer, p.messages or prompt_messages(p.prompt), mode) for p in problems]
     return [row for row in ids for _ in range(group_size)]
 
 

@@ -65,6 +65,7 @@ def compose_run_config(overrides: list[str], for_training: bool = True, output_d
     from omegaconf import OmegaConf, open_dict
 
     import rlmix.samplers.checks  # noqa: F401 - registers each backend's pool rules with validation
+    import rlmix.tasks.checks  # noqa: F401 - registers each task's own rules with validation
     from rlmix.config.load import check_output_dir, one_line, to_run_config, validate
     from rlmix.config.schema import register_configs
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-from rlmix.config.schema import EvalConfig, MiniCodeTaskConfig, RunConfig
+from rlmix.config.schema import EvalConfig, RunConfig
+from rlmix.config.swebench import SwebenchProConfig
 from rlmix.errors import ConfigError
 from rlmix.metrics.passk import PassAtK, mean_pass_at_k
 from rlmix.rollout import SamplingParams
@@ -49,14 +50,14 @@ def reference_sampler(cfg: EvalConfig, model_dir: Path, seed: int):
     return TorchSampler(model_dir, view, pool="eval_reference", seed=seed), view.label
 
 
-def minicode_counts(cfg: RunConfig, model_dir: Path, progress) -> tuple[list[dict], str]:
+def task_counts(cfg: RunConfig, model_dir: Path, progress) -> tuple[list[dict], str]:
     """Sample ``eval.samples`` completions per problem of ``task.split``; (per-task rows, reference label)."""
     from rlmix.models.io import load_tokenizer
-    from rlmix.assembly.parts import decode_completions, derive_seed, encode_prompts, make_task
+    from rlmix.assembly.parts import decode_completions, derive_seed, encode_prompts, make_task_for
 
-    task = make_task(cfg.task, cfg.seed)
-    problems = task.split(cfg.task.split)
     tokenizer = load_tokenizer(model_dir)
+    task = make_task_for(cfg.task, cfg.seed, tokenizer)
+    problems = task.split(cfg.task.split)
     sampler, label = reference_sampler(cfg.eval, model_dir, cfg.seed)
     n = cfg.eval.samples
     rows = []
@@ -67,7 +68,7 @@ def minicode_counts(cfg: RunConfig, model_dir: Path, progress) -> tuple[list[dic
             stop_token_ids=(tokenizer.eos_token_id,),
             seed=derive_seed(cfg.seed, "eval", problem.task_id),
         )
-        out = sampler.generate(encode_prompts(tokenizer, (problem,), n), params)
+        out = sampler.generate(encode_prompts(tokenizer, (problem,), n, cfg.task.chat_template), params)
         scores = [task.score(problem, text) for text in decode_completions(tokenizer, out)]
         rows.append({
             "task_id": problem.task_id,
@@ -75,6 +76,7 @@ def minicode_counts(cfg: RunConfig, model_dir: Path, progress) -> tuple[list[dic
             "n": n,
             "c": sum(s.reward >= 1.0 for s in scores),
             "format_errors": sum(not s.format_ok for s in scores),
+            "reward_errors": sum(s.error is not None for s in scores),
         })
         progress(f"[{i + 1}/{len(problems)}] {problem.task_id}: {rows[-1]['c']}/{n} correct")
     return rows, label
@@ -98,16 +100,17 @@ def evaluate(cfg: RunConfig, progress=print) -> dict:
     if not ks or ks[0] < 1 or ks[-1] > samples:
         raise ConfigError(f"eval.k={cfg.eval.k}: every k must be in 1..eval.samples={samples}")
     model_dir = resolve_checkpoint(cfg)
-    if not isinstance(cfg.task, MiniCodeTaskConfig):
+    if isinstance(cfg.task, SwebenchProConfig):
         return evaluate_agentic(cfg, model_dir, ks, progress)
-    split = cfg.task.split if cfg.task.split != "train" else "test"
+    # minicode's default split names its training stream; evaluation means its test split
+    split = "test" if cfg.task.name == "minicode" and cfg.task.split == "train" else cfg.task.split
     cfg.task.split = split
     out_dir = Path(cfg.eval.out_dir) if cfg.eval.out_dir else default_out_dir(cfg, split)
-    rows, label = minicode_counts(cfg, model_dir, progress)
+    rows, label = task_counts(cfg, model_dir, progress)
     results = {k: mean_pass_at_k([(r["n"], r["c"]) for r in rows], k) for k in ks}
     summary = {
         "checkpoint": str(model_dir),
-        "task": "minicode",
+        "task": cfg.task.name,
         "split": split,
         "samples": samples,
         "reference": label,

@@ -16,6 +16,7 @@ import json
 import time
 from pathlib import Path
 
+from rlmix.config.dataset import DatasetTaskConfig
 from rlmix.config.schema import MiniCodeTaskConfig, RunConfig
 from rlmix.errors import ConfigError
 from rlmix.eval.probe import FACTORS, PoolProbe, ProbeContext, ProbeSettings, probe_pool, reference_view
@@ -34,8 +35,8 @@ def probe_prompts(cfg: RunConfig, count: int) -> list:
     """``count`` problems of the task's test split, evenly spaced so every difficulty level is present."""
     from rlmix.assembly.parts import make_task
 
-    if not isinstance(cfg.task, MiniCodeTaskConfig):
-        raise ConfigError("rlmix probe needs task=minicode (its test split is the probe's prompt set)")
+    if not isinstance(cfg.task, (MiniCodeTaskConfig, DatasetTaskConfig)):
+        raise ConfigError("rlmix probe needs task=minicode or task=dataset (its test split is the probe's prompt set)")
     problems = make_task(cfg.task, cfg.seed).split("test")
     if not 1 <= count <= len(problems):
         raise ConfigError(
@@ -59,7 +60,9 @@ def probe_fleet(cfg: RunConfig, progress=print) -> tuple[list[PoolProbe], dict]:
     tokenizer = load_tokenizer(model_dir)
     specs = resolve_fleet(cfg, tokenizer.eos_token_id)
     firsts = [spec for spec in specs if spec.index == 0]
-    prompts = [tokenizer(p.prompt).input_ids for p in problems for _ in range(settings.samples_per_prompt)]
+    from rlmix.assembly.parts import encode_prompts
+
+    prompts = encode_prompts(tokenizer, tuple(problems), settings.samples_per_prompt, cfg.task.chat_template)
     ctx = ProbeContext(model_dir, tokenizer.pad_token_id, cfg.correction, cfg.trainer.bf16, cfg.seed)
     results: list[PoolProbe] = []
     for i, spec in enumerate(firsts):

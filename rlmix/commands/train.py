@@ -35,6 +35,7 @@ def _hydra_train(cfg: DictConfig) -> None:
     from hydra.types import RunMode
 
     import rlmix.samplers.checks  # noqa: F401 - registers each backend's pool rules with validation
+    import rlmix.tasks.checks  # noqa: F401 - registers each task's own rules with validation
     from rlmix.config.load import to_run_config, validate
     from rlmix.orchestration.runner import train
 

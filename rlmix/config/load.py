@@ -7,7 +7,8 @@ single line the CLI prints.
 
 This package imports no backend: a sampler backend's own platform rules live beside it and
 register here (``register_pool_check``, done by ``rlmix.samplers.checks``); ``validate`` refuses
-to pass a pool whose backend registered none, so a check cannot be skipped silently.
+to pass a pool whose backend registered none, so a check cannot be skipped silently. A task's own
+rules register the same way (``register_task_check``, done by ``rlmix.tasks.checks``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlmix.config.schema import MiniCodeTaskConfig, PoolConfig, RunConfig, SamplerBackend, TrainerBackend
+from rlmix.config.schema import PoolConfig, RunConfig, SamplerBackend, TrainerBackend
+from rlmix.config.swebench import SwebenchProConfig
 from rlmix.correction import MODES
 from rlmix.errors import ConfigError
 
@@ -35,6 +37,16 @@ _POOL_CHECKS: dict[SamplerBackend, PoolCheck] = {}
 def register_pool_check(backend: SamplerBackend, check: PoolCheck) -> None:
     """Install ``backend``'s platform rules; ``validate`` runs them for every pool of that backend."""
     _POOL_CHECKS[backend] = check
+
+
+# A task's own rules (files exist, fields present, reward imports): (run config, training?) -> None.
+TaskCheck = Callable[[RunConfig, bool], None]
+_TASK_CHECKS: dict[type, TaskCheck] = {}
+
+
+def register_task_check(config_type: type, check: TaskCheck) -> None:
+    """Install the rules of the task whose config is ``config_type`` (done by ``rlmix.tasks.checks``)."""
+    _TASK_CHECKS[config_type] = check
 
 
 def to_run_config(cfg: DictConfig) -> RunConfig:
@@ -53,8 +65,13 @@ def validate(cfg: RunConfig, for_training: bool = True) -> RunConfig:
     _check_run(cfg)
     _check_paths(cfg)  # first: the pools' checks read the model's config.json
     _check_fleet(cfg)
-    if for_training and not isinstance(cfg.task, MiniCodeTaskConfig):
-        raise ConfigError("rlmix train needs task=minicode; task=swebench_pro is for `rlmix eval`")
+    if for_training and isinstance(cfg.task, SwebenchProConfig):
+        raise ConfigError("task=swebench_pro is for `rlmix eval`; train with task=minicode or task=dataset")
+    if not _TASK_CHECKS:  # a programming error, not bad input: the entry point forgot to register
+        raise RuntimeError("no task checks registered; import rlmix.tasks.checks before validating")
+    check = _TASK_CHECKS.get(type(cfg.task))
+    if check is not None:
+        check(cfg, for_training)
     return cfg
 
 

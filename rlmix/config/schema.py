@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
+from rlmix.config.dataset import ChatTemplateMode, DatasetTaskConfig
 from rlmix.config.deepspeed import DeepSpeedConfig
 from rlmix.config.embedded import EmbeddedModelSpec
 from rlmix.config.monitor import MonitorConfig
@@ -123,6 +124,7 @@ class MiniCodeTaskConfig:
     name: str = "minicode"
     levels: list[int] = field(default_factory=lambda: [1, 2, 3])
     split: str = "train"  # evaluation: "test" or "hard51"
+    chat_template: ChatTemplateMode = ChatTemplateMode.auto  # auto: the tokenizer's template; raw: none
 
 
 @dataclass
@@ -199,7 +201,7 @@ class RunConfig:
     correction: CorrectionConfig = field(default_factory=CorrectionConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    task: Any = MISSING  # a group option: MiniCodeTaskConfig or SwebenchProConfig
+    task: Any = MISSING  # a group option: MiniCodeTaskConfig, DatasetTaskConfig or SwebenchProConfig
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -222,4 +224,5 @@ def register_configs() -> None:
     cs.store(group="model", name="model_schema", node=ModelConfig)
     cs.store(group="task", name="minicode_schema", node=MiniCodeTaskConfig)
     cs.store(group="task", name="swebench_pro_schema", node=SwebenchProConfig)
+    cs.store(group="task", name="dataset_schema", node=DatasetTaskConfig)
     cs.store(group="logger", name="logger_schema", node=LoggerConfig)

@@ -46,6 +46,8 @@ def reward_metrics(batch: Rollouts) -> dict[str, float]:
         m.FORMAT_KEY: float((~format_ok).float().mean()),
         m.RESPONSE_LEN: float(batch.mask.sum(1).float().mean()),
     }
+    if batch.reward_errors is not None:
+        out[m.REWARD_ERRORS] = float(batch.reward_errors.sum())
     pools = batch.pool
     for pool in sorted(set(pools)):
         rows = torch.tensor([p == pool for p in pools])

@@ -16,6 +16,7 @@ RESPONSE_LEN = "train/response_len"
 # reward/ and format/: what the task said about the batch
 REWARD_KEY = "reward/mean"
 PASS_RATE = "reward/pass_rate"
+REWARD_ERRORS = "reward/errors"  # samples whose reward function raised (reward 0, out of their group)
 FORMAT_KEY = "format/error_rate"
 
 # mismatch/: sampler-trainer disagreement (docs/math.md §6)

@@ -44,8 +44,11 @@ class Encoding:
 class FileTokenizer:
     """The subset of ``PreTrainedTokenizerFast`` a sampler uses: call, decode, special ids."""
 
-    def __init__(self, tokenizer, special: dict[str, str | None]):
-        self._tok = tokenizer
+    chat_template = None  # a directory with a template of its own is served by transformers
+
+    def __init__(self, tokenizer, special: dict[str, str | None], path: Path):
+        self._tok, self._path, self._hf = tokenizer, path, None
+        self.bos_token, self.eos_token = special.get("bos_token"), special.get("eos_token")
         ids = {key: (tokenizer.token_to_id(text) if text is not None else None) for key, text in special.items()}
         self.pad_token_id = ids.get("pad_token")
         self.eos_token_id = ids.get("eos_token")
@@ -64,6 +67,24 @@ class FileTokenizer:
     def batch_decode(self, rows: list[list[int]], skip_special_tokens: bool = False) -> list[str]:
         return self._tok.decode_batch([list(r) for r in rows], skip_special_tokens=skip_special_tokens)
 
+    def apply_chat_template(self, messages: list[dict], chat_template: str | None = None, tokenize: bool = True,
+                            add_generation_prompt: bool = False):
+        """``PLAIN_TEMPLATE`` (rlmix.tasks.chat: what a template-less tokenizer gets) rendered
+        directly; any other template by transformers' own renderer, loaded on first use."""
+        from rlmix.tasks.chat import PLAIN_TEMPLATE
+
+        if chat_template != PLAIN_TEMPLATE or tokenize:
+            if self._hf is None:
+                from rlmix.models.io import load_tokenizer
+
+                self._hf = load_tokenizer(self._path)
+            return self._hf.apply_chat_template(messages, chat_template=chat_template, tokenize=tokenize,
+                                                add_generation_prompt=add_generation_prompt)
+        parts = [self.bos_token or ""]
+        for m in messages:
+            parts.append(m["content"] + ((self.eos_token or "") if m["role"] == "assistant" else ""))
+        return "".join(parts)
+
     def __len__(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
@@ -80,9 +101,10 @@ def read_special_tokens(model_dir: Path) -> dict[str, str | None] | None:
     when the directory configures decoding that only ``transformers`` reproduces."""
     config_file = model_dir / "tokenizer_config.json"
     config = json.loads(config_file.read_text()) if config_file.is_file() else {}
-    # Options transformers applies on top of tokenizer.json: clean-up after decoding, and BOS/EOS
-    # flags that rewrite the post-processor.
-    if config.get("clean_up_tokenization_spaces", False) or {"add_bos_token", "add_eos_token"} & config.keys():
+    # Options transformers applies on top of tokenizer.json (clean-up after decoding, BOS/EOS
+    # flags that rewrite the post-processor) and chat templates: transformers serves those.
+    own = {"add_bos_token", "add_eos_token", "chat_template"} & config.keys()
+    if config.get("clean_up_tokenization_spaces", False) or own or list(model_dir.glob("chat_template.*")):
         return None
     special = {key: _token_text(config.get(key)) for key in SPECIAL_KEYS}
     map_file = model_dir / "special_tokens_map.json"
@@ -107,6 +129,6 @@ def load_fast_tokenizer(path: str | Path):
     from tokenizers import Tokenizer
 
     try:
-        return FileTokenizer(Tokenizer.from_file(str(p / "tokenizer.json")), special)
+        return FileTokenizer(Tokenizer.from_file(str(p / "tokenizer.json")), special, p)
     except Exception as e:  # the Rust library raises its own exception type for a malformed file
         raise ConfigError(f"model.path={str(path)!r}: no loadable tokenizer ({type(e).__name__})") from None

@@ -81,11 +81,12 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None, label: 
     from rlmix.metrics.monitor import CollapseMonitor
     from rlmix.orchestration.loop import AsyncLoop
     from rlmix.orchestration.outcome import StopRequest, finish
-    from rlmix.orchestration.workers import make_task
+    from rlmix.assembly.parts import make_task_for
 
     run_dir = Path(run_dir)
     model_dir = resolve_model_dir(cfg)
     tokenizer = load_fast_tokenizer(model_dir)
+    task = make_task_for(cfg.task, cfg.seed, tokenizer)  # before Ray: a prompt it cannot encode is one line
     specs = resolve_fleet(cfg, tokenizer.eos_token_id)
     manifest = fleet_manifest(specs)
     for pool, entry in manifest.items():
@@ -110,7 +111,7 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None, label: 
                 cfg.loop.steps, cfg.logger.console_every, run_id=state.wandb_id, elapsed_s=state.wall_time_s,
             )
             loop = AsyncLoop(
-                cfg.loop, trainer, slots, make_task(cfg.task, cfg.seed), cfg.seed, tokenizer.pad_token_id,
+                cfg.loop, trainer, slots, task, cfg.seed, tokenizer.pad_token_id,
                 start_version=state.step, start_request=state.next_request, generating=plan.generating,
             )
             steps = StepHandler(cfg, trainer, monitor, logger, run_dir, loop)

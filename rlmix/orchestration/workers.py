@@ -7,6 +7,7 @@ They are plain classes so tests and the synchronous reference loop can use them 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,9 +16,14 @@ import torch
 
 from rlmix.assembly.fleet import SamplerSpec, build_sampler
 from rlmix.assembly.parts import build_trainer, decode_completions, derive_seed, encode_prompts, make_task
+from rlmix.config.dataset import DatasetTaskConfig
 from rlmix.config.schema import CorrectionConfig, MiniCodeTaskConfig, TrainerConfig
 from rlmix.rollout import Rollouts
-from rlmix.tasks.base import Problem, Task
+from rlmix.tasks.base import OrderedTask, Problem, Task
+
+log = logging.getLogger(__name__)
+# A sample whose reward function raised gets a group of its own (advantage 0): ids from here up.
+ERROR_GROUP_BASE = 1 << 48
 
 
 @dataclass(frozen=True)
@@ -32,7 +38,10 @@ class Request:
 
 def make_request(task: Task, request_id: int, groups: int, seed: int) -> Request:
     """Request ``request_id`` of a run: the same problems and sampler seed whoever serves it."""
-    problems = tuple(task.sample(groups, seed=derive_seed(seed, "problems", request_id)))
+    if isinstance(task, OrderedTask):  # a dataset: the request's prompts sit at a fixed position
+        problems = tuple(task.sample_at(request_id * groups, groups))
+    else:
+        problems = tuple(task.sample(groups, seed=derive_seed(seed, "problems", request_id)))
     group_ids = tuple(request_id * groups + j for j in range(groups))
     return Request(request_id, problems, group_ids, derive_seed(seed, "sampler", request_id))
 
@@ -42,11 +51,18 @@ def score_rollouts(out: Rollouts, request: Request, group_size: int, tokenizer, 
     problems = [p for p in request.problems for _ in range(group_size)]
     texts = decode_completions(tokenizer, out)
     scores = [task.score(p, text) for p, text in zip(problems, texts)]
+    group_ids = [g for g in request.group_ids for _ in range(group_size)]
+    for row, score in enumerate(scores):
+        if score.error is not None:
+            # Out of its group (a group of one has advantage 0) so the others' baseline ignores it.
+            group_ids[row] = ERROR_GROUP_BASE + group_ids[row] * group_size + row % group_size
+            log.warning("reward failed on %s (sample %d): %s", problems[row].task_id, row % group_size, score.error)
     return out.replace(
         task_ids=tuple(p.task_id for p in problems),
-        group_ids=torch.tensor([g for g in request.group_ids for _ in range(group_size)]),
+        group_ids=torch.tensor(group_ids),
         rewards=torch.tensor([s.reward for s in scores], dtype=torch.float32),
         format_ok=torch.tensor([s.format_ok for s in scores]),
+        reward_errors=torch.tensor([s.error is not None for s in scores]),
     )
 
 
@@ -63,7 +79,9 @@ def adopt_run_env(env_vars: Mapping[str, str]) -> None:
 class SamplerWorker:
     """One sampler instance: loads published weights between requests, generates, scores."""
 
-    def __init__(self, spec: SamplerSpec, model_dir: str, task_cfg: MiniCodeTaskConfig, seed: int, threads: int):
+    def __init__(
+        self, spec: SamplerSpec, model_dir: str, task_cfg: MiniCodeTaskConfig | DatasetTaskConfig, seed: int, threads: int
+    ):
         from rlmix.models.tokenizer_file import load_fast_tokenizer
 
         torch.set_num_threads(threads or 1)
@@ -71,13 +89,14 @@ class SamplerWorker:
         self.sampler = build_sampler(spec, model_dir, seed)
         self.tokenizer = load_fast_tokenizer(model_dir)
         self.task = make_task(task_cfg, seed)
+        self.chat_template = task_cfg.chat_template
 
     def generate(
         self, request: Request, group_size: int, weights: Mapping[str, torch.Tensor] | None, version: int
     ) -> Rollouts:
         if weights is not None:
             self.sampler.load_weights(weights, version)
-        prompts = encode_prompts(self.tokenizer, request.problems, group_size)
+        prompts = encode_prompts(self.tokenizer, request.problems, group_size, self.chat_template)
         params = dataclasses.replace(self.spec.params, seed=request.seed)
         out = self.sampler.generate(prompts, params)
         return score_rollouts(out, request, group_size, self.tokenizer, self.task)

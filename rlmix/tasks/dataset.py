@@ -1,0 +1,234 @@
+"""``task=dataset``: train on the rows of a JSONL / Parquet file or a ``save_to_disk`` directory.
+
+Data order. Training problem ``i`` of a run (the ``i``-th prompt the loop asks for) is row
+``perm_e[i mod N]`` of epoch ``e = i // N``, where ``perm_e`` is a permutation drawn from
+``(run seed, e)`` (identity when ``task.shuffle=false``). The loop asks for problems by position
+(request id x prompts per request), so the position — and with it the data order — follows from
+the request counter alone: a resumed run continues with the rows after its checkpoint's step, and
+any sampler serving a request sees the same rows.
+
+Scoring. ``task.format_regex`` first (no match: a format error, reward 0), then the reward function
+(``rlmix.tasks.rewards``) on the completion or the regex's first group. A reward function that raises
+is reported as ``Score.error`` instead of stopping the run.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from rlmix.errors import ConfigError
+from rlmix.tasks.base import Problem, Score
+from rlmix.tasks.chat import Message, prompt_messages
+from rlmix.config.dataset import DatasetTaskConfig
+from rlmix.tasks.rewards import as_reward, resolve_reward
+
+SPLITS = {"train": "train_files", "test": "eval_files"}
+ROLES = {"system", "user", "assistant", "tool"}
+
+
+@dataclass(frozen=True)
+class DatasetPayload:
+    answer: Any  # the row's answer_key value
+    row: dict  # the whole row, passed to the reward function
+
+
+def load_rows(spec: str, key: str):
+    """A ``datasets.Dataset`` from a file, a glob or a ``save_to_disk`` directory (ConfigError otherwise)."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    path = Path(spec).expanduser()
+    if not path.is_dir() and not any(path.parent.glob(path.name)):
+        raise ConfigError(f"{key}={spec}: no such file or directory")
+    try:
+        if path.is_dir():
+            loaded = datasets.load_from_disk(str(path))
+            if isinstance(loaded, datasets.DatasetDict):
+                split = "train" if "train" in loaded or len(loaded) != 1 else next(iter(loaded))
+                if split not in loaded:
+                    raise ConfigError(f"{key}={spec}: a DatasetDict without a 'train' split ({sorted(loaded)})")
+                loaded = loaded[split]
+            return loaded
+        kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}.get(path.suffix)
+        if kind is None:
+            raise ConfigError(f"{key}={spec}: use .jsonl, .json, .parquet files or a save_to_disk directory")
+        return datasets.load_dataset(kind, data_files=str(path), split="train")
+    except ConfigError:
+        raise
+    except Exception as err:  # malformed JSON, not Parquet, not a saved dataset, ...
+        first = (str(err).splitlines() or [""])[0][:200]
+        raise ConfigError(f"{key}={spec}: does not load as a dataset ({type(err).__name__}: {first})") from None
+
+
+def check_columns(rows, cfg: DatasetTaskConfig, key: str) -> None:
+    """Every field the task reads is a column, and the first rows hold usable values."""
+    source = "task.messages_key" if cfg.messages_key else "task.prompt_key"
+    wanted = {source: cfg.messages_key or cfg.prompt_key, "task.answer_key": cfg.answer_key}
+    for name, column in wanted.items():
+        if column not in rows.column_names:
+            raise ConfigError(f"{name}={column!r} is not a field of {key}={getattr(cfg, key.split('.')[1])}; "
+                              f"fields: {', '.join(rows.column_names)}")
+    if len(rows) == 0:
+        raise ConfigError(f"{key}: the dataset has no rows")
+    for name, column in wanted.items():  # a row without the field reads as null in Arrow
+        if rows.data.column(column).null_count:
+            first = rows.data.column(column).to_pylist().index(None)
+            raise ConfigError(f"{name}={column!r}: row {first} of {key} has no value for it")
+    for i, row in enumerate(rows.select(range(min(len(rows), 8)))):
+        messages_of(row, cfg, f"{key} row {i}")
+
+
+def messages_of(row: dict, cfg: DatasetTaskConfig, where: str) -> list[Message]:
+    """The row's prompt as chat messages (ConfigError if the field is not a string / message list)."""
+    if cfg.messages_key is None:
+        prompt = row[cfg.prompt_key]
+        if not isinstance(prompt, str):
+            raise ConfigError(f"task.prompt_key={cfg.prompt_key!r}: {where} holds {type(prompt).__name__}, not text")
+        return prompt_messages(prompt, cfg.system_prompt)
+    messages = row[cfg.messages_key]
+    ok = isinstance(messages, list) and messages and all(
+        isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str) for m in messages
+    )
+    if not ok:
+        raise ConfigError(f"task.messages_key={cfg.messages_key!r}: {where} is not a list of {{role, content}} messages")
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+def to_problem(row: dict, cfg: DatasetTaskConfig, task_id: str) -> Problem:
+    messages = messages_of(row, cfg, task_id)
+    return Problem(
+        task_id=task_id,
+        prompt=messages[-1]["content"],
+        difficulty=0,
+        payload=DatasetPayload(answer=row[cfg.answer_key], row=row),
+        messages=tuple(messages),
+    )
+
+
+class DatasetTask:
+    """Prompts and answers from files, scored by a verifier or a user function (implements ``Task``)."""
+
+    name = "dataset"
+
+    def __init__(self, cfg: DatasetTaskConfig, seed: int = 0) -> None:
+        self.cfg, self.seed = cfg, seed
+        self.rows = load_rows(cfg.train_files, "task.train_files")
+        check_columns(self.rows, cfg, "task.train_files")
+        self.reward_fn = resolve_reward(cfg.reward, cfg.python_timeout_s)
+        self.format_re = compile_format(cfg.format_regex)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def row_at(self, position: int) -> int:
+        """The row index of training problem ``position`` (see the module docstring)."""
+        n = len(self.rows)
+        epoch, offset = divmod(position, n)
+        return _permutation(n, self.seed, epoch, self.cfg.shuffle)[offset]
+
+    def sample_at(self, position: int, n: int) -> list[Problem]:
+        """Training problems ``position .. position + n - 1`` of the run's data order."""
+        out = []
+        for i in range(position, position + n):
+            index = self.row_at(i)
+            out.append(to_problem(self.rows[index], self.cfg, f"dataset/train/{index}"))
+        return out
+
+    def sample(self, n: int, seed: int) -> list[Problem]:
+        """n problems drawn with ``seed`` (tests and probes; training uses ``sample_at``)."""
+        rng = random.Random(f"dataset:{self.seed}:{seed}")
+        return self.sample_at(rng.randrange(1 << 40), n)
+
+    def split(self, name: str) -> list[Problem]:
+        """Every row of ``test`` (task.eval_files) or ``train`` (task.train_files), in file order."""
+        if name not in SPLITS:
+            raise ConfigError(f"task.split={name!r} is not a dataset split; use one of {sorted(SPLITS)}")
+        spec = getattr(self.cfg, SPLITS[name])
+        if spec is None:
+            raise ConfigError(f"task.split={name}: set task.{SPLITS[name]} (a file or directory of rows to evaluate)")
+        rows = self.rows if name == "train" else load_rows(spec, f"task.{SPLITS[name]}")
+        check_columns(rows, self.cfg, f"task.{SPLITS[name]}")
+        return [to_problem(row, self.cfg, f"dataset/{name}/{i}") for i, row in enumerate(rows)]
+
+    def score(self, problem: Problem, completion: str) -> Score:
+        """Format rule first, then the reward; a reward function that raises gives ``Score.error``."""
+        text = completion
+        if self.format_re is not None:
+            m = self.format_re.fullmatch(completion.strip())
+            if m is None:
+                return Score(reward=0.0, format_ok=False)
+            text = m.group(1) if self.format_re.groups else completion
+        payload: DatasetPayload = problem.payload
+        try:
+            reward = as_reward(self.reward_fn(text, payload.answer, payload.row), self.cfg.reward)
+        except Exception as err:  # the user's code: one bad sample must not end the run
+            return Score(reward=0.0, format_ok=True, error=f"{type(err).__name__}: {err}")
+        return Score(reward=reward, format_ok=True)
+
+
+def compile_format(pattern: str | None) -> re.Pattern | None:
+    if pattern is None:
+        return None
+    try:
+        return re.compile(pattern, re.DOTALL)
+    except re.error as err:
+        raise ConfigError(f"task.format_regex={pattern!r}: not a regular expression ({err})") from None
+
+
+@lru_cache(maxsize=8)
+def _permutation(n: int, seed: int, epoch: int, shuffle: bool) -> tuple[int, ...]:
+    order = list(range(n))
+    if shuffle:
+        random.Random(f"dataset-order:{seed}:{epoch}").shuffle(order)
+    return tuple(order)
+
+
+def check_config(cfg: DatasetTaskConfig, seed: int, trained_prompts: int) -> None:
+    """Everything that can be checked before any process starts (ConfigError, one line).
+
+    Files load, fields exist and hold text/messages, the reward imports with the right signature
+    and returns a number on the first row, and ``trained_prompts`` fit in ``task.epochs``.
+    """
+    task = DatasetTask(cfg, seed)
+    if cfg.eval_files is not None:
+        check_columns(load_rows(cfg.eval_files, "task.eval_files"), cfg, "task.eval_files")
+    if cfg.epochs is not None:
+        if cfg.epochs < 1:
+            raise ConfigError(f"task.epochs={cfg.epochs}: must be >= 1 or null (cycle forever)")
+        if trained_prompts > cfg.epochs * len(task):
+            raise ConfigError(
+                f"task.epochs={cfg.epochs}: loop.steps x loop.groups_per_step = {trained_prompts} prompts, "
+                f"more than {cfg.epochs} pass(es) over {len(task)} rows; lower loop.steps or raise task.epochs"
+            )
+    if ":" in cfg.reward:  # a user function: call it once, as the run will
+        row = task.rows[0]
+        try:
+            value = task.reward_fn(str(row[cfg.answer_key]), row[cfg.answer_key], row)
+        except Exception as err:
+            raise ConfigError(f"task.reward={cfg.reward!r} raised {type(err).__name__} on the first row: {err}") from None
+        try:
+            as_reward(value, cfg.reward)
+        except TypeError as err:
+            raise ConfigError(str(err)) from None
+
+
+def check_encodable(task: DatasetTask, tokenizer, limit: int = 2000) -> None:
+    """ConfigError if the tokenizer maps text of the first ``limit`` prompts to its unknown token."""
+    unk = tokenizer.unk_token_id
+    if unk is None:
+        return  # byte-level vocabularies encode any text
+    for index in range(min(len(task), limit)):
+        problem = to_problem(task.rows[index], task.cfg, f"row {index}")
+        for message in problem.messages:
+            ids = tokenizer(message["content"], add_special_tokens=False).input_ids
+            if unk in ids:
+                bad = sorted({ch for ch in message["content"] if unk in tokenizer(ch, add_special_tokens=False).input_ids})
+                raise ConfigError(
+                    f"task.train_files row {index}: the model's tokenizer cannot encode {''.join(bad)!r} "
+                    "(the embedded model knows digits, a few letters and <>;?|/ only); use model.path=<an HF model>"
+                )

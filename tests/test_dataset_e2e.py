@@ -1,0 +1,87 @@
+"""task=dataset through the real CLI: the embedded model, a user-built HF model, eval, vLLM + DeepSpeed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.byo_model import save_model
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+ARITH = ROOT / "examples" / "arith"
+RLMIX = str(Path(sys.executable).with_name("rlmix"))
+SMALL = ["fleet=smoke", "loop.groups_per_step=4", "loop.group_size=4", "loop.groups_per_request=2",
+         "logger=disabled"]
+
+
+def rlmix(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    out = subprocess.run([RLMIX, *args], cwd=cwd, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_embedded_model_trains_and_evaluates_a_jsonl_task_with_a_flaky_reward(tmp_path):
+    """A user reward that raises on odd answers: counted as reward/errors, the run goes on; then pass@k."""
+    (tmp_path / "flaky.py").write_text(textwrap.dedent("""
+        def reward(completion, answer, row):
+            if int(answer) % 2:
+                raise ValueError("odd answers are not scored")
+            return float(completion.strip() == answer)
+    """))
+    (tmp_path / "eval.jsonl").write_text("".join((ARITH / "test.jsonl").read_text().splitlines(True)[:6]))
+    run_dir = tmp_path / "run"
+    task = ["task=dataset", f"task.train_files={ARITH / 'train.jsonl'}", "task.eval_files=eval.jsonl",
+            "task.prompt_key=question", "task.reward=flaky:reward"]
+    rlmix("train", "+experiment=sc_mis", *SMALL, *task, "loop.steps=3", "loop.max_new_tokens=12",
+          f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    rows = metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert sum(r["reward/errors"] for r in rows) > 0  # 16 prompts a step: some have odd answers
+    assert all(r["reward/errors"] < 16 for r in rows)
+    rlmix("eval", f"checkpoint={run_dir}", *task, "eval.samples=2", "eval.k=[1,2]", "eval.max_new_tokens=8",
+          "logger=disabled", cwd=tmp_path)
+    result = json.loads((run_dir / "eval_test" / "eval.json").read_text())
+    assert result["task"] == "dataset" and len(result["tasks"]) == 6
+    assert set(result["pass_at_k"]) == {"1", "2"} and "stderr" in result["pass_at_k"]["1"]
+    odd = [r for r in result["tasks"] if r["reward_errors"]]
+    assert odd and all(r["c"] == 0 for r in odd)
+
+
+@pytest.mark.parametrize("arch", ["llama", "llama3", "qwen2"])
+def test_user_model_with_bpe_tokenizer_and_chat_template(tmp_path, arch):
+    """A BPE tokenizer trained in the test, a ChatML template, a random tiny model; the math verifier."""
+    model = save_model(tmp_path / "model", arch)
+    run_dir = tmp_path / "run"
+    rlmix("train", "+experiment=sc_mis", *SMALL, f"model.path={model}", "task=dataset",
+          f"task.train_files={ARITH / 'train.jsonl'}", "task.prompt_key=question", "task.reward=math",
+          "task.system_prompt=Answer with a number.", "loop.steps=2", "loop.max_new_tokens=8",
+          f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    rows = metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2] and all(r["reward/errors"] == 0 for r in rows)
+    assert (run_dir / "checkpoints" / "step_2" / "model.safetensors").is_file()
+
+
+def test_vllm_pool_and_deepspeed_trainer_on_a_dataset_task(tmp_path):
+    pytest.importorskip("vllm")
+    pytest.importorskip("deepspeed")
+    model = save_model(tmp_path / "model", "llama")
+    run_dir = tmp_path / "run"
+    rlmix("train", "+experiment=smoke", "fleet=vllm_cpu_smoke", "trainer=deepspeed", f"model.path={model}",
+          "task=dataset", f"task.train_files={ARITH / 'train.jsonl'}", "task.prompt_key=question",
+          "task.reward=math", 'task.format_regex="<p>(.*?)</p>"', "loop.steps=3", "logger=disabled",
+          f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    rows = metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert any("mismatch/kl_k3/cpu_vllm_bf16" in r for r in rows)
+    assert all(r["format/error_rate"] > 0.5 for r in rows)  # a random model rarely writes <p>N</p>

@@ -1,0 +1,182 @@
+"""task=dataset: loading, data order, rewards, the format rule, reward errors, and bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlmix.correction.advantages import group_advantages
+from rlmix.errors import ConfigError
+from rlmix.metrics.aggregate import reward_metrics
+from rlmix.models.chartok import build_char_tokenizer
+from rlmix.orchestration.workers import ERROR_GROUP_BASE, make_request, score_rollouts
+from rlmix.rollout import Rollouts
+from rlmix.tasks.dataset import DatasetTask, check_config, check_encodable
+from rlmix.config.dataset import DatasetTaskConfig
+from rlmix.tasks.minicode import ALPHABET
+from rlmix.tasks.rewards import math_answer, parse_number, run_python_tests
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "arith" / "train.jsonl"
+RLMIX = str(Path(sys.executable).with_name("rlmix"))
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def numbers(n: int) -> list[dict]:
+    return [{"prompt": f"{i} add 1?", "answer": str(i + 1)} for i in range(n)]
+
+
+def test_jsonl_parquet_and_save_to_disk_load_the_same_rows(tmp_path):
+    import datasets
+
+    rows = numbers(7)
+    jsonl = write_jsonl(tmp_path / "d.jsonl", rows)
+    ds = datasets.Dataset.from_list(rows)
+    ds.to_parquet(str(tmp_path / "d.parquet"))
+    ds.save_to_disk(str(tmp_path / "disk"))
+    datasets.DatasetDict({"train": ds}).save_to_disk(str(tmp_path / "dict"))
+    seen = []
+    for spec in (jsonl, tmp_path / "d.parquet", tmp_path / "disk", tmp_path / "dict"):
+        task = DatasetTask(DatasetTaskConfig(train_files=str(spec)))
+        seen.append([p.prompt for p in task.split("train")])
+    assert all(s == [r["prompt"] for r in rows] for s in seen)
+
+
+def test_data_order_is_a_permutation_per_epoch_derived_from_the_request_id(tmp_path):
+    cfg = DatasetTaskConfig(train_files=str(write_jsonl(tmp_path / "d.jsonl", numbers(10))))
+    task = DatasetTask(cfg, seed=3)
+    # 5 requests of 2 prompts = one epoch: every row exactly once.
+    epoch0 = [p.task_id for r in range(5) for p in make_request(task, r, 2, seed=3).problems]
+    epoch1 = [p.task_id for r in range(5, 10) for p in make_request(task, r, 2, seed=3).problems]
+    assert sorted(epoch0) == sorted(epoch1) == sorted(f"dataset/train/{i}" for i in range(10))
+    assert epoch0 != epoch1  # a fresh shuffle each epoch
+    # A resumed run rebuilds the task in a new process and asks for request 7 directly.
+    fresh = DatasetTask(cfg, seed=3)
+    assert make_request(fresh, 7, 2, seed=3).problems == make_request(task, 7, 2, seed=3).problems
+    assert DatasetTask(cfg, seed=4).row_at(0) != task.row_at(0) or DatasetTask(cfg, seed=4).row_at(1) != task.row_at(1)
+    ordered = DatasetTask(DatasetTaskConfig(train_files=cfg.train_files, shuffle=False))
+    assert [ordered.row_at(i) for i in range(12)] == list(range(10)) + [0, 1]
+
+
+def test_builtin_verifiers():
+    assert parse_number("so 1,234.5 then \\boxed{3/4}") == pytest.approx(0.75)
+    assert math_answer("The answer is 12.", "12", {}) == 1.0
+    assert math_answer("-7", "-7.0", {}) == 1.0 and math_answer("7", "-7", {}) == 0.0
+    assert math_answer("no number", "1", {}) == 0.0
+    assert run_python_tests("def f(x):\n    return x + 1", "assert f(1) == 2", timeout_s=10)
+    assert not run_python_tests("def f(x):\n    return x", "assert f(1) == 2", timeout_s=10)
+    assert not run_python_tests("while True:\n    pass", "", timeout_s=1)  # killed at the timeout
+    assert not run_python_tests("import os\nos.environ['HOME']", "", timeout_s=10)  # empty environment
+
+
+def test_format_rule_and_user_reward(tmp_path):
+    cfg = DatasetTaskConfig(
+        train_files=str(EXAMPLE), prompt_key="question", reward="examples.arith.reward:reward",
+        format_regex="<p>(.*?)</p>",
+    )
+    task = DatasetTask(cfg)
+    problem = task.sample_at(0, 1)[0]
+    answer = int(problem.payload.answer)
+    assert task.score(problem, f"<p>{answer}</p>").reward == 1.0
+    assert task.score(problem, f"<p>{answer + 1}</p>").reward == 0.25
+    off = task.score(problem, f"{answer}")
+    assert off.reward == 0.0 and not off.format_ok
+
+
+def test_a_reward_that_raises_is_counted_and_kept_out_of_its_group(tmp_path, monkeypatch):
+    (tmp_path / "flaky.py").write_text(textwrap.dedent("""
+        def reward(completion, answer, row):
+            if completion == "boom":
+                raise RuntimeError("cannot score")
+            return float(completion == answer)
+    """))
+    monkeypatch.chdir(tmp_path)
+    cfg = DatasetTaskConfig(train_files=str(write_jsonl(tmp_path / "d.jsonl", numbers(4))), reward="flaky:reward")
+    task = DatasetTask(cfg)
+    request = make_request(task, 0, 1, seed=0)
+    answer = request.problems[0].payload.answer
+    tok = build_char_tokenizer(ALPHABET + "bmo")
+    texts = [answer, "boom", "9", answer]
+    ids = [tok(t, add_special_tokens=False).input_ids for t in texts]
+    width = max(map(len, ids))
+    out = Rollouts(
+        prompt_ids=torch.ones(4, 1, dtype=torch.long), prompt_lens=torch.ones(4, dtype=torch.long),
+        completion_ids=torch.tensor([row + [0] * (width - len(row)) for row in ids]),
+        mask=torch.tensor([[j < len(row) for j in range(width)] for row in ids]),
+        sampler_logprobs=torch.zeros(4, width), policy_version=torch.zeros(4, dtype=torch.long),
+        pool=("p",) * 4, finish_reason=("stop",) * 4,
+    )
+    scored = score_rollouts(out, request, 4, tok, task)
+    assert scored.rewards.tolist() == [1.0, 0.0, 0.0, 1.0]
+    assert scored.reward_errors.tolist() == [False, True, False, False]
+    assert int(scored.group_ids[1]) >= ERROR_GROUP_BASE and len(set(scored.group_ids.tolist())) == 2
+    adv = group_advantages(scored.rewards, scored.group_ids, normalize_std=False)
+    # The baseline of the other three is their own mean (2/3); the failed sample has no advantage.
+    assert adv.tolist() == pytest.approx([1 / 3, 0.0, -2 / 3, 1 / 3])
+    assert reward_metrics(scored)["reward/errors"] == 1.0
+
+
+def test_text_the_embedded_tokenizer_cannot_encode_is_named(tmp_path):
+    cfg = DatasetTaskConfig(train_files=str(write_jsonl(tmp_path / "d.jsonl", [{"prompt": "What is 1+1?", "answer": "2"}])))
+    with pytest.raises(ConfigError, match=r"cannot encode '\+Whi'"):
+        check_encodable(DatasetTask(cfg), build_char_tokenizer(ALPHABET))
+    check_encodable(DatasetTask(DatasetTaskConfig(train_files=str(EXAMPLE), prompt_key="question")),
+                    build_char_tokenizer(ALPHABET))
+
+
+def test_epochs_bound_the_run_length(tmp_path):
+    cfg = DatasetTaskConfig(train_files=str(write_jsonl(tmp_path / "d.jsonl", numbers(10))), epochs=2)
+    check_config(cfg, seed=0, trained_prompts=20)
+    with pytest.raises(ConfigError, match=r"task.epochs=2: .* 21 prompts"):
+        check_config(cfg, seed=0, trained_prompts=21)
+
+
+BAD_INPUT = [
+    (["task.train_files=missing.jsonl"], "task.train_files=missing.jsonl: no such file or directory"),
+    (["task.train_files=d.jsonl", "task.prompt_key=question"], "task.prompt_key='question' is not a field"),
+    (["task.train_files=d.jsonl", "task.answer_key=solution"], "task.answer_key='solution' is not a field"),
+    (["task.train_files=d.jsonl", "task.reward=nosuchmodule:reward"], "module 'nosuchmodule' does not import"),
+    (["task.train_files=d.jsonl", "task.reward=rewards:two_args"], "must accept (completion, answer, row)"),
+    (["task.train_files=d.jsonl", "task.reward=rewards:text"], "returned str 'yes'; it must return a finite number"),
+    (["task.train_files=d.jsonl", "task.reward=fuzzy"], "task.reward='fuzzy': use a built-in (exact|math|python_tests)"),
+    (["task.train_files=gaps.jsonl"], "task.prompt_key='prompt': row 2 of task.train_files has no value"),
+    (["task.train_files=d.jsonl", "task.eval_files=nope/"], "task.eval_files=nope/: no such file or directory"),
+    (["task.train_files=d.jsonl"], "cannot encode"),  # the embedded tokenizer has no capital W
+]
+
+
+@pytest.mark.parametrize("args,message", BAD_INPUT, ids=[m.split(":")[0][:30] for _, m in BAD_INPUT])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
+    rows = numbers(3) if message != "cannot encode" else [{"prompt": "What?", "answer": "1"}]
+    write_jsonl(tmp_path / "d.jsonl", rows)
+    write_jsonl(tmp_path / "gaps.jsonl", numbers(2) + [{"answer": "1"}])
+    (tmp_path / "rewards.py").write_text("def two_args(completion, answer):\n    return 1.0\n\n"
+                                         "def text(completion, answer, row):\n    return 'yes'\n")
+    out = subprocess.run(
+        [RLMIX, "train", "+experiment=smoke", "task=dataset", *args, "logger=disabled",
+         f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], out.stderr
+    assert "Traceback" not in out.stdout + out.stderr
+
+
+def test_a_task_option_added_through_the_searchpath_trains(monkeypatch):
+    from rlmix.commands.compose import compose_run_config
+
+    monkeypatch.chdir(ROOT)
+    cfg = compose_run_config(["+experiment=sc_mis", "hydra.searchpath=[file://examples/arith/conf]", "task=arith"])
+    assert isinstance(cfg.task, DatasetTaskConfig) and cfg.task.format_regex == "<p>(.*?)</p>"
+    assert cfg.task.reward == "examples.arith.reward:reward"
