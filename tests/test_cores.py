@@ -20,7 +20,8 @@ def test_derived_plan_never_hands_out_more_threads_than_cores(cpus, samplers, ex
     plan = plan_cores(cpus, samplers, None, None, None)
     assert (plan.trainer_threads, plan.sampler_threads, plan.generating) == expected
     if cpus > 1:
-        assert plan.trainer_threads + plan.sampler_threads * plan.generating <= cpus
+        assert plan.trainer_threads + plan.sampler_threads * plan.generating <= cpus  # trainer busy
+        assert plan.sampler_threads * (plan.generating + plan.idle_lanes) <= cpus  # trainer waiting
 
 
 def test_on_a_cluster_the_trainer_takes_half_of_one_node_and_the_samplers_the_rest():
@@ -45,17 +46,17 @@ class _Recorder:
         return object()
 
 
-def _loop(generating, on_cpu=(True,) * 6, groups_per_step=16):
+def _loop(generating, on_cpu=(True,) * 6, groups_per_step=16, idle_lanes=0):
     cfg = LoopConfig(groups_per_step=groups_per_step, group_size=2, groups_per_request=2)
     slots = [SamplerSlot(name=f"p{i}/0", pool=f"p{i}", actor=_Recorder(), on_cpu=c) for i, c in enumerate(on_cpu)]
     return AsyncLoop(cfg, trainer=None, samplers=slots, task=MiniCode(seed=0), seed=0, pad_id=0,
-                     generating=generating)
+                     generating=generating, idle_lanes=idle_lanes)
 
 
-def _start_round(loop: AsyncLoop) -> list[str]:
+def _start_round(loop: AsyncLoop, training: bool = True) -> list[str]:
     """The pools ``AsyncLoop._fill`` starts a request on in one pass of the loop."""
     inflight: dict = {}
-    loop._fill(inflight, training=False)
+    loop._fill(inflight, training=training)
     return [slot.pool for slot in inflight.values()]
 
 
@@ -75,3 +76,12 @@ def test_accelerator_samplers_are_not_counted_against_the_cpu_limit():
     assert sorted(_start_round(loop)) == ["p0", "p2", "p3"]
     assert _loop(generating=None)._sampler_lanes() == 6
     assert loop._sampler_lanes() == 3  # one CPU lane + two accelerators
+
+
+def test_while_the_trainer_waits_its_cores_generate_too():
+    plan = plan_cores(2, 6, None, None, None)
+    assert (plan.generating, plan.idle_lanes) == (1, 1)
+    loop = _loop(generating=plan.generating, idle_lanes=plan.idle_lanes)
+    assert _start_round(loop, training=False) == ["p0", "p1"]  # trainer idle: both cores generate
+    loop.samplers[0].inflight = loop.samplers[1].inflight = None
+    assert _start_round(loop, training=True) == ["p2"]  # trainer busy: one core is the samplers'

@@ -6,7 +6,8 @@ trainer step take 2.9x its isolated time, and the six samplers together reached 
 isolated sampler — threads that time-slice one core lose their caches and wait on each other's
 spin locks. The plan below never hands out more threads than cores: the trainer gets its share,
 the samplers the rest, and the loop lets only as many requests generate at once as the samplers'
-cores hold (taking the samplers in turn, so every pool keeps contributing).
+cores hold (taking the samplers in turn, so every pool keeps contributing) — plus the trainer's
+share while the trainer waits for a batch, so its cores are not left idle.
 
 A pool that runs on an accelerator (a vLLM engine on a GPU) computes off the CPU: it takes no
 share of the cores and its requests are never held back.
@@ -23,11 +24,13 @@ class CorePlan:
     trainer_threads: int
     sampler_threads: int  # per CPU sampler actor
     generating: int | None  # CPU-sampler requests generating at once; None = no limit
+    idle_lanes: int = 0  # more of them while the trainer waits for a batch (its cores are free)
 
     def describe(self) -> str:
         limit = "unlimited" if self.generating is None else str(self.generating)
         return (f"{self.cpus} cores: trainer {self.trainer_threads} thread(s), samplers {self.sampler_threads} "
-                f"thread(s) each, {limit} CPU request(s) generating at once")
+                f"thread(s) each, {limit} CPU request(s) generating at once (+{self.idle_lanes} while the "
+                "trainer waits)")
 
 
 def plan_cores(cpus: float, cpu_samplers: int, trainer_threads: int | None, sampler_threads: int | None,
@@ -46,4 +49,6 @@ def plan_cores(cpus: float, cpu_samplers: int, trainer_threads: int | None, samp
     if cpu_samplers == 0:
         return CorePlan(cores, trainer, per_sampler, None)
     at_once = generating or max(sampler_cores // per_sampler, 1)
-    return CorePlan(cores, trainer, per_sampler, min(at_once, cpu_samplers))
+    lent = 0 if generating else max(trainer // per_sampler, 0) if cores > 1 else 0
+    at_once = min(at_once, cpu_samplers)
+    return CorePlan(cores, trainer, per_sampler, at_once, min(lent, cpu_samplers - at_once))

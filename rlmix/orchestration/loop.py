@@ -100,6 +100,7 @@ class AsyncLoop:
         start_version: int = 0,
         start_request: int = 0,
         generating: int | None = None,
+        idle_lanes: int = 0,
     ):
         self.cfg, self.trainer, self.samplers, self.task = cfg, trainer, samplers, task
         self.seed, self.pad_id = seed, pad_id
@@ -119,7 +120,9 @@ class AsyncLoop:
         self.last_step_at = time.monotonic()
         # CPU-sampler requests generating at once (None: no limit); samplers are offered requests
         # in turn from ``turn`` so a limit below the fleet size still draws from every pool.
-        self.generating = generating
+        # While the trainer waits for a batch its cores are idle: ``idle_lanes`` more requests may
+        # generate then (a request already running when the trainer starts finishes on its own).
+        self.generating, self.idle_lanes = generating, idle_lanes
         self.turn = 0
         if start_version > 0:  # resume: samplers start from the model dir, so send the checkpoint
             self.weights_ref = trainer.published_weights.remote()
@@ -144,10 +147,11 @@ class AsyncLoop:
     def _in_turn(self) -> list[SamplerSlot]:
         return self.samplers[self.turn:] + self.samplers[:self.turn]
 
-    def _lane_free(self, slot: SamplerSlot) -> bool:
+    def _lane_free(self, slot: SamplerSlot, training: bool) -> bool:
         if self.generating is None or not slot.on_cpu:
             return True
-        return sum(1 for s in self.samplers if s.on_cpu and s.inflight) < self.generating
+        lanes = self.generating + (0 if training else self.idle_lanes)
+        return sum(1 for s in self.samplers if s.on_cpu and s.inflight) < lanes
 
     def _sampler_lanes(self) -> int:
         cpu = sum(1 for s in self.samplers if s.on_cpu)
@@ -248,7 +252,7 @@ class AsyncLoop:
     def _fill(self, inflight: dict, training: bool) -> None:
         """Give idle samplers requests, in turn, as far as the cores, the buffer and staleness allow."""
         for slot in self._in_turn():
-            if slot.state is SlotState.ready and slot.inflight is None and self._lane_free(slot):
+            if slot.state is SlotState.ready and slot.inflight is None and self._lane_free(slot, training):
                 request = self._next_request(training)
                 if request is None:
                     return

@@ -113,6 +113,7 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None, label: 
             loop = AsyncLoop(
                 cfg.loop, trainer, slots, task, cfg.seed, tokenizer.pad_token_id,
                 start_version=state.step, start_request=state.next_request, generating=plan.generating,
+                idle_lanes=plan.idle_lanes,
             )
             steps = StepHandler(cfg, trainer, monitor, logger, run_dir, loop)
             facts = {"name": cfg.name, "seed": cfg.seed, "run_dir": str(run_dir), "fleet": manifest,
