@@ -81,13 +81,17 @@ class Rollouts:
     def replace(self, **changes) -> Rollouts:
         return dataclasses.replace(self, **changes)
 
-    def rows(self, rows: slice) -> Rollouts:
-        """The sequences ``rows``: every per-sequence tensor and tuple is cut along dim 0."""
+    def rows(self, rows: slice | torch.Tensor) -> Rollouts:
+        """The sequences ``rows`` (a slice or an index tensor): every per-sequence tensor and tuple is cut along dim 0."""
         n, changes = len(self), {}
+        picked = None if isinstance(rows, slice) else rows.tolist()
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if (isinstance(value, torch.Tensor) and value.dim() >= 1 or isinstance(value, tuple)) and len(value) == n:
-                changes[f.name] = value[rows]
+                if isinstance(value, tuple) and picked is not None:
+                    changes[f.name] = tuple(value[i] for i in picked)
+                else:
+                    changes[f.name] = value[rows]
         return self.replace(**changes)
 
     def to(self, device: torch.device | str) -> Rollouts:

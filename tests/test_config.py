@@ -85,6 +85,7 @@ BAD = [
     (["loop.groups_per_step=5", "loop.groups_per_request=2"], "loop.groups_per_request"),
     (["fleet.top_k=200"], "correction.support_slots"),
     (["task=swebench_pro", "task.tasks_dir=/x"], "task=minicode"),
+    (["trainer.max_tokens_per_micro_batch=0"], "trainer.max_tokens_per_micro_batch"),
     (["task=dataset"], "task.train_files"),
 ]
 

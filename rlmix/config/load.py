@@ -124,6 +124,8 @@ def _check_trainer(cfg: RunConfig) -> None:
 
     t = cfg.trainer
     _require(t.micro_batch_size >= 1, f"trainer.micro_batch_size={t.micro_batch_size}: must be >= 1")
+    budget = t.max_tokens_per_micro_batch
+    _require(budget is None or budget >= 1, f"trainer.max_tokens_per_micro_batch={budget}: must be null or >= 1")
     _require(t.num_threads is None or t.num_threads >= 1,
              f"trainer.num_threads={t.num_threads}: must be null (from the cores Ray reports) or >= 1")
     _require(math.isfinite(t.lr) and 0 < t.lr <= 1, f"trainer.lr={t.lr}: must be in (0, 1]")

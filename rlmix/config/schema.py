@@ -108,6 +108,9 @@ class TrainerConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     grad_clip: float = 1.0
     micro_batch_size: int = 64  # sequences per forward/backward; gradients accumulate over the batch
+    # Padded positions (rows × longest prompt+completion) per forward/backward; rows are packed
+    # longest first so mixed lengths waste little on padding. null: blocks of micro_batch_size rows.
+    max_tokens_per_micro_batch: Optional[int] = None
     bf16: bool = True  # BF16 autocast over fp32 master weights
     num_threads: Optional[int] = None  # torch threads of the trainer; None: its share of the cores Ray reports
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)

@@ -1,8 +1,10 @@
 """Trainer log-probs of the sampled token and of a candidate set (docs/math.md §3.2, §3.3, §4).
 
-Only the sampled column and the K candidate columns are gathered from the logits: the single
-O(V) operation is the log-normaliser (full-vocabulary logsumexp), and with a recorded support
-not even that (the normaliser is over the S support columns).
+Only the sampled column and the K candidate columns are read from the logits: the single
+O(V) quantity is the log-normaliser (full-vocabulary logsumexp), and with a recorded support
+not even that (the normaliser is over the S support columns). So the loss takes either dense
+(N, V) logits or a `GatheredLogits` record (those columns plus the log-normaliser) that the
+trainer computes a chunk of tokens at a time without ever holding (N, V).
 """
 
 from __future__ import annotations
@@ -50,36 +52,73 @@ def support_candidates(support_ids: Tensor, support_probs: Tensor | None, dtype:
     return Candidates(support_ids.clamp_min(0), valid, logq, exact=True)
 
 
-class _GatherLogSoftmax(torch.autograd.Function):
-    """`log_softmax(z)` at the sampled column (N,) and the head columns (N, K), padding → 0.
+@dataclass(frozen=True)
+class GatheredLogits:
+    """The logits the correction reads, without the (N, V) matrix (corrections.md §3.3).
 
-    Never materialises the (N, V) log-softmax. Backward writes the logit gradient into one
-    (N, V) buffer, `dz = scatter_add(ids, g) − softmax(z) · Σ_j g_j`, instead of autograd's
-    several (zero-filled gather scatters, logsumexp's softmax, and their sums).
+    ids:      (N, C) int64 columns: column 0 is the sampled token, columns 1.. the candidate
+              set's ids (padding clamped to 0), in the order `loss_columns` lays them out
+    z:        (N, C) float, the logits at `ids` (already divided by the temperature)
+    log_norm: (N,)  float, logsumexp of the logits over the FULL vocabulary
+
+    Both `z` and `log_norm` carry gradient; whoever produced them turns `dz` and `dlog_norm`
+    into the logit gradient `scatter(ids, dz) + softmax(z_V) · dlog_norm` (one (N, V) buffer for
+    dense logits, a chunk at a time in the trainer's lm-head pass).
+    """
+
+    ids: Tensor
+    z: Tensor
+    log_norm: Tensor
+
+    @property
+    def num_tokens(self) -> int:
+        return self.ids.shape[0]
+
+
+def loss_columns(sampled_ids: Tensor, candidate_ids: Tensor | None) -> Tensor:
+    """(N, 1 + K) the columns a loss reads: the sampled id, then the candidate ids (or (N, 1))."""
+    if candidate_ids is None:
+        return sampled_ids[:, None]
+    return torch.cat([sampled_ids[:, None], candidate_ids.clamp_min(0)], dim=1)
+
+
+class _DenseGather(torch.autograd.Function):
+    """Dense (N, V) logits → `GatheredLogits` fields `(z at ids, logsumexp_V)`, exactly.
+
+    Backward writes the logit gradient into one (N, V) buffer,
+    `dz = scatter_add(ids, g_z) + softmax(z) · g_norm`, instead of autograd's several (zero-filled
+    gather scatters, logsumexp's softmax, and their sums).
     """
 
     @staticmethod
-    def forward(ctx, logits: Tensor, sampled_ids: Tensor, head_ids: Tensor, padding: Tensor):
-        log_norm = torch.logsumexp(logits, dim=1, keepdim=True)  # (N, 1)
-        logp_a = logits.gather(1, sampled_ids[:, None]).sub_(log_norm)[:, 0]
-        logp_h = logits.gather(1, head_ids).sub_(log_norm).masked_fill_(padding, 0.0)
-        ctx.save_for_backward(logits, log_norm, sampled_ids, head_ids, padding)
-        return logp_a, logp_h
+    def forward(ctx, logits: Tensor, ids: Tensor):
+        ctx.set_materialize_grads(False)
+        log_norm = torch.logsumexp(logits, dim=1)  # (N,)
+        ctx.save_for_backward(logits, log_norm, ids)
+        return logits.gather(1, ids), log_norm
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_a: Tensor, grad_h: Tensor):
-        logits, log_norm, sampled_ids, head_ids, padding = ctx.saved_tensors
-        grad_h = grad_h.masked_fill(padding, 0.0)  # padding outputs are constants
-        grad = torch.sub(logits, log_norm).exp_()  # softmax, the one (N, V) allocation
-        grad.mul_(-(grad_a + grad_h.sum(dim=1))[:, None])
-        grad.scatter_add_(1, sampled_ids[:, None], grad_a[:, None])
-        grad.scatter_add_(1, head_ids, grad_h)
-        return grad, None, None, None
+    def backward(ctx, grad_z: Tensor | None, grad_norm: Tensor | None):
+        logits, log_norm, ids = ctx.saved_tensors
+        if grad_norm is None:
+            grad = torch.zeros_like(logits)
+        else:
+            grad = torch.sub(logits, log_norm[:, None]).exp_()  # softmax, the one (N, V) allocation
+            grad.mul_(grad_norm[:, None])
+        if grad_z is not None:
+            grad.scatter_add_(1, ids, grad_z)
+        return grad, None
+
+
+def gather_columns(logits: Tensor, ids: Tensor) -> GatheredLogits:
+    """The exact adapter from dense (N, V) logits to the record the correction reads."""
+    z, log_norm = _DenseGather.apply(logits, ids)
+    return GatheredLogits(ids, z, log_norm)
 
 
 def gather_logprobs(
-    logits: Tensor, sampled_ids: Tensor, candidates: Candidates | None
+    logits: Tensor | GatheredLogits, sampled_ids: Tensor, candidates: Candidates | None
 ) -> tuple[Tensor, Tensor | None]:
     """Differentiable `log p(a)` (N,) and `log p(v), v ∈ H` (N, K) (0 at padding).
 
@@ -87,21 +126,28 @@ def gather_logprobs(
     With a recorded support S: `log p_S(v) = z_v − logsumexp_{u∈S}(z_u)` (§4). A row whose
     support is empty gets `log p_S(a) = 0` and no gradient (nothing was recorded to learn from).
     Padding slots are 0 before anything multiplies them (§3.3).
+
+    `logits` is dense (N, V) or a `GatheredLogits` whose `ids` are
+    `loss_columns(sampled_ids, candidates.ids)`; both give the same values and gradients.
     """
+    ids = loss_columns(sampled_ids, None if candidates is None else candidates.ids)
+    gathered = logits if isinstance(logits, GatheredLogits) else gather_columns(logits, ids)
+    if gathered.ids.shape != ids.shape or not torch.equal(gathered.ids, ids):
+        raise ValueError(
+            f"gathered logits hold columns of shape {tuple(gathered.ids.shape)} but this loss reads "
+            f"{tuple(ids.shape)}: build them with loss_columns(sampled_ids, candidate ids)"
+        )
     if candidates is not None and candidates.exact:
-        ids = torch.cat([sampled_ids[:, None], candidates.ids], dim=1)
-        logp = _support_logprobs(logits, ids, candidates.valid)
-        return logp[:, 0], logp[:, 1:].masked_fill(~candidates.valid, 0.0)
+        logp = _support_logprobs(gathered.z, candidates.valid)
+    else:
+        logp = gathered.z - gathered.log_norm[:, None]
     if candidates is None:
-        no_head = sampled_ids.new_zeros((sampled_ids.shape[0], 0))
-        logp_a, _ = _GatherLogSoftmax.apply(logits, sampled_ids, no_head, no_head.bool())
-        return logp_a, None
-    return _GatherLogSoftmax.apply(logits, sampled_ids, candidates.ids, ~candidates.valid)
+        return logp[:, 0], None
+    return logp[:, 0], logp[:, 1:].masked_fill(~candidates.valid, 0.0)
 
 
-def _support_logprobs(logits: Tensor, ids: Tensor, valid: Tensor) -> Tensor:
-    """`z_v − logsumexp_{u∈S} z_u` for the columns `ids` = [a, S...] (N, 1 + S)."""
-    z = logits.gather(1, ids)
+def _support_logprobs(z: Tensor, valid: Tensor) -> Tensor:
+    """`z_v − logsumexp_{u∈S} z_u` for the gathered columns `z` = [a, S...] (N, 1 + S)."""
     empty = ~valid.any(dim=1, keepdim=True)
     # An empty row normalises over {a} alone, so no row is all −inf (whose logsumexp
     # backward would produce NaN).

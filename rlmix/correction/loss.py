@@ -16,6 +16,7 @@ from rlmix.correction.centering import centering_coefficients
 from rlmix.correction.diagnostics import centering_stats, kl_k3_per_token, mismatch_stats, weight_stats
 from rlmix.correction.logprobs import (
     Candidates,
+    GatheredLogits,
     gather_logprobs,
     head_candidates,
     log_ratio,
@@ -49,7 +50,7 @@ class LossOutput:
 
 
 def token_loss(
-    logits: Tensor,
+    logits: Tensor | GatheredLogits,
     sampled_ids: Tensor,
     sampler_logprobs: Tensor,
     advantages: Tensor,
@@ -69,7 +70,9 @@ def token_loss(
         loss_t = −A_t · ( sg(f(r_a)) · log p(a) − Σ_{v∈H} c_v · log p(v) )      (c = 0 unless SC)
         loss   = Σ_t loss_t / num_tokens
 
-    logits (N, V) float, already divided by the sampling temperature; sampled_ids (N,) int64;
+    logits (N, V) float, already divided by the sampling temperature, or the same logits as a
+    `GatheredLogits` record (columns `loss_columns(sampled_ids, candidate ids)` plus the full
+    log-normaliser: what the trainer's chunked lm-head pass produces); sampled_ids (N,) int64;
     sampler_logprobs (N,) log q(a); advantages (N,) detached. head_ids/head_logprobs (N, K):
     top-K candidates with full-vocabulary log-probs (−1/−inf padding). support_ids/support_probs
     (N, S): the recorded sampling support; when given, p is renormalised over it everywhere and
@@ -80,9 +83,12 @@ def token_loss(
     weight = make_weight(spec.weight, low=low, high=high, cap=cap)
     logits = _as_float(logits)
     _check_tokens(logits, sampled_ids, sampler_logprobs, advantages)
-    candidates = _candidates(logits, spec.centered, head_ids, head_logprobs, support_ids, support_probs)
+    dtype = _dtype(logits)
+    candidates = _candidates(
+        sampled_ids.shape[0], dtype, spec.centered, head_ids, head_logprobs, support_ids, support_probs
+    )
     logp_a, logp_h = gather_logprobs(logits, sampled_ids, candidates)
-    lr = log_ratio(logp_a.detach(), sampler_logprobs.to(logits.dtype))
+    lr = log_ratio(logp_a.detach(), sampler_logprobs.to(dtype))
     w = weight.sampled(lr)
     objective = w * logp_a  # (N,)
     stats = mismatch_stats(lr)
@@ -95,12 +101,12 @@ def token_loss(
         )
         objective = objective - torch.linalg.vecdot(centering.coefficients, logp_h)  # Σ_H c_v log p(v)
         stats |= centering_stats(centering)
-    loss = -(advantages.to(logits.dtype).detach() * objective).sum() / _token_count(num_tokens, sampled_ids)
+    loss = -(advantages.to(dtype).detach() * objective).sum() / _token_count(num_tokens, sampled_ids)
     return LossOutput(loss, stats, _token_stats(lr, w))
 
 
 def ppo_clip_loss(
-    logits: Tensor,
+    logits: Tensor | GatheredLogits,
     sampled_ids: Tensor,
     sampler_logprobs: Tensor,
     advantages: Tensor,
@@ -132,11 +138,12 @@ def ppo_clip_loss(
         raise ValueError(f"PPO clip needs 0 <= eps_low < 1 and eps_high >= 0, got {eps_low}, {eps_high}")
     logits = _as_float(logits)
     _check_tokens(logits, sampled_ids, sampler_logprobs, advantages)
-    candidates = _candidates(logits, False, None, None, support_ids, support_probs)
+    dtype = _dtype(logits)
+    candidates = _candidates(sampled_ids.shape[0], dtype, False, None, None, support_ids, support_probs)
     logp_a, _ = gather_logprobs(logits, sampled_ids, candidates)
-    lr = log_ratio(logp_a, sampler_logprobs.to(logits.dtype))
+    lr = log_ratio(logp_a, sampler_logprobs.to(dtype))
     ratio = lr.exp()
-    adv = advantages.to(logits.dtype).detach()
+    adv = advantages.to(dtype).detach()
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv)
     f_w = weight_fn.ppo(lr.detach())
     loss = -(f_w * surrogate).sum() / _token_count(num_tokens, sampled_ids)
@@ -146,15 +153,29 @@ def ppo_clip_loss(
     return LossOutput(loss, stats, _token_stats(lr.detach(), f_w))
 
 
-def _as_float(logits: Tensor) -> Tensor:
+def _as_float(logits: Tensor | GatheredLogits) -> Tensor | GatheredLogits:
     # §3.3: fp32 log-softmax even for a BF16 model; fp64 passes through (tests use it).
-    return logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
+    def up(x: Tensor) -> Tensor:
+        return x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
+
+    if isinstance(logits, GatheredLogits):
+        return GatheredLogits(logits.ids, up(logits.z), up(logits.log_norm))
+    return up(logits)
 
 
-def _check_tokens(logits: Tensor, sampled_ids: Tensor, sampler_logprobs: Tensor, advantages: Tensor) -> None:
-    if logits.dim() != 2:
+def _dtype(logits: Tensor | GatheredLogits) -> torch.dtype:
+    return logits.z.dtype if isinstance(logits, GatheredLogits) else logits.dtype
+
+
+def _check_tokens(
+    logits: Tensor | GatheredLogits, sampled_ids: Tensor, sampler_logprobs: Tensor, advantages: Tensor
+) -> None:
+    if isinstance(logits, GatheredLogits):
+        n = logits.num_tokens
+    elif logits.dim() != 2:
         raise ValueError(f"logits must be (N, V), got shape {tuple(logits.shape)}")
-    n = logits.shape[0]
+    else:
+        n = logits.shape[0]
     for name, t in (("sampled_ids", sampled_ids), ("sampler_logprobs", sampler_logprobs), ("advantages", advantages)):
         if tuple(t.shape) != (n,):
             raise ValueError(f"{name} must be ({n},) to match logits, got shape {tuple(t.shape)}")
@@ -168,7 +189,8 @@ def _check_slots(name: str, ids: Tensor, values: Tensor | None, n: int) -> None:
 
 
 def _candidates(
-    logits: Tensor,
+    n: int,
+    dtype: torch.dtype,
     centered: bool,
     head_ids: Tensor | None,
     head_logprobs: Tensor | None,
@@ -176,12 +198,11 @@ def _candidates(
     support_probs: Tensor | None,
 ) -> Candidates | None:
     """The candidate set: the support when recorded (§4), else the head for SC, else none."""
-    n = logits.shape[0]
     if support_ids is not None:
         _check_slots("support", support_ids, support_probs, n)
         if centered and support_probs is None:
             raise ValueError("score centering over a recorded support needs support_probs as well as support_ids")
-        return support_candidates(support_ids, support_probs, logits.dtype)
+        return support_candidates(support_ids, support_probs, dtype)
     if not centered:
         return None
     if head_ids is None or head_logprobs is None:
@@ -190,7 +211,7 @@ def _candidates(
             "(head_ids and head_logprobs) or its recorded sampling support (support_ids and support_probs)"
         )
     _check_slots("head", head_ids, head_logprobs, n)
-    return head_candidates(head_ids, head_logprobs.to(logits.dtype))
+    return head_candidates(head_ids, head_logprobs.to(dtype))
 
 
 def _token_count(num_tokens: int | Tensor | None, sampled_ids: Tensor) -> int | Tensor:

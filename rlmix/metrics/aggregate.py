@@ -26,6 +26,12 @@ class StepResult:
     token_stats: dict[str, torch.Tensor]  # (N,) per masked token, batch row-major
     entropy: float
     num_tokens: int
+    positions: int = 0  # positions the forwards ran on (rows × width, summed over micro-batches)
+    sequence_tokens: int = 0  # of those, real prompt and completion tokens
+
+    @property
+    def padding_frac(self) -> float:
+        return 1.0 - self.sequence_tokens / self.positions if self.positions else 0.0
 
 # Staleness buckets for ``mismatch/kl_k3/lag_<a>_<b>`` (inclusive; None = unbounded).
 LAG_BUCKETS: tuple[tuple[int, int | None], ...] = ((0, 0), (1, 1), (2, 3), (4, 7), (8, 15), (16, None))
@@ -118,6 +124,7 @@ def step_metrics(batch: Rollouts, result: StepResult, grad_norm: float, version:
         m.GRAD_NORM_KEY: grad_norm,
         m.ENTROPY: result.entropy,
         m.TOKENS: float(result.num_tokens),
+        m.PADDING_FRAC: result.padding_frac,
     }
     return merge_metrics(
         train,

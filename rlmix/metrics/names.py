@@ -10,6 +10,7 @@ LOSS = "train/loss"
 GRAD_NORM_KEY = "train/grad_norm"
 ENTROPY = "train/entropy"
 TOKENS = "train/tokens"
+PADDING_FRAC = "train/padding_frac"  # share of the forward's positions that were padding
 SKIPPED_STEPS = "train/skipped_steps"
 RESPONSE_LEN = "train/response_len"
 

@@ -142,6 +142,7 @@ class DeepSpeedRank:
                 result = forward_backward(self.engine, shard.to(device), advantages.to(device),
                                           self.correction, pad_id=self.pad_id,
                                           micro_batch_size=self.cfg.micro_batch_size, bf16=self.cfg.bf16,
+                                          max_tokens=self.cfg.max_tokens_per_micro_batch,
                                           num_tokens=num_tokens, backward=backward)
             result.token_stats = {k: v.cpu() for k, v in result.token_stats.items()}
         for _ in range(backwards - calls):

@@ -24,7 +24,7 @@ from rlmix.metrics.names import SKIPPED_STEPS
 from rlmix.rollout import Rollouts
 from rlmix.trainers.deepspeed_config import check_deepspeed
 from rlmix.trainers.deepspeed_rank import DeepSpeedRank, RankSetup, RankStep, comm_backend, free_port
-from rlmix.trainers.step import advantages_for, micro_batches
+from rlmix.trainers.step import advantages_for, micro_batches, plan_micro_batches, step_stats
 
 STATE_FILE = "trainer_state.json"
 
@@ -36,11 +36,11 @@ def shard_rows(batch: Rollouts, ranks: int) -> list[tuple[Rollouts, slice] | Non
     return shards + [None] * (ranks - len(shards))
 
 
-def backward_count(shard: Rollouts | None, micro_batch_size: int) -> int:
+def backward_count(shard: Rollouts | None, micro_batch_size: int, max_tokens: int | None = None) -> int:
     """Backward passes ``step.forward_backward`` runs on ``shard``: its micro-batches with tokens."""
     if shard is None:
         return 0
-    return sum(bool(m.mask.any()) for m, _ in micro_batches(shard, micro_batch_size))
+    return sum(bool(shard.mask[rows].any()) for rows in plan_micro_batches(shard, micro_batch_size, max_tokens))
 
 
 def merge_results(results: list[StepResult]) -> StepResult:
@@ -49,13 +49,17 @@ def merge_results(results: list[StepResult]) -> StepResult:
     denom = max(n, 1)
     keys = {k for r in results for k in r.stats}
     token_keys = [k for r in results for k in r.token_stats]
+    token_stats = {k: torch.cat([r.token_stats[k] for r in results if k in r.token_stats])
+                   for k in dict.fromkeys(token_keys)}
     return StepResult(
         loss=sum(r.loss for r in results),  # each is (its tokens' loss sum) / global count
-        stats={k: sum(r.stats.get(k, 0.0) * r.num_tokens for r in results) / denom for k in keys},
-        token_stats={k: torch.cat([r.token_stats[k] for r in results if k in r.token_stats])
-                     for k in dict.fromkeys(token_keys)},
+        stats=step_stats({k: sum(r.stats.get(k, 0.0) * r.num_tokens for r in results) / denom for k in keys},
+                         token_stats),
+        token_stats=token_stats,
         entropy=sum(r.entropy * r.num_tokens for r in results) / denom,
         num_tokens=n,
+        positions=sum(r.positions for r in results),
+        sequence_tokens=sum(r.sequence_tokens for r in results),
     )
 
 
@@ -103,7 +107,8 @@ class DeepSpeedTrainer:
     def train_step(self, batch: Rollouts) -> dict[str, float]:
         advantages = advantages_for(batch, self.correction)  # whole groups, before splitting
         shards = shard_rows(batch, self.ranks_n)
-        backwards = max(backward_count(s and s[0], self.cfg.micro_batch_size) for s in shards)
+        backwards = max(backward_count(s and s[0], self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch)
+                        for s in shards)
         steps: list[RankStep] = self._on_all(
             "train_shard",
             [s and s[0] for s in shards],

@@ -2,8 +2,10 @@
 
 The trainer computes its view of the batch once (``token_batch``: fp32 log-softmax of BF16
 logits divided by the sampling temperature, docs/math.md §3.3) and hands it, with the sampler's
-record, to the pure correction library. The variant comes from its row in ``MODES``; the
-objective picks the library function through ``OBJECTIVES``.
+record, to the pure correction library. The logits arrive as the few columns the loss reads plus
+the log-normaliser, computed a chunk of tokens at a time (``rlmix.trainers.lm_head``), so no
+(N, V) tensor is made. The variant comes from its row in ``MODES``; the objective picks the
+library function through ``OBJECTIVES``.
 """
 
 from __future__ import annotations
@@ -49,7 +51,9 @@ def batch_loss(
     """
     device = next(model.parameters()).device
     batch, advantages = batch.to(device), advantages.to(device)
-    tokens = token_batch(model, batch, pad_id=pad_id, bf16=bf16, replay_support=cfg.replay_support)
+    centered = MODES[cfg.mode].centered and cfg.objective is Objective.reinforce
+    tokens = token_batch(model, batch, pad_id=pad_id, bf16=bf16, replay_support=cfg.replay_support,
+                         columns_for=centered)
     adv = advantages[:, None].expand_as(batch.mask)[batch.mask]  # (N,) sequence advantage on each token
     common = dict(
         logits=tokens.logits,
@@ -64,7 +68,4 @@ def batch_loss(
         num_tokens=num_tokens,
     )
     out = OBJECTIVES[cfg.objective](tokens, cfg, common)
-    with torch.no_grad():
-        logp = torch.log_softmax(tokens.logits, dim=-1)
-        entropy = -(logp.exp() * logp).sum(-1)
-    return LossOutput(out.loss, out.stats, out.token_stats | {"entropy": entropy})
+    return LossOutput(out.loss, out.stats, out.token_stats | {"entropy": tokens.entropy})

@@ -7,12 +7,14 @@ aggregation of diagnostics — is written once here.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 
 import torch
 
 from rlmix.config.schema import AdvantageNorm, CorrectionConfig
 from rlmix.correction.advantages import group_advantages
+from rlmix.correction.diagnostics import effective_sample_size
 from rlmix.metrics.aggregate import StepResult
 from rlmix.rollout import Rollouts
 from rlmix.trainers.loss import batch_loss
@@ -26,9 +28,88 @@ def advantages_for(batch: Rollouts, cfg: CorrectionConfig) -> torch.Tensor:
 
 
 def micro_batches(batch: Rollouts, size: int) -> Iterator[tuple[Rollouts, slice]]:
+    """Contiguous blocks of ``size`` rows (how DeepSpeed shards a batch over ranks)."""
     for start in range(0, len(batch), size):
         rows = slice(start, start + size)
         yield batch.rows(rows), rows
+
+
+def completion_lengths(mask: torch.Tensor) -> torch.Tensor:
+    """(B,) one past each row's last generated token (0 for a row without one)."""
+    last = mask.shape[1] - mask.flip(1).int().argmax(dim=1)
+    return torch.where(mask.any(dim=1), last, 0)
+
+
+def sequence_lengths(batch: Rollouts) -> torch.Tensor:
+    """(B,) positions each row's forward needs: its prompt and its completion up to the last generated token."""
+    return batch.prompt_lens + completion_lengths(batch.mask)
+
+
+# A forward/backward's fixed cost (launches, per-call overhead), in positions, as a share of a
+# full micro-batch: the planner trades one more micro-batch for this much less padding.
+MICRO_BATCH_OVERHEAD = 0.05
+
+
+def plan_micro_batches(batch: Rollouts, max_rows: int, max_tokens: int | None) -> list[torch.Tensor]:
+    """Row indices of each micro-batch: at most ``max_rows`` rows and ``max_tokens`` padded positions.
+
+    Without a token budget: contiguous blocks of ``max_rows`` rows. With one, rows are sorted
+    longest first and cut into runs that minimise the forward's cost, Σ rows × (longest row) +
+    ``MICRO_BATCH_OVERHEAD`` × ``max_tokens`` per micro-batch (an exact dynamic programme over the
+    cuts), so long and short rows never share a micro-batch and padding stays small. A row
+    longer than the budget gets a micro-batch of its own. The loss is a token mean over the
+    GLOBAL count, so the grouping changes the work, never the update.
+    """
+    # Index tensors stay on the CPU whatever the batch's device (DeepSpeed sets a default device).
+    if max_tokens is None:
+        return [torch.arange(s, min(s + max_rows, len(batch)), device="cpu") for s in range(0, len(batch), max_rows)]
+    lengths = sequence_lengths(batch).cpu()
+    order = torch.argsort(lengths, descending=True, stable=True)
+    widths = lengths[order].tolist()
+    n, overhead = len(widths), MICRO_BATCH_OVERHEAD * max_tokens
+    cost, cut = [0.0] * (n + 1), [n] * (n + 1)  # cost[i]: best cost of rows i.., first run i..cut[i]
+    for i in range(n - 1, -1, -1):
+        cost[i] = float("inf")
+        end = i + 1  # rows i..end-1 in one micro-batch, as wide as row i (the longest)
+        while end <= n and end - i <= max_rows and ((end - i) * widths[i] <= max_tokens or end == i + 1):
+            run = overhead + (end - i) * widths[i] + cost[end]
+            if run < cost[i]:
+                cost[i], cut[i] = run, end
+            end += 1
+    plan, i = [], 0
+    while i < n:
+        plan.append(order[i : cut[i]])
+        i = cut[i]
+    return plan
+
+
+def plan_positions(batch: Rollouts, plan: list[torch.Tensor]) -> tuple[int, int]:
+    """(positions the forwards of ``plan`` run on, real tokens among them); padding is the rest.
+
+    A micro-batch without generated tokens runs no forward and counts for neither.
+    """
+    lengths, generated = sequence_lengths(batch).cpu(), batch.mask.any(dim=1).cpu()
+    positions = real = 0
+    for rows in plan:
+        if bool(generated[rows].any()):
+            positions += len(rows) * int(lengths[rows].max())
+            real += int(lengths[rows].sum())
+    return positions, real
+
+
+def micro_batch(batch: Rollouts, rows: torch.Tensor) -> Rollouts:
+    """The rows ``rows`` of ``batch``, trimmed to their longest prompt and completion."""
+    micro = batch.rows(rows)
+    width = int(completion_lengths(micro.mask).max()) if len(micro) else 0
+    prompt_width = max(int(micro.prompt_lens.max()) if len(micro) else 0, 1)
+    T = micro.mask.shape[1]
+    trimmed = {
+        f.name: value[:, :width]
+        for f in dataclasses.fields(micro)
+        if isinstance(value := getattr(micro, f.name), torch.Tensor) and value.dim() >= 2 and value.shape[1] == T
+        and f.name != "prompt_ids"
+    }
+    return micro.replace(prompt_ids=micro.prompt_ids[:, :prompt_width], **trimmed)
 
 
 def forward_backward(
@@ -42,19 +123,30 @@ def forward_backward(
     bf16: bool,
     num_tokens: int,
     backward: Callable[[torch.Tensor], None],
+    max_tokens: int | None = None,
 ) -> StepResult:
     """Accumulate gradients of the token-mean loss over micro-batches of ``batch``.
 
     ``num_tokens`` is the GLOBAL masked-token count of the whole step (all micro-batches and,
     for several ranks, all ranks), so the sum of micro-batch losses is the token-mean over the
-    step (docs/math.md §3.2: "the global token count is passed in").
+    step (docs/math.md §3.2: "the global token count is passed in") whatever the micro-batches
+    are. ``max_tokens`` packs rows into micro-batches by a budget of padded positions
+    (``plan_micro_batches``); per-token values come back in the batch's row-major order.
     """
     loss_sum, weighted, entropy_sum, n_total = 0.0, {}, 0.0, 0
+    # Where each generated token sits in the batch's row-major order, to undo the packing's reordering.
+    mask = batch.mask.cpu()
+    token_index = torch.full(mask.shape, -1, dtype=torch.long, device="cpu")
+    token_index[mask] = torch.arange(int(mask.sum()), device="cpu")
     token_stats: dict[str, list[torch.Tensor]] = {}
-    for micro, rows in micro_batches(batch, micro_batch_size):
+    order: list[torch.Tensor] = []
+    plan = plan_micro_batches(batch, micro_batch_size, max_tokens)
+    for rows in plan:
+        micro = micro_batch(batch, rows)
         if not micro.mask.any():
             continue
-        out = batch_loss(model, micro, advantages[rows], cfg, num_tokens=num_tokens, pad_id=pad_id, bf16=bf16)
+        out = batch_loss(model, micro, advantages[rows.to(advantages.device)], cfg,
+                         num_tokens=num_tokens, pad_id=pad_id, bf16=bf16)
         backward(out.loss)
         entropy = out.token_stats.pop("entropy")  # (n,)
         n = entropy.numel()
@@ -65,11 +157,35 @@ def forward_backward(
             weighted[key] = weighted.get(key, 0.0) + float(value) * n
         for key, value in out.token_stats.items():
             token_stats.setdefault(key, []).append(value.detach().cpu())
+        order.append(token_index[rows][mask[rows]])
     denom = max(n_total, 1)
+    positions, sequence_tokens = plan_positions(batch, plan)
+    per_token = {key: _row_major(values, order) for key, values in token_stats.items()}
     return StepResult(
         loss=loss_sum,
-        stats={key: value / denom for key, value in weighted.items()},
-        token_stats={key: torch.cat(values) for key, values in token_stats.items()},
+        stats=step_stats({key: value / denom for key, value in weighted.items()}, per_token),
+        token_stats=per_token,
         entropy=entropy_sum / denom,
         num_tokens=n_total,
+        positions=positions,
+        sequence_tokens=sequence_tokens,
     )
+
+
+def step_stats(token_means: dict[str, float], token_stats: dict[str, torch.Tensor]) -> dict[str, float]:
+    """The step's diagnostics: token means stay, the effective sample size is recomputed.
+
+    ESS = (Σw)² / (n Σw²) is not a token mean, so averaging it over micro-batches would make it
+    depend on how rows were grouped; it is taken over the step's weights instead.
+    """
+    if "ess" in token_means and "weight" in token_stats:
+        token_means = token_means | {"ess": float(effective_sample_size(token_stats["weight"].double()))}
+    return token_means
+
+
+def _row_major(values: list[torch.Tensor], order: list[torch.Tensor]) -> torch.Tensor:
+    """Per-token values of the micro-batches put back in the batch's row-major token order."""
+    flat, index = torch.cat(values), torch.cat(order)
+    out = torch.empty_like(flat)
+    out[index] = flat
+    return out

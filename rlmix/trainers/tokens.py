@@ -2,7 +2,9 @@
 
 ``token_batch`` is the one place the trainer's view of a batch is computed — the loss
 (``rlmix.trainers.loss``) and the mismatch probe (``rlmix.eval.probe``) both read it, so what the
-probe measures is exactly what training corrects.
+probe measures is exactly what training corrects. The probe asks for dense (N, V) logits (its
+exact KLs need whole distributions); the loss asks for the columns it reads (``columns_for``),
+which the chunked lm-head pass computes without an (N, V) tensor (``rlmix.trainers.lm_head``).
 """
 
 from __future__ import annotations
@@ -12,30 +14,34 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rlmix.correction.logprobs import Candidates, head_candidates, support_candidates
+from rlmix.correction.logprobs import Candidates, GatheredLogits, head_candidates, loss_columns, support_candidates
 from rlmix.rollout import Rollouts, sequence_input_ids
+from rlmix.trainers import lm_head
 
 
 @dataclass(frozen=True)
 class TokenBatch:
     """The N generated tokens of a batch (``mask`` true), row-major.
 
-    logits: (N, V) fp32 trainer logits divided by the sampling temperature (docs/math.md §3.3).
+    logits: (N, V) fp32 trainer logits divided by the sampling temperature (docs/math.md §3.3), or
+    the same logits as the `GatheredLogits` a loss reads (its columns and the log-normaliser).
     head_*: (N, K) the sampler's top-K head, or None. support_*: (N, S) the recorded sampling
     support, or None when the run does not replay it (docs/math.md §4).
+    entropy: (N,) detached entropy of the trainer's distribution, when the loss asked for it.
     """
 
-    logits: Tensor
+    logits: Tensor | GatheredLogits
     sampled_ids: Tensor  # (N,) int64
     sampler_logprobs: Tensor  # (N,) log q(a)
     head_ids: Tensor | None
     head_logprobs: Tensor | None
     support_ids: Tensor | None
     support_probs: Tensor | None
+    entropy: Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
-        return self.logits.shape[0]
+        return self.sampled_ids.shape[0]
 
     def candidates(self) -> Candidates:
         """What score centering sums over: the replayed support (§4), else the top-K head (§3.2)."""
@@ -54,15 +60,28 @@ def masked_logits(model: torch.nn.Module, batch: Rollouts, pad_id: int, bf16: bo
     return picked[batch.mask].float() / batch.temperature  # (N, V)
 
 
-def token_batch(model: torch.nn.Module, batch: Rollouts, *, pad_id: int, bf16: bool, replay_support: bool) -> TokenBatch:
-    """``batch``'s generated tokens with the trainer's logits (differentiable when grad is on)."""
+def token_batch(
+    model: torch.nn.Module,
+    batch: Rollouts,
+    *,
+    pad_id: int,
+    bf16: bool,
+    replay_support: bool,
+    columns_for: bool | None = None,
+) -> TokenBatch:
+    """``batch``'s generated tokens with the trainer's logits (differentiable when grad is on).
+
+    ``columns_for=None``: dense (N, V) logits. ``columns_for=centered`` (a bool): the columns a
+    loss with (True) or without (False) score centering reads — the support when replayed, else
+    the head when centered, else the sampled token alone — with the entropy, from the chunked
+    lm-head pass, or dense where the output layer cannot be chunked (``lm_head.head_path``).
+    """
     mask = batch.mask
 
     def per_token(x: Tensor | None) -> Tensor | None:
         return None if x is None else x[mask]
 
-    return TokenBatch(
-        logits=masked_logits(model, batch, pad_id, bf16),
+    fields = dict(
         sampled_ids=batch.completion_ids[mask],
         sampler_logprobs=batch.sampler_logprobs[mask],
         head_ids=per_token(batch.head_ids),
@@ -70,3 +89,15 @@ def token_batch(model: torch.nn.Module, batch: Rollouts, *, pad_id: int, bf16: b
         support_ids=per_token(batch.support_ids) if replay_support else None,
         support_probs=per_token(batch.support_probs) if replay_support else None,
     )
+    if columns_for is None:
+        return TokenBatch(logits=masked_logits(model, batch, pad_id, bf16), **fields)
+    path, why = lm_head.head_path(model)
+    if path is lm_head.HeadPath.dense:
+        lm_head.say_dense_once(why)
+        logits = masked_logits(model, batch, pad_id, bf16)
+        return TokenBatch(logits=logits, entropy=lm_head.entropy(logits.detach()), **fields)
+    support, head = fields["support_ids"], fields["head_ids"]
+    candidate_ids = support if support is not None else head if columns_for else None
+    columns = loss_columns(fields["sampled_ids"], candidate_ids)
+    gathered, entropy = lm_head.chunked_logits(model, batch, columns, pad_id=pad_id, bf16=bf16)
+    return TokenBatch(logits=gathered, entropy=entropy, **fields)

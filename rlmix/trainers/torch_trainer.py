@@ -47,6 +47,7 @@ class TorchTrainer:
             self.correction,
             pad_id=self.pad_id,
             micro_batch_size=self.cfg.micro_batch_size,
+            max_tokens=self.cfg.max_tokens_per_micro_batch,
             bf16=self.cfg.bf16,
             num_tokens=batch.num_tokens,
             backward=torch.Tensor.backward,
