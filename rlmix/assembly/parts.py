@@ -18,9 +18,9 @@ from rlmix.tasks.base import Problem, Task
 def resolve_model_dir(cfg: RunConfig, progress=print) -> Path:
     """The HF model directory a run starts from: ``model.path`` or the embedded model (built once, cached)."""
     if cfg.model.path is not None:
-        from rlmix.models.io import load_tokenizer
+        from rlmix.models.tokenizer_file import load_fast_tokenizer
 
-        load_tokenizer(cfg.model.path)  # ConfigError with one line if it is not a model dir
+        load_fast_tokenizer(cfg.model.path)  # ConfigError with one line if it is not a model dir
         return Path(cfg.model.path)
     from rlmix.models.embedded import build_embedded_model
 
