@@ -28,7 +28,7 @@ PIP_FLAGS := --quiet --no-input
 # a CPU wheel folder configured there must not stand in for the CUDA torch.
 INDEX_URL ?= https://pypi.org/simple
 
-.PHONY: setup train test bench reproduce clean
+.PHONY: setup train test bench bench-perf reproduce clean
 
 ifneq ($(filter-out cpu gpu,$(TARGET)),)
 $(error TARGET=$(TARGET): use TARGET=cpu or TARGET=gpu)
@@ -63,6 +63,12 @@ test: setup
 
 bench: setup
 	$(BIN)/python scripts/bench_correction.py
+
+# Start-up, the loop against its compute floor, per-job sweep overhead (docs/performance.md).
+bench-perf: setup
+	$(BIN)/python scripts/bench_startup.py
+	$(BIN)/python scripts/bench_loop.py
+	$(BIN)/python scripts/bench_sweep.py
 
 # The study's arms x 3 seeds on the emulated fleet, then report + hard51 pass@k (docs/results_*.md).
 reproduce: setup

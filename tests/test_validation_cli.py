@@ -30,6 +30,7 @@ def refused(out, key: str) -> None:
         ("loop.temperature=1e-38", "loop.temperature"),
         ("loop.checkpoint_every=-1", "loop.checkpoint_every"),
         ("loop.sampler_threads=0", "loop.sampler_threads"),
+        ("loop.concurrent_requests=0", "loop.concurrent_requests"),
         ("loop.step_timeout_s=0", "loop.step_timeout_s"),
         ("monitor.ema_span=0", "monitor.ema_span"),
         ("correction.eps_low=0", "correction.eps_low"),

@@ -23,9 +23,9 @@ def resolve_model_dir(cfg: RunConfig, progress=print) -> Path:
     action format; single-turn tasks from ``model.embedded``.
     """
     if cfg.model.path is not None:
-        from rlmix.models.io import load_tokenizer
+        from rlmix.models.tokenizer_file import load_fast_tokenizer
 
-        load_tokenizer(cfg.model.path)  # ConfigError with one line if it is not a model dir
+        load_fast_tokenizer(cfg.model.path)  # ConfigError with one line if it is not a model dir
         return Path(cfg.model.path)
     if isinstance(cfg.task, AgentEnvConfig):
         from rlmix.agentic.minicode_agent.model import build_agent_model

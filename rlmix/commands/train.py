@@ -100,13 +100,18 @@ def run_train(args: list[str]) -> None:
     register_resolver()
     args = resume_in_place(args)
     preflight(args)
+    from rlmix.orchestration.session import SESSION
+
     sys.argv = ["rlmix train", *args]
-    _finished.clear()
-    _FAILED.clear()
-    _sweep_dir.clear()
-    _hydra_train()
-    if _sweep_dir and _finished:
-        print(sweep_block(_finished, _sweep_dir[0]), flush=True)
-    if _FAILED:
-        print(f"error: {len(_FAILED)} job(s) of the sweep failed: {', '.join(_FAILED)}", file=sys.stderr)
-        sys.exit(1)
+    try:
+        _finished.clear()
+        _FAILED.clear()
+        _sweep_dir.clear()
+        _hydra_train()
+        if _sweep_dir and _finished:
+            print(sweep_block(_finished, _sweep_dir[0]), flush=True)
+        if _FAILED:
+            print(f"error: {len(_FAILED)} job(s) of the sweep failed: {', '.join(_FAILED)}", file=sys.stderr)
+            sys.exit(1)
+    finally:
+        SESSION.close()  # a sweep kept Ray and its processes warm between jobs

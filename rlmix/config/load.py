@@ -121,8 +121,11 @@ def _check_loop(cfg: RunConfig) -> None:
     # Below 1e-3 the tempered logits overflow BF16/FP8 samplers (every step comes out non-finite).
     _require(TEMPERATURE[0] <= loop.temperature <= TEMPERATURE[1],
              f"loop.temperature={loop.temperature}: must be in [{TEMPERATURE[0]:g}, {TEMPERATURE[1]:g}]")
-    for key in ("max_new_tokens", "weight_sync_every", "sampler_threads", "keep_checkpoints"):
+    for key in ("max_new_tokens", "weight_sync_every", "keep_checkpoints"):
         _require(getattr(loop, key) >= 1, f"loop.{key}={getattr(loop, key)}: must be >= 1")
+    for key in ("sampler_threads", "concurrent_requests"):  # null: from the cores Ray reports
+        value = getattr(loop, key)
+        _require(value is None or value >= 1, f"loop.{key}={value}: must be null (from the cores Ray reports) or >= 1")
     _require(loop.sampler_max_restarts >= 0, f"loop.sampler_max_restarts={loop.sampler_max_restarts}: must be >= 0")
     _require(loop.checkpoint_every >= 0, f"loop.checkpoint_every={loop.checkpoint_every}: must be >= 0 (0 = off)")
     _require(math.isfinite(loop.checkpoint_every_min) and loop.checkpoint_every_min >= 0,
@@ -141,7 +144,8 @@ def _check_trainer(cfg: RunConfig) -> None:
     _require(t.micro_batch_size >= 1, f"trainer.micro_batch_size={t.micro_batch_size}: must be >= 1")
     budget = t.max_tokens_per_micro_batch
     _require(budget is None or budget >= 1, f"trainer.max_tokens_per_micro_batch={budget}: must be null or >= 1")
-    _require(t.num_threads >= 1, f"trainer.num_threads={t.num_threads}: must be >= 1")
+    _require(t.num_threads is None or t.num_threads >= 1,
+             f"trainer.num_threads={t.num_threads}: must be null (from the cores Ray reports) or >= 1")
     _require(math.isfinite(t.lr) and 0 < t.lr <= 1, f"trainer.lr={t.lr}: must be in (0, 1]")
     # AdamW's decoupled decay multiplies each weight by (1 - lr * weight_decay) per step.
     _require(math.isfinite(t.weight_decay) and 0 <= t.weight_decay <= 1, f"trainer.weight_decay={t.weight_decay}: must be in [0, 1]")

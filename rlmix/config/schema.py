@@ -112,7 +112,7 @@ class TrainerConfig:
     # longest first so mixed lengths waste little on padding. null: blocks of micro_batch_size rows.
     max_tokens_per_micro_batch: Optional[int] = None
     bf16: bool = True  # BF16 autocast over fp32 master weights
-    num_threads: int = 2  # torch threads of the trainer process
+    num_threads: Optional[int] = None  # torch threads of the trainer; None: its share of the cores Ray reports
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
 
 
@@ -160,7 +160,8 @@ class LoopConfig:
     weight_sync_every: int = 1  # publish weights every N trainer steps
     temperature: float = 1.0
     max_new_tokens: int = 24
-    sampler_threads: int = 1  # torch threads per sampler actor
+    sampler_threads: Optional[int] = None  # torch threads per CPU sampler actor; None: 1
+    concurrent_requests: Optional[int] = None  # CPU-sampler requests generating at once; None: the samplers' cores
     # Checkpoints (docs/reliability.md): after every N steps or M minutes, whichever comes first,
     # and at the end; 0 switches a trigger off. Only the newest ``keep_checkpoints`` are kept.
     checkpoint_every: int = 25

@@ -54,7 +54,7 @@ def support_candidates(support_ids: Tensor, support_probs: Tensor | None, dtype:
 
 @dataclass(frozen=True)
 class GatheredLogits:
-    """The logits the correction reads, without the (N, V) matrix (corrections.md §3.3).
+    """The logits the correction reads, without the (N, V) matrix (docs/math.md §3.3).
 
     ids:      (N, C) int64 columns: column 0 is the sampled token, columns 1.. the candidate
               set's ids (padding clamped to 0), in the order `loss_columns` lays them out

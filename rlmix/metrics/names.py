@@ -51,6 +51,12 @@ STALENESS_MAX = "staleness/max"
 POLICY_VERSION_MIN = "policy_version/min"
 POLICY_VERSION_MAX = "policy_version/max"
 
+# time/ and loop/: where a step's wall time went (rlmix.orchestration.loop)
+STEP_S = "time/step_s"
+TRAINER_IDLE_FRAC = "time/trainer_idle_frac"  # the trainer waited for a batch: sampler-bound
+SAMPLER_BUSY_FRAC = "time/sampler_busy_frac"  # share of the samplers' lanes with a request in flight
+BUFFERED_GROUPS = "loop/buffered_groups"  # finished groups waiting when the step ended: trainer-bound if >= a batch
+
 # fault/: cumulative over the run (docs/reliability.md)
 SAMPLER_RESTARTS = "fault/sampler_restarts"  # sampler actors Ray restarted that came back
 REQUESTS_REISSUED = "fault/requests_reissued"  # requests of dead samplers served again

@@ -2,29 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerFast
 
 from rlmix.errors import ConfigError
-
-
-def _model_dir(path: str | Path) -> Path:
-    """``path`` as a directory with a config.json naming a causal-LM architecture, else ConfigError."""
-    p = Path(path).expanduser()
-    config = p / "config.json"
-    if not config.is_file():
-        raise ConfigError(f"model.path={str(path)!r} is not a Hugging Face model directory (no config.json)")
-    try:
-        fields = json.loads(config.read_text())
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"model.path={str(path)!r}: config.json is not valid JSON ({e.msg})") from None
-    archs = fields.get("architectures") or []  # an HF file's optional field, not our config
-    if not any(a.endswith("ForCausalLM") for a in archs):
-        raise ConfigError(f"model.path={str(path)!r} is not a causal LM (architectures={archs})")
-    return p
+from rlmix.models.tokenizer_file import check_model_dir as _model_dir
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:

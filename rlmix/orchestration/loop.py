@@ -25,7 +25,9 @@ import ray
 
 from rlmix.config.schema import LoopConfig
 from rlmix.errors import RunFailed
-from rlmix.metrics.names import REQUESTS_REISSUED, SAMPLER_RESTARTS
+from rlmix.metrics.names import (
+    BUFFERED_GROUPS, REQUESTS_REISSUED, SAMPLER_BUSY_FRAC, SAMPLER_RESTARTS, STEP_S, TRAINER_IDLE_FRAC,
+)
 from rlmix.orchestration.workers import Request, make_request
 from rlmix.rollout import Rollouts, concat_rollouts
 from rlmix.tasks.base import Task
@@ -62,6 +64,8 @@ class SamplerSlot:
     state: SlotState = SlotState.ready
     deaths: int = 0
     probe_at: float = 0.0  # restarting: when to next ask whether it is back
+    on_cpu: bool = True  # computes on the cores the loop shares out (rlmix.orchestration.cores)
+    started: float = 0.0  # when its in-flight request was submitted
 
 
 @dataclass
@@ -81,6 +85,7 @@ class _Window:
     idle_s: float = 0.0
     tokens: dict[str, int] = field(default_factory=dict)
     dropped_groups: int = 0
+    sampler_busy_s: float = 0.0  # summed over samplers: time with a request in flight
 
 
 class AsyncLoop:
@@ -94,6 +99,8 @@ class AsyncLoop:
         pad_id: int,
         start_version: int = 0,
         start_request: int = 0,
+        generating: int | None = None,
+        idle_lanes: int = 0,
     ):
         self.cfg, self.trainer, self.samplers, self.task = cfg, trainer, samplers, task
         self.seed, self.pad_id = seed, pad_id
@@ -111,6 +118,12 @@ class AsyncLoop:
         self.sampler_restarts = 0  # cumulative over the run: fault/* metrics
         self.requests_reissued = 0
         self.last_step_at = time.monotonic()
+        # CPU-sampler requests generating at once (None: no limit); samplers are offered requests
+        # in turn from ``turn`` so a limit below the fleet size still draws from every pool.
+        # While the trainer waits for a batch its cores are idle: ``idle_lanes`` more requests may
+        # generate then (a request already running when the trainer starts finishes on its own).
+        self.generating, self.idle_lanes = generating, idle_lanes
+        self.turn = 0
         if start_version > 0:  # resume: samplers start from the model dir, so send the checkpoint
             self.weights_ref = trainer.published_weights.remote()
 
@@ -130,8 +143,28 @@ class AsyncLoop:
         earliest_train_version = self.version + (1 if training else 0)
         return earliest_train_version - self.published <= self.cfg.max_staleness
 
+    # -- cores: which samplers may start now, and how busy they were ----------------------
+    def _in_turn(self) -> list[SamplerSlot]:
+        return self.samplers[self.turn:] + self.samplers[:self.turn]
+
+    def _lane_free(self, slot: SamplerSlot, training: bool) -> bool:
+        if self.generating is None or not slot.on_cpu:
+            return True
+        lanes = self.generating + (0 if training else self.idle_lanes)
+        return sum(1 for s in self.samplers if s.on_cpu and s.inflight) < lanes
+
+    def _sampler_lanes(self) -> int:
+        cpu = sum(1 for s in self.samplers if s.on_cpu)
+        limited = cpu if self.generating is None else min(self.generating, cpu)
+        return max(limited + len(self.samplers) - cpu, 1)
+
+    def _count_busy(self, slot: SamplerSlot, now: float) -> None:
+        self.window.sampler_busy_s += now - max(slot.started, self.window.start)
+
     def _submit(self, slot: SamplerSlot, request: Request) -> ray.ObjectRef:
         stale = slot.version != self.published
+        slot.started = time.perf_counter()
+        self.turn = (self.samplers.index(slot) + 1) % len(self.samplers)
         weights = self.weights_ref if stale and self.weights_ref is not None else None
         slot.inflight = request
         if weights is not None:
@@ -217,8 +250,9 @@ class AsyncLoop:
             ray.cancel(ref, force=False)
 
     def _fill(self, inflight: dict, training: bool) -> None:
-        for slot in self.samplers:
-            if slot.state is SlotState.ready and slot.inflight is None:
+        """Give idle samplers requests, in turn, as far as the cores, the buffer and staleness allow."""
+        for slot in self._in_turn():
+            if slot.state is SlotState.ready and slot.inflight is None and self._lane_free(slot, training):
                 request = self._next_request(training)
                 if request is None:
                     return
@@ -261,6 +295,7 @@ class AsyncLoop:
             head = next((ln.strip() for ln in str(cause).splitlines() if ln.strip()), type(cause).__name__)
             raise RunFailed(f"sampler {slot.name} failed on request {request.request_id}: "
                             f"{type(cause).__name__}: {head}") from err
+        self._count_busy(slot, time.perf_counter())
         self.buffer.append(part)
         self.window.tokens[slot.pool] = self.window.tokens.get(slot.pool, 0) + part.num_tokens
 
@@ -316,9 +351,9 @@ class AsyncLoop:
             self.weight_sync_s = time.perf_counter() - start
         now = time.perf_counter()
         elapsed = max(now - self.window.start, 1e-9)
-        metrics["time/step_s"] = elapsed
+        metrics[STEP_S] = elapsed
         metrics["time/weight_sync_s"] = self.weight_sync_s
-        metrics["time/trainer_idle_frac"] = min(self.window.idle_s / elapsed, 1.0)
+        metrics[TRAINER_IDLE_FRAC] = min(self.window.idle_s / elapsed, 1.0)
         busy = max(elapsed - self.window.idle_s, 1e-9)
         metrics["throughput/trainer_tokens_per_s"] = metrics.get("train/tokens", 0.0) / busy
         # Sampler throughput over the last few steps: a single step's window often closes before
@@ -331,5 +366,12 @@ class AsyncLoop:
         metrics["staleness/dropped_groups"] = float(self.window.dropped_groups)
         metrics[REQUESTS_REISSUED] = float(self.requests_reissued)
         metrics[SAMPLER_RESTARTS] = float(self.sampler_restarts)
+        for slot in self.samplers:
+            if slot.inflight is not None:
+                self._count_busy(slot, now)
+        # Sampler-bound: the trainer idles and the samplers are busy; trainer-bound: the samplers
+        # wait (buffer full or staleness bound) and finished groups queue up.
+        metrics[SAMPLER_BUSY_FRAC] = min(self.window.sampler_busy_s / (elapsed * self._sampler_lanes()), 1.0)
+        metrics[BUFFERED_GROUPS] = float(sum(len(b) for b in self.buffer) // self.cfg.group_size)
         self.window = _Window()
         return StepReport(step=self.version, metrics=metrics, version=self.version)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -15,10 +15,10 @@ from rlmix.assembly import checkpoints
 from rlmix.assembly.checkpoints import RunState
 from rlmix.assembly.fleet import SamplerSpec, fleet_manifest, resolve_fleet
 from rlmix.assembly.parts import package_versions, resolve_model_dir
+from rlmix.orchestration.cores import CorePlan, plan_cores
+from rlmix.orchestration.session import SESSION, TRAINER_RESOURCE, ActorRequest
 
 log = logging.getLogger(__name__)
-
-TRAINER_RESOURCE = "rlmix_trainer"
 
 
 def model_max_positions(model_dir: Path) -> int | None:
@@ -28,55 +28,52 @@ def model_max_positions(model_dir: Path) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
-def start_ray(cfg: RunConfig, specs: list[SamplerSpec], log_dir: Path) -> None:
-    import ray
-
+def start_ray(cfg: RunConfig, specs: list[SamplerSpec], log_dir: Path) -> dict:
+    """Start or join Ray (a sweep's previous job's instance is kept where it fits); returns the
+    runtime environment of this run's actors (their output goes to ``log_dir``/workers.log)."""
     from rlmix.metrics.quiet import route_driver_logs, worker_runtime_env
 
     route_driver_logs(log_dir, cfg.logger.verbose)
     runtime_env = worker_runtime_env(log_dir, cfg.logger.verbose)
-    if ray.is_initialized():
-        ray.shutdown()
-    if cfg.cluster.address is not None:
-        ray.init(address=cfg.cluster.address, runtime_env=runtime_env, log_to_driver=cfg.logger.verbose)
-        return
-    # Emulated accelerator types are declared as Ray's own accelerator_type resources, so the
-    # same placement code runs unchanged on a real heterogeneous cluster.
-    resources = {spec.resource: 1.0 for spec in specs} | {TRAINER_RESOURCE: 1.0}
-    ray.init(
-        # "local": always a fresh instance of our own, never a `ray start` cluster that happens
-        # to run on this machine (joining one is what cluster.address is for).
-        address="local",
-        num_cpus=cfg.cluster.num_cpus or os.cpu_count(),
-        resources=resources,
-        include_dashboard=False,
-        log_to_driver=cfg.logger.verbose,  # quiet: workers write to <run dir>/workers.log instead
-        configure_logging=False,
-        runtime_env=runtime_env,
-    )
+    resources = {spec.resource for spec in specs} | {TRAINER_RESOURCE}
+    SESSION.ensure_ray(cfg.cluster.address, cfg.cluster.num_cpus, resources, runtime_env, cfg.logger.verbose)
+    return runtime_env
 
 
-def start_actors(cfg: RunConfig, specs: list[SamplerSpec], model_dir: Path):
+def core_plan(cfg: RunConfig, specs: list[SamplerSpec]) -> CorePlan:
+    """Threads per process from the cores Ray reports (rlmix.orchestration.cores)."""
     import ray
 
+    cpu_samplers = sum(1 for spec in specs if spec.gpus == 0)
+    cpus = ray.cluster_resources().get("CPU", 1.0)
+    node_cpus = max((n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n["Alive"]), default=cpus)
+    return plan_cores(cpus, cpu_samplers, cfg.trainer.num_threads, cfg.loop.sampler_threads,
+                      cfg.loop.concurrent_requests, node_cpus)
+
+
+def start_actors(cfg: RunConfig, specs: list[SamplerSpec], model_dir: Path, plan: CorePlan, env_vars: dict):
+    """(trainer, sampler slots, readiness refs): every actor asked for at once, warm where possible.
+
+    ``env_vars`` (this run's worker environment: where worker output goes) travel with each actor,
+    so an actor of a sweep's later job, new or reused, writes to its own run's directory.
+    """
     from rlmix.orchestration.loop import SamplerSlot
     from rlmix.orchestration.workers import SamplerWorker, TrainerWorker, derive_seed
 
-    trainer = (
-        ray.remote(TrainerWorker)
-        .options(num_cpus=0, resources={TRAINER_RESOURCE: 1.0} if cfg.cluster.address is None else {})
-        .remote(str(model_dir), cfg.trainer, cfg.correction, cfg.seed)
-    )
-    slots = []
+    trainer_cfg = dataclasses.replace(cfg.trainer, num_threads=plan.trainer_threads)
+    trainer_options = {"num_cpus": 0, "resources": {TRAINER_RESOURCE: 1.0} if cfg.cluster.address is None else {}}
+    wanted = [ActorRequest(TrainerWorker, trainer_options, (str(model_dir), trainer_cfg, cfg.correction, cfg.seed),
+                           env_vars, reuse_with_other_args=True)]
     for spec in specs:
-        actor = (
-            ray.remote(SamplerWorker)
-            .options(num_cpus=0, num_gpus=spec.gpus, resources={spec.resource: 0.001},
-                     max_restarts=cfg.loop.sampler_max_restarts)
-            .remote(spec, str(model_dir), cfg.task, derive_seed(cfg.seed, spec.name), cfg.loop.sampler_threads)
-        )
-        slots.append(SamplerSlot(name=spec.name, pool=spec.pool, actor=actor))
-    return trainer, slots
+        threads = plan.sampler_threads if spec.gpus == 0 else cfg.loop.sampler_threads
+        options = {"num_cpus": 0, "num_gpus": spec.gpus, "resources": {spec.resource: 0.001},
+                   "max_restarts": cfg.loop.sampler_max_restarts}
+        args = (spec, str(model_dir), cfg.task, derive_seed(cfg.seed, spec.name), threads)
+        wanted.append(ActorRequest(SamplerWorker, options, args, env_vars, reuse_with_other_args=False))
+    handles, ready = SESSION.actors(wanted)
+    slots = [SamplerSlot(name=spec.name, pool=spec.pool, actor=h, on_cpu=spec.gpus == 0)
+             for spec, h in zip(specs, handles[1:])]
+    return handles[0], slots, ready
 
 
 def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None, label: str | None = None) -> dict:
@@ -88,7 +85,7 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None, label: 
     """
     import ray
 
-    from rlmix.models.io import load_tokenizer
+    from rlmix.models.tokenizer_file import load_fast_tokenizer
     from rlmix.metrics.monitor import CollapseMonitor
     from rlmix.orchestration.loop import AsyncLoop
     from rlmix.orchestration.outcome import StopRequest, finish
@@ -96,7 +93,7 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None, label: 
 
     run_dir = Path(run_dir)
     model_dir = resolve_model_dir(cfg)
-    tokenizer = load_tokenizer(model_dir)
+    tokenizer = load_fast_tokenizer(model_dir)
     task = make_task_for(cfg.task, cfg.seed, tokenizer)  # before Ray: a prompt it cannot encode is one line
     specs = resolve_fleet(cfg, tokenizer.eos_token_id)
     if isinstance(cfg.task, AgentEnvConfig):  # runtime, tasks and context: one line, before Ray starts
@@ -106,14 +103,19 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None, label: 
     manifest = fleet_manifest(specs)
     for pool, entry in manifest.items():
         log.info("pool %s: %d x %s", pool, entry["count"], entry["label"])
-    start_ray(cfg, specs, log_dir=run_dir)
+    launched = time.perf_counter()
+    runtime_env = start_ray(cfg, specs, log_dir=run_dir)
     stop = StopRequest()
+    keep_warm = sweep_group is not None  # the next job of this sweep reuses Ray and the processes
     try:
         with stop.installed():
-            trainer, slots = start_actors(cfg, specs, model_dir)
+            plan = core_plan(cfg, specs)
+            log.info("%s", plan.describe())
+            trainer, slots, ready = start_actors(cfg, specs, model_dir, plan, runtime_env["env_vars"])
             # Every process up before the clock starts: an engine that takes 20 s to start would
-            # otherwise sit out the first steps of a short run.
-            ray.get([slot.actor.version.remote() for slot in slots] + [trainer.version.remote()])
+            # otherwise sit out the first steps of a short run. All are awaited together, once.
+            ray.get(ready)
+            log.info("Ray and %d actors ready in %.1fs", len(ready), time.perf_counter() - launched)
             monitor = CollapseMonitor(cfg.monitor)
             state, run_dir = resume(cfg, trainer, monitor, run_dir)
             logger = RunLogger(
@@ -122,14 +124,21 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None, label: 
             )
             loop = AsyncLoop(
                 cfg.loop, trainer, slots, task, cfg.seed, tokenizer.pad_token_id,
-                start_version=state.step, start_request=state.next_request,
+                start_version=state.step, start_request=state.next_request, generating=plan.generating,
+                idle_lanes=plan.idle_lanes,
             )
             steps = StepHandler(cfg, trainer, monitor, logger, run_dir, loop)
             facts = {"name": cfg.name, "seed": cfg.seed, "run_dir": str(run_dir), "fleet": manifest,
                      "model_dir": str(model_dir), "versions": package_versions()}
-            return finish(loop, steps, stop, facts)
+            summary = finish(loop, steps, stop, facts)
+            # Only after a clean end are the processes trusted with the next job of a sweep.
+            keep_warm = keep_warm and summary.get("status") == "completed" and loop.sampler_restarts == 0
+            return summary
+    except BaseException:
+        keep_warm = False
+        raise
     finally:
-        ray.shutdown()  # a sweep's next job starts from a clean slate
+        SESSION.release(keep=keep_warm)  # parked processes are reset before any reuse
 
 
 class StepHandler:

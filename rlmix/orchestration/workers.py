@@ -68,6 +68,16 @@ def score_rollouts(out: Rollouts, request: Request, group_size: int, tokenizer, 
     )
 
 
+def adopt_run_env(env_vars: Mapping[str, str]) -> None:
+    """A reused process takes on the new run's worker environment: its output goes to that run."""
+    import os
+
+    from rlmix.metrics.quiet import redirect_worker_output
+
+    os.environ.update(env_vars)
+    redirect_worker_output()  # a no-op when the run streams worker output to the console
+
+
 class RolloutProducer(Protocol):
     """A task's rollout unit, the one interface single-turn tasks and multi-turn environments share:
     ``group_size`` scored rollouts of each problem, drawn with ``sampler``, as one ``Rollouts``."""
@@ -110,12 +120,12 @@ class SamplerWorker:
 
     def __init__(self, spec: SamplerSpec, model_dir: str,
                  task_cfg: MiniCodeTaskConfig | DatasetTaskConfig | AgentEnvConfig, seed: int, threads: int):
-        from rlmix.models.io import load_tokenizer
+        from rlmix.models.tokenizer_file import load_fast_tokenizer
 
-        torch.set_num_threads(threads)
+        torch.set_num_threads(threads or 1)
         self.spec = spec
         self.sampler = build_sampler(spec, model_dir, seed)
-        self.tokenizer = load_tokenizer(model_dir)
+        self.tokenizer = load_fast_tokenizer(model_dir)
         self.produce = rollout_producer(task_cfg, seed, self.tokenizer, spec.pool)
 
     def generate(
@@ -129,12 +139,20 @@ class SamplerWorker:
     def version(self) -> int:
         return self.sampler.version
 
+    def reset(self, env_vars: Mapping[str, str], *args) -> int:
+        """Become a new worker in this process (the next job of a sweep); returns the version."""
+        self.sampler.close()
+        adopt_run_env(env_vars)
+        self.__init__(*args)
+        return self.sampler.version
+
 
 class TrainerWorker:
     """The trainer process: wraps a backend and hands out versioned weights."""
 
     def __init__(self, model_dir: str, cfg: TrainerConfig, correction: CorrectionConfig, seed: int):
-        torch.set_num_threads(cfg.num_threads)
+        if cfg.num_threads:  # None only outside a run (the runner always assigns a number)
+            torch.set_num_threads(cfg.num_threads)
         self.trainer = build_trainer(model_dir, cfg, correction, seed)
 
     def train_step(self, batch: Rollouts) -> tuple[int, dict[str, float]]:
@@ -142,6 +160,15 @@ class TrainerWorker:
         return self.trainer.version, metrics
 
     def version(self) -> int:
+        return self.trainer.version
+
+    def reset(self, env_vars: Mapping[str, str], *args) -> int:
+        """Become a new trainer in this process (the next job of a sweep); returns the version."""
+        close = getattr(self.trainer, "close", None)
+        if close is not None:
+            close()
+        adopt_run_env(env_vars)
+        self.__init__(*args)
         return self.trainer.version
 
     def published_weights(self) -> dict[str, torch.Tensor]:

@@ -107,7 +107,7 @@ class DeepSpeedRank:
 
         cfg = self.cfg
         if setup.world_size > 1:
-            torch.set_num_threads(max(1, cfg.num_threads // setup.world_size))
+            torch.set_num_threads(max(1, (cfg.num_threads or torch.get_num_threads()) // setup.world_size))
         init_process_group(setup, comm_backend(cfg.deepspeed.comm_backend), cfg.deepspeed.build_shm_op)
         torch.manual_seed(self.seed)
         self.rank, self.world_size = setup.rank, setup.world_size

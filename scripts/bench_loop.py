@@ -1,0 +1,114 @@
+"""The loop against its compute floor, on the default run (six emulated pools, sc_mis).
+
+    .venv/bin/python scripts/bench_loop.py [--steps 12] [--goal 1.15] [--out F]
+
+In one run, side by side:
+
+1. The compute floor. In this process, one thread: the requests of one step generated in turn by
+   the six pools' samplers (the same tokens the loop generates), then the trainer step on that
+   batch (median of 3 after a warm-up). floor = (generation + trainer step) / cores — what a
+   perfect overlap of sampling and training on all cores would take per step.
+2. The loop as configured by default (threads from the cores Ray reports, rlmix.orchestration.cores).
+3. The loop as it was before that plan: trainer 2 threads, every sampler generating at once.
+
+Reports each loop's median ``time/step_s`` over the steps after the first two, its ratio to the
+floor, and the mean ``time/trainer_idle_frac``, ``time/sampler_busy_frac``, ``loop/buffered_groups``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from perf_common import load_average, median, read_metrics, run_rlmix, verdict
+
+ARM = ["+experiment=sc_mis", "logger=disabled"]
+OVERSUBSCRIBED = ["trainer.num_threads=2", "loop.sampler_threads=1", "loop.concurrent_requests=6"]
+
+
+def compute_floor() -> dict:
+    """Core-seconds of one step's generation and one trainer step, each alone in this process."""
+    import torch
+
+    from rlmix.assembly.fleet import resolve_fleet
+    from rlmix.assembly.parts import resolve_model_dir
+    from rlmix.commands.compose import compose_run_config
+    from rlmix.models.tokenizer_file import load_fast_tokenizer
+    from rlmix.orchestration.workers import SamplerWorker, TrainerWorker, derive_seed, make_request, make_task
+    from rlmix.rollout import concat_rollouts
+
+    torch.set_num_threads(1)
+    cfg = compose_run_config(ARM)
+    model_dir = resolve_model_dir(cfg)
+    specs = resolve_fleet(cfg, load_fast_tokenizer(model_dir).eos_token_id)
+    samplers = [SamplerWorker(s, str(model_dir), cfg.task, derive_seed(cfg.seed, s.name), 1) for s in specs]
+    task, loop = make_task(cfg.task, cfg.seed), cfg.loop
+    requests = [make_request(task, i, loop.groups_per_request, cfg.seed)
+                for i in range(loop.groups_per_step // loop.groups_per_request)]
+    for sampler in samplers:  # warm-up: each sampler's first call pays one-time costs
+        sampler.generate(requests[0], loop.group_size, None, 0)
+    start = time.perf_counter()
+    parts = [samplers[i % len(samplers)].generate(r, loop.group_size, None, 0) for i, r in enumerate(requests)]
+    generate_s = time.perf_counter() - start
+    cfg.trainer.num_threads = 1
+    trainer = TrainerWorker(str(model_dir), cfg.trainer, cfg.correction, cfg.seed)
+    batch = concat_rollouts(parts, trainer.trainer.pad_id)
+    trainer.train_step(batch)  # warm-up
+    steps = []
+    for _ in range(3):
+        start = time.perf_counter()
+        trainer.train_step(batch)
+        steps.append(time.perf_counter() - start)
+    cores = os.cpu_count() or 1
+    train_s = median(steps)
+    return {"generate_s": round(generate_s, 3), "train_step_s": round(train_s, 3), "cores": cores,
+            "tokens": int(batch.num_tokens), "floor_s": round((generate_s + train_s) / cores, 3)}
+
+
+def loop_run(workdir: Path, steps: int, extra: list[str]) -> dict:
+    workdir.mkdir(parents=True)
+    load = load_average()
+    run_rlmix(["train", *ARM, f"loop.steps={steps}", f"hydra.run.dir={workdir / 'run'}", *extra], cwd=workdir)
+    rows = read_metrics(workdir / "run")[2:]  # the first steps fill the pipeline
+    mean = lambda key: round(statistics.fmean(r[key] for r in rows if r.get(key) is not None), 3)  # noqa: E731
+    return {
+        "overrides": extra,
+        "step_s_median": round(median([r["time/step_s"] for r in rows]), 3),
+        "step_s_all": [round(r["time/step_s"], 3) for r in rows],
+        "trainer_idle_frac": mean("time/trainer_idle_frac"),
+        "sampler_busy_frac": mean("time/sampler_busy_frac") if "time/sampler_busy_frac" in rows[0] else None,
+        "buffered_groups": mean("loop/buffered_groups") if "loop/buffered_groups" in rows[0] else None,
+        "load_avg_before": load,
+        "load_avg_after": load_average(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--goal", type=float, default=1.15, help="loop step / compute floor")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    load = load_average()
+    floor = compute_floor() | {"load_avg_before": load, "load_avg_after": load_average()}
+    with tempfile.TemporaryDirectory() as tmp:
+        planned = loop_run(Path(tmp) / "planned", args.steps, [])
+        oversubscribed = loop_run(Path(tmp) / "oversubscribed", args.steps, OVERSUBSCRIBED)
+    for arm in (planned, oversubscribed):
+        arm["ratio_to_floor"] = round(arm["step_s_median"] / floor["floor_s"], 2)
+    result = {"floor": floor, "planned": planned, "oversubscribed": oversubscribed, "goal_ratio": args.goal}
+    print(json.dumps(result, indent=2))
+    for name, arm in (("planned", planned), ("oversubscribed", oversubscribed)):
+        print(f"loop step / floor, {name}:", verdict(arm["ratio_to_floor"], args.goal, unit="x"),
+              f"(load average {arm['load_avg_before']})")
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

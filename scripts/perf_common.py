@@ -1,0 +1,72 @@
+"""Shared by the performance benchmarks (scripts/bench_startup.py, bench_loop.py, bench_sweep.py).
+
+Each runs the real ``rlmix`` command in a subprocess, stamps every line it prints with the time
+since launch, and records the machine's load average beside each number: on a shared machine the
+absolute seconds move with the load, ratios measured side by side in one run much less.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+RLMIX = str(Path(sys.executable).with_name("rlmix"))
+# The benchmarks' own in-process model loads: no per-load progress bars in their output.
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+def load_average() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+@dataclass
+class Launch:
+    lines: list[tuple[float, str]]  # (seconds since launch, line)
+    wall_s: float
+    returncode: int
+
+    def first(self, pattern: str) -> float | None:
+        """Seconds from launch to the first line matching ``pattern``."""
+        rx = re.compile(pattern)
+        return next((t for t, line in self.lines if rx.search(line)), None)
+
+    def all(self, pattern: str) -> list[tuple[float, re.Match]]:
+        rx = re.compile(pattern)
+        return [(t, m) for t, line in self.lines if (m := rx.search(line))]
+
+
+def run_rlmix(args: list[str], cwd: Path, timeout: float = 1800) -> Launch:
+    """``rlmix <args>`` with every output line time-stamped; raises with its tail if it fails."""
+    start = time.perf_counter()
+    proc = subprocess.Popen([RLMIX, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=os.environ | {"WANDB_MODE": "disabled"})
+    lines = []
+    for line in proc.stdout:
+        lines.append((time.perf_counter() - start, line.rstrip("\n")))
+    code = proc.wait(timeout=timeout)
+    launch = Launch(lines, time.perf_counter() - start, code)
+    if code != 0:
+        tail = "\n".join(line for _, line in lines[-30:])
+        raise RuntimeError(f"rlmix {' '.join(args)} failed ({code}):\n{tail}")
+    return launch
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def verdict(value: float, goal: float, unit: str = "s") -> str:
+    return f"{value:.2f}{unit} vs goal {goal:.2f}{unit}: ratio {value / goal:.2f} ({'met' if value <= goal else 'NOT met'})"
