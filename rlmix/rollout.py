@@ -26,6 +26,19 @@ import torch
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
 
+# Multi-turn episodes (rlmix.agentic): why an episode ended, and the columns of ``episode_stats``.
+END_REASONS = ("submit", "max_turns", "token_budget", "agent_timeout", "format_errors")
+EPISODE_STATS = (
+    "actions",  # policy turns
+    "tool_calls",  # actions that ran a command
+    "format_errors",  # malformed actions
+    "episode_tokens",  # prompt + observations + policy tokens
+    "policy_tokens",  # tokens under the loss mask
+    "wall_s",  # the sample's wall time: sandbox, episode and grading
+    "env_s",  # wall_s not spent waiting for generation
+    "end_reason",  # index into END_REASONS
+)
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -70,6 +83,10 @@ class Rollouts:
     reward_errors: torch.Tensor | None = None  # (B,) bool: the reward function raised (reward 0, own group)
     gen_time_s: float = 0.0
     tags: dict[str, str] = field(default_factory=dict)  # accelerator, precision, kernel, backend
+    # Episodes only (rlmix.agentic.records): (B, len(EPISODE_STATS)) float32, and the episodes of the
+    # producing requests left out because their sandbox failed (never scored, never trained).
+    episode_stats: torch.Tensor | None = None
+    infra_errors: int = 0
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
@@ -172,4 +189,6 @@ def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
         format_ok=cat("format_ok", False),
         reward_errors=cat("reward_errors", False),
         gen_time_s=sum(p.gen_time_s for p in parts),
+        episode_stats=cat("episode_stats", 0.0),
+        infra_errors=sum(p.infra_errors for p in parts),
     )

@@ -17,8 +17,8 @@ OPTIONS = sorted(p.relative_to(CONF) for p in CONF.rglob("*.yaml") if p.parent !
 
 
 def test_every_option_is_seen():
-    # 5 fleets + 6 corrections + 2 trainers + 1 model + 3 tasks + 2 loggers + 7 experiments
-    assert len(OPTIONS) == 26, OPTIONS
+    # 5 fleets + 6 corrections + 2 trainers + 1 model + 4 tasks + 2 loggers + 7 experiments
+    assert len(OPTIONS) == 27, OPTIONS
 
 
 @pytest.mark.parametrize("option", OPTIONS, ids=str)
@@ -84,7 +84,9 @@ BAD = [
     (["fleet.top_p=0.9", "correction.replay_support=false"], "correction.replay_support"),
     (["loop.groups_per_step=5", "loop.groups_per_request=2"], "loop.groups_per_request"),
     (["fleet.top_k=200"], "correction.support_slots"),
-    (["task=swebench_pro", "task.tasks_dir=/x"], "task=minicode"),
+    (["task=swebench_pro", "task.tasks_dir="], "task.tasks_dir"),
+    (["task=minicode_agent", "task.levels=[4]"], "task.levels"),
+    (["task=minicode_agent", "task.concurrent_episodes=-1"], "task.concurrent_episodes"),
     (["trainer.max_tokens_per_micro_batch=0"], "trainer.max_tokens_per_micro_batch"),
     (["task=dataset"], "task.train_files"),
 ]

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 _BASH = re.compile(r"<bash>(.*?)</bash>", flags=re.DOTALL)
 _SUBMIT = re.compile(r"<submit\s*/?>")
+SUBMIT_ACTION = "<submit/>"
 
 SYSTEM_PROMPT = """You are fixing an issue in a software repository. Work in turns. In each turn write \
 exactly one action:

@@ -1,5 +1,5 @@
-"""The evaluation's schema lives in ``rlmix.config.swebench``; these names stay importable here."""
+"""The agentic tasks' schemas live in ``rlmix.config.swebench``; these names stay importable here."""
 
-from rlmix.config.swebench import UNSET, RuntimeKind, SwebenchProConfig
+from rlmix.config.swebench import UNSET, AgentEnvConfig, MiniCodeAgentConfig, RuntimeKind, SwebenchProConfig
 
-__all__ = ["UNSET", "RuntimeKind", "SwebenchProConfig"]
+__all__ = ["UNSET", "AgentEnvConfig", "MiniCodeAgentConfig", "RuntimeKind", "SwebenchProConfig"]

@@ -17,8 +17,9 @@ from rlmix.agentic.harbor import HarborTask
 from rlmix.agentic.policy import AgentPolicy, Message, Transcript
 from rlmix.agentic.sandbox import Sandbox
 
-END_SUBMIT, END_MAX_TURNS, END_TOKENS = "submit", "max_turns", "token_budget"
-END_TIMEOUT, END_FORMAT = "agent_timeout", "format_errors"
+from rlmix.rollout import END_REASONS
+
+END_SUBMIT, END_MAX_TURNS, END_TOKENS, END_TIMEOUT, END_FORMAT = END_REASONS
 
 
 @dataclass(frozen=True)
@@ -51,21 +52,37 @@ class EpisodeTokens:
     """The token record: ``ids[:prompt_len]`` is the first prompt; after it, ``mask`` marks policy tokens.
 
     Shapes (lists of length L = len(ids)): ``mask`` True where the policy generated the token,
-    ``sampler_logprobs`` its log q (0.0 where ~mask).
+    ``sampler_logprobs`` its log q (0.0 where ~mask), ``versions`` the weight version that generated
+    it (-1 where ~mask: an episode may span weight updates). ``extras``: per policy turn, the
+    sampler's top-K head / top-p support for its tokens (``rlmix.agentic.policy.TOKEN_EXTRAS``), in
+    order; ``records.episodes_to_rollouts`` scatters them to the masked positions.
+    ``policy_version`` is the oldest version among the policy tokens (what staleness is measured on).
     """
 
     ids: list[int] = field(default_factory=list)
     mask: list[bool] = field(default_factory=list)
     sampler_logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
     prompt_len: int = 0
     policy_version: int = 0
+    extras: list[dict] = field(default_factory=list, repr=False)
 
-    def add(self, ids: tuple[int, ...], policy: bool, logprobs: tuple[float, ...] = ()) -> None:
+    def add(self, ids: tuple[int, ...], policy: bool, logprobs: tuple[float, ...] = (), version: int = -1,
+            extras: dict | None = None) -> None:
         if policy and len(logprobs) != len(ids):
             raise ValueError(f"a policy turn has {len(ids)} tokens but {len(logprobs)} log-probs")
+        if policy and ids:
+            self.policy_version = version if not any(self.mask) else min(self.policy_version, version)
+            self.extras.append(extras or {})
         self.ids += ids
         self.mask += [policy] * len(ids)
         self.sampler_logprobs += list(logprobs) if policy else [0.0] * len(ids)
+        self.versions += [version if policy else -1] * len(ids)
+
+    def json_fields(self) -> dict:
+        """What ``results.write_episode`` stores (the head and support stay in memory)."""
+        return {"ids": self.ids, "mask": self.mask, "sampler_logprobs": self.sampler_logprobs,
+                "versions": self.versions, "prompt_len": self.prompt_len, "policy_version": self.policy_version}
 
 
 @dataclass
@@ -99,11 +116,15 @@ def _step(action, sandbox: Sandbox, limits: EpisodeLimits, episode: Episode,
 
 
 def run_episode(task: HarborTask, sample: int, policy: AgentPolicy, sandbox: Sandbox,
-                limits: EpisodeLimits) -> Episode:
-    """Run the agent phase in ``sandbox`` (already holding a clean repository); the caller grades it."""
+                limits: EpisodeLimits, system_prompt: str = SYSTEM_PROMPT) -> Episode:
+    """Run the agent phase in ``sandbox`` (already holding a clean repository); the caller grades it.
+
+    ``system_prompt=""`` sends no system message (the embedded task's model never saw one).
+    """
     start = time.monotonic()
     episode = Episode(task_id=task.task_id, sample=sample)
-    transcript = Transcript(task.task_id, sample, [Message("system", SYSTEM_PROMPT), Message("user", task.instruction)],
+    first = [Message("system", system_prompt)] if system_prompt else []
+    transcript = Transcript(task.task_id, sample, first + [Message("user", task.instruction)],
                             tokens_left=limits.max_total_tokens)
     for turn in range(limits.max_turns):
         if time.monotonic() - start >= limits.agent_timeout_s:
@@ -117,8 +138,8 @@ def run_episode(task: HarborTask, sample: int, policy: AgentPolicy, sandbox: San
         if turn == 0:
             episode.tokens.prompt_len = len(out.context_ids)
         episode.tokens.add(out.context_ids, policy=False)
-        episode.tokens.add(out.token_ids, policy=True, logprobs=out.logprobs)
-        episode.tokens.policy_version = out.policy_version
+        episode.tokens.add(out.token_ids, policy=True, logprobs=out.logprobs, version=out.policy_version,
+                           extras=out.extras)
         transcript.messages.append(Message("assistant", out.text))
         transcript.token_ids += [*out.context_ids, *out.token_ids]
         transcript.rendered = len(transcript.messages)

@@ -10,13 +10,20 @@ and produced, and can be trained on (``rlmix.agentic.records.episodes_to_rollout
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
+from rlmix.agentic.chat import ChatRenderer, HeaderFormat, chat_renderer
+
 if TYPE_CHECKING:  # torch-free at import time
-    from rlmix.rollout import SamplingParams
+    from rlmix.rollout import Rollouts, SamplingParams
     from rlmix.samplers.base import Sampler
+
+# The per-token record fields a sampler may add beyond log q (rlmix/rollout.py): the top-K head and
+# the top-p/top-k support, each (n, K) or (n, S) for the n tokens of one turn.
+TOKEN_EXTRAS = ("head_ids", "head_logprobs", "support_ids", "support_probs")
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -45,6 +52,7 @@ class PolicyTurn:
     context_ids: tuple[int, ...] = ()  # environment tokens appended before generating (mask False)
     policy_version: int = 0
     finish_reason: str = "stop"
+    extras: dict = field(default_factory=dict)  # TOKEN_EXTRAS name -> (n, K|S) tensor, n = len(token_ids)
 
 
 class AgentPolicy(Protocol):
@@ -59,42 +67,44 @@ class Tokenizer(Protocol):
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = ...) -> str: ...
 
 
-@dataclass(frozen=True)
-class ChatFormat:
-    """Role headers and the turn terminator used to render messages as plain text."""
-
-    headers: tuple[tuple[str, str], ...] = (("system", "<|system|>\n"), ("user", "<|user|>\n"),
-                                            ("assistant", "<|assistant|>\n"), ("tool", "<|tool|>\n"))
-    end: str = "\n"
-
-    def header(self, role: str) -> str:
-        return dict(self.headers)[role]
-
-    def render(self, messages: Sequence[Message]) -> str:
-        return "".join(f"{self.header(m.role)}{m.text}{self.end}" for m in messages)
+ChatFormat = HeaderFormat  # the fallback renderer (rlmix.agentic.chat)
 
 
 class ModelPolicy:
-    """Any ``rlmix.samplers.base.Sampler`` as an agent policy (one sequence per call)."""
+    """Any ``rlmix.samplers.base.Sampler`` as an agent policy (one sequence per call).
+
+    ``sampler`` only needs ``generate``: a ``TurnBatcher`` (rlmix.agentic.batching) in its place
+    serves the turns of many concurrent episodes with one sampler. ``chat=None`` renders with the
+    tokenizer's chat template when it has one, else the fixed headers (rlmix.agentic.chat).
+    """
 
     def __init__(self, tokenizer: Tokenizer, sampler: Sampler, params: SamplingParams,
-                 chat: ChatFormat = ChatFormat()):
-        self.tokenizer, self.sampler, self.params, self.chat = tokenizer, sampler, params, chat
+                 chat: ChatRenderer | None = None):
+        self.tokenizer, self.sampler, self.params = tokenizer, sampler, params
+        self.chat = chat if chat is not None else chat_renderer(tokenizer)
+        self.generate_s = 0.0  # wall time spent waiting for generation (the rest of an episode is environment)
 
     def act(self, transcript: Transcript) -> PolicyTurn:
         # The policy's own earlier turns are already tokens; render only what the environment added.
-        new = [m for m in transcript.messages[transcript.rendered:] if m.role != "assistant"]
-        text = self.chat.render(new) + self.chat.header("assistant")
+        text = self.chat.suffix(transcript.messages, transcript.rendered)
         context = tuple(self.tokenizer.encode(text, add_special_tokens=False))
         budget = min(self.params.max_new_tokens, transcript.tokens_left - len(context))
         if budget <= 0:  # the prompt alone exhausts the episode's token budget
             return PolicyTurn(text="", context_ids=context, finish_reason="length")
+        start = time.monotonic()
         rollouts = self.sampler.generate([list(transcript.token_ids) + list(context)],
                                          replace(self.params, max_new_tokens=budget))
+        self.generate_s += time.monotonic() - start
         n = int(rollouts.mask[0].sum())
         ids = tuple(int(t) for t in rollouts.completion_ids[0, :n])
         logprobs = tuple(float(x) for x in rollouts.sampler_logprobs[0, :n])
         return PolicyTurn(text=self.tokenizer.decode(ids, skip_special_tokens=True), token_ids=ids,
                           logprobs=logprobs, context_ids=context,
                           policy_version=int(rollouts.policy_version[0]),
-                          finish_reason=rollouts.finish_reason[0])
+                          finish_reason=rollouts.finish_reason[0], extras=turn_extras(rollouts, n))
+
+
+def turn_extras(rollouts: Rollouts, n: int) -> dict:
+    """Row 0's head and support for its first n tokens, for the fields the sampler recorded."""
+    return {name: getattr(rollouts, name)[0, :n].clone() for name in TOKEN_EXTRAS
+            if getattr(rollouts, name) is not None}

@@ -1,10 +1,12 @@
-"""Episodes as a ``rlmix.rollout.Rollouts`` batch, so evaluated episodes can be trained on.
+"""Episodes as a ``rlmix.rollout.Rollouts`` batch: the record every correction mode trains on.
 
-Per episode b: ``prompt_ids[b]`` = the first prompt (system + instruction, as rendered by the model
-policy); ``completion_ids[b]`` = everything after it, policy turns and environment observations
+Per episode b: ``prompt_ids[b]`` = the first prompt (as rendered by the model policy);
+``completion_ids[b]`` = everything after it, policy turns and environment observations
 interleaved; ``mask[b]`` True only on policy tokens (environment tokens never enter the loss);
-``sampler_logprobs[b]`` the sampler's log q on policy tokens, 0 elsewhere. Scripted policies produce
-no tokens and give empty rows.
+``sampler_logprobs[b]`` the sampler's log q on policy tokens, 0 elsewhere; ``head_*`` / ``support_*``
+the sampler's top-K head and top-p support at policy tokens (padding elsewhere), when it recorded
+them; ``policy_version[b]`` the oldest weight version among its policy tokens; ``episode_stats[b]``
+the columns of ``rlmix.rollout.EPISODE_STATS``. Scripted policies produce no tokens and give empty rows.
 """
 
 from __future__ import annotations
@@ -12,11 +14,51 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rlmix.agentic.episode import END_SUBMIT, Episode
+from rlmix.rollout import END_REASONS, EPISODE_STATS
+
+# Padding of the optional per-token fields off policy tokens (as in rlmix.rollout.concat_rollouts).
+_PAD = {"head_ids": -1, "head_logprobs": float("-inf"), "support_ids": -1, "support_probs": 0.0}
+
+
+def episode_stat_row(e: Episode, generate_s: float = 0.0, wall_s: float | None = None) -> list[float]:
+    """One row of ``EPISODE_STATS`` for episode ``e`` (``wall_s``: the sample's whole wall time)."""
+    wall = e.wall_s if wall_s is None else wall_s
+    n_policy = sum(e.tokens.mask)
+    values = {"actions": e.num_actions, "tool_calls": sum(t.action == "command" for t in e.turns),
+              "format_errors": e.format_errors, "episode_tokens": len(e.tokens.ids), "policy_tokens": n_policy,
+              "wall_s": wall, "env_s": max(wall - generate_s, 0.0),
+              "end_reason": END_REASONS.index(e.end_reason) if e.end_reason in END_REASONS else -1}
+    return [float(values[name]) for name in EPISODE_STATS]
+
+
+def _extras(episodes: Sequence[Episode], T: int):
+    """(B, T, K|S) tensors scattered from each episode's per-turn extras; None where no sampler recorded them."""
+    import torch
+
+    names = {n for e in episodes for turn in e.tokens.extras for n in turn}
+    out = {}
+    for name in names:
+        width = max(turn[name].shape[1] for e in episodes for turn in e.tokens.extras if name in turn)
+        dtype = next(turn[name].dtype for e in episodes for turn in e.tokens.extras if name in turn)
+        full = torch.full((len(episodes), T, width), _PAD[name], dtype=dtype)
+        for b, e in enumerate(episodes):
+            turns = [turn[name] for turn in e.tokens.extras]
+            if len(turns) != len(e.tokens.extras) or not turns:
+                continue
+            values = torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1]), value=_PAD[name]) for t in turns])
+            pos = torch.tensor(e.tokens.mask[e.tokens.prompt_len:]).nonzero().squeeze(1)
+            full[b, pos] = values
+        out[name] = full
+    return out
 
 
 def episodes_to_rollouts(episodes: Sequence[Episode], rewards: Sequence[float], pad_id: int,
-                         pool: str = "eval", temperature: float = 1.0):
-    """Shapes: B = len(episodes), P = longest prompt, T = longest completion (right-padded)."""
+                         pool: str = "eval", temperature: float = 1.0, group_ids: Sequence[int] | None = None,
+                         stats: Sequence[Sequence[float]] | None = None):
+    """Shapes: B = len(episodes), P = longest prompt, T = longest completion (right-padded).
+
+    ``group_ids`` default: one group per task id. ``stats`` default: ``episode_stat_row`` of each.
+    """
     import torch
 
     from rlmix.rollout import FINISH_LENGTH, FINISH_STOP, Rollouts
@@ -37,7 +79,10 @@ def episodes_to_rollouts(episodes: Sequence[Episode], rewards: Sequence[float], 
         completion_ids[b, :n] = torch.tensor(t.ids[t.prompt_len:], dtype=torch.int64)
         mask[b, :n] = torch.tensor(t.mask[t.prompt_len:], dtype=torch.bool)
         logprobs[b, :n] = torch.tensor(t.sampler_logprobs[t.prompt_len:], dtype=torch.float32)
-    task_index = {tid: i for i, tid in enumerate(dict.fromkeys(e.task_id for e in episodes))}
+    if group_ids is None:
+        index = {tid: i for i, tid in enumerate(dict.fromkeys(e.task_id for e in episodes))}
+        group_ids = [index[e.task_id] for e in episodes]
+    rows = stats if stats is not None else [episode_stat_row(e) for e in episodes]
     return Rollouts(
         prompt_ids=prompt_ids,
         prompt_lens=torch.tensor([e.tokens.prompt_len for e in episodes], dtype=torch.int64),
@@ -49,7 +94,9 @@ def episodes_to_rollouts(episodes: Sequence[Episode], rewards: Sequence[float], 
         finish_reason=tuple(FINISH_STOP if e.end_reason == END_SUBMIT else FINISH_LENGTH for e in episodes),
         temperature=temperature,
         task_ids=tuple(e.task_id for e in episodes),
-        group_ids=torch.tensor([task_index[e.task_id] for e in episodes], dtype=torch.int64),
+        group_ids=torch.tensor(list(group_ids), dtype=torch.int64),
         rewards=torch.tensor(list(rewards), dtype=torch.float32),
         format_ok=torch.tensor([e.format_errors == 0 for e in episodes], dtype=torch.bool),
+        episode_stats=torch.tensor([list(r) for r in rows], dtype=torch.float32),
+        **_extras(episodes, T),
     )

@@ -113,7 +113,7 @@ def write_episode(out_dir: Path, episode: Episode, outcome: SampleOutcome) -> Pa
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [json.dumps(t) for t in turn_dicts(episode)] + [json.dumps({"outcome": asdict(outcome)})]
     if episode.tokens.ids:
-        lines.append(json.dumps({"tokens": asdict(episode.tokens)}))
+        lines.append(json.dumps({"tokens": episode.tokens.json_fields()}))
     path.write_text("\n".join(lines) + "\n")
     return path
 

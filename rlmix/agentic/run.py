@@ -14,7 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlmix.agentic.config import RuntimeKind, SwebenchProConfig
+from rlmix.agentic.actions import SYSTEM_PROMPT
+from rlmix.agentic.config import AgentEnvConfig, RuntimeKind, SwebenchProConfig
 from rlmix.agentic.docker import DockerRuntime
 from rlmix.agentic.episode import Episode, EpisodeLimits, run_episode
 from rlmix.agentic.grading import grade_patch
@@ -27,7 +28,7 @@ from rlmix.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-RUNTIMES: dict[RuntimeKind, Callable[[SwebenchProConfig], Runtime]] = {
+RUNTIMES: dict[RuntimeKind, Callable[[AgentEnvConfig], Runtime]] = {
     RuntimeKind.local: lambda cfg: LocalRuntime(memory_mb=cfg.local_memory_mb, max_procs=cfg.local_max_procs,
                                                 cpu_s=cfg.local_cpu_s, turn_timeout_s=cfg.turn_timeout_s,
                                                 trusted=cfg.trusted, output_cap_bytes=cfg.command_output_cap_bytes),
@@ -37,7 +38,7 @@ RUNTIMES: dict[RuntimeKind, Callable[[SwebenchProConfig], Runtime]] = {
 MIN_OUTPUT_CAP_BYTES = 4096
 
 
-def check_runtime(cfg: SwebenchProConfig) -> Runtime:
+def check_runtime(cfg: AgentEnvConfig) -> Runtime:
     """The configured runtime, or a one-line ConfigError if it cannot run here (no bwrap, no Docker engine).
 
     Cheap and side-effect free: call it before anything expensive starts (Ray, a sampler).
@@ -75,7 +76,7 @@ def check_ks(ks: Sequence[int], samples: int) -> None:
         raise ConfigError(f"eval.k={list(ks)} must be a non-empty list of values in 1..eval.samples={samples}")
 
 
-def episode_limits(cfg: SwebenchProConfig, task: HarborTask) -> EpisodeLimits:
+def episode_limits(cfg: AgentEnvConfig, task: HarborTask) -> EpisodeLimits:
     return EpisodeLimits(max_turns=cfg.max_turns, turn_timeout_s=cfg.turn_timeout_s,
                          agent_timeout_s=cfg.agent_timeout_s or task.agent_timeout_s,
                          max_total_tokens=cfg.max_total_tokens, max_format_errors=cfg.max_format_errors,
@@ -83,15 +84,19 @@ def episode_limits(cfg: SwebenchProConfig, task: HarborTask) -> EpisodeLimits:
 
 
 def _agent_phase(task: HarborTask, sample: int, policy: AgentPolicy, runtime: Runtime,
-                 cfg: SwebenchProConfig) -> tuple[Episode, str, str | None]:
+                 cfg: AgentEnvConfig) -> tuple[Episode, str, str | None]:
     """(episode, the patch it left, why the patch is missing); raises InfraError if the sandbox fails."""
     sandbox = runtime.start(task, network=False)
     try:
         baseline = snapshot_baseline(sandbox)
-        episode = run_episode(task, sample, policy, sandbox, episode_limits(cfg, task))
+        episode = run_episode(task, sample, policy, sandbox, episode_limits(cfg, task), system_prompt(cfg))
         return (episode, *capture_patch(sandbox, baseline))
     finally:
         sandbox.close()
+
+
+def system_prompt(cfg: AgentEnvConfig) -> str:
+    return SYSTEM_PROMPT if cfg.system_prompt is None else cfg.system_prompt
 
 
 @dataclass(frozen=True)
@@ -102,7 +107,7 @@ class SampleResult:
 
 
 def run_sample(task: HarborTask, sample: int, policy: AgentPolicy, runtime: Runtime,
-               cfg: SwebenchProConfig) -> SampleResult:
+               cfg: AgentEnvConfig) -> SampleResult:
     """Agent phase (retried on infra failure) then grading (retried inside ``grade_patch``)."""
     start, error = time.monotonic(), None
     for attempt in range(cfg.grade_retries + 1):

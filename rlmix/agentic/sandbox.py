@@ -115,7 +115,9 @@ def read_capped(proc: subprocess.Popen, timeout_s: float, cap_bytes: int,
                 kill()
                 break
             if not sel.select(min(left, 0.2)):
-                if exited(proc.pid):
+                # The command may have written its last output and exited after the select gave
+                # up (a busy machine makes this common): look once more before calling it quiet.
+                if exited(proc.pid) and not sel.select(0):
                     break
                 continue
             chunk = os.read(fd, _CHUNK)
@@ -148,7 +150,8 @@ def snapshot_baseline(sandbox: Sandbox) -> str:
     res = sandbox.run(cmd, timeout_s=300.0)
     sha = res.output.strip().splitlines()[-1] if res.output.strip() else ""
     if res.exit_code != 0 or len(sha) != 40:
-        raise InfraError(f"could not snapshot the repository at {sandbox.workdir}: {res.output[-500:]}")
+        raise InfraError(f"could not snapshot the repository at {sandbox.workdir} (exit {res.exit_code}): "
+                         f"{res.output[-500:]}")
     return sha
 
 

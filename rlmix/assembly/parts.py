@@ -12,16 +12,25 @@ from pathlib import Path
 
 from rlmix.config.dataset import ChatTemplateMode, DatasetTaskConfig
 from rlmix.config.schema import CorrectionConfig, MiniCodeTaskConfig, RunConfig, TrainerBackend, TrainerConfig
+from rlmix.config.swebench import AgentEnvConfig, MiniCodeAgentConfig, SwebenchProConfig
 from rlmix.rollout import Rollouts
 from rlmix.tasks.base import Problem, Task
 
 def resolve_model_dir(cfg: RunConfig, progress=print) -> Path:
-    """The HF model directory a run starts from: ``model.path`` or the embedded model (built once, cached)."""
+    """The HF model directory a run starts from: ``model.path`` or the embedded model (built once, cached).
+
+    Agentic tasks start from the embedded agent model (``model.embedded_agent``), which knows the
+    action format; single-turn tasks from ``model.embedded``.
+    """
     if cfg.model.path is not None:
         from rlmix.models.tokenizer_file import load_fast_tokenizer
 
         load_fast_tokenizer(cfg.model.path)  # ConfigError with one line if it is not a model dir
         return Path(cfg.model.path)
+    if isinstance(cfg.task, AgentEnvConfig):
+        from rlmix.agentic.minicode_agent.model import build_agent_model
+
+        return build_agent_model(cfg.model.embedded_agent, progress=progress)
     from rlmix.models.embedded import build_embedded_model
 
     return build_embedded_model(cfg.model.embedded, progress=progress)
@@ -45,10 +54,19 @@ def _dataset(cfg: DatasetTaskConfig, seed: int) -> Task:
     return DatasetTask(cfg, seed)
 
 
-TASKS = {MiniCodeTaskConfig: _minicode, DatasetTaskConfig: _dataset}  # task config type -> constructor
+def _agentic(cfg: AgentEnvConfig, seed: int):
+    """An agentic task (``rlmix.agentic.train.AgentTask``): problems for sandboxed episodes."""
+    from rlmix.agentic.train import make_agent_task
+
+    return make_agent_task(cfg, seed)
 
 
-def make_task(cfg: MiniCodeTaskConfig | DatasetTaskConfig, seed: int) -> Task:
+# task config type -> constructor
+TASKS = {MiniCodeTaskConfig: _minicode, DatasetTaskConfig: _dataset, MiniCodeAgentConfig: _agentic,
+         SwebenchProConfig: _agentic}
+
+
+def make_task(cfg: MiniCodeTaskConfig | DatasetTaskConfig | AgentEnvConfig, seed: int) -> Task:
     return TASKS[type(cfg)](cfg, seed)
 
 

@@ -125,23 +125,33 @@ def evaluate(cfg: RunConfig, progress=print) -> dict:
 
 
 def evaluate_agentic(cfg: RunConfig, model_dir: Path, ks: list[int], progress) -> dict:
-    """task=swebench_pro: multi-turn episodes in sandboxes, graded in fresh ones (rlmix.agentic)."""
+    """task=swebench_pro or minicode_agent: multi-turn episodes in sandboxes, graded in fresh ones
+    (rlmix.agentic), with the episode code training uses; a policy turn may generate task.max_turn_tokens."""
+    import tempfile
+
+    from rlmix.agentic.config import MiniCodeAgentConfig
     from rlmix.agentic.policy import ModelPolicy
     from rlmix.agentic.run import run_swebench_eval
+    from rlmix.agentic.train import minicode_agent_eval_config
     from rlmix.models.io import load_tokenizer
 
     tokenizer = load_tokenizer(model_dir)
     sampler, label = reference_sampler(cfg.eval, model_dir, cfg.seed)
     params = SamplingParams(
         temperature=cfg.eval.temperature,
-        max_new_tokens=cfg.eval.max_new_tokens,
+        max_new_tokens=cfg.task.max_turn_tokens,
         stop_token_ids=(tokenizer.eos_token_id,),
         seed=cfg.seed,
     )
-    out_dir = Path(cfg.eval.out_dir) if cfg.eval.out_dir else default_out_dir(cfg, cfg.task.subset)
+    minicode = isinstance(cfg.task, MiniCodeAgentConfig)
+    split = cfg.task.split if minicode else cfg.task.subset
+    out_dir = Path(cfg.eval.out_dir) if cfg.eval.out_dir else default_out_dir(cfg, split)
     policy = ModelPolicy(tokenizer, sampler, params)
     run = _wandb_run(cfg, out_dir)
-    summary = run_swebench_eval(cfg.task, policy, ks, cfg.eval.samples, out_dir, progress=progress, wandb_run=run)
+    with tempfile.TemporaryDirectory(prefix="rlmix-minicode-agent-eval-") as tmp:
+        task_cfg = minicode_agent_eval_config(cfg.task, Path(tmp)) if minicode else cfg.task
+        summary = run_swebench_eval(task_cfg, policy, ks, cfg.eval.samples, out_dir, progress=progress,
+                                    wandb_run=run)
     if run is not None:
         run.finish()
     progress(f"reference {label}; wrote {out_dir / EVAL_FILE}")

@@ -1,11 +1,11 @@
-"""Schema of the embedded default model (the Hydra ``model`` group's defaults).
+"""Schemas of the embedded default models (the Hydra ``model`` group's defaults): single-turn and agent.
 
 The builder (``rlmix.models.embedded``) hashes these fields into its cache key.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -38,3 +38,22 @@ class EmbeddedModelSpec:
     """The warm start stops once the sampled reward (temperature 1.0) reaches this."""
     target_reward_high: float = 0.6
     """Upper end of the intended band; a build that overshoots it says so in rlmix_build.json."""
+
+
+@dataclass
+class AgentModelSpec:
+    """The embedded agent model and its warm start (``model.embedded_agent``)."""
+
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    intermediate_size: int = 384
+    max_position_embeddings: int = 512
+    """Longest episode (prompt, turns, observations); minicode_agent's budget is 480."""
+    seed: int = 0
+    warmup_steps: int = 500
+    """Supervised steps on scripted episodes."""
+    warmup_lr: float = 3e-3
+    warmup_batch_size: int = 16
+    levels: list[int] = field(default_factory=lambda: [1, 2])
+    """minicode levels of the scripted episodes (and of their wrong tries)."""

@@ -23,7 +23,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from rlmix.config.schema import PoolConfig, RunConfig, SamplerBackend, TrainerBackend
-from rlmix.config.swebench import SwebenchProConfig
+from rlmix.config.swebench import AgentEnvConfig, MiniCodeAgentConfig, SwebenchProConfig
 from rlmix.correction import MODES
 from rlmix.errors import ConfigError
 
@@ -65,14 +65,32 @@ def validate(cfg: RunConfig, for_training: bool = True) -> RunConfig:
     _check_run(cfg)
     _check_paths(cfg)  # first: the pools' checks read the model's config.json
     _check_fleet(cfg)
-    if for_training and isinstance(cfg.task, SwebenchProConfig):
-        raise ConfigError("task=swebench_pro is for `rlmix eval`; train with task=minicode or task=dataset")
+    if isinstance(cfg.task, AgentEnvConfig):
+        _check_agent_task(cfg.task, for_training)
+        return cfg
     if not _TASK_CHECKS:  # a programming error, not bad input: the entry point forgot to register
         raise RuntimeError("no task checks registered; import rlmix.tasks.checks before validating")
     check = _TASK_CHECKS.get(type(cfg.task))
     if check is not None:
         check(cfg, for_training)
     return cfg
+
+
+def _check_agent_task(task: AgentEnvConfig, for_training: bool) -> None:
+    """The agent task's own fields; the runtime, the tasks and the model's room are checked by
+    ``rlmix.assembly.agentic.check_agent_run`` before any process starts."""
+    _require(task.max_turns >= 1, f"task.max_turns={task.max_turns}: must be >= 1")
+    _require(task.max_turn_tokens >= 1, f"task.max_turn_tokens={task.max_turn_tokens}: must be >= 1")
+    _require(task.max_total_tokens >= 2, f"task.max_total_tokens={task.max_total_tokens}: must be >= 2")
+    _require(task.concurrent_episodes >= 0,
+             f"task.concurrent_episodes={task.concurrent_episodes}: must be >= 0 (0 = all of a request at once)")
+    _require(task.max_format_errors >= 1, f"task.max_format_errors={task.max_format_errors}: must be >= 1")
+    if isinstance(task, MiniCodeAgentConfig):
+        bad = [lv for lv in task.levels if lv not in (1, 2, 3)]
+        _require(bool(task.levels) and not bad, f"task.levels={list(task.levels)}: each level must be in 1..3")
+    if isinstance(task, SwebenchProConfig) and for_training:
+        _require(task.tasks_dir_set(), "task.tasks_dir is not set: point it at a directory of Harbor task "
+                 "directories (docs/agentic.md, \"Bringing Harbor tasks\")")
 
 
 def _require(ok: bool, message: str) -> None:

@@ -16,9 +16,9 @@ from omegaconf import MISSING
 
 from rlmix.config.dataset import ChatTemplateMode, DatasetTaskConfig
 from rlmix.config.deepspeed import DeepSpeedConfig
-from rlmix.config.embedded import EmbeddedModelSpec
+from rlmix.config.embedded import AgentModelSpec, EmbeddedModelSpec
 from rlmix.config.monitor import MonitorConfig
-from rlmix.config.swebench import SwebenchProConfig
+from rlmix.config.swebench import MiniCodeAgentConfig, SwebenchProConfig
 from rlmix.correction import CorrectionMode, Objective
 from rlmix.correction.weights import MIS_HIGH, MIS_LOW, PPO_EPS_HIGH, PPO_EPS_LOW, TIS_CAP
 
@@ -120,6 +120,8 @@ class TrainerConfig:
 class ModelConfig:
     path: Optional[str] = None  # any Hugging Face causal-LM directory; None builds the embedded model
     embedded: EmbeddedModelSpec = field(default_factory=EmbeddedModelSpec)
+    # What agentic tasks (task=minicode_agent, task=swebench_pro) start from when path is None.
+    embedded_agent: AgentModelSpec = field(default_factory=AgentModelSpec)
 
 
 @dataclass
@@ -204,7 +206,7 @@ class RunConfig:
     correction: CorrectionConfig = field(default_factory=CorrectionConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    task: Any = MISSING  # a group option: MiniCodeTaskConfig, DatasetTaskConfig or SwebenchProConfig
+    task: Any = MISSING  # a group option: MiniCodeTaskConfig, DatasetTaskConfig, MiniCodeAgentConfig or SwebenchProConfig
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -228,4 +230,5 @@ def register_configs() -> None:
     cs.store(group="task", name="minicode_schema", node=MiniCodeTaskConfig)
     cs.store(group="task", name="swebench_pro_schema", node=SwebenchProConfig)
     cs.store(group="task", name="dataset_schema", node=DatasetTaskConfig)
+    cs.store(group="task", name="minicode_agent_schema", node=MiniCodeAgentConfig)
     cs.store(group="logger", name="logger_schema", node=LoggerConfig)

@@ -14,7 +14,7 @@ import torch
 from rlmix.correction import effective_sample_size, multiplicative_error
 from rlmix.metrics import names as m
 from rlmix.metrics.names import STAT_NAMES
-from rlmix.rollout import Rollouts
+from rlmix.rollout import END_REASONS, EPISODE_STATS, Rollouts
 
 
 @dataclass
@@ -43,13 +43,23 @@ def lag_bucket_name(staleness: int) -> str:
     raise ValueError(f"negative staleness {staleness}")
 
 
+def _format_error_rate(batch: Rollouts, rows: torch.Tensor) -> float:
+    """Rows with a format error; for episodes, malformed actions / actions (names.py, agent/)."""
+    if batch.episode_stats is None:
+        return float((~batch.format_ok[rows]).float().mean())
+    stats = batch.episode_stats[rows]
+    actions = stats[:, EPISODE_STATS.index("actions")].sum()
+    return float(stats[:, EPISODE_STATS.index("format_errors")].sum() / actions.clamp(min=1.0))
+
+
 def reward_metrics(batch: Rollouts) -> dict[str, float]:
     """Reward, pass rate, format errors (overall and per pool) and response length."""
-    rewards, format_ok = batch.rewards.float(), batch.format_ok
+    rewards = batch.rewards.float()
+    everything = torch.ones(len(batch), dtype=torch.bool)
     out = {
         m.REWARD_KEY: float(rewards.mean()),
         m.PASS_RATE: float((rewards >= 1.0).float().mean()),
-        m.FORMAT_KEY: float((~format_ok).float().mean()),
+        m.FORMAT_KEY: _format_error_rate(batch, everything),
         m.RESPONSE_LEN: float(batch.mask.sum(1).float().mean()),
     }
     if batch.reward_errors is not None:
@@ -57,7 +67,33 @@ def reward_metrics(batch: Rollouts) -> dict[str, float]:
     pools = batch.pool
     for pool in sorted(set(pools)):
         rows = torch.tensor([p == pool for p in pools])
-        out[f"{m.FORMAT_KEY}/{pool}"] = float((~format_ok[rows]).float().mean())
+        out[f"{m.FORMAT_KEY}/{pool}"] = _format_error_rate(batch, rows)
+    return out
+
+
+def _agent_block(stats: torch.Tensor, suffix: str) -> dict[str, float]:
+    """The agent/ metrics of the episodes ``stats`` (E, len(EPISODE_STATS)); ``suffix`` "" or "/<pool>"."""
+    col = {name: stats[:, i] for i, name in enumerate(EPISODE_STATS)}
+    out = {
+        m.TURNS_MEAN + suffix: float(col["actions"].mean()),
+        m.TOOL_CALLS_MEAN + suffix: float(col["tool_calls"].mean()),
+        m.EPISODE_TOKENS_MEAN + suffix: float(col["episode_tokens"].mean()),
+        m.POLICY_TOKEN_FRAC + suffix: float(col["policy_tokens"].sum() / col["episode_tokens"].sum().clamp(min=1.0)),
+        m.ENV_TIME_FRAC + suffix: float(col["env_s"].sum() / col["wall_s"].sum().clamp(min=1e-9)),
+    }
+    for i, reason in enumerate(END_REASONS):
+        out[f"{m.END_REASON}/{reason}{suffix}"] = float((col["end_reason"] == i).float().mean())
+    return out
+
+
+def agent_metrics(batch: Rollouts) -> dict[str, float]:
+    """Episode shape and cost (names.py, agent/), overall and per pool; empty for single-turn batches."""
+    if batch.episode_stats is None:
+        return {}
+    out = _agent_block(batch.episode_stats, "") | {m.INFRA_ERRORS: float(batch.infra_errors)}
+    for pool in sorted(set(batch.pool)):
+        rows = torch.tensor([p == pool for p in batch.pool])
+        out |= _agent_block(batch.episode_stats[rows], f"/{pool}")
     return out
 
 
@@ -129,6 +165,7 @@ def step_metrics(batch: Rollouts, result: StepResult, grad_norm: float, version:
     return merge_metrics(
         train,
         reward_metrics(batch),
+        agent_metrics(batch),
         correction_metrics(result.stats),
         mismatch_metrics(batch, result.token_stats, version),
     )

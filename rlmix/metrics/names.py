@@ -20,6 +20,16 @@ PASS_RATE = "reward/pass_rate"
 REWARD_ERRORS = "reward/errors"  # samples whose reward function raised (reward 0, out of their group)
 FORMAT_KEY = "format/error_rate"
 
+# agent/: multi-turn episodes (rlmix.agentic; per pool with /<pool>). For episodes, format/error_rate
+# is malformed actions / actions over the batch's episodes, not the share of rows with an error.
+TURNS_MEAN = "agent/turns_mean"  # policy actions per episode
+TOOL_CALLS_MEAN = "agent/tool_calls_mean"  # actions that ran a command, per episode
+END_REASON = "agent/end_reason"  # + /<reason>: share of episodes that ended so
+EPISODE_TOKENS_MEAN = "agent/episode_tokens_mean"  # prompt + observations + policy tokens
+POLICY_TOKEN_FRAC = "agent/policy_token_frac"  # policy tokens / episode tokens
+ENV_TIME_FRAC = "agent/env_time_frac"  # episode wall time not spent waiting for generation / wall time
+INFRA_ERRORS = "agent/infra_errors"  # episodes left out because their sandbox failed (count)
+
 # mismatch/: sampler-trainer disagreement (docs/math.md §6)
 KL_KEY = "mismatch/kl_k3"
 KL_K1 = "mismatch/kl_k1"

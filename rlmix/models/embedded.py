@@ -98,10 +98,18 @@ def build_embedded_model(
 ) -> Path:
     """The model directory for ``spec``: from the cache, or built, warm-started and cached."""
     say = progress or (lambda _msg: None)
+    return cached_build(spec_key(spec), lambda out, key: _build_into(spec, out, key, say), cache_dir, say)
+
+
+def cached_build(key: str, build: Callable[[Path, str], None], cache_dir: Path | None = None,
+                 say: Callable[[str], None] = lambda _msg: None) -> Path:
+    """``<cache>/embedded/<key>``, built by ``build(tmp_dir, key)`` under a file lock if absent.
+
+    ``build`` must write ``BUILD_INFO`` last: its presence marks a complete directory.
+    """
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     root = root / "embedded"
     root.mkdir(parents=True, exist_ok=True)
-    key = spec_key(spec)
     final = root / key
     if (final / BUILD_INFO).is_file():
         return final
@@ -111,7 +119,7 @@ def build_embedded_model(
         say(f"building the embedded model {key} in {root}")
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
         try:
-            _build_into(spec, tmp, key, say)
+            build(tmp, key)
             tmp.chmod(0o755)  # mkdtemp makes it owner-only; the cache is shared like any HF dir
             if final.exists():  # an entry without its build record is incomplete: never trusted
                 shutil.rmtree(final)

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from rlmix.config.schema import RunConfig
+from rlmix.config.swebench import AgentEnvConfig
 from rlmix.metrics.logger import RunLogger
 from rlmix.assembly import checkpoints
 from rlmix.assembly.checkpoints import RunState
@@ -18,6 +19,13 @@ from rlmix.orchestration.cores import CorePlan, plan_cores
 from rlmix.orchestration.session import SESSION, TRAINER_RESOURCE, ActorRequest
 
 log = logging.getLogger(__name__)
+
+
+def model_max_positions(model_dir: Path) -> int | None:
+    """The model's context length from its config.json, if it states one."""
+    fields = json.loads((Path(model_dir) / "config.json").read_text())
+    value = fields.get("max_position_embeddings")
+    return int(value) if isinstance(value, int) else None
 
 
 def start_ray(cfg: RunConfig, specs: list[SamplerSpec], log_dir: Path) -> dict:
@@ -88,6 +96,10 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None, label: 
     tokenizer = load_fast_tokenizer(model_dir)
     task = make_task_for(cfg.task, cfg.seed, tokenizer)  # before Ray: a prompt it cannot encode is one line
     specs = resolve_fleet(cfg, tokenizer.eos_token_id)
+    if isinstance(cfg.task, AgentEnvConfig):  # runtime, tasks and context: one line, before Ray starts
+        from rlmix.agentic.train import check_agent_run
+
+        check_agent_run(cfg.task, tokenizer, model_max_positions(model_dir), cfg.seed)
     manifest = fleet_manifest(specs)
     for pool, entry in manifest.items():
         log.info("pool %s: %d x %s", pool, entry["count"], entry["label"])

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -18,7 +19,8 @@ from rlmix.assembly.fleet import SamplerSpec, build_sampler
 from rlmix.assembly.parts import build_trainer, decode_completions, derive_seed, encode_prompts, make_task
 from rlmix.config.dataset import DatasetTaskConfig
 from rlmix.config.schema import CorrectionConfig, MiniCodeTaskConfig, TrainerConfig
-from rlmix.rollout import Rollouts
+from rlmix.config.swebench import AgentEnvConfig
+from rlmix.rollout import Rollouts, SamplingParams
 from rlmix.tasks.base import OrderedTask, Problem, Task
 
 log = logging.getLogger(__name__)
@@ -76,30 +78,63 @@ def adopt_run_env(env_vars: Mapping[str, str]) -> None:
     redirect_worker_output()  # a no-op when the run streams worker output to the console
 
 
-class SamplerWorker:
-    """One sampler instance: loads published weights between requests, generates, scores."""
+class RolloutProducer(Protocol):
+    """A task's rollout unit, the one interface single-turn tasks and multi-turn environments share:
+    ``group_size`` scored rollouts of each problem, drawn with ``sampler``, as one ``Rollouts``."""
 
-    def __init__(
-        self, spec: SamplerSpec, model_dir: str, task_cfg: MiniCodeTaskConfig | DatasetTaskConfig, seed: int, threads: int
-    ):
+    def __call__(self, sampler, request: Request, group_size: int, params: SamplingParams) -> Rollouts: ...
+
+
+class SingleTurn:
+    """One completion per row: encode the prompts, generate them in one call, score the text."""
+
+    def __init__(self, task: Task, tokenizer, chat_template):
+        self.task, self.tokenizer, self.chat_template = task, tokenizer, chat_template
+
+    def __call__(self, sampler, request: Request, group_size: int, params: SamplingParams) -> Rollouts:
+        prompts = encode_prompts(self.tokenizer, request.problems, group_size, self.chat_template)
+        out = sampler.generate(prompts, params)
+        return score_rollouts(out, request, group_size, self.tokenizer, self.task)
+
+
+class Episodes:
+    """One sandboxed multi-turn episode per row (``rlmix.agentic.train.EpisodeRollouts``)."""
+
+    def __init__(self, task_cfg: AgentEnvConfig, seed: int, tokenizer, pool: str):
+        from rlmix.agentic.train import EpisodeRollouts, make_agent_task
+
+        self.run = EpisodeRollouts(task_cfg, make_agent_task(task_cfg, seed), tokenizer, pool)
+
+    def __call__(self, sampler, request: Request, group_size: int, params: SamplingParams) -> Rollouts:
+        return self.run(sampler, request.problems, request.group_ids, group_size, params)
+
+
+def rollout_producer(task_cfg, seed: int, tokenizer, pool: str) -> RolloutProducer:
+    if isinstance(task_cfg, AgentEnvConfig):
+        return Episodes(task_cfg, seed, tokenizer, pool)
+    return SingleTurn(make_task(task_cfg, seed), tokenizer, task_cfg.chat_template)
+
+
+class SamplerWorker:
+    """One sampler instance: loads published weights between requests, produces scored rollouts."""
+
+    def __init__(self, spec: SamplerSpec, model_dir: str,
+                 task_cfg: MiniCodeTaskConfig | DatasetTaskConfig | AgentEnvConfig, seed: int, threads: int):
         from rlmix.models.tokenizer_file import load_fast_tokenizer
 
         torch.set_num_threads(threads or 1)
         self.spec = spec
         self.sampler = build_sampler(spec, model_dir, seed)
         self.tokenizer = load_fast_tokenizer(model_dir)
-        self.task = make_task(task_cfg, seed)
-        self.chat_template = task_cfg.chat_template
+        self.produce = rollout_producer(task_cfg, seed, self.tokenizer, spec.pool)
 
     def generate(
         self, request: Request, group_size: int, weights: Mapping[str, torch.Tensor] | None, version: int
     ) -> Rollouts:
         if weights is not None:
             self.sampler.load_weights(weights, version)
-        prompts = encode_prompts(self.tokenizer, request.problems, group_size, self.chat_template)
         params = dataclasses.replace(self.spec.params, seed=request.seed)
-        out = self.sampler.generate(prompts, params)
-        return score_rollouts(out, request, group_size, self.tokenizer, self.task)
+        return self.produce(self.sampler, request, group_size, params)
 
     def version(self) -> int:
         return self.sampler.version

@@ -1,0 +1,213 @@
+"""Episodes as the rollout unit of ``rlmix train``: task sources and the episode producer.
+
+An agentic task (``AgentTask``) hands out problems like a single-turn ``rlmix.tasks.base.Task``
+(``sample``, ``split``) and turns each into a Harbor task for the sandbox (``harbor_task``):
+``MiniCodeAgentTask`` writes generated minicode problems as task directories, ``HarborTaskSet``
+serves a directory of Harbor tasks (SWE-bench Pro).
+
+``EpisodeRollouts`` is what a sampler process runs for one request: ``group_size`` episodes of
+each problem, up to ``concurrent_episodes`` at once in threads (the environment side: sandbox
+commands and grading run in their own processes, so a thread per episode mostly waits), their
+turns generated together by one ``TurnBatcher`` over the sampler. Each finished episode is graded
+in a fresh sandbox; one whose sandbox failed on every attempt is left out of its group (counted in
+``Rollouts.infra_errors``), never scored 0. See docs/agentic.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import shutil
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Protocol
+
+from rlmix.agentic.batching import TurnBatcher
+from rlmix.agentic.config import AgentEnvConfig, MiniCodeAgentConfig, SwebenchProConfig
+from rlmix.agentic.harbor import HarborTask
+from rlmix.agentic.policy import ModelPolicy
+from rlmix.agentic.records import episode_stat_row, episodes_to_rollouts
+from rlmix.agentic.run import SampleResult, check_runtime, resolve_tasks, run_sample
+from rlmix.rollout import Rollouts, SamplingParams
+from rlmix.tasks.base import Problem
+
+log = logging.getLogger(__name__)
+
+
+class AgentTask(Protocol):
+    name: str
+
+    def sample(self, n: int, seed: int) -> list[Problem]:
+        """n training problems, deterministic in seed."""
+
+    def split(self, name: str) -> list[Problem]:
+        """A fixed evaluation split."""
+
+    def harbor_task(self, problem: Problem) -> HarborTask:
+        """The Harbor task the sandbox runs for ``problem``."""
+
+    def release(self, task: HarborTask) -> None:
+        """``task``'s episodes are graded: drop whatever ``harbor_task`` made for it."""
+
+
+class MiniCodeAgentTask:
+    """minicode problems as sandboxed agent tasks (``rlmix.agentic.minicode_agent``)."""
+
+    name = "minicode_agent"
+
+    def __init__(self, levels: tuple[int, ...], seed: int, root: Path | None = None):
+        from rlmix.tasks.minicode import MiniCode
+
+        self.minicode = MiniCode(levels=levels, seed=seed)
+        self._root = Path(root) if root is not None else None
+
+    @property
+    def root(self) -> Path:
+        """Where the task directories go; a temporary directory made on first use (in the sampler process)."""
+        if self._root is None:
+            self._root = Path(tempfile.mkdtemp(prefix="rlmix-minicode-agent-"))
+        return self._root
+
+    def sample(self, n: int, seed: int) -> list[Problem]:
+        return self.minicode.sample(n, seed)
+
+    def split(self, name: str) -> list[Problem]:
+        return self.minicode.split(name)
+
+    def harbor_task(self, problem: Problem) -> HarborTask:
+        from rlmix.agentic.minicode_agent import write_task
+
+        return write_task(self.root, problem)
+
+    def release(self, task: HarborTask) -> None:
+        shutil.rmtree(task.path, ignore_errors=True)  # a long run would otherwise fill the temporary directory
+
+    def close(self) -> None:
+        if self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
+
+
+class HarborTaskSet:
+    """A directory of Harbor tasks (``task=swebench_pro``): problems drawn uniformly from the chosen set."""
+
+    name = "swebench_pro"
+
+    def __init__(self, cfg: SwebenchProConfig, seed: int):
+        tasks, _ = resolve_tasks(cfg)
+        self.tasks = {t.task_id: t for t in tasks}
+        self.seed = seed
+
+    def _problem(self, task: HarborTask) -> Problem:
+        return Problem(task_id=task.task_id, prompt=task.instruction, difficulty=0, payload=task)
+
+    def sample(self, n: int, seed: int) -> list[Problem]:
+        rng = random.Random(f"harbor:{self.seed}:{seed}")
+        ids = sorted(self.tasks)
+        return [self._problem(self.tasks[rng.choice(ids)]) for _ in range(n)]
+
+    def split(self, name: str) -> list[Problem]:
+        return [self._problem(t) for t in self.tasks.values()]
+
+    def harbor_task(self, problem: Problem) -> HarborTask:
+        return problem.payload
+
+    def release(self, task: HarborTask) -> None:
+        pass  # the user's task directories stay as they are
+
+
+def make_agent_task(cfg: AgentEnvConfig, seed: int) -> AgentTask:
+    if isinstance(cfg, MiniCodeAgentConfig):
+        return MiniCodeAgentTask(tuple(cfg.levels), seed)
+    return HarborTaskSet(cfg, seed)
+
+
+@dataclass(frozen=True)
+class _Job:
+    task: HarborTask
+    sample: int
+    group_id: int
+
+
+class EpisodeRollouts:
+    """Runs a request's episodes on one sampler and returns them scored, as one ``Rollouts``."""
+
+    def __init__(self, cfg: AgentEnvConfig, task: AgentTask, tokenizer, pool: str):
+        self.cfg, self.task, self.tokenizer, self.pool = cfg, task, tokenizer, pool
+        self.runtime = check_runtime(cfg)
+
+    def __call__(self, sampler, problems: tuple[Problem, ...], group_ids: tuple[int, ...], group_size: int,
+                 params: SamplingParams) -> Rollouts:
+        params = replace(params, max_new_tokens=self.cfg.max_turn_tokens)
+        jobs = [_Job(self.task.harbor_task(p), s, g) for p, g in zip(problems, group_ids) for s in range(group_size)]
+        batcher = TurnBatcher(sampler, seed=params.seed)
+        workers = self.cfg.concurrent_episodes or len(jobs)
+
+        def play(job: _Job) -> tuple[SampleResult, ModelPolicy]:
+            policy = ModelPolicy(self.tokenizer, batcher, params)
+            return run_sample(job.task, job.sample, policy, self.runtime, self.cfg), policy
+
+        try:
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="episode") as pool:
+                results = list(pool.map(play, jobs))
+        finally:
+            batcher.close()
+            for task in {job.task.path: job.task for job in jobs}.values():
+                self.task.release(task)
+        kept = [(job, r, p) for job, (r, p) in zip(jobs, results)
+                if r.outcome.infra_error is None and r.episode.tokens.ids]
+        infra = len(jobs) - len(kept)
+        for job, (r, _) in zip(jobs, results):
+            if r.outcome.infra_error is not None:
+                log.warning("%s sample %d left out of its group: %s", job.task.task_id, job.sample,
+                            r.outcome.infra_error)
+        if not kept:
+            raise RuntimeError(f"every one of {len(jobs)} episodes failed in the sandbox (infrastructure); "
+                               f"see the warnings above")
+        out = episodes_to_rollouts(
+            [r.episode for _, r, _ in kept], [r.outcome.reward for _, r, _ in kept], self.tokenizer.pad_token_id,
+            pool=self.pool, temperature=params.temperature, group_ids=[job.group_id for job, _, _ in kept],
+            stats=[episode_stat_row(r.episode, p.generate_s, r.outcome.wall_s) for _, r, p in kept])
+        return out.replace(infra_errors=infra, gen_time_s=sum(p.generate_s for _, _, p in kept))
+
+
+def check_agent_run(cfg: AgentEnvConfig, tokenizer, max_positions: int | None, seed: int) -> None:
+    """Everything about an agentic run that can be wrong before a process starts, as one-line ConfigErrors:
+    the runtime (bwrap, Docker), the tasks (directory missing or malformed, not runnable here), and a
+    model without room for one turn: the first prompt plus one token must fit ``task.max_total_tokens``,
+    which must fit the model's context."""
+    from rlmix.agentic.chat import chat_renderer
+    from rlmix.agentic.policy import Message
+    from rlmix.agentic.run import system_prompt
+    from rlmix.errors import ConfigError
+
+    runtime = check_runtime(cfg)
+    task = make_agent_task(cfg, seed)
+    problems = task.split("all") if isinstance(task, HarborTaskSet) else task.sample(4, seed=0)
+    if isinstance(task, HarborTaskSet):
+        bad = [p for p in (runtime.check(t) for t in task.tasks.values()) if p]
+        if bad:
+            raise ConfigError(f"{len(bad)} task(s) cannot run with task.runtime={cfg.runtime.name}: {bad[0]}")
+    if max_positions is not None and cfg.max_total_tokens > max_positions:
+        raise ConfigError(f"task.max_total_tokens={cfg.max_total_tokens} exceeds the model's context of "
+                          f"{max_positions} tokens; lower it to at most {max_positions}")
+    chat, system = chat_renderer(tokenizer), system_prompt(cfg)
+    longest = max(problems, key=lambda p: len(p.prompt))
+    first = ([Message("system", system)] if system else []) + [Message("user", longest.prompt)]
+    n = len(tokenizer.encode(chat.suffix(first, 0), add_special_tokens=False))
+    if n + 1 > cfg.max_total_tokens:
+        raise ConfigError(f"task.max_total_tokens={cfg.max_total_tokens} leaves no room for one turn: the first "
+                          f"prompt of {longest.task_id} alone has {n} tokens")
+
+
+def minicode_agent_eval_config(cfg: MiniCodeAgentConfig, root: Path) -> SwebenchProConfig:
+    """``rlmix eval task=minicode_agent``: the split's problems written as Harbor tasks under ``root``,
+    evaluated by the same episode code as training (``run_swebench_eval``) with the same limits."""
+    import dataclasses
+
+    task = MiniCodeAgentTask(tuple(cfg.levels), seed=0, root=root)
+    for problem in task.split(cfg.split):
+        task.harbor_task(problem)
+    shared = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(AgentEnvConfig) if f.name != "name"}
+    return SwebenchProConfig(**shared, tasks_dir=str(root), subset="all", expected_subset_size=None)

@@ -1,0 +1,65 @@
+"""`rlmix train` on agentic tasks through the real CLI: bad input before Ray, and one short sc_mis run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.test_agentic_fixtures import make_task
+
+RLMIX = str(Path(sys.executable).with_name("rlmix"))
+AGENT_KEYS = {"agent/turns_mean", "agent/tool_calls_mean", "agent/episode_tokens_mean", "agent/policy_token_frac",
+              "agent/env_time_frac", "agent/infra_errors", "agent/end_reason/submit", "agent/end_reason/max_turns",
+              "format/error_rate", "reward/mean", "correction/sc_head_mass", "staleness/mean"}
+
+
+def rlmix_train(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([RLMIX, "train", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["task=swebench_pro", "task.tasks_dir=/nonexistent/tasks"], "/nonexistent/tasks"),
+    (["task=minicode_agent", "task.max_total_tokens=8"], "leaves no room for one turn"),
+    (["task=minicode_agent", "task.max_total_tokens=4096"], "exceeds the model's context"),
+    (["task=swebench_pro", "task.runtime=docker", "task.subset=all", "TASKS"], "Docker"),
+], ids=["missing_tasks_dir", "no_room", "past_context", "runtime_unavailable"])
+def test_bad_agentic_input_is_one_line_and_exit_2_before_ray(tmp_path, args, expected):
+    if "TASKS" in args:
+        if subprocess.run(["docker", "info"], capture_output=True).returncode == 0:
+            pytest.skip("a Docker engine answers here")
+        make_task(tmp_path / "tasks", "calc")
+        args = [a if a != "TASKS" else f"task.tasks_dir={tmp_path / 'tasks'}" for a in args]
+    out = rlmix_train(*args, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert out.returncode == 2, out.stderr[-2000:]
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and expected in errors[0], out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and "ray" not in out.stderr.lower()
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_sc_mis_trains_on_minicode_agent_episodes_through_the_cli(tmp_path):
+    run = tmp_path / "run"
+    # Level 1 only: a batch whose rewards are all 0 has no gradient, and level 1 makes that unlikely.
+    out = rlmix_train("+experiment=sc_mis", "task=minicode_agent", "task.levels=[1]", "fleet=smoke", "loop.steps=2",
+                      "loop.groups_per_step=4", "loop.group_size=4", "loop.groups_per_request=2",
+                      "logger.wandb.mode=disabled", f"hydra.run.dir={run}", cwd=tmp_path, timeout=1500)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        assert not AGENT_KEYS - row.keys(), AGENT_KEYS - row.keys()
+        assert 1 <= row["agent/turns_mean"] <= 6 and 0 < row["agent/policy_token_frac"] < 1
+        assert row["format/error_rate"] < 0.5 and row["agent/infra_errors"] == 0
+    assert any(k.startswith("agent/turns_mean/") for k in set().union(*rows))  # per pool
+    assert any(r["reward/mean"] > 0 for r in rows), "no episode succeeded: nothing to learn from"
+    summary = json.loads((run / "summary.json").read_text())
+    base = load_file(Path(summary["model_dir"]) / "model.safetensors")
+    final = load_file(run / "checkpoints" / "step_2" / "model.safetensors")
+    assert any(not torch.equal(base[k].float(), final[k].float()) for k in base)
