@@ -7,6 +7,7 @@ implementation of vLLM's top-k/top-p rules (rlmix/samplers/vllm_records.py docst
 
 from __future__ import annotations
 
+import copy
 import gc
 from pathlib import Path
 
@@ -225,10 +226,17 @@ def test_bf16_engine_is_close_to_the_fp32_oracle(model_dir, hf_model, sampler):
         bf16.close()
         gc.collect()
     assert r.tags["precision"] == "bfloat16"
-    oracle = oracle_logprobs(hf_model, r, 1.0)[r.mask]
-    diff = (r.sampler_logprobs[r.mask] - oracle.gather(-1, r.completion_ids[r.mask][:, None])[:, 0]).abs()
-    # bf16 weights and activations: visibly off the fp32 oracle, but only by rounding.
-    assert 1e-4 < float(diff.mean()) < 0.05 and float(diff.max()) < 0.3
+    sampled = r.completion_ids[r.mask][:, None]
+    oracle = oracle_logprobs(hf_model, r, 1.0)[r.mask].gather(-1, sampled)[:, 0]
+    diff = (r.sampler_logprobs[r.mask] - oracle).abs()
+    # bf16 weights and activations: visibly off the fp32 oracle, but only by rounding. How far
+    # rounding reaches on the worst token depends on the CPU's bf16 kernels (under 0.3 where this
+    # test was written, 0.48 on a later machine), so the worst token is measured against an
+    # independent bf16 forward (HF's) on the same machine rather than a fixed number.
+    bf16_hf = oracle_logprobs(copy.deepcopy(hf_model).to(torch.bfloat16), r, 1.0)[r.mask].gather(-1, sampled)[:, 0]
+    rounding = float((bf16_hf - oracle).abs().max())
+    assert 1e-4 < float(diff.mean()) < 0.05
+    assert float(diff.max()) < max(0.3, 2.0 * rounding), (float(diff.max()), rounding)
 
 
 @pytest.mark.slow
