@@ -22,10 +22,9 @@ import json
 import os
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
-from perf_common import load_average, median, read_metrics, run_rlmix, verdict
+from perf_common import isolated_step, load_average, median, read_metrics, run_rlmix, verdict
 
 ARM = ["+experiment=sc_mis", "logger=disabled"]
 OVERSUBSCRIBED = ["trainer.num_threads=2", "loop.sampler_threads=1", "loop.concurrent_requests=6"]
@@ -33,41 +32,14 @@ OVERSUBSCRIBED = ["trainer.num_threads=2", "loop.sampler_threads=1", "loop.concu
 
 def compute_floor() -> dict:
     """Core-seconds of one step's generation and one trainer step, each alone in this process."""
-    import torch
-
-    from rlmix.assembly.fleet import resolve_fleet
     from rlmix.assembly.parts import resolve_model_dir
     from rlmix.commands.compose import compose_run_config
-    from rlmix.models.tokenizer_file import load_fast_tokenizer
-    from rlmix.orchestration.workers import SamplerWorker, TrainerWorker, derive_seed, make_request, make_task
-    from rlmix.rollout import concat_rollouts
 
-    torch.set_num_threads(1)
     cfg = compose_run_config(ARM)
-    model_dir = resolve_model_dir(cfg)
-    specs = resolve_fleet(cfg, load_fast_tokenizer(model_dir).eos_token_id)
-    samplers = [SamplerWorker(s, str(model_dir), cfg.task, derive_seed(cfg.seed, s.name), 1) for s in specs]
-    task, loop = make_task(cfg.task, cfg.seed), cfg.loop
-    requests = [make_request(task, i, loop.groups_per_request, cfg.seed)
-                for i in range(loop.groups_per_step // loop.groups_per_request)]
-    for sampler in samplers:  # warm-up: each sampler's first call pays one-time costs
-        sampler.generate(requests[0], loop.group_size, None, 0)
-    start = time.perf_counter()
-    parts = [samplers[i % len(samplers)].generate(r, loop.group_size, None, 0) for i, r in enumerate(requests)]
-    generate_s = time.perf_counter() - start
-    cfg.trainer.num_threads = 1
-    trainer = TrainerWorker(str(model_dir), cfg.trainer, cfg.correction, cfg.seed)
-    batch = concat_rollouts(parts, trainer.trainer.pad_id)
-    trainer.train_step(batch)  # warm-up
-    steps = []
-    for _ in range(3):
-        start = time.perf_counter()
-        trainer.train_step(batch)
-        steps.append(time.perf_counter() - start)
+    step = isolated_step(cfg, resolve_model_dir(cfg), reps=3)
     cores = os.cpu_count() or 1
-    train_s = median(steps)
-    return {"generate_s": round(generate_s, 3), "train_step_s": round(train_s, 3), "cores": cores,
-            "tokens": int(batch.num_tokens), "floor_s": round((generate_s + train_s) / cores, 3)}
+    return {"generate_s": round(step["generate_s"], 3), "train_step_s": round(step["train_s"], 3), "cores": cores,
+            "tokens": step["tokens"], "floor_s": round((step["generate_s"] + step["train_s"]) / cores, 3)}
 
 
 def loop_run(workdir: Path, steps: int, extra: list[str]) -> dict:

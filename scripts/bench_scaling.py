@@ -24,15 +24,13 @@ from linear each axis grows (1 = linear, > 1 superlinear).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
-from perf_common import load_average, median, read_metrics, run_rlmix
+from perf_common import isolated_step, load_average, median, read_metrics, run_rlmix
 
 POOLS = ("h100_fp8", "h200_fp8", "b200_nvfp4", "b300_nvfp4", "a100_bf16", "rtxpro6000_bf16")
 
@@ -47,38 +45,9 @@ def long_context_copy(model_dir: Path, out: Path, positions: int) -> Path:
 
 def step_compute(model_dir: Path, cfg, stop: bool) -> dict:
     """Seconds of one step's generation and one trainer step (median of 2 after a warm-up)."""
-    import torch
-
-    from rlmix.assembly.fleet import resolve_fleet
-    from rlmix.models.tokenizer_file import load_fast_tokenizer
-    from rlmix.orchestration.workers import SamplerWorker, TrainerWorker, derive_seed, make_request, make_task
-    from rlmix.rollout import concat_rollouts
-
-    specs = resolve_fleet(cfg, load_fast_tokenizer(model_dir).eos_token_id)
-    if not stop:
-        specs = [dataclasses.replace(s, params=dataclasses.replace(s.params, stop_token_ids=())) for s in specs]
-    samplers = [SamplerWorker(s, str(model_dir), cfg.task, derive_seed(cfg.seed, s.name), 1) for s in specs]
-    task, loop = make_task(cfg.task, cfg.seed), cfg.loop
-    requests = [make_request(task, i, loop.groups_per_request, cfg.seed)
-                for i in range(loop.groups_per_step // loop.groups_per_request)]
-    for sampler in samplers:  # warm-up: each sampler's first call pays one-time costs
-        sampler.generate(requests[0], loop.group_size, None, 0)
-    start = time.perf_counter()
-    parts = [samplers[i % len(samplers)].generate(r, loop.group_size, None, 0) for i, r in enumerate(requests)]
-    generate_s = time.perf_counter() - start
-    cfg.trainer.num_threads = 1
-    trainer = TrainerWorker(str(model_dir), cfg.trainer, cfg.correction, cfg.seed)
-    batch = concat_rollouts(parts, trainer.trainer.pad_id)
-    g = torch.Generator().manual_seed(0)
-    batch = batch.replace(rewards=torch.rand(len(batch), generator=g))
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        trainer.train_step(batch)
-        times.append(time.perf_counter() - start)
-    tokens = int(batch.num_tokens)
-    return {"generate_s": round(generate_s, 3), "train_s": round(median(times[1:]), 3), "tokens": tokens,
-            "mean_len": round(tokens / len(batch), 1)}
+    step = isolated_step(cfg, model_dir, stop=stop, random_rewards=True, reps=2)
+    return {"generate_s": round(step["generate_s"], 3), "train_s": round(step["train_s"], 3), "tokens": step["tokens"],
+            "mean_len": round(step["tokens"] / step["rows"], 1)}
 
 
 def slope(xs: list[float], ys: list[float]) -> float:

@@ -1,4 +1,4 @@
-"""Shared by the performance benchmarks (scripts/bench_startup.py, bench_loop.py, bench_sweep.py).
+"""Shared by the performance benchmarks (scripts/bench_startup.py, bench_loop.py, bench_sweep.py, bench_scaling.py).
 
 Each runs the real ``rlmix`` command in a subprocess, stamps every line it prints with the time
 since launch, and records the machine's load average beside each number: on a shared machine the
@@ -70,3 +70,48 @@ def median(values: list[float]) -> float:
 
 def verdict(value: float, goal: float, unit: str = "s") -> str:
     return f"{value:.2f}{unit} vs goal {goal:.2f}{unit}: ratio {value / goal:.2f} ({'met' if value <= goal else 'NOT met'})"
+
+
+def isolated_step(cfg, model_dir: Path, *, stop: bool = True, random_rewards: bool = False, reps: int = 3) -> dict:
+    """One step's compute with nothing else running, in this process on one thread.
+
+    The step's requests are generated in turn by the fleet's samplers (the tokens the loop would
+    generate), then the trainer trains on that batch: one warm-up step, then ``reps`` timed ones.
+    ``stop=False`` empties every sampler's stop tokens so completions run to ``loop.max_new_tokens``;
+    ``random_rewards`` draws one reward per sequence so no group is constant.
+    Returns ``generate_s``, ``train_s`` (median), ``tokens`` and ``rows`` of the batch.
+    """
+    import dataclasses
+
+    import torch
+
+    from rlmix.assembly.fleet import resolve_fleet
+    from rlmix.models.tokenizer_file import load_fast_tokenizer
+    from rlmix.orchestration.workers import SamplerWorker, TrainerWorker, derive_seed, make_request, make_task
+    from rlmix.rollout import concat_rollouts
+
+    torch.set_num_threads(1)
+    specs = resolve_fleet(cfg, load_fast_tokenizer(model_dir).eos_token_id)
+    if not stop:
+        specs = [dataclasses.replace(s, params=dataclasses.replace(s.params, stop_token_ids=())) for s in specs]
+    samplers = [SamplerWorker(s, str(model_dir), cfg.task, derive_seed(cfg.seed, s.name), 1) for s in specs]
+    task, loop = make_task(cfg.task, cfg.seed), cfg.loop
+    requests = [make_request(task, i, loop.groups_per_request, cfg.seed)
+                for i in range(loop.groups_per_step // loop.groups_per_request)]
+    for sampler in samplers:  # warm-up: each sampler's first call pays one-time costs
+        sampler.generate(requests[0], loop.group_size, None, 0)
+    start = time.perf_counter()
+    parts = [samplers[i % len(samplers)].generate(r, loop.group_size, None, 0) for i, r in enumerate(requests)]
+    generate_s = time.perf_counter() - start
+    cfg.trainer.num_threads = 1
+    trainer = TrainerWorker(str(model_dir), cfg.trainer, cfg.correction, cfg.seed)
+    batch = concat_rollouts(parts, trainer.trainer.pad_id)
+    if random_rewards:
+        batch = batch.replace(rewards=torch.rand(len(batch), generator=torch.Generator().manual_seed(0)))
+    trainer.train_step(batch)  # warm-up
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        trainer.train_step(batch)
+        times.append(time.perf_counter() - start)
+    return {"generate_s": generate_s, "train_s": median(times), "tokens": int(batch.num_tokens), "rows": len(batch)}
