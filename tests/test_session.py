@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import pytest
 
 pytestmark = pytest.mark.slow
@@ -73,5 +77,52 @@ def test_jobs_of_a_sweep_reuse_ray_and_processes_with_fresh_state(tmp_path):
                 ray.get(slot.actor.version.remote(), timeout=60)
         SESSION.release(keep=False)
         assert not ray.is_initialized()
+    finally:
+        SESSION.close()
+
+
+def test_a_sampler_ray_restarted_while_idle_is_sent_the_weights_again(tmp_path):
+    """Killed between requests, a sampler comes back (``max_restarts``) holding the initial weights
+    while the driver believes it holds the newest: the next request must not be sampled from the
+    initial policy. The worker refuses it; the loop queues it again and resends the weights."""
+    import ray
+
+    from rlmix.orchestration.loop import AsyncLoop
+    from rlmix.orchestration.session import SESSION
+    from rlmix.orchestration.workers import WeightsMissing, make_request, make_task
+
+    try:
+        cfg, trainer, slots, _ = _job([], tmp_path / "run")
+        assert _train_one_step(cfg, trainer, slots) == 1
+        slot = slots[0]
+        weights = trainer.published_weights.remote()
+        task = make_task(cfg.task, cfg.seed)
+        ray.get(slot.actor.generate.remote(make_request(task, 0, 1, cfg.seed), cfg.loop.group_size, weights, 1))
+        pid = ray.get(slot.actor.__ray_call__.remote(lambda worker: os.getpid()))
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # calls fail while Ray restarts it
+            try:
+                if ray.get(slot.actor.version.remote(), timeout=60) == 0:  # back, on the initial weights
+                    break
+            except ray.exceptions.RayActorError:
+                time.sleep(0.5)
+        else:
+            pytest.fail("the killed sampler did not come back")
+
+        loop = AsyncLoop(cfg.loop, trainer, slots, task, seed=cfg.seed, pad_id=0)
+        loop.published, slot.version = 1, 1
+        loop.weights_ref = weights
+        request = make_request(task, 1, 1, cfg.seed)
+        slot.inflight = request
+        ref = slot.actor.generate.remote(request, cfg.loop.group_size, None, 1)
+        with pytest.raises(ray.exceptions.RayTaskError) as refused:
+            ray.get(ref)
+        assert isinstance(refused.value.cause, WeightsMissing)
+        loop._collect(ref, slot)
+        assert list(loop.orphans) == [request] and slot.version == -1 and loop.sampler_restarts == 1
+        assert loop._next_request(training=False) == request and loop.requests_reissued == 1
+        part = ray.get(loop._submit(slot, request))  # stale now: the weights go with it
+        assert set(part.policy_version.tolist()) == {1}
     finally:
         SESSION.close()

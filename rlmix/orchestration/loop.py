@@ -28,7 +28,7 @@ from rlmix.errors import RunFailed
 from rlmix.metrics.names import (
     BUFFERED_GROUPS, REQUESTS_REISSUED, SAMPLER_BUSY_FRAC, SAMPLER_RESTARTS, STEP_S, TRAINER_IDLE_FRAC,
 )
-from rlmix.orchestration.workers import Request, make_request
+from rlmix.orchestration.workers import Request, WeightsMissing, make_request
 from rlmix.rollout import Rollouts, concat_rollouts
 from rlmix.tasks.base import Task
 
@@ -292,6 +292,10 @@ class AsyncLoop:
             return
         except ray.exceptions.RayError as err:  # the sampler raised: a bug or bad input, not a fault to retry
             cause = getattr(err, "cause", None) or err
+            if isinstance(cause, WeightsMissing):  # Ray restarted it while idle: a death seen late
+                self.orphans.appendleft(request)
+                self._restarted_idle(slot)
+                return
             head = next((ln.strip() for ln in str(cause).splitlines() if ln.strip()), type(cause).__name__)
             raise RunFailed(f"sampler {slot.name} failed on request {request.request_id}: "
                             f"{type(cause).__name__}: {head}") from err
@@ -309,6 +313,16 @@ class AsyncLoop:
         log.warning("sampler %s died (%d of %d restarts); its request is queued until a sampler is free",
                     slot.name, slot.deaths, self.cfg.sampler_max_restarts)
         slot.state, slot.probe_at = SlotState.restarting, time.monotonic()
+
+    def _restarted_idle(self, slot: SamplerSlot) -> None:
+        slot.deaths += 1
+        slot.version = -1
+        if slot.deaths > self.cfg.sampler_max_restarts:
+            self._drop(slot, f"died {slot.deaths} times")
+            return
+        self.sampler_restarts += 1
+        log.warning("sampler %s died while idle and Ray restarted it (%d of %d restarts); "
+                    "resending the weights", slot.name, slot.deaths, self.cfg.sampler_max_restarts)
 
     def _drop(self, slot: SamplerSlot, why: str) -> None:
         slot.state = SlotState.dropped

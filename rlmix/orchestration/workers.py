@@ -28,6 +28,12 @@ log = logging.getLogger(__name__)
 ERROR_GROUP_BASE = 1 << 48
 
 
+class WeightsMissing(RuntimeError):
+    """A sampler was asked for a version it does not hold and got no weights to load: Ray
+    restarted it while it was idle, so it holds the initial weights again. The driver resends the
+    published weights and serves the request again (rather than train on the initial policy)."""
+
+
 @dataclass(frozen=True)
 class Request:
     """``groups`` prompts for one sampler call, each to be sampled ``group_size`` times."""
@@ -133,6 +139,8 @@ class SamplerWorker:
     ) -> Rollouts:
         if weights is not None:
             self.sampler.load_weights(weights, version)
+        elif self.sampler.version != version:
+            raise WeightsMissing(f"holds weight version {self.sampler.version}, asked to sample at {version}")
         params = dataclasses.replace(self.spec.params, seed=request.seed)
         return self.produce(self.sampler, request, group_size, params)
 
