@@ -63,3 +63,26 @@ def test_sc_mis_trains_on_minicode_agent_episodes_through_the_cli(tmp_path):
     base = load_file(Path(summary["model_dir"]) / "model.safetensors")
     final = load_file(run / "checkpoints" / "step_2" / "model.safetensors")
     assert any(not torch.equal(base[k].float(), final[k].float()) for k in base)
+
+
+OTHER_ARMS = ("grpo", "icepop", "sc", "grpo_topp", "sc_mis_topp")  # sc_mis: the test above
+
+
+@pytest.mark.slow
+def test_every_other_arm_trains_on_episodes_in_one_cli_sweep(tmp_path):
+    """The study's other arms (PPO clip, MIS, SC alone, top-p with support replay) on episodes through
+    ``rlmix train -m``: one step each, every job completes and reports what its correction did."""
+    sweep = tmp_path / "sweep"
+    out = rlmix_train("-m", f"+experiment={','.join(OTHER_ARMS)}", "task=minicode_agent", "task.levels=[1]",
+                      "fleet=smoke", "loop.steps=1", "loop.groups_per_step=2", "loop.group_size=4",
+                      "loop.groups_per_request=2", "logger.wandb.mode=disabled", f"hydra.sweep.dir={sweep}",
+                      cwd=tmp_path, timeout=2400)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    runs = {json.loads((d / "summary.json").read_text())["name"]: d for d in sweep.iterdir() if d.is_dir()
+            and (d / "summary.json").exists()}
+    assert sorted(runs) == sorted(OTHER_ARMS)
+    for arm, run in runs.items():
+        [row] = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        assert row["step"] == 1 and row["agent/infra_errors"] == 0, arm
+        assert ("correction/masked_frac" in row) == (arm == "icepop"), arm  # MIS reports what it masked
+        assert ("correction/sc_head_mass" in row) == arm.startswith("sc"), arm  # SC: the head it centred on
