@@ -6,8 +6,9 @@ Two sweeps of four smoke jobs (two steps each) with Hydra's basic launcher, in o
 
 - ``trainer``: correction=mis,tis x trainer.lr=3e-4,1e-4 — the samplers' arguments never change,
   so every job after the first reuses Ray and all actor processes (rlmix.orchestration.session);
-- ``seeds``: seed=0,1,2,3 — each job's samplers get new seeds, so they are new processes (Ray can
-  only restart a sampler from its first arguments); Ray and the trainer process are reused.
+- ``seeds``: seed=0,1,2,3 — each job's samplers get new seeds; their processes are reused too,
+  re-initialised with the new arguments (a sampler Ray restarts from an earlier job's arguments is
+  re-initialised again before it serves: rlmix.orchestration.session).
 
 A job's overhead = (start of the next job − its own start, from Hydra's "#k :" lines) − the sum of
 its ``time/step_s``. The first job pays Ray's start and every actor's; the goal is for the others.

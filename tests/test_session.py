@@ -36,15 +36,39 @@ def _train_one_step(cfg, trainer, slots) -> int:
     from rlmix.rollout import concat_rollouts
 
     task = make_task(cfg.task, cfg.seed)
-    parts = ray.get([s.actor.generate.remote(make_request(task, i, 2, cfg.seed), cfg.loop.group_size, None, 0)
+    parts = ray.get([s.actor.generate.remote(make_request(task, i, 2, cfg.seed), cfg.loop.group_size, None, 0, s.job)
                      for i, s in enumerate(slots)])
     version, _ = ray.get(trainer.train_step.remote(concat_rollouts(parts, 0)))
     return version
 
 
+def _holds(slot) -> tuple[int, int]:
+    """(job token, task seed) the sampler process holds now."""
+    import ray
+
+    return ray.get(slot.actor.__ray_call__.remote(lambda worker: (worker.job(), worker.produce.task.seed)))
+
+
+def _kill_and_await_restart(slot) -> None:
+    """SIGKILL the sampler's process and wait until Ray has restarted it (``max_restarts``)."""
+    import ray
+
+    pid = ray.get(slot.actor.__ray_call__.remote(lambda worker: os.getpid()))
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # calls fail while Ray restarts it
+        try:
+            if ray.get(slot.actor.version.remote(), timeout=60) == 0:  # back, on the initial weights
+                return
+        except ray.exceptions.RayActorError:
+            time.sleep(0.5)
+    pytest.fail("the killed sampler did not come back")
+
+
 def test_jobs_of_a_sweep_reuse_ray_and_processes_with_fresh_state(tmp_path):
     import ray
 
+    from rlmix.assembly.parts import derive_seed
     from rlmix.orchestration.session import SESSION
 
     try:
@@ -66,19 +90,56 @@ def test_jobs_of_a_sweep_reuse_ray_and_processes_with_fresh_state(tmp_path):
         # A reused process writes its output to its own job's run directory.
         assert (tmp_path / "1" / "workers.log").is_file()
 
-        # Another seed changes the samplers' constructor arguments: Ray could restart a sampler
-        # only from its first ones, so samplers are new processes; the trainer is still reused.
+        # Another seed changes the samplers' constructor arguments: they are reused too, and hold
+        # this job's seed and token.
         cfg, trainer, slots, versions = _job(["seed=7"], tmp_path / "2")
-        assert trainer._actor_id == ids[0]
-        assert not {s.actor._actor_id for s in slots} & set(ids[1:])
-        assert versions == [0, 0, 0]
-        for slot in parked:  # the samplers no job took were ended, not left running
-            with pytest.raises(ray.exceptions.RayActorError):
-                ray.get(slot.actor.version.remote(), timeout=60)
+        assert [trainer._actor_id] + [s.actor._actor_id for s in slots] == ids
+        assert versions == [0, 0, 0] and ray.get(trainer.version.remote()) == 0
+        assert [_holds(s) for s in slots] == [(s.job, derive_seed(7, s.name)) for s in slots]
+        assert _train_one_step(cfg, trainer, slots) == 1
+        SESSION.release(keep=True)
+
+        # A fleet without the A100 pool: its sampler is ended, not left running.
+        cfg, trainer, slots, versions = _job(["seed=7", "~fleet.pools.a100_bf16"], tmp_path / "3")
+        assert [s.actor._actor_id for s in slots] == [ids[1]] and versions == [0, 0]
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(parked[1].actor.version.remote(), timeout=60)
         SESSION.release(keep=False)
         assert not ray.is_initialized()
     finally:
         SESSION.close()
+
+
+def _until_ready(loop, slot) -> list[str]:
+    """Answer a restarting slot's probes and resets as ``AsyncLoop.run`` does, until it takes
+    requests again; returns the states it went through."""
+    import ray
+
+    from rlmix.orchestration.loop import SlotState
+
+    probes: dict = {}
+    states: list[str] = []
+    deadline = time.monotonic() + 120
+    while slot.state is not SlotState.ready:
+        assert time.monotonic() < deadline, f"sampler {slot.name} still {slot.state.value}"
+        if not states or states[-1] != slot.state.value:
+            states.append(slot.state.value)
+        loop._probe_restarting(probes)
+        for ref in ray.wait(list(probes), num_returns=1, timeout=1.0)[0]:
+            loop._probed(ref, probes.pop(ref), probes)
+    return states
+
+
+def _refused(ref) -> str:
+    """The message of a sampler's refusal (``NotHeld``)."""
+    import ray
+
+    from rlmix.orchestration.workers import NotHeld
+
+    with pytest.raises(ray.exceptions.RayTaskError) as refused:
+        ray.get(ref)
+    assert isinstance(refused.value.cause, NotHeld)
+    return str(refused.value.cause)
 
 
 def test_a_sampler_ray_restarted_while_idle_is_sent_the_weights_again(tmp_path):
@@ -89,7 +150,7 @@ def test_a_sampler_ray_restarted_while_idle_is_sent_the_weights_again(tmp_path):
 
     from rlmix.orchestration.loop import AsyncLoop
     from rlmix.orchestration.session import SESSION
-    from rlmix.orchestration.workers import WeightsMissing, make_request, make_task
+    from rlmix.orchestration.workers import make_request, make_task
 
     try:
         cfg, trainer, slots, _ = _job([], tmp_path / "run")
@@ -97,32 +158,62 @@ def test_a_sampler_ray_restarted_while_idle_is_sent_the_weights_again(tmp_path):
         slot = slots[0]
         weights = trainer.published_weights.remote()
         task = make_task(cfg.task, cfg.seed)
-        ray.get(slot.actor.generate.remote(make_request(task, 0, 1, cfg.seed), cfg.loop.group_size, weights, 1))
-        pid = ray.get(slot.actor.__ray_call__.remote(lambda worker: os.getpid()))
-        os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:  # calls fail while Ray restarts it
-            try:
-                if ray.get(slot.actor.version.remote(), timeout=60) == 0:  # back, on the initial weights
-                    break
-            except ray.exceptions.RayActorError:
-                time.sleep(0.5)
-        else:
-            pytest.fail("the killed sampler did not come back")
+        request = make_request(task, 0, 1, cfg.seed)
+        ray.get(slot.actor.generate.remote(request, cfg.loop.group_size, weights, 1, slot.job))
+        _kill_and_await_restart(slot)
 
         loop = AsyncLoop(cfg.loop, trainer, slots, task, seed=cfg.seed, pad_id=0)
-        loop.published, slot.version = 1, 1
+        loop.published, slot.version = 1, 1  # the driver believes it holds version 1: no weights go
         loop.weights_ref = weights
         request = make_request(task, 1, 1, cfg.seed)
-        slot.inflight = request
-        ref = slot.actor.generate.remote(request, cfg.loop.group_size, None, 1)
-        with pytest.raises(ray.exceptions.RayTaskError) as refused:
-            ray.get(ref)
-        assert isinstance(refused.value.cause, WeightsMissing)
+        ref = loop._submit(slot, request)
+        assert "holds weight version 0" in _refused(ref)
         loop._collect(ref, slot)
-        assert list(loop.orphans) == [request] and slot.version == -1 and loop.sampler_restarts == 1
+        assert list(loop.orphans) == [request] and slot.version == -1
+        assert _until_ready(loop, slot) == ["restarting"]  # created by this job: nothing to re-initialise
+        assert loop.sampler_restarts == 1
         assert loop._next_request(training=False) == request and loop.requests_reissued == 1
         part = ray.get(loop._submit(slot, request))  # stale now: the weights go with it
         assert set(part.policy_version.tolist()) == {1}
+    finally:
+        SESSION.close()
+
+
+def test_a_reused_sampler_ray_restarts_from_an_earlier_job_is_reset_to_this_jobs_arguments(tmp_path):
+    """Job 2 of a sweep reuses job 1's sampler process with another seed and completion length.
+    Killed, Ray re-creates it from the arguments it was created with: job 1's. It must not sample
+    for job 2 like that: it refuses, the loop re-initialises it with job 2's arguments, and the
+    request is served by job 2's sampler with job 2's weights."""
+    import ray
+
+    from rlmix.assembly.parts import derive_seed
+    from rlmix.orchestration.loop import AsyncLoop
+    from rlmix.orchestration.session import SESSION
+    from rlmix.orchestration.workers import make_request, make_task
+
+    try:
+        first, _, slots, _ = _job([], tmp_path / "1")
+        first_job = slots[0].job
+        SESSION.release(keep=True)
+        cfg, trainer, slots, _ = _job(["seed=7", "loop.max_new_tokens=4"], tmp_path / "2")
+        slot = slots[0]
+        assert slot.job == first_job + 1 and _holds(slot) == (slot.job, derive_seed(7, slot.name))
+        assert _train_one_step(cfg, trainer, slots) == 1
+        _kill_and_await_restart(slot)
+        assert _holds(slot) == (first_job, derive_seed(first.seed, slot.name))
+
+        task = make_task(cfg.task, cfg.seed)
+        loop = AsyncLoop(cfg.loop, trainer, slots, task, seed=cfg.seed, pad_id=0)
+        loop.version = loop.published = slot.version = 1
+        loop.weights_ref = trainer.published_weights.remote()
+        request = make_request(task, 0, 1, cfg.seed)
+        ref = loop._submit(slot, request)
+        assert f"holds job {first_job}'s arguments" in _refused(ref)
+        loop._collect(ref, slot)
+        assert _until_ready(loop, slot) == ["restarting", "resetting"]
+        assert _holds(slot) == (slot.job, derive_seed(7, slot.name)) and loop.sampler_restarts == 1
+        part = ray.get(loop._submit(slot, loop._next_request(training=False)))
+        assert set(part.policy_version.tolist()) == {1}  # the weights went with the request
+        assert part.completion_ids.shape[1] <= 4 < first.loop.max_new_tokens  # job 2's length, not job 1's
     finally:
         SESSION.close()

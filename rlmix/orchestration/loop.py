@@ -28,7 +28,7 @@ from rlmix.errors import RunFailed
 from rlmix.metrics.names import (
     BUFFERED_GROUPS, REQUESTS_REISSUED, SAMPLER_BUSY_FRAC, SAMPLER_RESTARTS, STEP_S, TRAINER_IDLE_FRAC,
 )
-from rlmix.orchestration.workers import Request, WeightsMissing, make_request
+from rlmix.orchestration.workers import NotHeld, Request, make_request
 from rlmix.rollout import Rollouts, concat_rollouts
 from rlmix.tasks.base import Task
 
@@ -46,9 +46,16 @@ def loop_capacity(loop: LoopConfig) -> int:
     return loop.buffer_groups or 2 * loop.groups_per_step
 
 
+def _first_line(err: BaseException) -> str:
+    """``Type: first non-empty line of the message`` — a worker's error in one line."""
+    head = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), "")
+    return f"{type(err).__name__}: {head}" if head else type(err).__name__
+
+
 class SlotState(enum.Enum):
     ready = "ready"  # takes requests
     restarting = "restarting"  # died; Ray is starting it again, its request waits in the queue
+    resetting = "resetting"  # back with an earlier job's arguments: re-initialised with this job's
     dropped = "dropped"  # died too often or for good; the fleet goes on without it
 
 
@@ -66,6 +73,8 @@ class SamplerSlot:
     probe_at: float = 0.0  # restarting: when to next ask whether it is back
     on_cpu: bool = True  # computes on the cores the loop shares out (rlmix.orchestration.cores)
     started: float = 0.0  # when its in-flight request was submitted
+    job: int = 0  # the token of the job it serves, sent with every request (workers.NotHeld)
+    init: tuple = ()  # this job's (env_vars, *constructor args): what ``reset`` re-initialises it with
 
 
 @dataclass
@@ -169,7 +178,7 @@ class AsyncLoop:
         slot.inflight = request
         if weights is not None:
             slot.version = self.published
-        return slot.actor.generate.remote(request, self.cfg.group_size, weights, self.published)
+        return slot.actor.generate.remote(request, self.cfg.group_size, weights, self.published, slot.job)
 
     def _next_request(self, training: bool) -> Request | None:
         if self.orphans:  # already counted in _groups_ahead: re-issue without asking again
@@ -243,7 +252,7 @@ class AsyncLoop:
                 if not on_step(self._finish_step(ref)):
                     break
             elif ref in probes:
-                self._probed(ref, probes.pop(ref))
+                self._probed(ref, probes.pop(ref), probes)
             else:
                 self._collect(ref, inflight.pop(ref))
         for ref in inflight:  # leave nothing running into the next job of a sweep
@@ -274,8 +283,8 @@ class AsyncLoop:
             on = f"the trainer (step {self.version + 1} in flight)"
         else:
             busy = sorted(s.name for s in inflight.values())
-            restarting = sorted(s.name for s in self.samplers if s.state is SlotState.restarting)
-            names = busy + [f"{n} (restarting)" for n in restarting]
+            back = (SlotState.restarting, SlotState.resetting)
+            names = busy + sorted(f"{s.name} ({s.state.value})" for s in self.samplers if s.state in back)
             on = "samplers " + ", ".join(names) if names else "nothing: no request out, no batch ready"
         raise RunFailed(f"no trainer step finished in {waited:.0f} s (loop.step_timeout_s); waiting on {on}")
 
@@ -292,37 +301,31 @@ class AsyncLoop:
             return
         except ray.exceptions.RayError as err:  # the sampler raised: a bug or bad input, not a fault to retry
             cause = getattr(err, "cause", None) or err
-            if isinstance(cause, WeightsMissing):  # Ray restarted it while idle: a death seen late
+            if isinstance(cause, NotHeld):  # Ray re-created it while idle: a death seen late
                 self.orphans.appendleft(request)
-                self._restarted_idle(slot)
+                self._died(slot, cause)
                 return
-            head = next((ln.strip() for ln in str(cause).splitlines() if ln.strip()), type(cause).__name__)
-            raise RunFailed(f"sampler {slot.name} failed on request {request.request_id}: "
-                            f"{type(cause).__name__}: {head}") from err
+            raise RunFailed(f"sampler {slot.name} failed on request {request.request_id}: {_first_line(cause)}") from err
         self._count_busy(slot, time.perf_counter())
         self.buffer.append(part)
         self.window.tokens[slot.pool] = self.window.tokens.get(slot.pool, 0) + part.num_tokens
 
     def _died(self, slot: SamplerSlot, err: Exception) -> None:
+        """A death, seen as a failed call or as a refusal (``NotHeld``: Ray restarted it while idle).
+
+        Either way the slot is probed before its next request: what the process holds now
+        decides whether it is re-initialised (``_probed``), and the weights go with its next request.
+        """
         slot.deaths += 1
         slot.version = -1  # a restarted actor holds the initial weights: resend
         gone = isinstance(err, ray.exceptions.ActorDiedError) or slot.deaths > self.cfg.sampler_max_restarts
         if gone:
             self._drop(slot, f"died {slot.deaths} times" if slot.deaths > 1 else "died for good")
             return
-        log.warning("sampler %s died (%d of %d restarts); its request is queued until a sampler is free",
-                    slot.name, slot.deaths, self.cfg.sampler_max_restarts)
+        how = f"was restarted by Ray while idle ({err})" if isinstance(err, NotHeld) else "died"
+        log.warning("sampler %s %s (%d of %d restarts); its request is queued until a sampler is free",
+                    slot.name, how, slot.deaths, self.cfg.sampler_max_restarts)
         slot.state, slot.probe_at = SlotState.restarting, time.monotonic()
-
-    def _restarted_idle(self, slot: SamplerSlot) -> None:
-        slot.deaths += 1
-        slot.version = -1
-        if slot.deaths > self.cfg.sampler_max_restarts:
-            self._drop(slot, f"died {slot.deaths} times")
-            return
-        self.sampler_restarts += 1
-        log.warning("sampler %s died while idle and Ray restarted it (%d of %d restarts); "
-                    "resending the weights", slot.name, slot.deaths, self.cfg.sampler_max_restarts)
 
     def _drop(self, slot: SamplerSlot, why: str) -> None:
         slot.state = SlotState.dropped
@@ -335,16 +338,28 @@ class AsyncLoop:
         now = time.monotonic()
         for slot in self.samplers:
             if slot.state is SlotState.restarting and slot.probe_at <= now and all(s is not slot for s in probes.values()):
-                probes[slot.actor.version.remote()] = slot
+                probes[slot.actor.job.remote()] = slot
 
-    def _probed(self, ref: ray.ObjectRef, slot: SamplerSlot) -> None:
+    def _probed(self, ref: ray.ObjectRef, slot: SamplerSlot, probes: dict) -> None:
+        """A restarting sampler answered its probe (the job token it holds), or its ``reset``."""
         try:
-            ray.get(ref)
+            answer = ray.get(ref)
         except ray.exceptions.ActorUnavailableError:  # Ray is still starting it: not another death
-            slot.probe_at = time.monotonic() + PROBE_EVERY_S
+            slot.state, slot.probe_at = SlotState.restarting, time.monotonic() + PROBE_EVERY_S
             return
         except ray.exceptions.RayActorError as err:
             self._died(slot, err)
+            return
+        except ray.exceptions.RayError as err:  # its __init__ raised under this job's arguments
+            cause = getattr(err, "cause", None) or err
+            raise RunFailed(f"sampler {slot.name} failed to re-initialise: {_first_line(cause)}") from err
+        if slot.state is SlotState.restarting and answer != slot.job:
+            # Ray re-created it from the arguments it was created with, an earlier job's of this
+            # sweep: it becomes this job's sampler before it is sent anything else.
+            log.warning("sampler %s is back holding job %s's arguments; re-initialising it for job %s",
+                        slot.name, answer, slot.job)
+            slot.state = SlotState.resetting
+            probes[slot.actor.reset.remote(*slot.init)] = slot
             return
         slot.state = SlotState.ready
         self.sampler_restarts += 1

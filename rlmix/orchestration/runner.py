@@ -55,24 +55,28 @@ def start_actors(cfg: RunConfig, specs: list[SamplerSpec], model_dir: Path, plan
     """(trainer, sampler slots, readiness refs): every actor asked for at once, warm where possible.
 
     ``env_vars`` (this run's worker environment: where worker output goes) travel with each actor,
-    so an actor of a sweep's later job, new or reused, writes to its own run's directory.
+    so an actor of a sweep's later job, new or reused, writes to its own run's directory. Each
+    sampler slot keeps this job's token and arguments, to re-initialise a sampler that Ray
+    re-created from an earlier job's (rlmix.orchestration.session).
     """
     from rlmix.orchestration.loop import SamplerSlot
     from rlmix.orchestration.workers import SamplerWorker, TrainerWorker, derive_seed
 
     trainer_cfg = dataclasses.replace(cfg.trainer, num_threads=plan.trainer_threads)
     trainer_options = {"num_cpus": 0, "resources": {TRAINER_RESOURCE: 1.0} if cfg.cluster.address is None else {}}
-    wanted = [ActorRequest(TrainerWorker, trainer_options, (str(model_dir), trainer_cfg, cfg.correction, cfg.seed),
-                           env_vars, reuse_with_other_args=True)]
+    trainer_args = (str(model_dir), trainer_cfg, cfg.correction, cfg.seed)
+    wanted = [ActorRequest(TrainerWorker, trainer_options, trainer_args, env_vars)]
+    job = SESSION.begin_job()
     for spec in specs:
         threads = plan.sampler_threads if spec.gpus == 0 else cfg.loop.sampler_threads
         options = {"num_cpus": 0, "num_gpus": spec.gpus, "resources": {spec.resource: 0.001},
                    "max_restarts": cfg.loop.sampler_max_restarts}
-        args = (spec, str(model_dir), cfg.task, derive_seed(cfg.seed, spec.name), threads)
-        wanted.append(ActorRequest(SamplerWorker, options, args, env_vars, reuse_with_other_args=False))
+        args = (spec, str(model_dir), cfg.task, derive_seed(cfg.seed, spec.name), threads, job)
+        wanted.append(ActorRequest(SamplerWorker, options, args, env_vars))
     handles, ready = SESSION.actors(wanted)
-    slots = [SamplerSlot(name=spec.name, pool=spec.pool, actor=h, on_cpu=spec.gpus == 0)
-             for spec, h in zip(specs, handles[1:])]
+    slots = [SamplerSlot(name=spec.name, pool=spec.pool, actor=h, on_cpu=spec.gpus == 0, job=job,
+                         init=(req.env_vars, *req.args))
+             for spec, req, h in zip(specs, wanted[1:], handles[1:])]
     return handles[0], slots, ready
 
 
@@ -131,8 +135,10 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None, label: 
             facts = {"name": cfg.name, "seed": cfg.seed, "run_dir": str(run_dir), "fleet": manifest,
                      "model_dir": str(model_dir), "versions": package_versions()}
             summary = finish(loop, steps, stop, facts)
-            # Only after a clean end are the processes trusted with the next job of a sweep.
-            keep_warm = keep_warm and summary.get("status") == "completed" and loop.sampler_restarts == 0
+            # Only after a clean end are the processes trusted with the next job of a sweep (a
+            # sampler that died may still be restarting, and has used up some of Ray's restarts).
+            clean = summary.get("status") == "completed" and not any(slot.deaths for slot in slots)
+            keep_warm = keep_warm and clean
             return summary
     except BaseException:
         keep_warm = False

@@ -9,17 +9,21 @@ process. Between jobs the instance stays up, and so do the processes: an actor w
 needs it in the same place is re-initialised in place (``reset``: the same ``__init__`` with the
 new job's arguments — fresh weights, optimizer, seeds, task), which costs milliseconds instead
 of the seconds of a new process importing torch. Nothing of a job's state survives ``reset``.
+Any job reuses an actor that sits in the same place (``ActorRequest.place_key``: class and Ray
+options), whatever its other arguments — a sweep over seeds, tasks or samplers' settings too.
 
-One exception keeps restarts honest: Ray restarts a dead sampler (``max_restarts``) with the
-arguments it was *created* with. A sampler is therefore only reused by a job that would create
-it with the same arguments; the trainer (never restarted by Ray) is reused by any job.
+Ray restarts a dead sampler (``max_restarts``) with the arguments it was *created* with, which
+may be an earlier job's. Each job therefore gets a token (``Session.begin_job``) that is one of
+its samplers' arguments and travels with every request: a process that holds another job's
+token refuses the request (``workers.NotHeld``), and the loop re-initialises it with the current
+job's arguments before it serves anything (``loop.AsyncLoop._probed``). The trainer is never
+restarted by Ray.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import pickle
 from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
@@ -35,19 +39,14 @@ class ActorRequest:
     options: dict  # Ray placement options
     args: tuple
     env_vars: dict  # this run's worker environment (where output goes); not part of the placement
-    reuse_with_other_args: bool  # False where Ray may re-create it from its first arguments
 
     def place_key(self) -> tuple:
         return (self.cls.__qualname__, repr(sorted(self.options.items())))
-
-    def args_key(self) -> bytes:
-        return pickle.dumps(self.args)
 
 
 @dataclass
 class _Warm:
     place: tuple
-    args: bytes
     handle: object
 
 
@@ -58,6 +57,12 @@ class Session:
     ray_key: tuple | None = None  # what the running instance was started with
     idle: list[_Warm] = field(default_factory=list)
     running: list[tuple[ActorRequest, object]] = field(default_factory=list)  # the current job's
+    job: int = 0  # the current job's token; never reused within the driver process
+
+    def begin_job(self) -> int:
+        """A new job's token, distinct from every earlier job's (see the module docstring)."""
+        self.job += 1
+        return self.job
 
     def ensure_ray(self, address: str | None, num_cpus: int | None, resources: set[str], runtime_env: dict,
                    log_to_driver: bool) -> None:
@@ -131,8 +136,7 @@ class Session:
 
     def _take(self, req: ActorRequest) -> _Warm | None:
         for i, warm in enumerate(self.idle):
-            same_args = warm.args == req.args_key()
-            if warm.place == req.place_key() and (same_args or req.reuse_with_other_args):
+            if warm.place == req.place_key():
                 return self.idle.pop(i)
         return None
 
@@ -142,7 +146,7 @@ class Session:
         if not keep:
             self.close()
             return
-        self.idle = [_Warm(req.place_key(), req.args_key(), handle) for req, handle in pairs]
+        self.idle = [_Warm(req.place_key(), handle) for req, handle in pairs]
 
     def close(self) -> None:
         import ray

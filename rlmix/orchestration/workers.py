@@ -28,10 +28,15 @@ log = logging.getLogger(__name__)
 ERROR_GROUP_BASE = 1 << 48
 
 
-class WeightsMissing(RuntimeError):
-    """A sampler was asked for a version it does not hold and got no weights to load: Ray
-    restarted it while it was idle, so it holds the initial weights again. The driver resends the
-    published weights and serves the request again (rather than train on the initial policy)."""
+class NotHeld(RuntimeError):
+    """A sampler process does not hold what the driver believes it does, so it refuses the request.
+
+    Ray restarted it while the driver was not looking, from the arguments it was *created* with:
+    it holds the initial weights again (and no weights came with the request), or an earlier job
+    of a sweep created it and it holds that job's seed, spec and task. The message says which. The
+    driver re-initialises it with the current job's arguments where needed, resends the weights
+    and serves the request again — never samples from the wrong policy or the wrong job.
+    """
 
 
 @dataclass(frozen=True)
@@ -125,27 +130,40 @@ class SamplerWorker:
     """One sampler instance: loads published weights between requests, produces scored rollouts."""
 
     def __init__(self, spec: SamplerSpec, model_dir: str,
-                 task_cfg: MiniCodeTaskConfig | DatasetTaskConfig | AgentEnvConfig, seed: int, threads: int):
+                 task_cfg: MiniCodeTaskConfig | DatasetTaskConfig | AgentEnvConfig, seed: int, threads: int,
+                 job: int = 0):
+        """``job``: the token of the job whose arguments these are; every request carries its own
+        job's token, so a process Ray re-created from an earlier job's arguments is recognised."""
         from rlmix.models.tokenizer_file import load_fast_tokenizer
 
         torch.set_num_threads(threads or 1)
+        self._job = job
         self.spec = spec
         self.sampler = build_sampler(spec, model_dir, seed)
         self.tokenizer = load_fast_tokenizer(model_dir)
         self.produce = rollout_producer(task_cfg, seed, self.tokenizer, spec.pool)
 
     def generate(
-        self, request: Request, group_size: int, weights: Mapping[str, torch.Tensor] | None, version: int
+        self, request: Request, group_size: int, weights: Mapping[str, torch.Tensor] | None, version: int,
+        job: int = 0,
     ) -> Rollouts:
+        # Checked before loading: weights loaded into another job's sampler would be served wrongly.
+        if job != self._job:
+            raise NotHeld(f"holds job {self._job}'s arguments, asked to sample for job {job}")
         if weights is not None:
             self.sampler.load_weights(weights, version)
         elif self.sampler.version != version:
-            raise WeightsMissing(f"holds weight version {self.sampler.version}, asked to sample at {version}")
+            raise NotHeld(f"holds weight version {self.sampler.version}, asked to sample at {version} "
+                          "without weights")
         params = dataclasses.replace(self.spec.params, seed=request.seed)
         return self.produce(self.sampler, request, group_size, params)
 
     def version(self) -> int:
         return self.sampler.version
+
+    def job(self) -> int:
+        """The token of the job whose arguments this process holds."""
+        return self._job
 
     def reset(self, env_vars: Mapping[str, str], *args) -> int:
         """Become a new worker in this process (the next job of a sweep); returns the version."""
