@@ -135,9 +135,10 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None, label: 
             facts = {"name": cfg.name, "seed": cfg.seed, "run_dir": str(run_dir), "fleet": manifest,
                      "model_dir": str(model_dir), "versions": package_versions()}
             summary = finish(loop, steps, stop, facts)
-            # Only after a clean end are the processes trusted with the next job of a sweep (a
+            # Only after an orderly end are the processes trusted with the next job of a sweep (a
             # sampler that died may still be restarting, and has used up some of Ray's restarts).
-            clean = summary.get("status") == "completed" and not any(slot.deaths for slot in slots)
+            # A collapse is the policy's, not the processes': the study's sweeps expect some.
+            clean = summary.get("status") in ("completed", "collapsed") and not any(slot.deaths for slot in slots)
             keep_warm = keep_warm and clean
             return summary
     except BaseException:
