@@ -1,9 +1,11 @@
 """Grading in a fresh sandbox (docs/math.md §7): reward 1 iff every required test passes.
 
 1. Start a fresh sandbox from the task (same image / same repository copy as the agent got).
-2. Snapshot it, apply the agent's patch with ``git apply``, skipping every protected test path
-   (``[metadata] test_files`` or ``DEFAULT_TEST_GLOBS``): the benchmark's tests stay as shipped, so a
-   policy that edits the tests cannot pass by it.
+2. Apply the agent's patch with ``git apply`` to the working tree, skipping every protected test
+   path (``[metadata] test_files`` or ``DEFAULT_TEST_GLOBS``): the benchmark's tests stay as shipped,
+   so a policy that edits the tests cannot pass by it. No baseline commit is needed here: the
+   patch was taken against the agent sandbox's baseline, which is this same image on disk, and git
+   is kept from finding any repository above the working copy.
 3. Copy the task's ``tests/`` in from the task directory on the host (which no sandbox can see; the
    local runtime mounts them read-only) and run ``bash $TESTS_DIR/test.sh`` with the task's
    ``[verifier] env`` and ``timeout_sec``. Nothing the agent wrote outside its patch reaches here.
@@ -23,7 +25,7 @@ import shlex
 from dataclasses import dataclass
 
 from rlmix.agentic.harbor import HarborTask
-from rlmix.agentic.sandbox import InfraError, Runtime, Sandbox, snapshot_baseline
+from rlmix.agentic.sandbox import ONLY_OWN_REPO, InfraError, Runtime, Sandbox
 
 log = logging.getLogger(__name__)
 
@@ -60,22 +62,22 @@ def read_reward(sandbox: Sandbox, exit_code: int) -> float:
 def _grade_once(task: HarborTask, patch: str, runtime: Runtime, network: bool) -> Grade:
     sandbox = runtime.start(task, network=network)
     try:
-        snapshot_baseline(sandbox)
         applied = True
         if patch.strip():
             patch_path = f"{sandbox.logs_dir}/agent.patch"
             sandbox.put_file(patch_path, patch.encode())
             excludes = " ".join(f"--exclude={shlex.quote(g)}" for g in task.test_globs)
-            res = sandbox.run(f"git apply --binary --whitespace=nowarn {excludes} {shlex.quote(patch_path)}",
-                              timeout_s=300.0)
+            res = sandbox.run(f"{ONLY_OWN_REPO} && git apply --binary --whitespace=nowarn {excludes} "
+                              f"{shlex.quote(patch_path)}", timeout_s=300.0)
             applied = res.exit_code == 0
             if not applied:
                 return Grade(0.0, None, 1, False, None, False, f"patch does not apply: {res.output[-2000:]}")
         sandbox.put_dir(task.tests_dir, sandbox.tests_dir)
-        sandbox.run(f"mkdir -p {shlex.quote(sandbox.logs_dir)}/verifier && rm -f "
-                    f"{shlex.quote(sandbox.logs_dir)}/verifier/reward.*", timeout_s=60.0)
-        res = sandbox.run(f"bash {shlex.quote(sandbox.tests_dir)}/test.sh", timeout_s=task.verifier_timeout_s,
-                          env=dict(task.verifier_env))
+        # One process start for the verifier: every command in a sandbox costs one (docs/agentic.md).
+        verifier = f"{shlex.quote(sandbox.logs_dir)}/verifier"
+        res = sandbox.run(f"mkdir -p {verifier}; rm -f {verifier}/reward.*; "
+                          f"exec bash {shlex.quote(sandbox.tests_dir)}/test.sh",
+                          timeout_s=task.verifier_timeout_s, env=dict(task.verifier_env))
         reward = 0.0 if res.timed_out else read_reward(sandbox, res.exit_code)
         return Grade(1.0 if reward >= 1.0 else 0.0, None, 1, applied, res.exit_code, res.timed_out,
                      res.output[-2000:])
