@@ -28,11 +28,12 @@ def train(ctx: typer.Context) -> None:
     Everything after `train` goes to Hydra: `-m` sweeps, `--cfg job`, `--help` (lists the
     config groups), launcher and sweeper plugins.
     """
+    from rlmix.commands.compose import quote_paths
     from rlmix.commands.train import run_train
     from rlmix.errors import ConfigError
 
     try:
-        run_train(list(ctx.args))
+        run_train(quote_paths(ctx.args))
     except ConfigError as err:
         _fail(str(err))
 
@@ -40,11 +41,12 @@ def train(ctx: typer.Context) -> None:
 @app.command(context_settings=_PASSTHROUGH)
 def eval(ctx: typer.Context) -> None:  # noqa: A001 - the command is called eval
     """Evaluate a checkpoint with pass@k: `rlmix eval checkpoint=<run dir> task.split=hard51 eval.k=[1,4]`."""
-    from rlmix.errors import ConfigError
+    from rlmix.commands.compose import quote_paths
     from rlmix.commands.eval import run_eval
+    from rlmix.errors import ConfigError
 
     try:
-        run_eval(list(ctx.args))
+        run_eval(quote_paths(ctx.args))
     except ConfigError as err:
         _fail(str(err))
 
@@ -52,11 +54,12 @@ def eval(ctx: typer.Context) -> None:  # noqa: A001 - the command is called eval
 @app.command(context_settings=_PASSTHROUGH)
 def probe(ctx: typer.Context) -> None:
     """Measure each pool's mismatch against the trainer, without training: `rlmix probe fleet=emulated_hetero6`."""
-    from rlmix.errors import ConfigError
+    from rlmix.commands.compose import quote_paths
     from rlmix.commands.probe import run_probe
+    from rlmix.errors import ConfigError
 
     try:
-        run_probe(list(ctx.args))
+        run_probe(quote_paths(ctx.args))
     except ConfigError as err:
         _fail(str(err))
 

@@ -1,124 +1,239 @@
-"""Reproduce the study's comparison on the embedded default (docs/math.md §5).
+"""Reproduce the study's comparison on the embedded default (docs/math.md §5, docs/results.md).
 
-One Hydra multirun over the arms × seeds on ``fleet=emulated_hetero6`` with unbounded staleness,
-then ``rlmix report`` over the sweep and ``rlmix eval`` (pass@1, pass@4 on ``hard51``) on every
-final checkpoint; the tables and plots go to ``docs/results*``.
+    python scripts/reproduce.py --profile quick     # the headline regime: 3 arms x 3 seeds (<= 15 min, 2 cores)
+    python scripts/reproduce.py --profile full      # + the stability map: arms x mismatch dose x 3 seeds
+    python scripts/reproduce.py --profile quick --seeds 1 --steps 20   # a look, not a result
 
-    python scripts/reproduce.py                          # mild: the fleet as emulated
-    python scripts/reproduce.py --profile stressed       # named knobs that raise the mismatch
-    python scripts/reproduce.py --seeds 1 --steps 20     # a quick look
+Every run is an ordinary ``rlmix train -m`` sweep (one per dose level) on ``fleet=emulated_hetero6``
+with unbounded staleness; every final checkpoint is scored with ``rlmix eval`` on the held-out
+``test`` split (pass@1, the fp32 reference sampler). Seeds are fixed before the runs (0, 1, 2) and
+every run is reported. What is written: ``docs/results_<profile>.md`` (tables), its figures in
+``docs/results_<profile>/``, and the raw per-run records in ``docs/results_<profile>/runs.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
-import shutil
+import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-ARMS = ("grpo", "icepop", "sc", "sc_mis", "grpo_topp", "sc_mis_topp")
 ROOT = Path(__file__).resolve().parents[1]
 RLMIX = str(Path(sys.executable).with_name("rlmix"))
 
-# Each profile is a list of ordinary overrides, so every knob is a documented config key.
-PROFILES: dict[str, list[str]] = {
-    "mild": [],
-    # More mismatch per step: int4 weights with an fp8 KV cache on the Blackwell pools, a larger
-    # learning rate (each version moves further, so staleness costs more), and a deeper buffer
-    # (samples trained up to several versions after they were drawn).
-    "stressed": [
-        "fleet.pools.b200_nvfp4.precision=int4",
-        "fleet.pools.b300_nvfp4.precision=int4",
-        "fleet.pools.h100_fp8.kv_precision=fp8_e4m3",
-        "fleet.pools.h200_fp8.kv_precision=fp8_e4m3",
-        "trainer.lr=1e-3",
-        "loop.buffer_groups=64",
-    ],
+HEADLINE_ARMS = ("reinforce", "grpo", "sc_mis")  # uncorrected REINFORCE, the study's GRPO, SC+MIS
+MAP_ARMS = ("reinforce", "grpo", "mis", "sc_mis")
+
+# Mismatch doses: each an ordinary list of config overrides (physical knobs only: how far behind
+# the samplers run, how hard each step moves the policy, the samplers' number formats).
+DOSES: dict[str, list[str]] = {
+    "stale2": ["loop.buffer_groups=32"],  # the default buffer: staleness ~1.5
+    "stale8": ["loop.buffer_groups=136"],  # samplers ~8 versions behind the trainer
+    "stale8_lr1e-3": ["loop.buffer_groups=136", "trainer.lr=1e-3"],
+    "stale8_lr1e-3_int4": ["loop.buffer_groups=136", "trainer.lr=1e-3", "fleet.pools.b200_nvfp4.precision=int4",
+                           "fleet.pools.b300_nvfp4.precision=int4", "fleet.pools.h100_fp8.kv_precision=fp8_e4m3",
+                           "fleet.pools.h200_fp8.kv_precision=fp8_e4m3"],
 }
+HEADLINE = "stale8"
+PROFILES = {"quick": [HEADLINE], "full": list(DOSES)}
+STEPS = 100
 
 
-def run(cmd: list[str], **kwargs) -> None:
+@dataclass
+class RunResult:
+    arm: str
+    seed: int
+    dose: str
+    collapsed: bool
+    collapse_step: int | None
+    collapse_reason: str
+    reward_first: float  # mean reward over the first 10 steps
+    reward_last: float  # ... and the last 10
+    kl_last: float
+    format_last: float
+    pass1: float | None  # held-out test split
+    pass1_se: float | None
+    rewards: list[float]
+    kls: list[float]
+
+
+def run(cmd: list[str], quiet: bool = False) -> None:
     print("+", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True, cwd=ROOT, **kwargs)
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL if quiet else None)
 
 
 def machine() -> str:
     mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {mem_gib:.0f} GiB, no GPU"
+    return f"{platform.machine()}, {os.cpu_count()} cores, {mem_gib:.0f} GiB, no GPU"
 
 
-SPLITS = ("hard51", "test")  # hard51 is the split the study reports; test (levels 1-3) resolves this model
+def sweep(out: Path, dose: str, arms: tuple[str, ...], seeds: int, steps: int) -> list[str]:
+    overrides = [f"+experiment={','.join(arms)}", f"seed={','.join(map(str, range(seeds)))}",
+                 "fleet=emulated_hetero6", "loop.max_staleness=null", f"loop.steps={steps}",
+                 "loop.checkpoint_every=0", "logger.wandb.mode=disabled", *DOSES[dose]]
+    run([RLMIX, "train", "-m", *overrides, f"hydra.sweep.dir={out}"])
+    return overrides
 
 
-def evaluate_runs(sweep: Path, samples: int) -> dict[str, dict[str, dict]]:
-    results: dict[str, dict[str, dict]] = {}
-    for summary in sorted(sweep.glob("*/summary.json")):
-        run_dir = summary.parent
-        for split in SPLITS:
-            run([RLMIX, "eval", f"checkpoint={run_dir}", f"task.split={split}", "eval.k=[1,4]",
-                 f"eval.samples={samples}", "logger=disabled"], stdout=subprocess.DEVNULL)
-            results.setdefault(run_dir.name, {})[split] = json.loads((run_dir / f"eval_{split}" / "eval.json").read_text())
-    return results
+def mean_of(rows: list[dict], key: str, part: slice) -> float:
+    values = [r[key] for r in rows[part] if key in r and r[key] == r[key]]
+    return statistics.fmean(values) if values else float("nan")
 
 
-def eval_table(results: dict[str, dict[str, dict]]) -> str:
-    head = " | ".join(f"pass@{k} ({split})" for split in SPLITS for k in (1, 4))
-    lines = [f"| run | {head} |", "|---|" + "---|" * 2 * len(SPLITS)]
-    for name, by_split in results.items():
-        cells = [
-            f"{by_split[split]['pass_at_k'][str(k)]['mean']:.3f} ± {by_split[split]['pass_at_k'][str(k)]['stderr']:.3f}"
-            for split in SPLITS
-            for k in (1, 4)
-        ]
-        lines.append(f"| {name} | {' | '.join(cells)} |")
+def collect(run_dir: Path, dose: str, eval_samples: int) -> RunResult:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    pass1 = se = None
+    if summary.get("checkpoint"):
+        run([RLMIX, "eval", f"checkpoint={run_dir}", "task.split=test", "eval.k=[1]", f"eval.samples={eval_samples}",
+             "logger=disabled"], quiet=True)
+        score = json.loads((run_dir / "eval_test" / "eval.json").read_text())["pass_at_k"]["1"]
+        pass1, se = score["mean"], score["stderr"]
+    collapse = summary["collapse"]
+    return RunResult(
+        arm=summary["name"], seed=summary["seed"], dose=dose, collapsed=bool(collapse["verdict"]),
+        collapse_step=collapse["step"], collapse_reason=collapse["reason"],
+        reward_first=mean_of(rows, "reward/mean", slice(0, 10)), reward_last=mean_of(rows, "reward/mean", slice(-10, None)),
+        kl_last=mean_of(rows, "mismatch/kl_k3", slice(-10, None)),
+        format_last=mean_of(rows, "format/error_rate", slice(-10, None)),
+        pass1=pass1, pass1_se=se,
+        rewards=[r["reward/mean"] for r in rows], kls=[r.get("mismatch/kl_k3", float("nan")) for r in rows],
+    )
+
+
+def mean_se(values: list[float]) -> tuple[float, float]:
+    values = [v for v in values if v is not None and v == v]
+    if not values:
+        return float("nan"), float("nan")
+    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else float("nan")
+    return statistics.fmean(values), se
+
+
+def arm_table(results: list[RunResult], arms: tuple[str, ...]) -> str:
+    lines = ["| arm | collapsed | collapse steps | reward, first 10 | reward, last 10 | kl_k3, last 10 | "
+             "format errors, last 10 | pass@1 test |", "|---|---|---|---|---|---|---|---|"]
+    for arm in arms:
+        mine = [r for r in results if r.arm == arm]
+        steps = ", ".join(str(r.collapse_step) for r in mine if r.collapsed) or "—"
+        cells = [f"{sum(r.collapsed for r in mine)}/{len(mine)}", steps]
+        for values, fmt in (([r.reward_first for r in mine], ".3f"), ([r.reward_last for r in mine], ".3f"),
+                            ([r.kl_last for r in mine], ".1e"), ([r.format_last for r in mine], ".3f"),
+                            ([r.pass1 for r in mine], ".3f")):
+            m, se = mean_se(values)
+            cells.append(f"{m:{fmt}} ± {se:{fmt}}")
+        lines.append(f"| {arm} | {' | '.join(cells)} |")
     return "\n".join(lines)
 
 
-def write_results(out: Path, profile: str, command: str, sweep: Path, wall_s: float, evals: dict) -> None:
-    figures = out.with_suffix("")  # docs/results_<profile>/
+def paired_table(results: list[RunResult], against: str = "sc_mis") -> str:
+    """Per seed, ``against`` minus each other arm on held-out pass@1: the same seed sees the same problems."""
+    by = {(r.arm, r.seed): r for r in results}
+    seeds = sorted({r.seed for r in results})
+    lines = ["| arm | " + " | ".join(f"seed {s}" for s in seeds) + " | mean ± se |", "|---|" + "---|" * (len(seeds) + 1)]
+    for arm in sorted({r.arm for r in results} - {against}):
+        diffs = [by[(against, s)].pass1 - by[(arm, s)].pass1 for s in seeds
+                 if (arm, s) in by and (against, s) in by and by[(arm, s)].pass1 is not None
+                 and by[(against, s)].pass1 is not None]
+        m, se = mean_se(diffs)
+        lines.append(f"| {against} − {arm} | " + " | ".join(f"{d:+.3f}" for d in diffs) + f" | {m:+.3f} ± {se:.3f} |")
+    return "\n".join(lines)
+
+
+def plot_curves(results: list[RunResult], arms: tuple[str, ...], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for i, arm in enumerate(arms):
+        color = f"C{i}"
+        for r in (r for r in results if r.arm == arm):
+            axes[0].plot(range(1, len(r.rewards) + 1), r.rewards, color=color, alpha=0.6,
+                         label=arm if r.seed == 0 else None)
+            axes[1].semilogy(range(1, len(r.kls) + 1), r.kls, color=color, alpha=0.6)
+    axes[0].set(xlabel="step", ylabel="reward/mean", title="reward, every seed")
+    axes[1].set(xlabel="step", ylabel="mismatch/kl_k3", title="sampler–trainer KL (k3)")
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_map(results: list[RunResult], arms: tuple[str, ...], doses: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for i, arm in enumerate(arms):
+        rate = [statistics.fmean([r.collapsed for r in results if r.arm == arm and r.dose == d] or [float("nan")])
+                for d in doses]
+        pass1 = [mean_se([r.pass1 for r in results if r.arm == arm and r.dose == d])[0] for d in doses]
+        axes[0].plot(doses, rate, marker="o", color=f"C{i}", label=arm)
+        axes[1].plot(doses, pass1, marker="o", color=f"C{i}", label=arm)
+    axes[0].set(ylabel="collapse rate (monitor)", title="collapse rate by mismatch dose", ylim=(-0.05, 1.05))
+    axes[1].set(ylabel="pass@1, test split", title="held-out pass@1 by mismatch dose")
+    for ax in axes:
+        ax.tick_params(axis="x", rotation=20)
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(profile: str, commands: dict[str, str], results: list[RunResult], doses: list[str],
+          steps: int, wall_s: float) -> Path:
+    out = ROOT / "docs" / f"results_{profile}.md"
+    figures = out.with_suffix("")
     figures.mkdir(parents=True, exist_ok=True)
-    report_dir = sweep / "report"
-    for png in report_dir.glob("*.png"):
-        shutil.copy(png, figures / png.name)
-    # The report's own image links are relative to the sweep; the copies below sit beside this file.
-    table = "\n".join(line for line in (report_dir / "report.md").read_text().splitlines() if not line.startswith("!["))
-    rel = figures.relative_to(out.parent)
-    out.write_text(
-        f"# Reproduction on the embedded default — profile `{profile}`\n\n"
-        f"Command: `{command}`  \nMachine: {machine()}  \nWall time: {wall_s / 60:.1f} min  \n"
-        f"Sweep: `{sweep.relative_to(ROOT)}`\n\n## Training (rlmix report)\n\n{table}\n\n"
-        f"![reward]({rel}/reward.png)\n![kl]({rel}/kl.png)\n![format errors]({rel}/format_errors.png)\n\n"
-        f"## Evaluation (rlmix eval, reference backend fp32)\n\n{eval_table(evals)}\n"
-    )
+    (figures / "runs.json").write_text(json.dumps([r.__dict__ for r in results], indent=1))
+    head = [r for r in results if r.dose == HEADLINE and r.arm in HEADLINE_ARMS]
+    plot_curves(head, HEADLINE_ARMS, figures / "headline.png")
+    parts = [f"# Reproduction on the embedded default — profile `{profile}`\n",
+             f"Machine: {machine()}  \nWall time: {wall_s / 60:.1f} min  \nSteps per run: {STEPS}\n",
+             "Commands (one sweep per dose; then `rlmix eval task.split=test eval.k=[1]` per run):\n",
+             *[f"- `{dose}`: `rlmix train -m {cmd}`" for dose, cmd in commands.items()],
+             f"\n## Headline regime: `{HEADLINE}` ({' '.join(DOSES[HEADLINE])})\n",
+             arm_table(head, HEADLINE_ARMS), "\nPaired by seed (held-out pass@1):\n", paired_table(head),
+             f"\n![reward and KL]({figures.name}/headline.png)\n"]
+    if len(doses) > 1:
+        plot_map(results, MAP_ARMS, doses, figures / "map.png")
+        parts += ["## Stability map\n", f"![map]({figures.name}/map.png)\n"]
+        for dose in doses:
+            parts += [f"### `{dose}`: {' '.join(DOSES[dose])}\n",
+                      arm_table([r for r in results if r.dose == dose], MAP_ARMS), ""]
+    out.write_text("\n".join(parts) + "\n")
     print(f"wrote {out}")
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--profile", choices=sorted(PROFILES), default="mild")
-    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="quick")
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=None, help="loop.steps (default: the preset's)")
+    parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--eval-samples", type=int, default=4)
     args = parser.parse_args()
 
     stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
-    sweep = ROOT / "multirun" / f"reproduce_{args.profile}_{stamp}"
-    overrides = [f"+experiment={args.arms}", f"seed={','.join(map(str, range(args.seeds)))}",
-                 "fleet=emulated_hetero6", "loop.max_staleness=null", *PROFILES[args.profile]]
-    if args.steps:
-        overrides.append(f"loop.steps={args.steps}")
-    command = " ".join(["rlmix train -m", *overrides])
-    start = time.time()
-    run([RLMIX, "train", "-m", *overrides, f"hydra.sweep.dir={sweep}"])
-    run([RLMIX, "report", str(sweep)])
-    evals = evaluate_runs(sweep, args.eval_samples)
-    write_results(ROOT / "docs" / f"results_{args.profile}.md", args.profile, command, sweep, time.time() - start, evals)
+    doses = PROFILES[args.profile]
+    start, commands, results = time.time(), {}, []
+    for dose in doses:
+        arms = HEADLINE_ARMS if args.profile == "quick" else MAP_ARMS
+        out = ROOT / "multirun" / f"reproduce_{stamp}" / dose
+        commands[dose] = " ".join(sweep(out, dose, arms, args.seeds, args.steps))
+        for run_dir in sorted(p.parent for p in out.glob("*/summary.json")):
+            results.append(collect(run_dir, dose, args.eval_samples))
+    write(args.profile, commands, results, doses, args.steps, time.time() - start)
 
 
 if __name__ == "__main__":

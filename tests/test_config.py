@@ -46,6 +46,8 @@ ARMS = {
     "sc_mis": (Objective.reinforce, AdvantageNorm.group_mean, CorrectionMode.sc_mis, 1.0, 0),
     "grpo_topp": (Objective.ppo_clip, AdvantageNorm.group_mean_std, CorrectionMode.none, 0.97, 64),
     "sc_mis_topp": (Objective.reinforce, AdvantageNorm.group_mean, CorrectionMode.sc_mis, 0.97, 64),
+    "reinforce": (Objective.reinforce, AdvantageNorm.group_mean, CorrectionMode.none, 1.0, 0),
+    "mis": (Objective.reinforce, AdvantageNorm.group_mean, CorrectionMode.mis, 1.0, 0),
 }
 
 
@@ -112,3 +114,16 @@ def test_sweeps_expand_to_one_job_per_combination():
     assert sorted(map(tuple, jobs)) == sorted(
         (f"correction={c}", f"seed={s}") for c in ("sc", "sc_mis") for s in ("0", "1")
     )
+
+
+def test_a_sweep_jobs_directory_is_a_path_hydra_accepts(tmp_path):
+    """Sweep job directories carry their overrides (``=``, ``,``) in their names; as ``checkpoint=`` or
+    ``resume=`` values they are quoted for Hydra, so the commands a run prints work as printed."""
+    from rlmix.commands.compose import quote_paths
+
+    job = tmp_path / "3_correction.mode=sc_mis,seed=1"
+    job.mkdir()
+    args = quote_paths([f"checkpoint={job}", "seed=0,1", f"resume={job}", "model.path=missing=dir"])
+    assert args[1] == "seed=0,1" and args[3] == "model.path=missing=dir"  # sweeps and non-paths untouched
+    cfg = compose_run_config(args[:3:2], for_training=False)
+    assert (cfg.checkpoint, cfg.resume) == (str(job), str(job))

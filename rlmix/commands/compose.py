@@ -18,6 +18,28 @@ _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--config
                      "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}
 
 
+# Keys whose values are paths. A sweep job's directory carries its overrides in its name
+# (``3_correction.mode=sc_mis,seed=1``), and ``=`` or ``,`` in a value means something else to
+# Hydra's override grammar; such a value is quoted for Hydra when it names an existing path.
+PATH_KEYS = ("checkpoint", "resume", "model.path", "task.tasks_dir", "eval.out_dir", "hydra.run.dir",
+             "hydra.sweep.dir")
+_HYDRA_SPECIAL = set("=,[]{}()'\" :$%*?<>|&;#!")
+
+
+def quote_paths(args: list[str]) -> list[str]:
+    """``args`` with every existing path value of ``PATH_KEYS`` that Hydra would misparse quoted."""
+    from pathlib import Path
+
+    out = []
+    for arg in args:
+        key, eq, value = arg.partition("=")
+        if eq and key.lstrip("+~") in PATH_KEYS and value[:1] not in ("'", '"') \
+                and _HYDRA_SPECIAL & set(value) and Path(value).expanduser().exists():
+            arg = f"{key}='" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        out.append(arg)
+    return out
+
+
 def split_args(args: list[str]) -> tuple[list[str], bool, bool]:
     """(overrides, multirun, informational) from a Hydra command line."""
     overrides, multirun, info, skip = [], False, False, False
