@@ -199,7 +199,7 @@ def write(profile: str, commands: dict[str, str], results: list[RunResult], dose
     head = [r for r in results if r.dose == HEADLINE and r.arm in HEADLINE_ARMS]
     plot_curves(head, HEADLINE_ARMS, figures / "headline.png")
     parts = [f"# Reproduction on the embedded default — profile `{profile}`\n",
-             f"Machine: {machine()}  \nWall time: {wall_s / 60:.1f} min  \nSteps per run: {STEPS}\n",
+             f"Machine: {machine()}  \nWall time: {wall_s / 60:.1f} min  \nSteps per run: {steps}\n",
              "Commands (one sweep per dose; then `rlmix eval task.split=test eval.k=[1]` per run):\n",
              *[f"- `{dose}`: `rlmix train -m {cmd}`" for dose, cmd in commands.items()],
              f"\n## Headline regime: `{HEADLINE}` ({' '.join(DOSES[HEADLINE])})\n",
