@@ -31,6 +31,11 @@ RLMIX = str(Path(sys.executable).with_name("rlmix"))
 HEADLINE_ARMS = ("reinforce", "grpo", "sc_mis")  # uncorrected REINFORCE, the study's GRPO, SC+MIS
 MAP_ARMS = ("reinforce", "grpo", "mis", "sc_mis")
 
+# Every sampler generates at once, as on a real fleet where each has its own accelerator: the
+# samplers then run ahead of the trainer and the buffer depth sets the staleness. (The default
+# thread plan lets one request generate per free core, which keeps a 2-core run sampler-bound
+# and its staleness under 1 whatever the buffer.)
+FLEET = ["fleet=emulated_hetero6", "loop.concurrent_requests=6"]
 # Mismatch doses: each an ordinary list of config overrides (physical knobs only: how far behind
 # the samplers run, how hard each step moves the policy, the samplers' number formats).
 DOSES: dict[str, list[str]] = {
@@ -76,7 +81,7 @@ def machine() -> str:
 
 def sweep(out: Path, dose: str, arms: tuple[str, ...], seeds: int, steps: int) -> list[str]:
     overrides = [f"+experiment={','.join(arms)}", f"seed={','.join(map(str, range(seeds)))}",
-                 "fleet=emulated_hetero6", "loop.max_staleness=null", f"loop.steps={steps}",
+                 *FLEET, "loop.max_staleness=null", f"loop.steps={steps}",
                  "loop.checkpoint_every=0", "logger.wandb.mode=disabled", *DOSES[dose]]
     run([RLMIX, "train", "-m", *overrides, f"hydra.sweep.dir={out}"])
     return overrides

@@ -65,7 +65,9 @@ def test_sc_mis_trains_on_minicode_agent_episodes_through_the_cli(tmp_path):
     assert any(not torch.equal(base[k].float(), final[k].float()) for k in base)
 
 
-OTHER_ARMS = ("grpo", "icepop", "sc", "grpo_topp", "sc_mis_topp")  # sc_mis: the test above
+# sc_mis: the test above. Per arm: (masks tokens: MIS, centres on the top-K head: SC).
+OTHER_ARMS = {"grpo": (False, False), "icepop": (True, False), "sc": (False, True), "grpo_topp": (False, False),
+              "sc_mis_topp": (True, True)}
 
 
 @pytest.mark.slow
@@ -84,5 +86,6 @@ def test_every_other_arm_trains_on_episodes_in_one_cli_sweep(tmp_path):
     for arm, run in runs.items():
         [row] = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         assert row["step"] == 1 and row["agent/infra_errors"] == 0, arm
-        assert ("correction/masked_frac" in row) == (arm == "icepop"), arm  # MIS reports what it masked
-        assert ("correction/sc_head_mass" in row) == arm.startswith("sc"), arm  # SC: the head it centred on
+        masks, centres = OTHER_ARMS[arm]
+        assert ("correction/masked_frac" in row) == masks, arm  # MIS reports what it masked
+        assert ("correction/sc_head_mass" in row) == centres, arm  # SC: the head mass it centred on
