@@ -89,3 +89,17 @@ def test_every_other_arm_trains_on_episodes_in_one_cli_sweep(tmp_path):
         masks, centres = OTHER_ARMS[arm]
         assert ("correction/masked_frac" in row) == masks, arm  # MIS reports what it masked
         assert ("correction/sc_head_mass" in row) == centres, arm  # SC: the head mass it centred on
+
+
+@pytest.mark.slow
+def test_eval_runs_minicode_agent_episodes_through_the_cli(tmp_path):
+    """``rlmix eval task=minicode_agent``: the test split's problems as sandboxed episodes, graded as in training."""
+    out_dir = tmp_path / "eval"
+    out = subprocess.run([RLMIX, "eval", "task=minicode_agent", "task.levels=[1]", "eval.samples=1", "eval.k=[1]",
+                          "logger=disabled", f"eval.out_dir={out_dir}"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=1800)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    summary = json.loads((out_dir / "eval.json").read_text())
+    score = summary["sets"]["all"]["pass@1"]
+    assert score["num_tasks"] == summary["sets"]["all"]["num_tasks"] > 0 and 0 <= score["mean"] <= 1
+    assert sum(summary["end_reasons"].values()) == score["num_tasks"] and summary["infra_failures"]["count"] == 0

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from rlmix.config.schema import EvalConfig, RunConfig
-from rlmix.config.swebench import SwebenchProConfig
+from rlmix.config.swebench import AgentEnvConfig
 from rlmix.errors import ConfigError
 from rlmix.metrics.passk import PassAtK, mean_pass_at_k
 from rlmix.rollout import SamplingParams
@@ -100,7 +100,7 @@ def evaluate(cfg: RunConfig, progress=print) -> dict:
     if not ks or ks[0] < 1 or ks[-1] > samples:
         raise ConfigError(f"eval.k={cfg.eval.k}: every k must be in 1..eval.samples={samples}")
     model_dir = resolve_checkpoint(cfg)
-    if isinstance(cfg.task, SwebenchProConfig):
+    if isinstance(cfg.task, AgentEnvConfig):
         return evaluate_agentic(cfg, model_dir, ks, progress)
     # minicode's default split names its training stream; evaluation means its test split
     split = "test" if cfg.task.name == "minicode" and cfg.task.split == "train" else cfg.task.split
