@@ -3,6 +3,7 @@
     python scripts/reproduce.py --profile quick     # the headline regime: 3 arms x 3 seeds (~20 min, 2 cores)
     python scripts/reproduce.py --profile full      # the stability map: 4 arms x 3 doses x 3 seeds
     python scripts/reproduce.py --doses stale8      # one dose of the map, with the profile's arms
+    python scripts/reproduce.py --arms mis,icepop   # other arms (any experiment preset) in the headline regime
     python scripts/reproduce.py --seeds 1 --steps 20   # a look, not a result
 
 Every run is an ordinary ``rlmix train -m`` sweep (one per dose level) on ``fleet=emulated_hetero6``
@@ -143,6 +144,8 @@ def arm_table(results: list[RunResult], arms: tuple[str, ...]) -> str:
 def paired_table(results: list[RunResult], against: str = "sc_mis") -> str:
     """Per seed, ``against`` minus each other arm on held-out pass@1: the same seed sees the same problems."""
     by = {(r.arm, r.seed): r for r in results}
+    if against not in {r.arm for r in results}:
+        return f"(no `{against}` arm in these runs)"
     seeds = sorted({r.seed for r in results})
     lines = ["| arm | " + " | ".join(f"seed {s}" for s in seeds) + " | mean ± se |", "|---|" + "---|" * (len(seeds) + 1)]
     for arm in sorted({r.arm for r in results} - {against}):
@@ -199,28 +202,28 @@ def plot_map(results: list[RunResult], arms: tuple[str, ...], doses: list[str], 
     plt.close(fig)
 
 
-def write(profile: str, commands: dict[str, str], results: list[RunResult], doses: list[str],
+def write(profile: str, commands: dict[str, str], results: list[RunResult], doses: list[str], arms: tuple[str, ...],
           steps: int, wall_s: float) -> Path:
     out = ROOT / "docs" / f"results_{profile}.md"  # profile: the profile's name, or with its --doses
     figures = out.with_suffix("")
     figures.mkdir(parents=True, exist_ok=True)
     (figures / "runs.json").write_text(json.dumps([r.__dict__ for r in results], indent=1))
     headline = HEADLINE if HEADLINE in doses else doses[0]
-    head = [r for r in results if r.dose == headline and r.arm in HEADLINE_ARMS]
-    plot_curves(head, HEADLINE_ARMS, figures / "headline.png")
+    head = [r for r in results if r.dose == headline]
+    plot_curves(head, arms, figures / "headline.png")
     parts = [f"# Reproduction on the embedded default — profile `{profile}`\n",
              f"Machine: {machine()}  \nWall time: {wall_s / 60:.1f} min  \nSteps per run: {steps}\n",
              "Commands (one sweep per dose; then `rlmix eval task.split=test eval.k=[1]` per run):\n",
              *[f"- `{dose}`: `rlmix train -m {cmd}`" for dose, cmd in commands.items()],
              f"\n## Headline regime: `{headline}` ({' '.join(DOSES[headline])})\n",
-             arm_table(head, HEADLINE_ARMS), "\nPaired by seed (held-out pass@1):\n", paired_table(head),
+             arm_table(head, arms), "\nPaired by seed (held-out pass@1):\n", paired_table(head),
              f"\n![reward and KL]({figures.name}/headline.png)\n"]
     if len(doses) > 1:
-        plot_map(results, MAP_ARMS, doses, figures / "map.png")
+        plot_map(results, arms, doses, figures / "map.png")
         parts += ["## Stability map\n", f"![map]({figures.name}/map.png)\n"]
         for dose in doses:
             parts += [f"### `{dose}`: {' '.join(DOSES[dose])}\n",
-                      arm_table([r for r in results if r.dose == dose], MAP_ARMS), ""]
+                      arm_table([r for r in results if r.dose == dose], arms), ""]
     out.write_text("\n".join(parts) + "\n")
     print(f"wrote {out}")
     return out
@@ -233,21 +236,22 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--eval-samples", type=int, default=4)
     parser.add_argument("--doses", help=f"comma-separated, instead of the profile's (of {', '.join(DOSES)})")
+    parser.add_argument("--arms", help="comma-separated experiment presets, instead of the profile's")
     args = parser.parse_args()
     if args.doses and not set(args.doses.split(",")) <= set(DOSES):
         parser.error(f"--doses: each of {', '.join(DOSES)}")
 
     stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
     doses = args.doses.split(",") if args.doses else PROFILES[args.profile]
+    arms = tuple(args.arms.split(",")) if args.arms else HEADLINE_ARMS if args.profile == "quick" else MAP_ARMS
     start, commands, results = time.time(), {}, []
     for dose in doses:
-        arms = HEADLINE_ARMS if args.profile == "quick" else MAP_ARMS
         out = ROOT / "multirun" / f"reproduce_{stamp}" / dose
         commands[dose] = " ".join(sweep(out, dose, arms, args.seeds, args.steps))
         for run_dir in sorted(p.parent for p in out.glob("*/summary.json")):
             results.append(collect(run_dir, dose, args.eval_samples))
-    name = args.profile if not args.doses else f"{args.profile}_{'_'.join(doses)}"
-    write(name, commands, results, doses, args.steps, time.time() - start)
+    name = args.profile + "".join(f"_{'_'.join(v.split(','))}" for v in (args.doses, args.arms) if v)
+    write(name, commands, results, doses, arms, args.steps, time.time() - start)
 
 
 if __name__ == "__main__":
