@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from perf_common import step_times
+
 
 def untrained_embedded(out: Path) -> Path:
     """The embedded model as initialised from its seed, before the warm start."""
@@ -72,12 +74,7 @@ def scored_batch(rollouts, group_size: int):
 
 
 def time_trainer(trainer, batch, repeats: int) -> dict:
-    trainer.train_step(batch)  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        trainer.train_step(batch)
-        times.append(time.perf_counter() - start)
+    times = step_times(trainer, batch, repeats)
     return {"step_s": round(sum(times) / len(times), 3), "steps": repeats, "tokens": batch.num_tokens}
 
 

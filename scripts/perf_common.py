@@ -108,10 +108,16 @@ def isolated_step(cfg, model_dir: Path, *, stop: bool = True, random_rewards: bo
     batch = concat_rollouts(parts, trainer.trainer.pad_id)
     if random_rewards:
         batch = batch.replace(rewards=torch.rand(len(batch), generator=torch.Generator().manual_seed(0)))
-    trainer.train_step(batch)  # warm-up
+    times = step_times(trainer, batch, reps)
+    return {"generate_s": generate_s, "train_s": median(times), "tokens": int(batch.num_tokens), "rows": len(batch)}
+
+
+def step_times(trainer, batch, reps: int) -> list[float]:
+    """Seconds of each of ``reps`` trainer steps on ``batch``, after one untimed warm-up step."""
+    trainer.train_step(batch)
     times = []
     for _ in range(reps):
         start = time.perf_counter()
         trainer.train_step(batch)
         times.append(time.perf_counter() - start)
-    return {"generate_s": generate_s, "train_s": median(times), "tokens": int(batch.num_tokens), "rows": len(batch)}
+    return times
