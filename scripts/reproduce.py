@@ -51,8 +51,9 @@ DOSES: dict[str, list[str]] = {
 }
 # Where the failure shows (docs/results.md): uncorrected REINFORCE collapsed in 3 of 3 seeds there.
 HEADLINE = "stale8_lr1e-3"
-# full: three doses x four arms x three seeds (36 runs); the int4 dose is there for --doses.
-PROFILES = {"quick": [HEADLINE], "full": ["stale2", "stale8", "stale8_lr1e-3"]}
+# full: three doses x four arms x three seeds (36 runs): the fleet as configured, the lag and step
+# size under which the failure shows, and the same with harsher number formats on four pools.
+PROFILES = {"quick": [HEADLINE], "full": ["stale2", "stale8_lr1e-3", "stale8_lr1e-3_int4"]}
 STEPS = 100
 
 
