@@ -71,9 +71,10 @@ bench-perf: setup
 	$(BIN)/python scripts/bench_sweep.py
 
 # The study's comparison on the embedded default, every run scored on held-out pass@1 (docs/results.md):
-# the stability map (arms x mismatch doses x seeds 0-2), or its headline regime alone.
+# the stability map (arms x mismatch doses x seeds 0-2) and the SC-vs-MIS map over K, or the headline regime alone.
 reproduce: setup
 	$(BIN)/python scripts/reproduce.py --profile full
+	$(BIN)/python scripts/reproduce.py --profile sc
 
 reproduce-quick: setup
 	$(BIN)/python scripts/reproduce.py --profile quick

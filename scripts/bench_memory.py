@@ -78,7 +78,8 @@ def child(args: argparse.Namespace) -> dict:
     def step() -> float:
         model.zero_grad(set_to_none=True)
         start = time.perf_counter()
-        out = batch_loss(model, batch, advantages, cfg, num_tokens=n, pad_id=0, bf16=args.bf16)
+        out = batch_loss(model, batch, advantages, cfg, num_tokens=n, pad_id=0,
+                         autocast=torch.bfloat16 if args.bf16 else None)
         out.loss.backward()
         return time.perf_counter() - start
 

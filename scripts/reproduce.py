@@ -1,7 +1,8 @@
 """Reproduce the study's comparison on the embedded default (docs/math.md §5, docs/results.md).
 
-    python scripts/reproduce.py --profile quick     # the headline regime: 3 arms x 3 seeds (~20 min, 2 cores)
-    python scripts/reproduce.py --profile full      # the stability map: 4 arms x 3 doses x 3 seeds
+    python scripts/reproduce.py --profile quick     # the headline regime: 3 arms x 3 seeds (~16 min, 2 cores)
+    python scripts/reproduce.py --profile full      # the stability map: 5 arms x 3 doses x 3 seeds
+    python scripts/reproduce.py --profile sc        # SC vs MIS: K = 32 (SC exact) against K = 2 (a real tail)
     python scripts/reproduce.py --doses stale8      # one dose of the map, with the profile's arms
     python scripts/reproduce.py --arms mis,icepop   # other arms (any experiment preset) in the headline regime
     python scripts/reproduce.py --seeds 1 --steps 20   # a look, not a result
@@ -31,7 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RLMIX = str(Path(sys.executable).with_name("rlmix"))
 
 HEADLINE_ARMS = ("reinforce", "grpo", "sc_mis")  # uncorrected REINFORCE, the study's GRPO, SC+MIS
-MAP_ARMS = ("reinforce", "grpo", "mis", "sc_mis")
+# ... with MIS alone, and the other published remedy: FP16 trainer and samplers, no correction.
+MAP_ARMS = ("reinforce", "grpo", "mis", "sc_mis", "fp16")
+SC_ARMS = ("sc", "mis", "sc_mis")  # when centering matters over masking
 
 # Every sampler generates at once, as on a real fleet where each has its own accelerator: the
 # samplers then run ahead of the trainer and the buffer depth sets the staleness. (The default
@@ -48,12 +51,16 @@ DOSES: dict[str, list[str]] = {
     "stale8_lr1e-3_int4": ["loop.buffer_groups=136", "trainer.lr=1e-3", "fleet.pools.b200_nvfp4.precision=int4",
                            "fleet.pools.b300_nvfp4.precision=int4", "fleet.pools.h100_fp8.kv_precision=fp8_e4m3",
                            "fleet.pools.h200_fp8.kv_precision=fp8_e4m3"],
+    # The embedded vocabulary has 32 symbols, so the default K = 128 head is all of it and SC is
+    # exact; with K = 2 the head misses tail mass and SC runs on its modelled tail (ρ).
+    "stale8_k2": ["loop.buffer_groups=136", "correction.num_candidates=2"],
 }
 # Where the failure shows (docs/results.md): uncorrected REINFORCE collapsed in 3 of 3 seeds there.
 HEADLINE = "stale8_lr1e-3"
 # full: three doses x four arms x three seeds (36 runs): the fleet as configured, the lag and step
 # size under which the failure shows, and the same with harsher number formats on four pools.
-PROFILES = {"quick": [HEADLINE], "full": ["stale2", "stale8_lr1e-3", "stale8_lr1e-3_int4"]}
+PROFILES = {"quick": [HEADLINE], "full": ["stale2", "stale8_lr1e-3", "stale8_lr1e-3_int4"], "sc": ["stale8", "stale8_k2"]}
+PROFILE_ARMS = {"quick": HEADLINE_ARMS, "full": MAP_ARMS, "sc": SC_ARMS}
 STEPS = 100
 
 
@@ -69,6 +76,8 @@ class RunResult:
     reward_last: float  # ... and the last 10
     kl_last: float
     format_last: float
+    masked_frac: float  # MIS: fraction of tokens masked, mean over the run
+    tail_ratio_max: float  # SC: the largest per-step mean tail ratio ρ (1 = consistent tail)
     pass1: float | None  # held-out test split
     pass1_se: float | None
     rewards: list[float]
@@ -114,6 +123,9 @@ def collect(run_dir: Path, dose: str, eval_samples: int) -> RunResult:
         reward_first=mean_of(rows, "reward/mean", slice(0, 10)), reward_last=mean_of(rows, "reward/mean", slice(-10, None)),
         kl_last=mean_of(rows, "mismatch/kl_k3", slice(-10, None)),
         format_last=mean_of(rows, "format/error_rate", slice(-10, None)),
+        masked_frac=mean_of(rows, "correction/masked_frac", slice(None)),
+        tail_ratio_max=max((r["correction/sc_tail_ratio"] for r in rows if "correction/sc_tail_ratio" in r),
+                           default=float("nan")),
         pass1=pass1, pass1_se=se,
         rewards=[r["reward/mean"] for r in rows], kls=[r.get("mismatch/kl_k3", float("nan")) for r in rows],
     )
@@ -129,16 +141,17 @@ def mean_se(values: list[float]) -> tuple[float, float]:
 
 def arm_table(results: list[RunResult], arms: tuple[str, ...]) -> str:
     lines = ["| arm | collapsed | collapse steps | reward, first 10 | reward, last 10 | kl_k3, last 10 | "
-             "format errors, last 10 | pass@1 test |", "|---|---|---|---|---|---|---|---|"]
+             "format errors, last 10 | MIS masked | SC ρ, max | pass@1 test |", "|---|---|---|---|---|---|---|---|---|---|"]
     for arm in arms:
         mine = [r for r in results if r.arm == arm]
         steps = ", ".join(str(r.collapse_step) for r in mine if r.collapsed) or "—"
         cells = [f"{sum(r.collapsed for r in mine)}/{len(mine)}", steps]
         for values, fmt in (([r.reward_first for r in mine], ".3f"), ([r.reward_last for r in mine], ".3f"),
                             ([r.kl_last for r in mine], ".1e"), ([r.format_last for r in mine], ".3f"),
+                            ([r.masked_frac for r in mine], ".1e"), ([r.tail_ratio_max for r in mine], ".2f"),
                             ([r.pass1 for r in mine], ".3f")):
             m, se = mean_se(values)
-            cells.append(f"{m:{fmt}} ± {se:{fmt}}")
+            cells.append("—" if m != m else f"{m:{fmt}} ± {se:{fmt}}")  # nan: the arm does not have it
         lines.append(f"| {arm} | {' | '.join(cells)} |")
     return "\n".join(lines)
 
@@ -245,7 +258,7 @@ def main() -> None:
 
     stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
     doses = args.doses.split(",") if args.doses else PROFILES[args.profile]
-    arms = tuple(args.arms.split(",")) if args.arms else HEADLINE_ARMS if args.profile == "quick" else MAP_ARMS
+    arms = tuple(args.arms.split(",")) if args.arms else PROFILE_ARMS[args.profile]
     start, commands, results = time.time(), {}, []
     for dose in doses:
         out = ROOT / "multirun" / f"reproduce_{stamp}" / dose

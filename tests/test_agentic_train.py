@@ -101,7 +101,7 @@ def test_every_arm_trains_on_episodes_and_environment_tokens_get_no_gradient(epi
     cfg = CorrectionConfig(mode=mode, objective=objective, replay_support=replay_support)
     advantages = batch.rewards - batch.rewards.view(2, 4).mean(1).repeat_interleave(4)
     out = batch_loss(model, batch, advantages, cfg, num_tokens=batch.num_tokens, pad_id=tokenizer.pad_token_id,
-                     bf16=False)
+                     autocast=None)
     out.loss.backward()
     assert torch.isfinite(out.loss)
     grad = hidden_seen[0].grad  # (B, L, d): position j predicts token j + 1

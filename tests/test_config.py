@@ -8,17 +8,19 @@ from pathlib import Path
 import pytest
 
 from rlmix.commands.compose import compose_run_config, expand_jobs, split_args
-from rlmix.config.schema import AdvantageNorm, CorrectionConfig, Objective
+from rlmix.config.schema import AdvantageNorm, CorrectionConfig, Objective, TrainerPrecision
 from rlmix.correction import CorrectionMode, ppo_clip_loss, token_loss
 from rlmix.errors import ConfigError
+from rlmix.samplers.accelerators import KernelFamily
+from rlmix.samplers.precision import Precision
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 OPTIONS = sorted(p.relative_to(CONF) for p in CONF.rglob("*.yaml") if p.parent != CONF)
 
 
 def test_every_option_is_seen():
-    # 5 fleets + 6 corrections + 2 trainers + 1 model + 4 tasks + 2 loggers + 9 experiments
-    assert len(OPTIONS) == 29, OPTIONS
+    # 5 fleets + 6 corrections + 2 trainers + 1 model + 4 tasks + 2 loggers + 10 experiments
+    assert len(OPTIONS) == 30, OPTIONS
 
 
 @pytest.mark.parametrize("option", OPTIONS, ids=str)
@@ -48,6 +50,7 @@ ARMS = {
     "sc_mis_topp": (Objective.reinforce, AdvantageNorm.group_mean, CorrectionMode.sc_mis, 0.97, 64),
     "reinforce": (Objective.reinforce, AdvantageNorm.group_mean, CorrectionMode.none, 1.0, 0),
     "mis": (Objective.reinforce, AdvantageNorm.group_mean, CorrectionMode.mis, 1.0, 0),
+    "fp16": (Objective.reinforce, AdvantageNorm.group_mean, CorrectionMode.none, 1.0, 0),
 }
 
 
@@ -59,6 +62,19 @@ def test_experiment_presets_are_the_studys_arms(arm):
     assert (c.low, c.high, c.num_candidates) == (0.5, 5.0, 128)
     assert cfg.loop.max_staleness is None  # the study's setting: unbounded
     assert cfg.fleet.name == "emulated_hetero6"
+
+
+def test_the_fp16_arm_switches_the_trainer_and_every_pool_to_fp16():
+    from rlmix.samplers.checks import pool_view
+
+    cfg = compose_run_config(["+experiment=fp16", "fleet.pools.h100_fp8.kv_precision=fp8_e4m3"])
+    assert cfg.trainer.precision is TrainerPrecision.fp16
+    views = {name: pool_view(name, pool) for name, pool in cfg.fleet.pools.items()}
+    assert len(views) == 6
+    for view in views.values():  # the pool's own format and KV cache are replaced
+        assert (view.weights, view.activations, view.kv_cache) == (Precision.fp16,) * 3
+    assert {v.kernel for v in views.values()} == {f for f in KernelFamily if f is not KernelFamily.fp32_softmax}
+    assert compose_run_config(["+experiment=sc_mis"]).trainer.precision is TrainerPrecision.bf16
 
 
 def test_pools_are_a_dict_keyed_by_name():
@@ -91,6 +107,8 @@ BAD = [
     (["task=minicode_agent", "task.concurrent_episodes=-1"], "task.concurrent_episodes"),
     (["trainer.max_tokens_per_micro_batch=0"], "trainer.max_tokens_per_micro_batch"),
     (["task=dataset"], "task.train_files"),
+    (["trainer.precision=fp8"], "trainer.precision"),
+    (["fleet.precision=fp4"], "fleet.pools"),
 ]
 
 
@@ -100,6 +118,15 @@ def test_bad_input_is_one_line_naming_the_key(overrides, key):
         compose_run_config(overrides)
     message = str(err.value)
     assert key in message and "\n" not in message, message
+
+
+def test_deepspeed_fp16_without_cuda_is_refused_at_load_time():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA ranks run DeepSpeed FP16")
+    with pytest.raises(ConfigError, match="trainer.precision=fp16 with trainer.backend=deepspeed needs CUDA ranks"):
+        compose_run_config(["trainer=deepspeed", "trainer.precision=fp16"])
 
 
 def test_unknown_option_lists_the_available_ones():

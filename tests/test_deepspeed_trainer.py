@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlmix.config.schema import CorrectionConfig, TrainerConfig
+from rlmix.config.schema import CorrectionConfig, TrainerConfig, TrainerPrecision
 from rlmix.correction import CorrectionMode
 from rlmix.errors import ConfigError
 from rlmix.rollout import Rollouts
@@ -72,7 +72,7 @@ def torch_reference(model_dir: Path, batch: Rollouts, cfg: TrainerConfig, corr: 
     for p in model.parameters():  # parameters only: buffers such as RoPE's inv_freq stay fp32, as in DeepSpeed
         p.data = p.data.to(torch.bfloat16)
     result = forward_backward(model, batch, advantages_for(batch, corr), corr, pad_id=0,
-                              micro_batch_size=cfg.micro_batch_size, bf16=True, num_tokens=batch.num_tokens,
+                              micro_batch_size=cfg.micro_batch_size, autocast=torch.bfloat16, num_tokens=batch.num_tokens,
                               backward=torch.Tensor.backward)
     for p, m in zip(model.parameters(), master.parameters()):
         m.grad = p.grad.float()
@@ -207,13 +207,13 @@ def ray_local():
 def test_json_follows_the_typed_config():
     ds = DeepSpeedConfig(zero_stage=2, ranks=4, grad_accum_dtype=GradAccumDtype.bf16, overlap_comm=True,
                          reduce_bucket_size=1000)
-    js = deepspeed_json(ds, bf16=True, grad_clip=0.5)
+    js = deepspeed_json(ds, precision=TrainerPrecision.bf16, grad_clip=0.5)
     assert js["zero_optimization"] == {"stage": 2, "overlap_comm": True, "contiguous_gradients": True,
                                        "reduce_bucket_size": 1000}
     assert js["bf16"] == {"enabled": True} and js["gradient_clipping"] == 0.5
     assert js["data_types"] == {"grad_accum_dtype": "bf16"} and js["train_batch_size"] == 4
     assert js["managed_gradient_accumulation"] is False and js["gradient_accumulation_steps"] == 1
-    with pytest.raises(ConfigError, match="trainer.deepspeed.zero_stage=0 with trainer.bf16=true"):
+    with pytest.raises(ConfigError, match="trainer.deepspeed.zero_stage=0 with trainer.precision=bf16"):
         check_deepspeed(DeepSpeedConfig(zero_stage=0), bf16=True)
     check_deepspeed(DeepSpeedConfig(zero_stage=0), bf16=False)
     for bad, key in [(DeepSpeedConfig(zero_stage=4), "zero_stage=4"), (DeepSpeedConfig(ranks=0), "ranks=0")]:

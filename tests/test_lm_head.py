@@ -82,14 +82,14 @@ def test_chunked_pass_matches_dense_logits(chunk_tokens):
     g = torch.Generator().manual_seed(3)
     w_z, w_n = torch.randn(columns.shape, generator=g), torch.randn(sampled.shape, generator=g)
 
-    dense = masked_logits(model, batch, pad_id=0, bf16=False)
+    dense = masked_logits(model, batch, pad_id=0, autocast=None)
     ref = gather_columns(dense, columns)
     ((ref.z * w_z).sum() + (ref.log_norm * w_n).sum()).backward()
     ref_grads = grads(model)
     logp = torch.log_softmax(dense.detach(), dim=-1)
     ref_entropy = -(logp.exp() * logp).sum(-1)
 
-    gathered, entropy = chunked_logits(model, batch, columns, pad_id=0, bf16=False, chunk_bytes=4 * V * chunk_tokens)
+    gathered, entropy = chunked_logits(model, batch, columns, pad_id=0, autocast=None, chunk_bytes=4 * V * chunk_tokens)
     ((gathered.z * w_z).sum() + (gathered.log_norm * w_n).sum()).backward()
     torch.testing.assert_close(gathered.z, ref.z.detach(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(gathered.log_norm, ref.log_norm.detach(), rtol=1e-5, atol=1e-5)
@@ -108,7 +108,7 @@ CASES = {
 
 def _loss_and_grads(model, batch, cfg, bf16):
     adv = torch.tensor([1.0, -0.5, 0.25, 2.0, -1.0])
-    out = batch_loss(model, batch, adv, cfg, num_tokens=2 * batch.num_tokens, pad_id=0, bf16=bf16)
+    out = batch_loss(model, batch, adv, cfg, num_tokens=2 * batch.num_tokens, pad_id=0, autocast=torch.bfloat16 if bf16 else None)
     out.loss.backward()
     return out, grads(model)
 
@@ -133,7 +133,7 @@ def test_batch_loss_chunked_equals_dense(case, bf16, monkeypatch):
 def test_wrong_columns_are_refused():
     model, batch = tiny_model(), random_batch()
     sampled = batch.completion_ids[batch.mask]
-    gathered, _ = chunked_logits(model, batch, loss_columns(sampled, None), pad_id=0, bf16=False)
+    gathered, _ = chunked_logits(model, batch, loss_columns(sampled, None), pad_id=0, autocast=None)
     from rlmix.correction import token_loss
 
     with pytest.raises(ValueError, match="loss_columns"):
@@ -151,7 +151,7 @@ def test_output_layers_that_cannot_be_chunked_fall_back():
     path, why = head_path(biased)
     assert path is HeadPath.dense and "bias" in why
     batch = random_batch()
-    tokens = token_batch(biased, batch, pad_id=0, bf16=False, replay_support=False, columns_for=True)
+    tokens = token_batch(biased, batch, pad_id=0, autocast=None, replay_support=False, columns_for=True)
     assert tokens.logits.shape == (batch.num_tokens, V) and tokens.entropy.shape == (batch.num_tokens,)
-    gathered = token_batch(tiny_model(), batch, pad_id=0, bf16=False, replay_support=False, columns_for=True)
+    gathered = token_batch(tiny_model(), batch, pad_id=0, autocast=None, replay_support=False, columns_for=True)
     assert gathered.logits.ids.shape == (batch.num_tokens, 1 + K)  # the sampled token and the head

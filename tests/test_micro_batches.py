@@ -61,7 +61,7 @@ def test_a_row_longer_than_the_budget_gets_its_own_micro_batch():
 
 
 def _step(model, batch, cfg, **plan):
-    result = forward_backward(model, batch, advantages_for(batch, cfg), cfg, pad_id=0, bf16=False,
+    result = forward_backward(model, batch, advantages_for(batch, cfg), cfg, pad_id=0, autocast=None,
                               num_tokens=batch.num_tokens, backward=torch.Tensor.backward, **plan)
     return result, grads(model)
 

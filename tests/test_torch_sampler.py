@@ -238,6 +238,24 @@ def test_every_kernel_family_approximates_exact_attention():
     assert errors[KernelFamily.online_softmax_fp32acc] < errors[KernelFamily.online_softmax_bf16]
 
 
+def test_an_fp16_model_runs_every_kernel_family_in_fp16():
+    """Flash kernels cast the probabilities to V's dtype: in an fp16 model the Hopper family's bf16
+    probabilities and accumulators are fp16, so its error shrinks to the fp16 family's scale."""
+    from rlmix.samplers.attention import BLOCKWISE
+
+    hopper = BLOCKWISE[KernelFamily.online_softmax_bf16]
+    assert hopper.for_activations(Precision.bf16) is hopper
+    assert hopper.for_activations(Precision.fp16) == type(hopper)(16, Precision.fp16, Precision.fp16)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 2, 6, 16, generator=g)
+    k, v = torch.randn(2, 2, 200, 16, generator=g), torch.randn(2, 2, 200, 16, generator=g)
+    allowed = torch.ones(2, 1, 6, 200, dtype=torch.bool)
+    ref = attend(q, k, v, allowed, 0.25, Precision.fp32, KernelFamily.fp32_softmax)
+    err = {act: (attend(q, k, v, allowed, 0.25, act, KernelFamily.online_softmax_bf16) - ref).abs().mean().item()
+           for act in (Precision.bf16, Precision.fp16)}
+    assert err[Precision.fp16] < err[Precision.bf16] / 4, err
+
+
 def test_fp16_accumulators_saturate_instead_of_overflowing():
     q, k = torch.zeros(1, 1, 1, 4), torch.zeros(1, 1, 64, 4)
     v = torch.full((1, 1, 64, 4), 6.0e4)

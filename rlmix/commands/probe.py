@@ -23,7 +23,8 @@ from rlmix.eval.probe import FACTORS, PoolProbe, ProbeContext, ProbeSettings, pr
 
 PROBE_FILE = "probe.json"
 REFERENCE_DEFINITION = (
-    "trainer-like precision view: bf16 weights, bf16 activations and linear inputs, bf16 KV cache, "
+    "trainer-like precision view: weights, activations, linear inputs and KV cache in the trainer's "
+    "autocast format (bf16 by default; trainer.precision), "
     "exact fp32-softmax attention kernel. Factors switch one at a time to the pool's value: "
     "weights (weight format with the activation dtype / W8A8 inputs / int4 group it implies), "
     "kv (KV-cache format), kernel (attention-kernel family). Factor KLs are exact full-vocabulary "
@@ -63,7 +64,7 @@ def probe_fleet(cfg: RunConfig, progress=print) -> tuple[list[PoolProbe], dict]:
     from rlmix.assembly.parts import encode_prompts
 
     prompts = encode_prompts(tokenizer, tuple(problems), settings.samples_per_prompt, cfg.task.chat_template)
-    ctx = ProbeContext(model_dir, tokenizer.pad_token_id, cfg.correction, cfg.trainer.bf16, cfg.seed)
+    ctx = ProbeContext(model_dir, tokenizer.pad_token_id, cfg.correction, cfg.trainer.precision, cfg.seed)
     results: list[PoolProbe] = []
     for i, spec in enumerate(firsts):
         start = time.perf_counter()
@@ -76,9 +77,9 @@ def probe_fleet(cfg: RunConfig, progress=print) -> tuple[list[PoolProbe], dict]:
         )
     return results, {
         "fleet": fleet_manifest(specs),
-        "reference": {"definition": REFERENCE_DEFINITION, "view": reference_view().tags(),
-                      "label": reference_view().label},
-        "trainer": {"model_dir": str(model_dir), "bf16_autocast": cfg.trainer.bf16, "dtype": "fp32"},
+        "reference": {"definition": REFERENCE_DEFINITION, "view": ctx.reference.tags(),
+                      "label": ctx.reference.label},
+        "trainer": {"model_dir": str(model_dir), "autocast": cfg.trainer.precision.value, "dtype": "fp32"},
         "settings": dataclasses.asdict(settings) | {
             "temperature": cfg.loop.temperature,
             "max_new_tokens": cfg.loop.max_new_tokens,

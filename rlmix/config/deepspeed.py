@@ -39,7 +39,7 @@ def check_deepspeed(ds: DeepSpeedConfig, bf16: bool) -> None:
         raise ConfigError(f"trainer.deepspeed.zero_stage={ds.zero_stage}: must be 1, 2 or 3")
     if ds.zero_stage == 0 and bf16:
         raise ConfigError(
-            "trainer.deepspeed.zero_stage=0 with trainer.bf16=true: DeepSpeed's stage-0 BF16 path takes a "
+            "trainer.deepspeed.zero_stage=0 with trainer.precision=bf16: DeepSpeed's stage-0 BF16 path takes a "
             "spurious first optimizer step; use zero_stage 1 or 2"
         )
     if ds.ranks < 1:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlmix.config.schema import PoolConfig, RunConfig, SamplerBackend, TrainerBackend
+from rlmix.config.schema import PoolConfig, RunConfig, SamplerBackend, TrainerBackend, TrainerPrecision
 from rlmix.config.swebench import AgentEnvConfig, MiniCodeAgentConfig, SwebenchProConfig
 from rlmix.correction import MODES
 from rlmix.errors import ConfigError
@@ -54,6 +54,9 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
         run = OmegaConf.to_object(cfg)
     except Exception as err:  # MISSING values and the like surface here
         raise ConfigError(one_line(err)) from None
+    if isinstance(run, RunConfig) and run.fleet.precision is not None:
+        for pool in run.fleet.pools.values():  # the fleet-wide format replaces each pool's
+            pool.precision, pool.kv_precision = run.fleet.precision, None
     return run
 
 
@@ -135,6 +138,8 @@ def _check_loop(cfg: RunConfig) -> None:
 
 
 TEMPERATURE = (1e-3, 100.0)
+DEEPSPEED_FP16_ON_CPU = ("trainer.precision=fp16 with trainer.backend=deepspeed needs CUDA ranks (DeepSpeed's CPU "
+                         "accelerator has no fp16); on the CPU use trainer.backend=torch or trainer.precision=bf16")
 
 
 def _check_trainer(cfg: RunConfig) -> None:
@@ -154,7 +159,11 @@ def _check_trainer(cfg: RunConfig) -> None:
     # clip_grad_norm_ with a negative max flips the gradient's sign; 0 zeroes every update.
     _require(math.isfinite(t.grad_clip) and t.grad_clip > 0, f"trainer.grad_clip={t.grad_clip}: must be > 0 (a max gradient norm)")
     if t.backend is TrainerBackend.deepspeed:
-        check_deepspeed(t.deepspeed, t.bf16)
+        check_deepspeed(t.deepspeed, bf16=t.precision is TrainerPrecision.bf16)
+        if t.precision is TrainerPrecision.fp16 and cfg.cluster.address is None:  # ranks on this machine
+            import torch
+
+            _require(torch.cuda.is_available(), DEEPSPEED_FP16_ON_CPU)
 
 
 def _check_run(cfg: RunConfig) -> None:

@@ -38,6 +38,15 @@ class TrainerBackend(enum.Enum):
     deepspeed = "deepspeed"
 
 
+class TrainerPrecision(enum.Enum):
+    """What the trainer's forward and backward compute in, over fp32 master weights; samplers get
+    the weights in this format (fp32: bf16)."""
+
+    bf16 = "bf16"  # autocast
+    fp16 = "fp16"  # autocast with dynamic loss scaling (the FP16 remedy for train/sample mismatch)
+    fp32 = "fp32"
+
+
 class WandbMode(enum.Enum):
     disabled = "disabled"
     offline = "offline"
@@ -81,6 +90,9 @@ class FleetConfig:
     pools: dict[str, PoolConfig] = field(default_factory=dict)
     top_p: float = 1.0  # run-level default for every pool
     top_k: int = 0  # 0 = off
+    # Set: every pool serves this weight format, its KV cache in the same (e.g. fp16 with
+    # trainer.precision=fp16: the FP16 remedy for the train/sample mismatch). null: per pool.
+    precision: Optional[str] = None
 
 
 @dataclass
@@ -111,7 +123,7 @@ class TrainerConfig:
     # Padded positions (rows × longest prompt+completion) per forward/backward; rows are packed
     # longest first so mixed lengths waste little on padding. null: blocks of micro_batch_size rows.
     max_tokens_per_micro_batch: Optional[int] = None
-    bf16: bool = True  # BF16 autocast over fp32 master weights
+    precision: TrainerPrecision = TrainerPrecision.bf16  # autocast dtype over fp32 master weights
     num_threads: Optional[int] = None  # torch threads of the trainer; None: its share of the cores Ray reports
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
 

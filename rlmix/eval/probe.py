@@ -13,7 +13,8 @@ For one pool the probe
 Attribution. The *reference view* is the trainer's arithmetic written as a precision view
 (``reference_view``): bf16 weights, bf16 activations and linear inputs, bf16 KV, and the exact
 ``fp32_softmax`` attention kernel — BF16 autocast rounds weights and activations to bf16 for
-every matmul while attention's softmax is taken in fp32. From it, one factor at a time is
+every matmul while attention's softmax is taken in fp32 (fp16 throughout for an FP16 trainer,
+fp32 for an fp32 one). From it, one factor at a time is
 switched to the pool's value (``factor_views``):
 
 - ``weights``: the weight format and the arithmetic it implies (activation dtype, W8A8 linear
@@ -42,7 +43,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from rlmix.config.schema import CorrectionConfig, RunConfig
+from rlmix.config.schema import CorrectionConfig, RunConfig, TrainerPrecision
 from rlmix.correction import make_weight, multiplicative_error, token_mismatch
 from rlmix.correction.centering import centering_coefficients
 from rlmix.correction.diagnostics import centering_stats, mismatch_stats
@@ -52,6 +53,7 @@ from rlmix.errors import ConfigError
 from rlmix.assembly.fleet import SamplerSpec
 from rlmix.rollout import Rollouts, sequence_input_ids
 from rlmix.samplers.accelerators import PrecisionView, resolve_view
+from rlmix.trainers.base import autocast_dtype
 from rlmix.trainers.tokens import TokenBatch, token_batch
 
 FACTORS = ("weights", "kv", "kernel")
@@ -104,9 +106,12 @@ def attribution_shares(factor_kls: dict[str, float]) -> dict[str, float] | None:
 # -- views -------------------------------------------------------------------------------------
 
 
-def reference_view() -> PrecisionView:
-    """The trainer's arithmetic as a view: bf16 weights/activations/KV, exact fp32-softmax kernel."""
-    return resolve_view("CPU", "bf16")
+def reference_view(precision: TrainerPrecision = TrainerPrecision.bf16) -> PrecisionView:
+    """The trainer's arithmetic as a view: weights/activations/KV in its autocast format, exact
+    fp32-softmax kernel (fp32 throughout for an fp32 trainer)."""
+    if precision is TrainerPrecision.fp32:
+        return PrecisionView.exact()
+    return resolve_view("CPU", precision.value, allow_emulation=True)  # the CPU catalog lacks fp16
 
 
 def factor_views(view: PrecisionView, reference: PrecisionView) -> dict[str, PrecisionView]:
@@ -180,12 +185,14 @@ def teacher_forced_logits(sampler, batch: Rollouts, pad_id: int) -> Tensor:
 class ProbeContext:
     """What every pool's probe shares: the trainer model, the reference view and a cache of view samplers."""
 
-    def __init__(self, model_dir: Path, pad_id: int, correction: CorrectionConfig, bf16: bool, seed: int):
+    def __init__(self, model_dir: Path, pad_id: int, correction: CorrectionConfig, precision: TrainerPrecision,
+                 seed: int):
         from rlmix.models.io import load_causal_lm
 
-        self.model_dir, self.pad_id, self.correction, self.bf16, self.seed = model_dir, pad_id, correction, bf16, seed
+        self.model_dir, self.pad_id, self.correction, self.seed = model_dir, pad_id, correction, seed
+        self.autocast = autocast_dtype(precision)
         self.trainer = load_causal_lm(model_dir, dtype=torch.float32).eval()
-        self.reference = reference_view()
+        self.reference = reference_view(precision)
         self._samplers: dict[PrecisionView, object] = {}
 
     def view_sampler(self, view: PrecisionView):
@@ -199,7 +206,7 @@ class ProbeContext:
     @torch.no_grad()
     def trainer_tokens(self, batch: Rollouts) -> TokenBatch:
         """The batch's tokens with the trainer's logits, exactly as training computes them."""
-        return token_batch(self.trainer, batch, pad_id=self.pad_id, bf16=self.bf16,
+        return token_batch(self.trainer, batch, pad_id=self.pad_id, autocast=self.autocast,
                            replay_support=self.correction.replay_support)
 
 

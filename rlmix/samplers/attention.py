@@ -27,6 +27,14 @@ class BlockwiseNumerics:
     probs: Precision
     acc: Precision
 
+    def for_activations(self, act: Precision) -> BlockwiseNumerics:
+        """The kernel compiled for an fp16 model: its 16-bit probabilities and accumulators are
+        fp16 (flash kernels cast P to V's dtype), not bf16."""
+        if act is not Precision.fp16:
+            return self
+        fp16 = {Precision.bf16: Precision.fp16}
+        return BlockwiseNumerics(self.block, fp16.get(self.probs, self.probs), fp16.get(self.acc, self.acc))
+
 
 BLOCKWISE: dict[KernelFamily, BlockwiseNumerics] = {
     KernelFamily.online_softmax_fp32acc: BlockwiseNumerics(64, Precision.bf16, Precision.fp32),
@@ -80,7 +88,7 @@ def online_attention(q, k, v, allowed, scale: float, act: Precision, num: Blockw
 
 
 def attend(q, k, v, allowed, scale: float, act: Precision, kernel: KernelFamily) -> torch.Tensor:
-    """Dispatch to the kernel family's numerics."""
+    """Dispatch to the kernel family's numerics (in fp16 for an fp16 model)."""
     if kernel is KernelFamily.fp32_softmax:
         return exact_attention(q, k, v, allowed, scale, act)
-    return online_attention(q, k, v, allowed, scale, act, BLOCKWISE[kernel])
+    return online_attention(q, k, v, allowed, scale, act, BLOCKWISE[kernel].for_activations(act))

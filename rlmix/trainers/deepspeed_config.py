@@ -13,6 +13,7 @@ built once per rank by ``deepspeed_json``; its fixed parts encode how rlmix driv
 
 from __future__ import annotations
 
+from rlmix.config.schema import TrainerPrecision
 from rlmix.config.deepspeed import (  # noqa: F401 - the schema, importable beside its JSON
     CommBackend,
     DeepSpeedConfig,
@@ -21,9 +22,9 @@ from rlmix.config.deepspeed import (  # noqa: F401 - the schema, importable besi
 )
 
 
-def deepspeed_json(ds: DeepSpeedConfig, *, bf16: bool, grad_clip: float) -> dict:
+def deepspeed_json(ds: DeepSpeedConfig, *, precision: TrainerPrecision, grad_clip: float) -> dict:
     """The DeepSpeed config dict for one rank (module docstring for the fixed parts)."""
-    check_deepspeed(ds, bf16)
+    check_deepspeed(ds, bf16=precision is TrainerPrecision.bf16)
     zero: dict = {"stage": ds.zero_stage}
     if ds.zero_stage > 0:
         zero |= {
@@ -38,7 +39,9 @@ def deepspeed_json(ds: DeepSpeedConfig, *, bf16: bool, grad_clip: float) -> dict
         "train_batch_size": ds.ranks,
         "managed_gradient_accumulation": False,
         "gradient_clipping": grad_clip,
-        "bf16": {"enabled": bf16},
+        "bf16": {"enabled": precision is TrainerPrecision.bf16},
+        # FP16: dynamic loss scaling from 2^10 (DeepSpeed skips an overflowing step and halves it).
+        "fp16": {"enabled": precision is TrainerPrecision.fp16, "loss_scale": 0, "initial_scale_power": 10},
         "data_types": {"grad_accum_dtype": ds.grad_accum_dtype.value},
         "zero_optimization": zero,
         "steps_per_print": 2**31 - 1,

@@ -23,6 +23,7 @@ import torch
 from rlmix.rollout import Rollouts
 from rlmix.trainers.deepspeed_config import CommBackend, deepspeed_json
 from rlmix.metrics.aggregate import StepResult
+from rlmix.trainers.base import autocast_dtype, published_dtype
 from rlmix.trainers.step import forward_backward
 
 DS_DIR = "deepspeed"  # DeepSpeed's own checkpoint (fp32 master weights, optimizer partitions)
@@ -116,9 +117,10 @@ class DeepSpeedRank:
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas),
                                       weight_decay=cfg.weight_decay)
-        config = deepspeed_json(cfg.deepspeed, bf16=cfg.bf16, grad_clip=cfg.grad_clip)
+        config = deepspeed_json(cfg.deepspeed, precision=cfg.precision, grad_clip=cfg.grad_clip)
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
         self.zero_stage = cfg.deepspeed.zero_stage
+        self.published = published_dtype(cfg.precision)
 
     def train_shard(self, shard: Rollouts | None, advantages: torch.Tensor | None, num_tokens: int,
                     backwards: int) -> RankStep:
@@ -141,7 +143,8 @@ class DeepSpeedRank:
             with torch.device(device) if device.type != "cpu" else contextlib.nullcontext():
                 result = forward_backward(self.engine, shard.to(device), advantages.to(device),
                                           self.correction, pad_id=self.pad_id,
-                                          micro_batch_size=self.cfg.micro_batch_size, bf16=self.cfg.bf16,
+                                          micro_batch_size=self.cfg.micro_batch_size,
+                                          autocast=autocast_dtype(self.cfg.precision),
                                           max_tokens=self.cfg.max_tokens_per_micro_batch,
                                           num_tokens=num_tokens, backward=backward)
             result.token_stats = {k: v.cpu() for k, v in result.token_stats.items()}
@@ -157,7 +160,7 @@ class DeepSpeedRank:
         return self.engine(input_ids=ids).logits.float().sum() * 0.0
 
     def export_weights(self) -> dict[str, torch.Tensor] | None:
-        """HF-named BF16 CPU tensors on rank 0 (None elsewhere).
+        """HF-named CPU tensors in the trainer's 16-bit format on rank 0 (None elsewhere).
 
         ZeRO 1/2 replicate the (BF16) module parameters on every rank, so rank 0 copies its own
         and nothing is communicated. ZeRO 3 partitions them: all ranks gather one tensor at a
@@ -167,14 +170,14 @@ class DeepSpeedRank:
         if self.zero_stage < 3:
             if self.rank != 0:
                 return None
-            return {k: v.detach().to("cpu", torch.bfloat16).clone() for k, v in module.state_dict().items()}
+            return {k: v.detach().to("cpu", self.published).clone() for k, v in module.state_dict().items()}
         import deepspeed
 
         out: dict[str, torch.Tensor] = {}
         for name, param in module.named_parameters():
             with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
                 if self.rank == 0:
-                    out[name] = param.detach().to("cpu", torch.bfloat16).clone()
+                    out[name] = param.detach().to("cpu", self.published).clone()
         if self.rank == 0 and getattr(module.config, "tie_word_embeddings", False) and "lm_head.weight" not in out:
             out["lm_head.weight"] = out["model.embed_tokens.weight"].clone()
         return out if self.rank == 0 else None

@@ -18,12 +18,14 @@ from pathlib import Path
 
 import torch
 
-from rlmix.config.schema import CorrectionConfig, TrainerConfig
+from rlmix.config.schema import CorrectionConfig, TrainerConfig, TrainerPrecision
 from rlmix.metrics.aggregate import StepResult, step_metrics
 from rlmix.metrics.names import SKIPPED_STEPS
 from rlmix.rollout import Rollouts
 from rlmix.trainers.deepspeed_config import check_deepspeed
 from rlmix.trainers.deepspeed_rank import DeepSpeedRank, RankSetup, RankStep, comm_backend, free_port
+from rlmix.config.load import DEEPSPEED_FP16_ON_CPU
+from rlmix.errors import ConfigError
 from rlmix.trainers.step import advantages_for, micro_batches, plan_micro_batches, step_stats
 
 STATE_FILE = "trainer_state.json"
@@ -69,7 +71,9 @@ class DeepSpeedTrainer:
     def __init__(self, model_dir: str | Path, cfg: TrainerConfig, correction: CorrectionConfig, seed: int):
         from rlmix.models.io import load_tokenizer
 
-        check_deepspeed(cfg.deepspeed, cfg.bf16)
+        check_deepspeed(cfg.deepspeed, bf16=cfg.precision is TrainerPrecision.bf16)
+        if cfg.precision is TrainerPrecision.fp16 and comm_backend(cfg.deepspeed.comm_backend) != "nccl":
+            raise ConfigError(DEEPSPEED_FP16_ON_CPU)
         self.cfg, self.correction = cfg, correction
         self.model_dir = Path(model_dir)
         self.tokenizer = load_tokenizer(model_dir)

@@ -63,7 +63,8 @@ def head_path(model: torch.nn.Module) -> tuple[HeadPath, str]:
 
 
 def chunked_logits(
-    model: torch.nn.Module, batch: Rollouts, columns: Tensor, *, pad_id: int, bf16: bool, chunk_bytes: int = CHUNK_BYTES
+    model: torch.nn.Module, batch: Rollouts, columns: Tensor, *, pad_id: int, autocast: torch.dtype | None,
+    chunk_bytes: int = CHUNK_BYTES,
 ) -> tuple[GatheredLogits, Tensor]:
     """The logits / T of `batch`'s generated tokens at `columns` (N, C) with the full log-normaliser,
     and the detached entropy (N,), never holding more than a chunk of tokens × V. Needs a model
@@ -79,14 +80,14 @@ def chunked_logits(
         columns,
         temperature=float(batch.temperature),
         chunk=max(1, chunk_bytes // (4 * head.weight.shape[0])),
-        compute=torch.bfloat16 if bf16 else torch.float32,  # §3.3: BF16 logits, fp32 softmax
+        compute=autocast or torch.float32,  # §3.3: 16-bit logits under autocast, fp32 softmax
     )
     # The pass runs as the model's output layer, inside the model's own forward: a DeepSpeed
     # engine's backward set-up (hooked on the forward's output) then runs before the output
     # layer's gradient arrives, as with the dense logits.
     module.set_output_embeddings(layer)
     try:
-        with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(input_ids.device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
             packed = model(input_ids=input_ids).logits  # (N·C + 2N,)
     finally:
         module.set_output_embeddings(head)

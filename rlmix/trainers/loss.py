@@ -43,7 +43,7 @@ def batch_loss(
     *,
     num_tokens: int,
     pad_id: int,
-    bf16: bool,
+    autocast: torch.dtype | None,
 ) -> LossOutput:
     """The configured objective and correction on one micro-batch (docs/math.md §2–§5).
 
@@ -52,7 +52,7 @@ def batch_loss(
     device = next(model.parameters()).device
     batch, advantages = batch.to(device), advantages.to(device)
     centered = MODES[cfg.mode].centered and cfg.objective is Objective.reinforce
-    tokens = token_batch(model, batch, pad_id=pad_id, bf16=bf16, replay_support=cfg.replay_support,
+    tokens = token_batch(model, batch, pad_id=pad_id, autocast=autocast, replay_support=cfg.replay_support,
                          columns_for=centered)
     adv = advantages[:, None].expand_as(batch.mask)[batch.mask]  # (N,) sequence advantage on each token
     common = dict(

@@ -120,7 +120,7 @@ def forward_backward(
     *,
     pad_id: int,
     micro_batch_size: int,
-    bf16: bool,
+    autocast: torch.dtype | None,
     num_tokens: int,
     backward: Callable[[torch.Tensor], None],
     max_tokens: int | None = None,
@@ -146,7 +146,7 @@ def forward_backward(
         if not micro.mask.any():
             continue
         out = batch_loss(model, micro, advantages[rows.to(advantages.device)], cfg,
-                         num_tokens=num_tokens, pad_id=pad_id, bf16=bf16)
+                         num_tokens=num_tokens, pad_id=pad_id, autocast=autocast)
         backward(out.loss)
         entropy = out.token_stats.pop("entropy")  # (n,)
         n = entropy.numel()

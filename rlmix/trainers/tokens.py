@@ -50,10 +50,10 @@ class TokenBatch:
         return head_candidates(self.head_ids, self.head_logprobs)
 
 
-def masked_logits(model: torch.nn.Module, batch: Rollouts, pad_id: int, bf16: bool) -> Tensor:
+def masked_logits(model: torch.nn.Module, batch: Rollouts, pad_id: int, autocast: torch.dtype | None) -> Tensor:
     """Trainer logits for the generated tokens, (N, V) fp32, divided by the sampling temperature."""
     input_ids, target_pos = sequence_input_ids(batch, pad_id)
-    with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=bf16):
+    with torch.autocast(input_ids.device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
         logits = model(input_ids=input_ids).logits  # (B, L, V)
     V = logits.shape[-1]
     picked = logits.gather(1, target_pos[..., None].expand(-1, -1, V))  # (B, T, V)
@@ -65,7 +65,7 @@ def token_batch(
     batch: Rollouts,
     *,
     pad_id: int,
-    bf16: bool,
+    autocast: torch.dtype | None,
     replay_support: bool,
     columns_for: bool | None = None,
 ) -> TokenBatch:
@@ -90,14 +90,14 @@ def token_batch(
         support_probs=per_token(batch.support_probs) if replay_support else None,
     )
     if columns_for is None:
-        return TokenBatch(logits=masked_logits(model, batch, pad_id, bf16), **fields)
+        return TokenBatch(logits=masked_logits(model, batch, pad_id, autocast), **fields)
     path, why = lm_head.head_path(model)
     if path is lm_head.HeadPath.dense:
         lm_head.say_dense_once(why)
-        logits = masked_logits(model, batch, pad_id, bf16)
+        logits = masked_logits(model, batch, pad_id, autocast)
         return TokenBatch(logits=logits, entropy=lm_head.entropy(logits.detach()), **fields)
     support, head = fields["support_ids"], fields["head_ids"]
     candidate_ids = support if support is not None else head if columns_for else None
     columns = loss_columns(fields["sampled_ids"], candidate_ids)
-    gathered, entropy = lm_head.chunked_logits(model, batch, columns, pad_id=pad_id, bf16=bf16)
+    gathered, entropy = lm_head.chunked_logits(model, batch, columns, pad_id=pad_id, autocast=autocast)
     return TokenBatch(logits=gathered, entropy=entropy, **fields)

@@ -1,4 +1,4 @@
-"""The plain-torch BF16 trainer: fp32 master weights, BF16 autocast forward, AdamW."""
+"""The plain-torch trainer: fp32 master weights, BF16 (or FP16, loss-scaled) autocast forward, AdamW."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ from pathlib import Path
 
 import torch
 
-from rlmix.config.schema import CorrectionConfig, TrainerConfig
+from rlmix.config.schema import CorrectionConfig, TrainerConfig, TrainerPrecision
 from rlmix.metrics.aggregate import step_metrics
 from rlmix.metrics.names import SKIPPED_STEPS
 from rlmix.rollout import Rollouts
+from rlmix.trainers.base import autocast_dtype, published_dtype
 from rlmix.trainers.step import advantages_for, forward_backward
 
 STATE_FILE = "trainer_state.pt"
@@ -31,6 +32,10 @@ class TorchTrainer:
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
         )
+        # FP16 gradients underflow without loss scaling; an overflowing step is skipped (and counted)
+        # while the scale settles.
+        fp16 = cfg.precision is TrainerPrecision.fp16
+        self.scaler = torch.amp.GradScaler(self.model.device.type, init_scale=2.0**10) if fp16 else None
         self._version = 0
         self.skipped_steps = 0
 
@@ -48,25 +53,33 @@ class TorchTrainer:
             pad_id=self.pad_id,
             micro_batch_size=self.cfg.micro_batch_size,
             max_tokens=self.cfg.max_tokens_per_micro_batch,
-            bf16=self.cfg.bf16,
+            autocast=autocast_dtype(self.cfg.precision),
             num_tokens=batch.num_tokens,
-            backward=torch.Tensor.backward,
+            backward=self._backward,
         )
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip))
         skipped = not (torch.isfinite(torch.tensor([result.loss, grad_norm])).all())
         if skipped:  # NaN/inf never reaches the optimizer: drop the step and say so
             self.skipped_steps += 1
         else:
             self.optimizer.step()
+        if self.scaler is not None:
+            self.scaler.update()  # halves the scale after an overflow, grows it after a quiet stretch
         self.optimizer.zero_grad(set_to_none=True)
         metrics = step_metrics(batch, result, grad_norm, self._version)
         metrics[SKIPPED_STEPS] = float(self.skipped_steps)
         self._version += 1
         return metrics
 
+    def _backward(self, loss: torch.Tensor) -> None:
+        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+
     def published_weights(self) -> dict[str, torch.Tensor]:
-        # The trainer's BF16 view: what a BF16 trainer would hand to its samplers.
-        return {name: p.detach().to(torch.bfloat16).clone() for name, p in self.model.state_dict().items()}
+        # The trainer's 16-bit view: what a BF16 (FP16) trainer hands to its samplers.
+        dtype = published_dtype(self.cfg.precision)
+        return {name: p.detach().to(dtype).clone() for name, p in self.model.state_dict().items()}
 
     def save_checkpoint(self, path: Path) -> None:
         """An HF model dir (loadable by any sampler or ``rlmix eval``) plus optimizer, RNG and version."""
@@ -79,6 +92,7 @@ class TorchTrainer:
                 "optimizer": self.optimizer.state_dict(),
                 "version": self._version,
                 "skipped_steps": self.skipped_steps,
+                "loss_scale": None if self.scaler is None else self.scaler.state_dict(),
                 "rng_torch": torch.get_rng_state(),
                 "rng_python": random.getstate(),
             },
@@ -94,5 +108,7 @@ class TorchTrainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self._version = state["version"]
         self.skipped_steps = state["skipped_steps"]
+        if self.scaler is not None and state.get("loss_scale"):
+            self.scaler.load_state_dict(state["loss_scale"])
         torch.set_rng_state(state["rng_torch"])
         random.setstate(state["rng_python"])
