@@ -2,7 +2,7 @@
 
     python scripts/reproduce.py --profile quick     # the headline regime: 3 arms x 3 seeds (~16 min, 2 cores)
     python scripts/reproduce.py --profile full      # the stability map: 5 arms x 3 doses x 3 seeds
-    python scripts/reproduce.py --profile sc        # SC vs MIS: K = 32 (SC exact) against K = 2 (a real tail)
+    python scripts/reproduce.py --profile sc        # SC alone and SC+MIS at K = 32 (exact) and K = 2 (a real tail)
     python scripts/reproduce.py --doses stale8      # one dose of the map, with the profile's arms
     python scripts/reproduce.py --arms mis,icepop   # other arms (any experiment preset) in the headline regime
     python scripts/reproduce.py --seeds 1 --steps 20   # a look, not a result
@@ -34,7 +34,7 @@ RLMIX = str(Path(sys.executable).with_name("rlmix"))
 HEADLINE_ARMS = ("reinforce", "grpo", "sc_mis")  # uncorrected REINFORCE, the study's GRPO, SC+MIS
 # ... with MIS alone, and the other published remedy: FP16 trainer and samplers, no correction.
 MAP_ARMS = ("reinforce", "grpo", "mis", "sc_mis", "fp16")
-SC_ARMS = ("sc", "mis", "sc_mis")  # when centering matters over masking
+SC_ARMS = ("sc", "sc_mis")  # when centering matters over masking (MIS alone: the map's stale2 row; K-free)
 
 # Every sampler generates at once, as on a real fleet where each has its own accelerator: the
 # samplers then run ahead of the trainer and the buffer depth sets the staleness. (The default
@@ -53,13 +53,13 @@ DOSES: dict[str, list[str]] = {
                            "fleet.pools.h200_fp8.kv_precision=fp8_e4m3"],
     # The embedded vocabulary has 32 symbols, so the default K = 128 head is all of it and SC is
     # exact; with K = 2 the head misses tail mass and SC runs on its modelled tail (ρ).
-    "stale8_k2": ["loop.buffer_groups=136", "correction.num_candidates=2"],
+    "stale2_k2": ["loop.buffer_groups=32", "correction.num_candidates=2"],
 }
 # Where the failure shows (docs/results.md): uncorrected REINFORCE collapsed in 3 of 3 seeds there.
 HEADLINE = "stale8_lr1e-3"
 # full: three doses x four arms x three seeds (36 runs): the fleet as configured, the lag and step
 # size under which the failure shows, and the same with harsher number formats on four pools.
-PROFILES = {"quick": [HEADLINE], "full": ["stale2", "stale8_lr1e-3", "stale8_lr1e-3_int4"], "sc": ["stale8", "stale8_k2"]}
+PROFILES = {"quick": [HEADLINE], "full": ["stale2", "stale8_lr1e-3", "stale8_lr1e-3_int4"], "sc": ["stale2", "stale2_k2"]}
 PROFILE_ARMS = {"quick": HEADLINE_ARMS, "full": MAP_ARMS, "sc": SC_ARMS}
 STEPS = 100
 
