@@ -6,6 +6,8 @@
     python scripts/reproduce.py --doses stale8      # one dose of the map, with the profile's arms
     python scripts/reproduce.py --arms mis,icepop   # other arms (any experiment preset) in the headline regime
     python scripts/reproduce.py --seeds 1 --steps 20   # a look, not a result
+    python scripts/reproduce.py --merge docs/results_full/runs.json,docs/results_x/runs.json --name map
+                                                    # one page (tables, map) from earlier invocations' runs
 
 Every run is an ordinary ``rlmix train -m`` sweep (one per dose level) on ``fleet=emulated_hetero6``
 with unbounded staleness; every final checkpoint is scored with ``rlmix eval`` on the held-out
@@ -144,6 +146,8 @@ def arm_table(results: list[RunResult], arms: tuple[str, ...]) -> str:
              "format errors, last 10 | MIS masked | SC ρ, max | pass@1 test |", "|---|---|---|---|---|---|---|---|---|---|"]
     for arm in arms:
         mine = [r for r in results if r.arm == arm]
+        if not mine:
+            continue
         steps = ", ".join(str(r.collapse_step) for r in mine if r.collapsed) or "—"
         cells = [f"{sum(r.collapsed for r in mine)}/{len(mine)}", steps]
         for values, fmt in (([r.reward_first for r in mine], ".3f"), ([r.reward_last for r in mine], ".3f"),
@@ -217,8 +221,14 @@ def plot_map(results: list[RunResult], arms: tuple[str, ...], doses: list[str], 
     plt.close(fig)
 
 
-def write(profile: str, commands: dict[str, str], results: list[RunResult], doses: list[str], arms: tuple[str, ...],
-          steps: int, wall_s: float) -> Path:
+def load_runs(path: Path) -> list[RunResult]:
+    """An earlier invocation's ``runs.json``; columns it predates are NaN (shown as —)."""
+    fields = RunResult.__dataclass_fields__
+    return [RunResult(**{k: row.get(k, float("nan")) for k in fields}) for row in json.loads(path.read_text())]
+
+
+def write(profile: str, how: list[str], results: list[RunResult], doses: list[str], arms: tuple[str, ...],
+          steps: int, wall_s: float | None) -> Path:
     out = ROOT / "docs" / f"results_{profile}.md"  # profile: the profile's name, or with its --doses
     figures = out.with_suffix("")
     figures.mkdir(parents=True, exist_ok=True)
@@ -227,9 +237,10 @@ def write(profile: str, commands: dict[str, str], results: list[RunResult], dose
     head = [r for r in results if r.dose == headline]
     plot_curves(head, arms, figures / "headline.png")
     parts = [f"# Reproduction on the embedded default — profile `{profile}`\n",
-             f"Machine: {machine()}  \nWall time: {wall_s / 60:.1f} min  \nSteps per run: {steps}\n",
-             "Commands (one sweep per dose; then `rlmix eval task.split=test eval.k=[1]` per run):\n",
-             *[f"- `{dose}`: `rlmix train -m {cmd}`" for dose, cmd in commands.items()],
+             f"Machine: {machine()}  \n"
+             + (f"Wall time: {wall_s / 60:.1f} min  \n" if wall_s is not None else "")
+             + f"Steps per run: {steps}\n",
+             *how,
              f"\n## Headline regime: `{headline}` ({' '.join(DOSES[headline])})\n",
              arm_table(head, arms), "\nPaired by seed (held-out pass@1):\n", paired_table(head),
              f"\n![reward and KL]({figures.name}/headline.png)\n"]
@@ -252,7 +263,11 @@ def main() -> None:
     parser.add_argument("--eval-samples", type=int, default=4)
     parser.add_argument("--doses", help=f"comma-separated, instead of the profile's (of {', '.join(DOSES)})")
     parser.add_argument("--arms", help="comma-separated experiment presets, instead of the profile's")
+    parser.add_argument("--merge", help="comma-separated runs.json files to draw one page from (runs nothing)")
+    parser.add_argument("--name", help="the page's name with --merge: docs/results_<name>.md")
     args = parser.parse_args()
+    if args.merge:
+        return merge([Path(p) for p in args.merge.split(",")], args.name or "merged", args.steps)
     if args.doses and not set(args.doses.split(",")) <= set(DOSES):
         parser.error(f"--doses: each of {', '.join(DOSES)}")
 
@@ -266,7 +281,19 @@ def main() -> None:
         for run_dir in sorted(p.parent for p in out.glob("*/summary.json")):
             results.append(collect(run_dir, dose, args.eval_samples))
     name = args.profile + "".join(f"_{'_'.join(v.split(','))}" for v in (args.doses, args.arms) if v)
-    write(name, commands, results, doses, arms, args.steps, time.time() - start)
+    how = ["Commands (one sweep per dose; then `rlmix eval task.split=test eval.k=[1]` per run):\n",
+           *[f"- `{dose}`: `rlmix train -m {cmd}`" for dose, cmd in commands.items()]]
+    write(name, how, results, doses, arms, args.steps, time.time() - start)
+
+
+def merge(paths: list[Path], name: str, steps: int) -> None:
+    """One page from the runs of earlier invocations (each page keeps its commands and wall time)."""
+    results = [r for path in paths for r in load_runs(path)]
+    arms = tuple(dict.fromkeys(r.arm for r in results))
+    doses = [d for d in DOSES if any(r.dose == d for r in results)]
+    how = ["Drawn from the runs of earlier invocations (their pages hold the commands and wall times):\n",
+           *[f"- [{p.parent.name}.md]({p.parent.name}.md) ({sum(1 for _ in load_runs(p))} runs)" for p in paths]]
+    write(name, how, results, doses, arms, steps, None)
 
 
 if __name__ == "__main__":
