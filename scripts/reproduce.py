@@ -85,6 +85,12 @@ class RunResult:
     rewards: list[float]
     kls: list[float]
 
+    @property
+    def lasting(self) -> bool:
+        """Flagged and still down at the end: the last 10 steps' reward below the first 10 steps'.
+        (The monitor's verdict is latched; a flagged run that climbed back is not a lasting collapse.)"""
+        return self.collapsed and self.reward_last < self.reward_first
+
 
 def run(cmd: list[str], quiet: bool = False) -> None:
     print("+", " ".join(cmd), flush=True)
@@ -149,7 +155,9 @@ def arm_table(results: list[RunResult], arms: tuple[str, ...]) -> str:
         if not mine:
             continue
         steps = ", ".join(str(r.collapse_step) for r in mine if r.collapsed) or "—"
-        cells = [f"{sum(r.collapsed for r in mine)}/{len(mine)}", steps]
+        recovered = sum(r.collapsed and not r.lasting for r in mine)
+        cells = [f"{sum(r.collapsed for r in mine)}/{len(mine)}" + (f" ({recovered} recovered)" if recovered else ""),
+                 steps]
         for values, fmt in (([r.reward_first for r in mine], ".3f"), ([r.reward_last for r in mine], ".3f"),
                             ([r.kl_last for r in mine], ".1e"), ([r.format_last for r in mine], ".3f"),
                             ([r.masked_frac for r in mine], ".1e"), ([r.tail_ratio_max for r in mine], ".2f"),
@@ -206,12 +214,15 @@ def plot_map(results: list[RunResult], arms: tuple[str, ...], doses: list[str], 
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for i, arm in enumerate(arms):
-        rate = [statistics.fmean([r.collapsed for r in results if r.arm == arm and r.dose == d] or [float("nan")])
-                for d in doses]
+        def rate(flag, d):
+            return statistics.fmean([flag(r) for r in results if r.arm == arm and r.dose == d] or [float("nan")])
+
         pass1 = [mean_se([r.pass1 for r in results if r.arm == arm and r.dose == d])[0] for d in doses]
-        axes[0].plot(doses, rate, marker="o", color=f"C{i}", label=arm)
+        axes[0].plot(doses, [rate(lambda r: r.lasting, d) for d in doses], marker="o", color=f"C{i}", label=arm)
+        axes[0].plot(doses, [rate(lambda r: r.collapsed, d) for d in doses], ls=":", color=f"C{i}", alpha=0.6)
         axes[1].plot(doses, pass1, marker="o", color=f"C{i}", label=arm)
-    axes[0].set(ylabel="collapse rate (monitor)", title="collapse rate by mismatch dose", ylim=(-0.05, 1.05))
+    axes[0].set(ylabel="lasting collapses (dotted: flagged)", title="collapse rate by mismatch dose",
+                ylim=(-0.05, 1.05))
     axes[1].set(ylabel="pass@1, test split", title="held-out pass@1 by mismatch dose")
     for ax in axes:
         ax.tick_params(axis="x", rotation=20)
