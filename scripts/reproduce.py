@@ -64,6 +64,7 @@ HEADLINE = "stale8_lr1e-3"
 PROFILES = {"quick": [HEADLINE], "full": ["stale2", "stale8_lr1e-3", "stale8_lr1e-3_int4"], "sc": ["stale2", "stale2_k2"]}
 PROFILE_ARMS = {"quick": HEADLINE_ARMS, "full": MAP_ARMS, "sc": SC_ARMS}
 STEPS = 100
+LASTING_FORMAT_ERRORS = 0.1  # a flagged run ending above this rate of format errors has not recovered
 
 
 @dataclass
@@ -87,9 +88,10 @@ class RunResult:
 
     @property
     def lasting(self) -> bool:
-        """Flagged and still down at the end: the last 10 steps' reward below the first 10 steps'.
-        (The monitor's verdict is latched; a flagged run that climbed back is not a lasting collapse.)"""
-        return self.collapsed and self.reward_last < self.reward_first
+        """Flagged and still down at the end: over the last 10 steps, reward below the first 10
+        steps' or format errors above 10% (healthy runs: 1-3%). The monitor's verdict is latched;
+        a flagged run that climbed back is not a lasting collapse."""
+        return self.collapsed and (self.reward_last < self.reward_first or self.format_last > LASTING_FORMAT_ERRORS)
 
 
 def run(cmd: list[str], quiet: bool = False) -> None:
