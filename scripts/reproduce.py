@@ -170,6 +170,20 @@ def arm_table(results: list[RunResult], arms: tuple[str, ...]) -> str:
     return "\n".join(lines)
 
 
+def map_table(results: list[RunResult], arms: tuple[str, ...], doses: list[str]) -> str:
+    """One row per dose, one column per arm: flagged / lasting collapses and mean held-out pass@1."""
+    lines = ["| dose | " + " | ".join(arms) + " |", "|---|" + "---|" * len(arms)]
+    for dose in doses:
+        cells = []
+        for arm in arms:
+            mine = [r for r in results if r.arm == arm and r.dose == dose]
+            n = len(mine)
+            cells.append(f"{sum(r.collapsed for r in mine)}/{n} · {sum(r.lasting for r in mine)}/{n} · "
+                         f"{mean_se([r.pass1 for r in mine])[0]:.3f}" if mine else "—")
+        lines.append(f"| `{dose}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def paired_table(results: list[RunResult], against: str = "sc_mis") -> str:
     """Per seed, ``against`` minus each other arm on held-out pass@1: the same seed sees the same problems."""
     by = {(r.arm, r.seed): r for r in results}
@@ -259,7 +273,9 @@ def write(profile: str, how: list[str], results: list[RunResult], doses: list[st
              f"\n![reward and KL]({figures.name}/headline.png)\n"]
     if len(doses) > 1:
         plot_map(results, arms, doses, figures / "map.png")
-        parts += ["## Stability map\n", f"![map]({figures.name}/map.png)\n"]
+        parts += ["## Stability map\n", "Each cell: runs flagged by the collapse monitor · runs still down at the end "
+                  f"(reward below its start, or format errors over {LASTING_FORMAT_ERRORS:.0%}) · mean pass@1 on the test split.\n",
+                  map_table(results, arms, doses), "", f"![map]({figures.name}/map.png)\n"]
         for dose in doses:
             parts += [f"### `{dose}`: {' '.join(DOSES[dose])}\n",
                       arm_table([r for r in results if r.dose == dose], arms), ""]
@@ -302,7 +318,8 @@ def main() -> None:
 def merge(paths: list[Path], name: str, steps: int) -> None:
     """One page from the runs of earlier invocations (each page keeps its commands and wall time)."""
     results = [r for path in paths for r in load_runs(path)]
-    arms = tuple(dict.fromkeys(r.arm for r in results))
+    known = list(dict.fromkeys(MAP_ARMS + SC_ARMS))
+    arms = tuple(sorted({r.arm for r in results}, key=lambda a: (known.index(a) if a in known else len(known), a)))
     doses = [d for d in DOSES if any(r.dose == d for r in results)]
     how = ["Drawn from the runs of earlier invocations (their pages hold the commands and wall times):\n",
            *[f"- [{p.parent.name}.md]({p.parent.name}.md) ({sum(1 for _ in load_runs(p))} runs)" for p in paths]]
