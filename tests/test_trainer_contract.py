@@ -16,7 +16,8 @@ from rlmix.config.schema import CorrectionConfig, TrainerBackend, TrainerConfig,
 from rlmix.correction import CorrectionMode
 from rlmix.errors import ConfigError
 from rlmix.assembly.parts import build_trainer
-from rlmix.trainers.base import Trainer, published_dtype
+from rlmix.trainers.base import Trainer
+from rlmix.trainers.precision import published_dtype
 from rlmix.trainers.deepspeed_config import DeepSpeedConfig
 from tests.test_deepspeed_trainer import fixed_batch
 

@@ -53,7 +53,7 @@ from rlmix.errors import ConfigError
 from rlmix.assembly.fleet import SamplerSpec
 from rlmix.rollout import Rollouts, sequence_input_ids
 from rlmix.samplers.accelerators import PrecisionView, resolve_view
-from rlmix.trainers.base import autocast_dtype
+from rlmix.trainers.precision import autocast_dtype
 from rlmix.trainers.tokens import TokenBatch, token_batch
 
 FACTORS = ("weights", "kv", "kernel")

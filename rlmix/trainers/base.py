@@ -7,20 +7,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from rlmix.config.schema import TrainerPrecision
 from rlmix.rollout import Rollouts
-
-AUTOCAST = {TrainerPrecision.bf16: torch.bfloat16, TrainerPrecision.fp16: torch.float16, TrainerPrecision.fp32: None}
-
-
-def autocast_dtype(precision: TrainerPrecision) -> torch.dtype | None:
-    """The dtype the trainer's forward autocasts to (None: plain fp32)."""
-    return AUTOCAST[precision]
-
-
-def published_dtype(precision: TrainerPrecision) -> torch.dtype:
-    """The format samplers receive the weights in: the trainer's 16-bit format (bf16 for fp32)."""
-    return AUTOCAST[precision] or torch.bfloat16
 
 
 @runtime_checkable

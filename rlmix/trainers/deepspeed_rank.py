@@ -23,7 +23,7 @@ import torch
 from rlmix.rollout import Rollouts
 from rlmix.trainers.deepspeed_config import CommBackend, deepspeed_json
 from rlmix.metrics.aggregate import StepResult
-from rlmix.trainers.base import autocast_dtype, published_dtype
+from rlmix.trainers.precision import autocast_dtype, published_dtype
 from rlmix.trainers.step import forward_backward
 
 DS_DIR = "deepspeed"  # DeepSpeed's own checkpoint (fp32 master weights, optimizer partitions)

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from rlmix.correction.logprobs import GatheredLogits
 from rlmix.rollout import Rollouts, sequence_input_ids
+from rlmix.trainers.precision import autocast_context, product
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ def chunked_logits(
     # layer's gradient arrives, as with the dense logits.
     module.set_output_embeddings(layer)
     try:
-        with torch.autocast(input_ids.device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+        with autocast_context(input_ids.device.type, autocast):
             packed = model(input_ids=input_ids).logits  # (N·C + 2N,)
     finally:
         module.set_output_embeddings(head)
@@ -186,15 +187,15 @@ class _ChunkedHead(torch.autograd.Function):
                 dz.div_(t)
             dz = dz.to(compute)
             if grad_h is not None:
-                grad_h[s : s + chunk] = dz @ w
+                grad_h[s : s + chunk] = product(dz, w, compute)
             if compute is torch.float32:
                 grad_w.addmm_(dz.T, h_c.float())
-            else:  # fp32 accumulation over chunks of the BF16 products
-                grad_w += (dz.T @ h_c.to(compute)).float()
+            else:  # fp32 accumulation over chunks of the 16-bit products
+                grad_w += product(dz.T, h_c, compute).float()
         return grad_h, grad_w.to(weight.dtype), None, None, None, None
 
 
 def _chunk_logits(h_c: Tensor, w: Tensor, temperature: float) -> Tensor:
     """(c, V) fp32 logits / T: the product in `w`'s dtype (as autocast would), then fp32."""
-    logits = (h_c.to(w.dtype) @ w.T).float()
+    logits = product(h_c, w.T, w.dtype).float()
     return logits.div_(temperature) if temperature != 1.0 else logits

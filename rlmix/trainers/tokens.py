@@ -17,6 +17,7 @@ from torch import Tensor
 from rlmix.correction.logprobs import Candidates, GatheredLogits, head_candidates, loss_columns, support_candidates
 from rlmix.rollout import Rollouts, sequence_input_ids
 from rlmix.trainers import lm_head
+from rlmix.trainers.precision import autocast_context
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class TokenBatch:
 def masked_logits(model: torch.nn.Module, batch: Rollouts, pad_id: int, autocast: torch.dtype | None) -> Tensor:
     """Trainer logits for the generated tokens, (N, V) fp32, divided by the sampling temperature."""
     input_ids, target_pos = sequence_input_ids(batch, pad_id)
-    with torch.autocast(input_ids.device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+    with autocast_context(input_ids.device.type, autocast):
         logits = model(input_ids=input_ids).logits  # (B, L, V)
     V = logits.shape[-1]
     picked = logits.gather(1, target_pos[..., None].expand(-1, -1, V))  # (B, T, V)

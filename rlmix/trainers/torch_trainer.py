@@ -11,7 +11,7 @@ from rlmix.config.schema import CorrectionConfig, TrainerConfig, TrainerPrecisio
 from rlmix.metrics.aggregate import step_metrics
 from rlmix.metrics.names import SKIPPED_STEPS
 from rlmix.rollout import Rollouts
-from rlmix.trainers.base import autocast_dtype, published_dtype
+from rlmix.trainers.precision import autocast_dtype, published_dtype
 from rlmix.trainers.step import advantages_for, forward_backward
 
 STATE_FILE = "trainer_state.pt"
