@@ -59,8 +59,9 @@ DOSES: dict[str, list[str]] = {
 }
 # Where the failure shows (docs/results.md): uncorrected REINFORCE collapsed in 3 of 3 seeds there.
 HEADLINE = "stale8_lr1e-3"
-# full: three doses x four arms x three seeds (36 runs): the fleet as configured, the lag and step
+# full: three doses x five arms x three seeds (45 runs): the fleet as configured, the lag and step
 # size under which the failure shows, and the same with harsher number formats on four pools.
+# sc: SC and SC+MIS with the head all of the vocabulary and with K = 2 (12 runs).
 PROFILES = {"quick": [HEADLINE], "full": ["stale2", "stale8_lr1e-3", "stale8_lr1e-3_int4"], "sc": ["stale2", "stale2_k2"]}
 PROFILE_ARMS = {"quick": HEADLINE_ARMS, "full": MAP_ARMS, "sc": SC_ARMS}
 STEPS = 100
@@ -317,12 +318,13 @@ def main() -> None:
 
 def merge(paths: list[Path], name: str, steps: int) -> None:
     """One page from the runs of earlier invocations (each page keeps its commands and wall time)."""
-    results = [r for path in paths for r in load_runs(path)]
+    runs = {path: load_runs(path) for path in paths}
+    results = [r for path in paths for r in runs[path]]
     known = list(dict.fromkeys(MAP_ARMS + SC_ARMS))
     arms = tuple(sorted({r.arm for r in results}, key=lambda a: (known.index(a) if a in known else len(known), a)))
     doses = [d for d in DOSES if any(r.dose == d for r in results)]
     how = ["Drawn from the runs of earlier invocations (their pages hold the commands and wall times):\n",
-           *[f"- [{p.parent.name}.md]({p.parent.name}.md) ({sum(1 for _ in load_runs(p))} runs)" for p in paths]]
+           *[f"- [{p.parent.name}.md]({p.parent.name}.md) ({len(runs[p])} runs)" for p in paths]]
     write(name, how, results, doses, arms, steps, None)
 
 

@@ -46,3 +46,10 @@ def check_deepspeed(ds: DeepSpeedConfig, bf16: bool) -> None:
         raise ConfigError(f"trainer.deepspeed.ranks={ds.ranks}: must be >= 1")
     if ds.reduce_bucket_size < 1:
         raise ConfigError(f"trainer.deepspeed.reduce_bucket_size={ds.reduce_bucket_size}: must be >= 1")
+
+
+def check_deepspeed_fp16(cuda_ranks: bool) -> None:
+    """trainer.precision=fp16 on DeepSpeed needs CUDA ranks: DeepSpeed's CPU accelerator has no fp16."""
+    if not cuda_ranks:
+        raise ConfigError("trainer.precision=fp16 with trainer.backend=deepspeed needs CUDA ranks (DeepSpeed's CPU "
+                          "accelerator has no fp16); on the CPU use trainer.backend=torch or trainer.precision=bf16")

@@ -138,12 +138,10 @@ def _check_loop(cfg: RunConfig) -> None:
 
 
 TEMPERATURE = (1e-3, 100.0)
-DEEPSPEED_FP16_ON_CPU = ("trainer.precision=fp16 with trainer.backend=deepspeed needs CUDA ranks (DeepSpeed's CPU "
-                         "accelerator has no fp16); on the CPU use trainer.backend=torch or trainer.precision=bf16")
 
 
 def _check_trainer(cfg: RunConfig) -> None:
-    from rlmix.config.deepspeed import check_deepspeed
+    from rlmix.config.deepspeed import check_deepspeed, check_deepspeed_fp16
 
     t = cfg.trainer
     _require(t.micro_batch_size >= 1, f"trainer.micro_batch_size={t.micro_batch_size}: must be >= 1")
@@ -163,7 +161,7 @@ def _check_trainer(cfg: RunConfig) -> None:
         if t.precision is TrainerPrecision.fp16 and cfg.cluster.address is None:  # ranks on this machine
             import torch
 
-            _require(torch.cuda.is_available(), DEEPSPEED_FP16_ON_CPU)
+            check_deepspeed_fp16(cuda_ranks=torch.cuda.is_available())
 
 
 def _check_run(cfg: RunConfig) -> None:

@@ -19,6 +19,7 @@ from rlmix.config.deepspeed import (  # noqa: F401 - the schema, importable besi
     DeepSpeedConfig,
     GradAccumDtype,
     check_deepspeed,
+    check_deepspeed_fp16,
 )
 
 

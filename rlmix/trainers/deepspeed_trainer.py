@@ -22,10 +22,8 @@ from rlmix.config.schema import CorrectionConfig, TrainerConfig, TrainerPrecisio
 from rlmix.metrics.aggregate import StepResult, step_metrics
 from rlmix.metrics.names import SKIPPED_STEPS
 from rlmix.rollout import Rollouts
-from rlmix.trainers.deepspeed_config import check_deepspeed
+from rlmix.trainers.deepspeed_config import check_deepspeed, check_deepspeed_fp16
 from rlmix.trainers.deepspeed_rank import DeepSpeedRank, RankSetup, RankStep, comm_backend, free_port
-from rlmix.config.load import DEEPSPEED_FP16_ON_CPU
-from rlmix.errors import ConfigError
 from rlmix.trainers.step import advantages_for, micro_batches, plan_micro_batches, step_stats
 
 STATE_FILE = "trainer_state.json"
@@ -72,8 +70,8 @@ class DeepSpeedTrainer:
         from rlmix.models.io import load_tokenizer
 
         check_deepspeed(cfg.deepspeed, bf16=cfg.precision is TrainerPrecision.bf16)
-        if cfg.precision is TrainerPrecision.fp16 and comm_backend(cfg.deepspeed.comm_backend) != "nccl":
-            raise ConfigError(DEEPSPEED_FP16_ON_CPU)
+        if cfg.precision is TrainerPrecision.fp16:
+            check_deepspeed_fp16(cuda_ranks=comm_backend(cfg.deepspeed.comm_backend) == "nccl")
         self.cfg, self.correction = cfg, correction
         self.model_dir = Path(model_dir)
         self.tokenizer = load_tokenizer(model_dir)
