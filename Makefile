@@ -74,7 +74,6 @@ bench-perf: setup
 # the stability map (arms x mismatch doses x seeds 0-2) and the SC-vs-MIS map over K, or the headline regime alone.
 reproduce: setup
 	$(BIN)/python scripts/reproduce.py --profile full
-	$(BIN)/python scripts/reproduce.py --profile sc
 
 reproduce-quick: setup
 	$(BIN)/python scripts/reproduce.py --profile quick

@@ -1,10 +1,11 @@
 """Reproduce the study's comparison on the embedded default (docs/math.md §5, docs/results.md).
 
-    python scripts/reproduce.py --profile quick     # the headline regime: 3 arms x 3 seeds (~16 min, 2 cores)
-    python scripts/reproduce.py --profile full      # the stability map: 5 arms x 3 doses x 3 seeds
+    python scripts/reproduce.py --profile full      # make reproduce: the map, FP16 and SC at K = 2 (51 runs, ~55 min)
+    python scripts/reproduce.py --profile quick     # the headline regime: 3 arms x 3 seeds (~10 min, 2 cores)
     python scripts/reproduce.py --profile sc        # SC alone and SC+MIS at K = 32 (exact) and K = 2 (a real tail)
-    python scripts/reproduce.py --doses stale8      # one dose of the map, with the profile's arms
+    python scripts/reproduce.py --doses stale8      # one dose, with the profile's arms
     python scripts/reproduce.py --arms mis,icepop   # other arms (any experiment preset) in the headline regime
+    python scripts/reproduce.py --steps 100         # longer runs (docs/results.md: the 100-step map)
     python scripts/reproduce.py --seeds 1 --steps 20   # a look, not a result
     python scripts/reproduce.py --merge docs/results_full/runs.json,docs/results_x/runs.json --name map
                                                     # one page (tables, map) from earlier invocations' runs
@@ -59,12 +60,22 @@ DOSES: dict[str, list[str]] = {
 }
 # Where the failure shows (docs/results.md): uncorrected REINFORCE collapsed in 3 of 3 seeds there.
 HEADLINE = "stale8_lr1e-3"
-# full: three doses x five arms x three seeds (45 runs): the fleet as configured, the lag and step
-# size under which the failure shows, and the same with harsher number formats on four pools.
+# Each profile: (dose, arms) sweeps, run in this order.
+# full: the stability map -- the fleet as configured, the lag and step size under which the failure
+#   shows, the same with harsher number formats on four pools; five arms (FP16 not at the int4 dose,
+#   whose pool formats fleet.precision replaces) -- and SC alone against SC+MIS where the head
+#   misses mass (K = 2; MIS is K-free, so the map's stale2 row is its comparison). 51 runs.
 # sc: SC and SC+MIS with the head all of the vocabulary and with K = 2 (12 runs).
-PROFILES = {"quick": [HEADLINE], "full": ["stale2", "stale8_lr1e-3", "stale8_lr1e-3_int4"], "sc": ["stale2", "stale2_k2"]}
-PROFILE_ARMS = {"quick": HEADLINE_ARMS, "full": MAP_ARMS, "sc": SC_ARMS}
-STEPS = 100
+Plan = list[tuple[str, tuple[str, ...]]]
+PROFILES: dict[str, Plan] = {
+    "quick": [(HEADLINE, HEADLINE_ARMS)],
+    "full": [("stale2", MAP_ARMS), (HEADLINE, MAP_ARMS), ("stale8_lr1e-3_int4", MAP_ARMS[:-1]), ("stale2_k2", SC_ARMS)],
+    "sc": [("stale2", SC_ARMS), ("stale2_k2", SC_ARMS)],
+}
+# 60 steps keeps `make reproduce` within an hour on 2 cores (a run: ~55 s of training, ~7 s of
+# evaluation). The failures it looks for have happened by then: docs/results.md reads the 100-step
+# map at step 60 ("Run length") and finds the same arms failing where they fail.
+STEPS = 60
 LASTING_FORMAT_ERRORS = 0.1  # a flagged run ending above this rate of format errors has not recovered
 
 
@@ -302,18 +313,28 @@ def main() -> None:
         parser.error(f"--doses: each of {', '.join(DOSES)}")
 
     stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
-    doses = args.doses.split(",") if args.doses else PROFILES[args.profile]
-    arms = tuple(args.arms.split(",")) if args.arms else PROFILE_ARMS[args.profile]
-    start, commands, results = time.time(), {}, []
-    for dose in doses:
+    plan = PROFILES[args.profile]
+    if args.doses:
+        every_arm = tuple(dict.fromkeys(a for _, arms in plan for a in arms))
+        plan = [(dose, dict(plan).get(dose, every_arm)) for dose in args.doses.split(",")]
+    if args.arms:
+        plan = [(dose, tuple(args.arms.split(","))) for dose, _ in plan]
+    runs = sum(len(arms) for _, arms in plan) * args.seeds
+    start, how, results = time.time(), [], []
+    for i, (dose, arms) in enumerate(plan, 1):
+        print(f"[reproduce] dose {i}/{len(plan)} `{dose}`: {len(arms) * args.seeds} runs "
+              f"({len(results)}/{runs} done, {(time.time() - start) / 60:.1f} min)", flush=True)
         out = ROOT / "multirun" / f"reproduce_{stamp}" / dose
-        commands[dose] = " ".join(sweep(out, dose, arms, args.seeds, args.steps))
+        began = time.time()
+        overrides = sweep(out, dose, arms, args.seeds, args.steps)
         for run_dir in sorted(p.parent for p in out.glob("*/summary.json")):
             results.append(collect(run_dir, dose, args.eval_samples))
+        how.append(f"- `{dose}` ({len(arms) * args.seeds} runs, {(time.time() - began) / 60:.1f} min): "
+                   f"`rlmix train -m {' '.join(overrides)}`")
     name = args.profile + "".join(f"_{'_'.join(v.split(','))}" for v in (args.doses, args.arms) if v)
-    how = ["Commands (one sweep per dose; then `rlmix eval task.split=test eval.k=[1]` per run):\n",
-           *[f"- `{dose}`: `rlmix train -m {cmd}`" for dose, cmd in commands.items()]]
-    write(name, how, results, doses, arms, args.steps, time.time() - start)
+    how.insert(0, "Commands (one sweep per dose; then `rlmix eval task.split=test eval.k=[1]` per run):\n")
+    arms = tuple(dict.fromkeys(a for _, dose_arms in plan for a in dose_arms))
+    write(name, how, results, [dose for dose, _ in plan], arms, args.steps, time.time() - start)
 
 
 def merge(paths: list[Path], name: str, steps: int) -> None:
