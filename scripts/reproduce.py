@@ -49,6 +49,7 @@ FLEET = ["fleet=emulated_hetero6", "loop.concurrent_requests=6"]
 DOSES: dict[str, list[str]] = {
     "stale2": ["loop.buffer_groups=32"],  # the default buffer: staleness ~1.5
     "stale2_lr1e-3": ["loop.buffer_groups=32", "trainer.lr=1e-3"],  # the same step size with little lag
+    "stale2_int4": ["loop.buffer_groups=32", "fleet.precision=int4"],  # little lag, every pool int4: the numbers' share
     "stale8": ["loop.buffer_groups=136"],  # samplers ~8 versions behind the trainer
     "stale8_lr1e-3": ["loop.buffer_groups=136", "trainer.lr=1e-3"],
     "stale8_lr1e-3_int4": ["loop.buffer_groups=136", "trainer.lr=1e-3", "fleet.pools.b200_nvfp4.precision=int4",

@@ -120,13 +120,15 @@ def test_bad_input_is_one_line_naming_the_key(overrides, key):
     assert key in message and "\n" not in message, message
 
 
-def test_deepspeed_fp16_without_cuda_is_refused_at_load_time():
-    import torch
+def test_deepspeed_fp16_without_cuda_is_refused_before_ray():
+    from rlmix.orchestration.hardware import check_machine, visible_gpus
 
-    if torch.cuda.is_available():
+    if visible_gpus():
         pytest.skip("CUDA ranks run DeepSpeed FP16")
+    cfg = compose_run_config(["trainer=deepspeed", "trainer.precision=fp16"])  # a valid config ...
     with pytest.raises(ConfigError, match="trainer.precision=fp16 with trainer.backend=deepspeed needs CUDA ranks"):
-        compose_run_config(["trainer=deepspeed", "trainer.precision=fp16"])
+        check_machine(cfg)  # ... that this machine cannot run
+    check_machine(compose_run_config(["trainer=deepspeed", "trainer.precision=fp16", "cluster.address=auto"]))
 
 
 def test_unknown_option_lists_the_available_ones():

@@ -141,7 +141,7 @@ TEMPERATURE = (1e-3, 100.0)
 
 
 def _check_trainer(cfg: RunConfig) -> None:
-    from rlmix.config.deepspeed import check_deepspeed, check_deepspeed_fp16
+    from rlmix.config.deepspeed import check_deepspeed
 
     t = cfg.trainer
     _require(t.micro_batch_size >= 1, f"trainer.micro_batch_size={t.micro_batch_size}: must be >= 1")
@@ -158,10 +158,7 @@ def _check_trainer(cfg: RunConfig) -> None:
     _require(math.isfinite(t.grad_clip) and t.grad_clip > 0, f"trainer.grad_clip={t.grad_clip}: must be > 0 (a max gradient norm)")
     if t.backend is TrainerBackend.deepspeed:
         check_deepspeed(t.deepspeed, bf16=t.precision is TrainerPrecision.bf16)
-        if t.precision is TrainerPrecision.fp16 and cfg.cluster.address is None:  # ranks on this machine
-            import torch
-
-            check_deepspeed_fp16(cuda_ranks=torch.cuda.is_available())
+        # FP16 ranks need CUDA: a question about the machine, asked by orchestration/hardware.check_machine.
 
 
 def _check_run(cfg: RunConfig) -> None:

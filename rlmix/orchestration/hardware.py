@@ -1,4 +1,5 @@
-"""Does this machine have the GPUs a run asks for? Answered before Ray starts.
+"""Does this machine have what a run asks for -- its GPUs, and CUDA for a DeepSpeed FP16 trainer?
+Answered before Ray starts.
 
 A pool with ``backend: vllm`` on a GPU accelerator takes its tensor-parallel size in GPUs per
 instance (``num_gpus`` on its actor), and a multi-rank DeepSpeed trainer on NCCL one per rank. On a local Ray instance those
@@ -17,8 +18,8 @@ import re
 from pathlib import Path
 
 from rlmix.assembly.fleet import pool_gpus
-from rlmix.config.deepspeed import CommBackend
-from rlmix.config.schema import RunConfig, TrainerBackend
+from rlmix.config.deepspeed import CommBackend, check_deepspeed_fp16
+from rlmix.config.schema import RunConfig, TrainerBackend, TrainerPrecision
 from rlmix.errors import ConfigError
 
 
@@ -61,9 +62,16 @@ def check_gpus(cfg: RunConfig, visible: int, one_per_pool: bool = False) -> None
 
 
 def check_machine(cfg: RunConfig, one_per_pool: bool = False) -> None:
-    """``check_gpus`` against this machine; GPUs are counted only when the run may ask for some."""
-    if cfg.cluster.address is None and (gpu_demand(cfg, one_per_pool) or _multi_rank(cfg)):
-        check_gpus(cfg, visible_gpus(), one_per_pool)
+    """``check_gpus`` against this machine, and CUDA for DeepSpeed FP16 ranks (its CPU accelerator
+    has none); GPUs are counted only when the run may ask for some."""
+    if cfg.cluster.address is not None:
+        return
+    ds_fp16 = cfg.trainer.backend is TrainerBackend.deepspeed and cfg.trainer.precision is TrainerPrecision.fp16
+    if gpu_demand(cfg, one_per_pool) or _multi_rank(cfg) or ds_fp16:
+        visible = visible_gpus()
+        check_gpus(cfg, visible, one_per_pool)
+        if ds_fp16:
+            check_deepspeed_fp16(cuda_ranks=visible > 0)
 
 
 def visible_gpus() -> int:
