@@ -284,11 +284,16 @@ def write(profile: str, how: list[str], results: list[RunResult], doses: list[st
              f"\n## Headline regime: `{headline}` ({' '.join(DOSES[headline])})\n",
              arm_table(head, arms), "\nPaired by seed (held-out pass@1):\n", paired_table(head),
              f"\n![reward and KL]({figures.name}/headline.png)\n"]
-    if len(doses) > 1:
-        plot_map(results, arms, doses, figures / "map.png")
+    # The map's axis is the mismatch dose: the doses the uncorrected arm ran at (a K variant for the
+    # SC arms is not a dose of it, and has its own table below).
+    map_doses = [d for d in doses if any(r.dose == d and r.arm == "reinforce" for r in results)] or doses
+    if len(map_doses) > 1:
+        map_arms = tuple(a for a in arms if any(r.arm == a and r.dose in map_doses for r in results))
+        plot_map(results, map_arms, map_doses, figures / "map.png")
         parts += ["## Stability map\n", "Each cell: runs flagged by the collapse monitor · runs still down at the end "
                   f"(reward below its start, or format errors over {LASTING_FORMAT_ERRORS:.0%}) · mean pass@1 on the test split.\n",
-                  map_table(results, arms, doses), "", f"![map]({figures.name}/map.png)\n"]
+                  map_table(results, map_arms, map_doses), "", f"![map]({figures.name}/map.png)\n"]
+    if len(doses) > 1:
         for dose in doses:
             parts += [f"### `{dose}`: {' '.join(DOSES[dose])}\n",
                       arm_table([r for r in results if r.dose == dose], arms), ""]
