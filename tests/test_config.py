@@ -131,6 +131,16 @@ def test_deepspeed_fp16_without_cuda_is_refused_before_ray():
     check_machine(compose_run_config(["trainer=deepspeed", "trainer.precision=fp16", "cluster.address=auto"]))
 
 
+def test_deepspeed_fp16_machine_check_follows_the_trainers_comm_backend_rule(monkeypatch):
+    from rlmix.orchestration import hardware
+
+    monkeypatch.setattr(hardware, "visible_gpus", lambda: 1)  # the machine, not the unit: one GPU
+    fp16 = ["trainer=deepspeed", "trainer.precision=fp16"]
+    hardware.check_machine(compose_run_config(fp16))  # auto -> NCCL on a GPU: CUDA ranks
+    with pytest.raises(ConfigError, match="needs CUDA ranks"):  # gloo ranks are CPU ranks, GPU or not
+        hardware.check_machine(compose_run_config([*fp16, "trainer.deepspeed.comm_backend=gloo"]))
+
+
 def test_unknown_option_lists_the_available_ones():
     with pytest.raises(ConfigError, match="available: .*emulated_hetero6.*single_bf16"):
         compose_run_config(["fleet=nope"])

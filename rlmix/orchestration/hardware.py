@@ -27,6 +27,13 @@ def _multi_rank(cfg: RunConfig) -> bool:
     return cfg.trainer.backend is TrainerBackend.deepspeed and cfg.trainer.deepspeed.ranks > 1
 
 
+def _nccl(cfg: RunConfig, cuda: bool) -> bool:
+    """DeepSpeed ranks on NCCL, hence on GPUs: ``comm_backend=nccl``, or ``auto`` on a machine with
+    GPUs (``trainers.deepspeed_rank.comm_backend``)."""
+    comm = cfg.trainer.deepspeed.comm_backend
+    return comm is CommBackend.nccl or (comm is CommBackend.auto and cuda)
+
+
 def gpu_demand(cfg: RunConfig, one_per_pool: bool = False, cuda: bool = False) -> dict[str, int]:
     """GPUs the run's actors request, keyed by the config key that asks for them.
 
@@ -37,8 +44,7 @@ def gpu_demand(cfg: RunConfig, one_per_pool: bool = False, cuda: bool = False) -
     for name, pool in cfg.fleet.pools.items():
         if pool_gpus(pool):
             demand[f"fleet.pools.{name}"] = pool_gpus(pool) * (1 if one_per_pool else pool.count)
-    comm = cfg.trainer.deepspeed.comm_backend
-    if _multi_rank(cfg) and (comm is CommBackend.nccl or (comm is CommBackend.auto and cuda)):
+    if _multi_rank(cfg) and _nccl(cfg, cuda):
         demand["trainer.deepspeed.ranks"] = cfg.trainer.deepspeed.ranks
     return demand
 
@@ -70,8 +76,8 @@ def check_machine(cfg: RunConfig, one_per_pool: bool = False) -> None:
     if gpu_demand(cfg, one_per_pool) or _multi_rank(cfg) or ds_fp16:
         visible = visible_gpus()
         check_gpus(cfg, visible, one_per_pool)
-        if ds_fp16:
-            check_deepspeed_fp16(cuda_ranks=visible > 0)
+        if ds_fp16:  # the trainer's own rule (DeepSpeedTrainer), asked before Ray starts
+            check_deepspeed_fp16(cuda_ranks=visible > 0 and _nccl(cfg, cuda=True))
 
 
 def visible_gpus() -> int:
