@@ -81,6 +81,11 @@ STEPS = 60
 LASTING_FORMAT_ERRORS = 0.1  # a flagged run ending above this rate of format errors has not recovered
 
 
+def plan_arms(plan: Plan) -> tuple[str, ...]:
+    """Every arm of a plan, in the order the plan first names it."""
+    return tuple(dict.fromkeys(arm for _, arms in plan for arm in arms))
+
+
 @dataclass
 class RunResult:
     arm: str
@@ -322,8 +327,7 @@ def main() -> None:
     stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
     plan = PROFILES[args.profile]
     if args.doses:
-        every_arm = tuple(dict.fromkeys(a for _, arms in plan for a in arms))
-        plan = [(dose, dict(plan).get(dose, every_arm)) for dose in args.doses.split(",")]
+        plan = [(dose, dict(plan).get(dose, plan_arms(plan))) for dose in args.doses.split(",")]
     if args.arms:
         plan = [(dose, tuple(args.arms.split(","))) for dose, _ in plan]
     runs = sum(len(arms) for _, arms in plan) * args.seeds
@@ -340,8 +344,7 @@ def main() -> None:
                    f"`rlmix train -m {' '.join(overrides)}`")
     name = args.profile + "".join(f"_{'_'.join(v.split(','))}" for v in (args.doses, args.arms) if v)
     how.insert(0, "Commands (one sweep per dose; then `rlmix eval task.split=test eval.k=[1]` per run):\n")
-    arms = tuple(dict.fromkeys(a for _, dose_arms in plan for a in dose_arms))
-    write(name, how, results, [dose for dose, _ in plan], arms, args.steps, time.time() - start)
+    write(name, how, results, [dose for dose, _ in plan], plan_arms(plan), args.steps, time.time() - start)
 
 
 def merge(paths: list[Path], name: str, steps: int) -> None:
