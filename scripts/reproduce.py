@@ -123,10 +123,15 @@ def machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores, {mem_gib:.0f} GiB, no GPU"
 
 
+def sweep_overrides(dose: str, arms: tuple[str, ...], seeds: int, steps: int) -> list[str]:
+    """The ``rlmix train -m`` overrides of one dose's sweep: every arm x seeds 0 .. seeds-1."""
+    return [f"+experiment={','.join(arms)}", f"seed={','.join(map(str, range(seeds)))}",
+            *FLEET, "loop.max_staleness=null", f"loop.steps={steps}",
+            "loop.checkpoint_every=0", "logger.wandb.mode=disabled", *DOSES[dose]]
+
+
 def sweep(out: Path, dose: str, arms: tuple[str, ...], seeds: int, steps: int) -> list[str]:
-    overrides = [f"+experiment={','.join(arms)}", f"seed={','.join(map(str, range(seeds)))}",
-                 *FLEET, "loop.max_staleness=null", f"loop.steps={steps}",
-                 "loop.checkpoint_every=0", "logger.wandb.mode=disabled", *DOSES[dose]]
+    overrides = sweep_overrides(dose, arms, seeds, steps)
     run([RLMIX, "train", "-m", *overrides, f"hydra.sweep.dir={out}"])
     return overrides
 

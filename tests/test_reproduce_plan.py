@@ -1,0 +1,49 @@
+"""scripts/reproduce.py's plans compose: every sweep of every profile, and every dose, is a valid
+``rlmix train -m`` (a typo in a dose's key would otherwise surface an hour into `make reproduce`)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlmix.commands.compose import compose_run_config, expand_jobs
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "reproduce.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("reproduce", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their module's annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+R = load_script()
+SWEEPS = sorted({(dose, arms) for plan in R.PROFILES.values() for dose, arms in plan}
+                | {(dose, ("reinforce",)) for dose in R.DOSES})
+
+
+@pytest.mark.parametrize(("dose", "arms"), SWEEPS, ids=[f"{d}-{'+'.join(a)}" for d, a in SWEEPS])
+def test_every_sweep_of_the_script_composes(dose, arms):
+    jobs = expand_jobs(R.sweep_overrides(dose, arms, seeds=1, steps=2), multirun=True)
+    assert len(jobs) == len(arms)
+    for job in jobs:
+        cfg = compose_run_config(job)
+        assert cfg.loop.steps == 2 and cfg.fleet.name == "emulated_hetero6"
+
+
+def test_a_flagged_run_is_lasting_while_its_reward_or_format_is_still_down():
+    def run(collapsed, reward_last, format_last):
+        fields = {k: float("nan") for k in R.RunResult.__dataclass_fields__}
+        fields.update(arm="reinforce", seed=0, dose="stale2", collapsed=collapsed, reward_first=0.07,
+                      reward_last=reward_last, format_last=format_last)
+        return R.RunResult(**fields)
+
+    assert run(True, 0.05, 0.02).lasting  # reward below its start
+    assert run(True, 0.12, 0.30).lasting  # recovered reward, format errors still above 10%
+    assert not run(True, 0.12, 0.02).lasting  # flagged, and climbed back
+    assert not run(False, 0.01, 0.90).lasting  # never flagged
