@@ -87,6 +87,9 @@ class Rollouts:
     # producing requests left out because their sandbox failed (never scored, never trained).
     episode_stats: torch.Tensor | None = None
     infra_errors: int = 0
+    # Filled in by the trainer when PPO takes several optimizer steps on the batch against its own
+    # log-probs: (B, T) float32 log pi_old(a) at the weights that took the batch's first update.
+    trainer_logprobs: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]

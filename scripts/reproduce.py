@@ -1,7 +1,7 @@
 """Reproduce the study's comparison on the embedded default (docs/math.md §5, docs/results.md).
 
-    python scripts/reproduce.py --profile full      # make reproduce: the map, FP16 and SC at K = 2 (48 runs, ~57 min)
-    python scripts/reproduce.py --profile quick     # the headline regime: 3 arms x 3 seeds (~10 min, 2 cores)
+    python scripts/reproduce.py --profile full      # make reproduce: the map (8 arms x 2 doses) and SC at K = 2 (54 runs)
+    python scripts/reproduce.py --profile quick     # the headline regime: 5 arms x 3 seeds (~17 min, 2 cores)
     python scripts/reproduce.py --profile sc        # SC alone and SC+MIS at K = 32 (exact) and K = 2 (a real tail)
     python scripts/reproduce.py --doses stale8      # one dose, with the profile's arms
     python scripts/reproduce.py --arms mis,icepop   # other arms (any experiment preset) in the headline regime
@@ -34,9 +34,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RLMIX = str(Path(sys.executable).with_name("rlmix"))
 
-HEADLINE_ARMS = ("reinforce", "grpo", "sc_mis")  # uncorrected REINFORCE, the study's GRPO, SC+MIS
-# ... with MIS alone, and the other published remedy: FP16 trainer and samplers, no correction.
-MAP_ARMS = ("reinforce", "grpo", "mis", "sc_mis", "fp16")
+# Uncorrected: REINFORCE and the study's GRPO (ratio 1 against the trainer's own log-probs).
+# Corrections: the study's IcePop, PPO clipped against the sampler (bypass), SC+MIS.
+HEADLINE_ARMS = ("reinforce", "grpo", "icepop", "ppo_bypass", "sc_mis")
+# ... with MIS alone at token and sequence level, and the other published remedy: FP16 trainer
+# and samplers, no correction.
+MAP_ARMS = ("reinforce", "grpo", "icepop", "ppo_bypass", "mis", "mis_seq", "sc_mis", "fp16")
 SC_ARMS = ("sc", "sc_mis")  # when centering matters over masking (MIS alone: the map's stale2 row; K-free)
 
 # Every sampler generates at once, as on a real fleet where each has its own accelerator: the
@@ -62,16 +65,16 @@ DOSES: dict[str, list[str]] = {
 # Where the failure shows (docs/results.md): uncorrected REINFORCE collapsed in 3 of 3 seeds there.
 HEADLINE = "stale8_lr1e-3"
 # Each profile: (dose, arms) sweeps, run in this order.
-# full: the stability map -- the fleet as configured, the lag and step size under which the failure
-#   shows, the same with harsher number formats on four pools; five arms (FP16 not at the int4 dose,
-#   whose pool formats fleet.precision replaces) -- and SC alone against SC+MIS where the head
-#   misses mass (K = 2; MIS is K-free, so the map's stale2 row is its comparison). 48 runs.
+# quick: the headline regime, the study's arms as labelled (5 arms, 15 runs).
+# full: the stability map -- the fleet as configured, and the lag and step size under which the
+#   failure shows; eight arms -- and SC alone against SC+MIS where the head misses mass (K = 2; MIS
+#   is K-free, so the map's stale2 row is its comparison). 54 runs. (The int4 dose of earlier
+#   pages, docs/results_full_100steps.md and docs/results_stale2_int4*, is `--doses stale8_lr1e-3_int4`.)
 # sc: SC and SC+MIS with the head all of the vocabulary and with K = 2 (12 runs).
 Plan = list[tuple[str, tuple[str, ...]]]
 PROFILES: dict[str, Plan] = {
     "quick": [(HEADLINE, HEADLINE_ARMS)],
-    "full": [("stale2", MAP_ARMS), (HEADLINE, MAP_ARMS),
-             ("stale8_lr1e-3_int4", tuple(a for a in MAP_ARMS if a != "fp16")), ("stale2_k2", SC_ARMS)],
+    "full": [("stale2", MAP_ARMS), (HEADLINE, MAP_ARMS), ("stale2_k2", SC_ARMS)],
     "sc": [("stale2", SC_ARMS), ("stale2_k2", SC_ARMS)],
 }
 # 60 steps keeps `make reproduce` within an hour on 2 cores (a run: ~55 s of training, ~7 s of
@@ -100,6 +103,7 @@ class RunResult:
     format_last: float
     masked_frac: float  # MIS: fraction of tokens masked, mean over the run
     tail_ratio_max: float  # SC: the largest per-step mean tail ratio ρ (1 = consistent tail)
+    clip_frac: float  # PPO: share of tokens on the clipped branch, mean over the run
     pass1: float | None  # held-out test split
     pass1_se: float | None
     rewards: list[float]
@@ -160,6 +164,7 @@ def collect(run_dir: Path, dose: str, eval_samples: int) -> RunResult:
         masked_frac=mean_of(rows, "correction/masked_frac", slice(None)),
         tail_ratio_max=max((r["correction/sc_tail_ratio"] for r in rows if "correction/sc_tail_ratio" in r),
                            default=float("nan")),
+        clip_frac=mean_of(rows, "ppo/clip_frac", slice(None)),
         pass1=pass1, pass1_se=se,
         rewards=[r["reward/mean"] for r in rows], kls=[r.get("mismatch/kl_k3", float("nan")) for r in rows],
     )
@@ -175,7 +180,8 @@ def mean_se(values: list[float]) -> tuple[float, float]:
 
 def arm_table(results: list[RunResult], arms: tuple[str, ...]) -> str:
     lines = ["| arm | collapsed | collapse steps | reward, first 10 | reward, last 10 | kl_k3, last 10 | "
-             "format errors, last 10 | MIS masked | SC ρ, max | pass@1 test |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "format errors, last 10 | MIS masked | SC ρ, max | PPO clipped | pass@1 test |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for arm in arms:
         mine = [r for r in results if r.arm == arm]
         if not mine:
@@ -187,7 +193,7 @@ def arm_table(results: list[RunResult], arms: tuple[str, ...]) -> str:
         for values, fmt in (([r.reward_first for r in mine], ".3f"), ([r.reward_last for r in mine], ".3f"),
                             ([r.kl_last for r in mine], ".1e"), ([r.format_last for r in mine], ".3f"),
                             ([r.masked_frac for r in mine], ".1e"), ([r.tail_ratio_max for r in mine], ".2f"),
-                            ([r.pass1 for r in mine], ".3f")):
+                            ([r.clip_frac for r in mine], ".1e"), ([r.pass1 for r in mine], ".3f")):
             m, se = mean_se(values)
             cells.append("—" if m != m else f"{m:{fmt}} ± {se:{fmt}}")  # nan: the arm does not have it
         lines.append(f"| {arm} | {' | '.join(cells)} |")

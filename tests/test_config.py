@@ -9,7 +9,7 @@ import pytest
 
 from rlmix.commands.compose import compose_run_config, expand_jobs, split_args
 from rlmix.config.schema import AdvantageNorm, CorrectionConfig, Objective, TrainerPrecision
-from rlmix.correction import CorrectionMode, ppo_clip_loss, token_loss
+from rlmix.correction import CorrectionMode, ISLevel, LossAggregation, OldLogprobs, ppo_clip_loss, token_loss
 from rlmix.errors import ConfigError
 from rlmix.samplers.accelerators import KernelFamily
 from rlmix.samplers.precision import Precision
@@ -19,8 +19,8 @@ OPTIONS = sorted(p.relative_to(CONF) for p in CONF.rglob("*.yaml") if p.parent !
 
 
 def test_every_option_is_seen():
-    # 5 fleets + 6 corrections + 2 trainers + 1 model + 4 tasks + 2 loggers + 10 experiments
-    assert len(OPTIONS) == 30, OPTIONS
+    # 5 fleets + 6 corrections + 2 trainers + 1 model + 4 tasks + 2 loggers + 12 experiments
+    assert len(OPTIONS) == 32, OPTIONS
 
 
 @pytest.mark.parametrize("option", OPTIONS, ids=str)
@@ -40,17 +40,21 @@ def test_every_option_composes(option: Path):
         assert cfg.fleet.name == name and cfg.fleet.pools
 
 
-# docs/math.md §5: (objective, advantages, correction, top_p, top_k)
+# docs/math.md §5: (objective, pi_old, advantages, correction, level, (low, high), top_p, top_k)
+T, S, TOKEN, BAND = OldLogprobs.trainer, OldLogprobs.sampler, ISLevel.token, (0.5, 5.0)
 ARMS = {
-    "grpo": (Objective.ppo_clip, AdvantageNorm.group_mean_std, CorrectionMode.none, 1.0, 0),
-    "icepop": (Objective.ppo_clip, AdvantageNorm.group_mean_std, CorrectionMode.mis, 1.0, 0),
-    "sc": (Objective.reinforce, AdvantageNorm.group_mean, CorrectionMode.sc, 1.0, 0),
-    "sc_mis": (Objective.reinforce, AdvantageNorm.group_mean, CorrectionMode.sc_mis, 1.0, 0),
-    "grpo_topp": (Objective.ppo_clip, AdvantageNorm.group_mean_std, CorrectionMode.none, 0.97, 64),
-    "sc_mis_topp": (Objective.reinforce, AdvantageNorm.group_mean, CorrectionMode.sc_mis, 0.97, 64),
-    "reinforce": (Objective.reinforce, AdvantageNorm.group_mean, CorrectionMode.none, 1.0, 0),
-    "mis": (Objective.reinforce, AdvantageNorm.group_mean, CorrectionMode.mis, 1.0, 0),
-    "fp16": (Objective.reinforce, AdvantageNorm.group_mean, CorrectionMode.none, 1.0, 0),
+    "grpo": (Objective.ppo_clip, T, AdvantageNorm.group_mean_std, CorrectionMode.none, TOKEN, BAND, 1.0, 0),
+    "icepop": (Objective.ppo_clip, T, AdvantageNorm.group_mean_std, CorrectionMode.mis, TOKEN, BAND, 1.0, 0),
+    "ppo_bypass": (Objective.ppo_clip, S, AdvantageNorm.group_mean_std, CorrectionMode.none, TOKEN, BAND, 1.0, 0),
+    "sc": (Objective.reinforce, T, AdvantageNorm.group_mean, CorrectionMode.sc, TOKEN, BAND, 1.0, 0),
+    "sc_mis": (Objective.reinforce, T, AdvantageNorm.group_mean, CorrectionMode.sc_mis, TOKEN, BAND, 1.0, 0),
+    "grpo_topp": (Objective.ppo_clip, T, AdvantageNorm.group_mean_std, CorrectionMode.none, TOKEN, BAND, 0.97, 64),
+    "sc_mis_topp": (Objective.reinforce, T, AdvantageNorm.group_mean, CorrectionMode.sc_mis, TOKEN, BAND, 0.97, 64),
+    "reinforce": (Objective.reinforce, T, AdvantageNorm.group_mean, CorrectionMode.none, TOKEN, BAND, 1.0, 0),
+    "mis": (Objective.reinforce, T, AdvantageNorm.group_mean, CorrectionMode.mis, TOKEN, BAND, 1.0, 0),
+    "mis_seq": (Objective.reinforce, T, AdvantageNorm.group_mean, CorrectionMode.mis, ISLevel.sequence, (0.5, 2.0),
+                1.0, 0),
+    "fp16": (Objective.reinforce, T, AdvantageNorm.group_mean, CorrectionMode.none, TOKEN, BAND, 1.0, 0),
 }
 
 
@@ -58,10 +62,21 @@ ARMS = {
 def test_experiment_presets_are_the_studys_arms(arm):
     cfg = compose_run_config([f"+experiment={arm}"])
     c = cfg.correction
-    assert (c.objective, c.advantage, c.mode, cfg.fleet.top_p, cfg.fleet.top_k) == ARMS[arm]
-    assert (c.low, c.high, c.num_candidates) == (0.5, 5.0, 128)
+    got = (c.objective, c.old_logprobs, c.advantage, c.mode, c.level, (c.low, c.high), cfg.fleet.top_p, cfg.fleet.top_k)
+    assert got == ARMS[arm]
+    assert c.aggregation is LossAggregation.token_mean  # the study's token mean, every arm
+    assert c.num_candidates == 128
+    assert (cfg.trainer.ppo_mini_batch_size, cfg.trainer.ppo_epochs) == (None, 1)  # one optimizer step per batch
     assert cfg.loop.max_staleness is None  # the study's setting: unbounded
     assert cfg.fleet.name == "emulated_hetero6"
+
+
+def test_every_preset_says_what_it_corrects_and_cites_a_source():
+    for path in sorted((CONF / "experiment").glob("*.yaml")):
+        if path.stem == "smoke":
+            continue
+        comment = " ".join(line for line in path.read_text().splitlines() if line.startswith("#"))
+        assert "correct" in comment and ("Source" in comment or "source" in comment or "docs/math.md" in comment), path.name
 
 
 def test_the_fp16_arm_switches_the_trainer_and_every_pool_to_fp16():
@@ -89,6 +104,7 @@ def test_correction_knobs_are_loss_arguments():
     params = set(inspect.signature(token_loss).parameters) | set(inspect.signature(ppo_clip_loss).parameters)
     numeric = [f for f, v in vars(CorrectionConfig()).items() if isinstance(v, float)]
     assert numeric and all(f in params for f in numeric), numeric
+    assert {"level", "aggregation", "old"} <= params  # correction.level, .aggregation, .old_logprobs
 
 
 BAD = [

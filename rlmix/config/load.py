@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlmix.config.schema import PoolConfig, RunConfig, SamplerBackend, TrainerBackend, TrainerPrecision
 from rlmix.config.swebench import AgentEnvConfig, MiniCodeAgentConfig, SwebenchProConfig
-from rlmix.correction import MODES
+from rlmix.correction import MODES, Objective, OldLogprobs
 from rlmix.errors import ConfigError
 
 # A backend's rules for one pool: (pool name, pool config, the model's config.json fields or None
@@ -156,6 +156,11 @@ def _check_trainer(cfg: RunConfig) -> None:
              f"trainer.betas={list(t.betas)}: need two values, each in [0, 1)")
     # clip_grad_norm_ with a negative max flips the gradient's sign; 0 zeroes every update.
     _require(math.isfinite(t.grad_clip) and t.grad_clip > 0, f"trainer.grad_clip={t.grad_clip}: must be > 0 (a max gradient norm)")
+    mini = t.ppo_mini_batch_size
+    _require(mini is None or 1 <= mini <= cfg.loop.groups_per_step,
+             f"trainer.ppo_mini_batch_size={mini}: must be null (the whole batch) or a number of groups in "
+             f"[1, loop.groups_per_step={cfg.loop.groups_per_step}]")
+    _require(t.ppo_epochs >= 1, f"trainer.ppo_epochs={t.ppo_epochs}: must be >= 1")
     if t.backend is TrainerBackend.deepspeed:
         check_deepspeed(t.deepspeed, bf16=t.precision is TrainerPrecision.bf16)
         # FP16 ranks need CUDA: a question about the machine, asked by orchestration/hardware.check_machine.
@@ -187,6 +192,17 @@ def _check_correction(cfg: RunConfig) -> None:
         "(score centering cannot be substituted into PPO clipping, docs/math.md §3.2); use "
         f"correction.objective={'|'.join(sorted(o.value for o in spec.objectives))} or correction.mode="
         + "|".join(m.value for m, s in MODES.items() if c.objective in s.objectives),
+    )
+    _require(
+        c.level in spec.levels,
+        f"correction.level={c.level.value} cannot be combined with correction.mode={c.mode.value} (score centering "
+        "pairs each token's weight with its own head terms, docs/math.md §3.2); use correction.level=token or "
+        "correction.mode=" + "|".join(m.value for m, s in MODES.items() if c.level in s.levels),
+    )
+    _require(
+        c.objective is Objective.ppo_clip or c.old_logprobs is OldLogprobs.trainer,
+        f"correction.old_logprobs={c.old_logprobs.value} needs correction.objective=ppo_clip: REINFORCE has no "
+        "pi_old (PPO against the sampler's log-probs is +experiment=ppo_bypass)",
     )
     _require(0 < c.low <= 1 <= c.high, f"correction.low={c.low}, correction.high={c.high}: need 0 < low <= 1 <= high")
     _require(c.cap >= 1, f"correction.cap={c.cap}: the TIS cap must be >= 1")

@@ -19,7 +19,7 @@ from rlmix.config.deepspeed import DeepSpeedConfig
 from rlmix.config.embedded import AgentModelSpec, EmbeddedModelSpec
 from rlmix.config.monitor import MonitorConfig
 from rlmix.config.swebench import MiniCodeAgentConfig, SwebenchProConfig
-from rlmix.correction import CorrectionMode, Objective
+from rlmix.correction import CorrectionMode, ISLevel, LossAggregation, Objective, OldLogprobs
 from rlmix.correction.weights import MIS_HIGH, MIS_LOW, PPO_EPS_HIGH, PPO_EPS_LOW, TIS_CAP
 
 
@@ -101,10 +101,16 @@ class CorrectionConfig:
 
     mode: CorrectionMode = CorrectionMode.sc_mis
     objective: Objective = Objective.reinforce
+    # ppo_clip's pi_old: the trainer's own detached log-probs at the weights taking the batch's
+    # first update (ratio 1 with one optimizer step: the study's GRPO), or the sampler's (bypass).
+    # REINFORCE has no pi_old: only `trainer` is accepted with it.
+    old_logprobs: OldLogprobs = OldLogprobs.trainer
     advantage: AdvantageNorm = AdvantageNorm.group_mean
-    low: float = MIS_LOW  # MIS band [low, high]
+    level: ISLevel = ISLevel.token  # where the weight's ratio is taken: token, sequence, geometric
+    aggregation: LossAggregation = LossAggregation.token_mean  # the study's token mean over the step
+    low: float = MIS_LOW  # MIS band [low, high] on the ratio at `level`
     high: float = MIS_HIGH
-    cap: float = TIS_CAP  # TIS cap
+    cap: float = TIS_CAP  # TIS cap on the ratio at `level`
     eps_low: float = PPO_EPS_LOW  # PPO clip range (ppo_clip only)
     eps_high: float = PPO_EPS_HIGH
     num_candidates: int = 128  # K: top-K candidates recorded per token
@@ -120,6 +126,11 @@ class TrainerConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     grad_clip: float = 1.0
     micro_batch_size: int = 64  # sequences per forward/backward; gradients accumulate over the batch
+    # Optimizer steps per rollout batch (verl's names): the batch is cut into mini-batches of this
+    # many groups (prompts), each one optimizer step, and the whole is repeated ppo_epochs times.
+    # null: the whole batch, one step (the study's).
+    ppo_mini_batch_size: Optional[int] = None
+    ppo_epochs: int = 1
     # Padded positions (rows × longest prompt+completion) per forward/backward; rows are packed
     # longest first so mixed lengths waste little on padding. null: blocks of micro_batch_size rows.
     max_tokens_per_micro_batch: Optional[int] = None

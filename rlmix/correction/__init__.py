@@ -17,25 +17,42 @@ from rlmix.correction.diagnostics import (
 )
 from rlmix.correction.logprobs import log_ratio
 from rlmix.correction.loss import LossOutput, ppo_clip_loss, token_loss
-from rlmix.correction.weights import MODES, WEIGHTS, CorrectionMode, ModeSpec, Objective, Weight, make_weight
+from rlmix.correction.levels import aggregation_scale, level_log_ratio
+from rlmix.correction.weights import (
+    MODES,
+    WEIGHTS,
+    CorrectionMode,
+    ISLevel,
+    LossAggregation,
+    ModeSpec,
+    Objective,
+    OldLogprobs,
+    Weight,
+    make_weight,
+)
 
 __all__ = [
     "MODES",
     "WEIGHTS",
     "Centering",
     "CorrectionMode",
+    "ISLevel",
+    "LossAggregation",
     "LossOutput",
     "ModeSpec",
     "Objective",
+    "OldLogprobs",
     "TokenMismatch",
     "Weight",
     "centering_coefficients",
     "check_alignment",
     "effective_sample_size",
+    "aggregation_scale",
     "group_advantages",
     "kl_k1",
     "kl_k3",
     "kl_k3_per_token",
+    "level_log_ratio",
     "log_ratio",
     "logprob_abs_diff",
     "make_weight",

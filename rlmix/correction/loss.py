@@ -1,8 +1,10 @@
-"""Per-token policy-gradient losses with off-policy correction (docs/math.md §2–§4).
+"""Per-token policy-gradient losses with off-policy correction (docs/math.md §2–§5).
 
 `token_loss` is the REINFORCE form with an importance weight and optional score centering;
-`ppo_clip_loss` is the PPO-clip objective of the `grpo`/`icepop` arms, with the sampler's
-log-probs as π_old. Both take flattened tokens (N of them) and return a `LossOutput`.
+`ppo_clip_loss` is the PPO-clip objective of the `grpo`, `icepop` and `ppo_bypass` arms, with
+π_old either the trainer's own detached log-probs or the sampler's. Both take flattened tokens
+(N of them) and return a `LossOutput`; both take the importance ratio at token, sequence or
+geometric level and aggregate by token mean or per sequence (`rlmix.correction.levels`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from torch import Tensor
 
 from rlmix.correction.centering import centering_coefficients
 from rlmix.correction.diagnostics import centering_stats, kl_k3_per_token, mismatch_stats, weight_stats
+from rlmix.correction.levels import aggregation_scale, level_log_ratio
 from rlmix.correction.logprobs import (
     Candidates,
     GatheredLogits,
@@ -30,6 +33,9 @@ from rlmix.correction.weights import (
     PPO_EPS_LOW,
     TIS_CAP,
     CorrectionMode,
+    ISLevel,
+    LossAggregation,
+    OldLogprobs,
     Weight,
     make_weight,
     parse_enum,
@@ -41,7 +47,8 @@ class LossOutput:
     """loss: 0-dim, differentiable. stats: 0-dim detached diagnostics (token means over N).
 
     token_stats: (N,) detached per-token values: `log_ratio` (clamped log p(a) − log q(a)),
-    `kl_k3` (clamped to ≤ 10) and `weight` (the importance weight applied to the token).
+    `kl_k3` (clamped to ≤ 10) and `weight` (the importance weight applied to the token); PPO adds
+    `ppo_ratio` (p/π_old) and `clipped` (1 where the clipped branch of the surrogate was taken).
     """
 
     loss: Tensor
@@ -63,12 +70,16 @@ def token_loss(
     low: float = MIS_LOW,
     high: float = MIS_HIGH,
     cap: float = TIS_CAP,
+    level: ISLevel | str = ISLevel.token,
+    aggregation: LossAggregation | str = LossAggregation.token_mean,
+    sequence_ids: Tensor | None = None,
     num_tokens: int | Tensor | None = None,
+    num_sequences: int | Tensor | None = None,
 ) -> LossOutput:
-    """Token-mean REINFORCE loss with correction `mode`.
+    """REINFORCE loss with correction `mode`.
 
-        loss_t = −A_t · ( sg(f(r_a)) · log p(a) − Σ_{v∈H} c_v · log p(v) )      (c = 0 unless SC)
-        loss   = Σ_t loss_t / num_tokens
+        loss_t = −A_t · ( sg(f(r)) · log p(a) − Σ_{v∈H} c_v · log p(v) )        (c = 0 unless SC)
+        loss   = Σ_t s_t · loss_t                 (s_t = 1 / num_tokens for the token mean)
 
     logits (N, V) float, already divided by the sampling temperature, or the same logits as a
     `GatheredLogits` record (columns `loss_columns(sampled_ids, candidate ids)` plus the full
@@ -77,9 +88,18 @@ def token_loss(
     top-K candidates with full-vocabulary log-probs (−1/−inf padding). support_ids/support_probs
     (N, S): the recorded sampling support; when given, p is renormalised over it everywhere and
     it is the SC head with no tail (§4), and any head is ignored. SC modes need a head or a
-    support. `f` is none/TIS(cap)/MIS([low, high]) per §2; `c_v` per §3.2.
+    support. `f` is none/TIS(cap)/MIS([low, high]) per §2, of the token ratio r_a or, with
+    `level` sequence/geometric, of its sequence's ratio (`level_log_ratio`; SC: token only);
+    `c_v` per §3.2. `sequence_ids` (N,) names each token's sequence (needed by the sequence
+    levels and aggregations); `s_t` per `aggregation_scale`, over the GLOBAL `num_tokens` /
+    `num_sequences` of the optimizer step.
     """
-    spec = MODES[parse_enum(CorrectionMode, mode, "mode")]
+    mode = parse_enum(CorrectionMode, mode, "mode")
+    spec = MODES[mode]
+    level = parse_enum(ISLevel, level, "level")
+    if level not in spec.levels:
+        raise ValueError(f"mode={mode.value} takes its weight per token (score centering pairs it with the "
+                         f"token's head terms); level={level.value} is for the modes without centering")
     weight = make_weight(spec.weight, low=low, high=high, cap=cap)
     logits = _as_float(logits)
     _check_tokens(logits, sampled_ids, sampler_logprobs, advantages)
@@ -89,7 +109,7 @@ def token_loss(
     )
     logp_a, logp_h = gather_logprobs(logits, sampled_ids, candidates)
     lr = log_ratio(logp_a.detach(), sampler_logprobs.to(dtype))
-    w = weight.sampled(lr)
+    w = weight.sampled(level_log_ratio(lr, sequence_ids, level))
     objective = w * logp_a  # (N,)
     stats = mismatch_stats(lr)
     if spec.weight is not Weight.none:
@@ -101,7 +121,9 @@ def token_loss(
         )
         objective = objective - torch.linalg.vecdot(centering.coefficients, logp_h)  # Σ_H c_v log p(v)
         stats |= centering_stats(centering)
-    loss = -(advantages.to(dtype).detach() * objective).sum() / _token_count(num_tokens, sampled_ids)
+    scale = aggregation_scale(aggregation, sequence_ids, sampled_ids.shape[0], num_tokens=num_tokens,
+                              num_sequences=num_sequences, dtype=dtype, device=sampled_ids.device)
+    loss = -(scale * advantages.to(dtype).detach() * objective).sum()
     return LossOutput(loss, stats, _token_stats(lr, w))
 
 
@@ -111,6 +133,8 @@ def ppo_clip_loss(
     sampler_logprobs: Tensor,
     advantages: Tensor,
     *,
+    old: OldLogprobs | str = OldLogprobs.trainer,
+    old_logprobs: Tensor | None = None,
     weight: Weight | str = Weight.none,
     eps_low: float = PPO_EPS_LOW,
     eps_high: float = PPO_EPS_HIGH,
@@ -119,19 +143,30 @@ def ppo_clip_loss(
     low: float = MIS_LOW,
     high: float = MIS_HIGH,
     cap: float = TIS_CAP,
+    level: ISLevel | str = ISLevel.token,
+    aggregation: LossAggregation | str = LossAggregation.token_mean,
+    sequence_ids: Tensor | None = None,
     num_tokens: int | Tensor | None = None,
+    num_sequences: int | Tensor | None = None,
 ) -> LossOutput:
-    """PPO-clip with the sampler's log-probs as π_old (the `grpo`/`icepop` arms of §5).
+    """PPO-clip with π_old the trainer's own log-probs (`old=trainer`) or the sampler's (`old=sampler`).
 
-        r      = exp(clamp(log p(a) − log q(a), −20, 20))                (differentiable)
+        r      = exp(clamp(log p(a) − log π_old(a), −20, 20))             (differentiable)
         loss_t = −f_w · min(r·A, clip(r, 1 − eps_low, 1 + eps_high)·A)
-        loss   = Σ_t loss_t / num_tokens
+        loss   = Σ_t s_t · loss_t                 (s_t = 1 / num_tokens for the token mean)
 
-    `f_w` is detached and is the part of `f(r)` not already in `r`: `f(r)/r`, i.e. 1 for `none`,
-    `min(1, cap/r)` for `tis` (effective weight min(r, cap)), and `1[low ≤ r ≤ high]` for `mis`
-    (IcePop: PPO with tokens outside the band dropped, no renormalisation). Tokens with
-    |log r| ≥ 20 get no gradient through the clamp. Shapes and support replay as in `token_loss`.
+    `old=trainer` (the study's GRPO, verl's and slime's default): π_old is `old_logprobs` (N,),
+    the trainer's detached log-probs at the weights that took the batch's first update, or, when
+    None, this forward's own log-probs detached (one optimizer step per batch: r ≡ 1 and the
+    gradient is REINFORCE's). The correction weighs each term by `f_w = f(π_old/q)`, detached
+    ("decoupled" PPO; IcePop for mis: the trainer/sampler ratio, masked outside the band).
+    `old=sampler` (bypass): π_old is q, so r already carries p/q and `f_w = f(r)/r` adds only
+    what f puts on top: 1 for `none`, `min(1, cap/r)` for `tis`, `1[low ≤ r ≤ high]` for `mis`.
+    With `level` sequence/geometric f reads the sequence's ratio (`level_log_ratio`). Tokens with
+    |log r| ≥ 20 get no gradient through the clamp. Shapes, support replay, `s_t` as `token_loss`.
     """
+    old = parse_enum(OldLogprobs, old, "old")
+    level = parse_enum(ISLevel, level, "level")
     weight = parse_enum(Weight, weight, "weight")
     weight_fn = make_weight(weight, low=low, high=high, cap=cap)
     if not (0.0 <= eps_low < 1.0 and eps_high >= 0.0):
@@ -141,16 +176,33 @@ def ppo_clip_loss(
     dtype = _dtype(logits)
     candidates = _candidates(sampled_ids.shape[0], dtype, False, None, None, support_ids, support_probs)
     logp_a, _ = gather_logprobs(logits, sampled_ids, candidates)
-    lr = log_ratio(logp_a, sampler_logprobs.to(dtype))
+    q = sampler_logprobs.to(dtype)
+    lr_now = log_ratio(logp_a.detach(), q)  # the mismatch at the weights taking this update
+    if old is OldLogprobs.sampler:
+        lr = log_ratio(logp_a, q)
+        f_w = weight_fn.ppo(level_log_ratio(lr.detach(), sequence_ids, level))
+        lr_old = torch.zeros_like(lr_now)
+    else:
+        pi_old = logp_a.detach() if old_logprobs is None else old_logprobs.to(dtype)
+        if pi_old.shape != logp_a.shape:
+            raise ValueError(f"old_logprobs must be {tuple(logp_a.shape)}, got {tuple(pi_old.shape)}")
+        lr = log_ratio(logp_a, pi_old)
+        lr_old = log_ratio(pi_old, q)
+        f_w = weight_fn.sampled(level_log_ratio(lr_old, sequence_ids, level))
     ratio = lr.exp()
     adv = advantages.to(dtype).detach()
-    surrogate = torch.minimum(ratio * adv, ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv)
-    f_w = weight_fn.ppo(lr.detach())
-    loss = -(f_w * surrogate).sum() / _token_count(num_tokens, sampled_ids)
-    stats = mismatch_stats(lr.detach())
+    unclipped, clipped = ratio * adv, ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv
+    surrogate = torch.minimum(unclipped, clipped)
+    scale = aggregation_scale(aggregation, sequence_ids, sampled_ids.shape[0], num_tokens=num_tokens,
+                              num_sequences=num_sequences, dtype=dtype, device=sampled_ids.device)
+    loss = -(scale * f_w * surrogate).sum()
+    took_clip = (clipped.detach() < unclipped.detach()).to(dtype)  # the clipped branch: no gradient here
+    stats = mismatch_stats(lr_now) | {"clip_frac": took_clip.mean() if took_clip.numel() else took_clip.sum(),
+                                      "old_sampler_gap": lr_old.abs().mean() if lr_old.numel() else lr_old.sum()}
     if weight is not Weight.none:
         stats |= weight_stats(f_w, weight_fn.masks)
-    return LossOutput(loss, stats, _token_stats(lr.detach(), f_w))
+    token_stats = _token_stats(lr_now, f_w) | {"ppo_ratio": ratio.detach(), "clipped": took_clip}
+    return LossOutput(loss, stats, token_stats)
 
 
 def _as_float(logits: Tensor | GatheredLogits) -> Tensor | GatheredLogits:
@@ -212,11 +264,6 @@ def _candidates(
         )
     _check_slots("head", head_ids, head_logprobs, n)
     return head_candidates(head_ids, head_logprobs.to(dtype))
-
-
-def _token_count(num_tokens: int | Tensor | None, sampled_ids: Tensor) -> int | Tensor:
-    # The global token count (§3.2: token-mean over the whole batch, not per micro-batch).
-    return max(sampled_ids.shape[0], 1) if num_tokens is None else num_tokens
 
 
 def _token_stats(lr: Tensor, weights: Tensor) -> dict[str, Tensor]:

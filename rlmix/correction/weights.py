@@ -42,14 +42,47 @@ class Objective(str, Enum):
     """The policy-gradient objective. Member names equal the YAML spelling."""
 
     reinforce = "reinforce"  # docs/math.md §3: the SC arms
-    ppo_clip = "ppo_clip"  # docs/math.md §5: the grpo / icepop arms
+    ppo_clip = "ppo_clip"  # docs/math.md §5: the grpo / icepop / ppo_bypass arms
 
 
-# The knobs' defaults (the study's values, docs/math.md §2 and §5): the one place they live.
-# config/schema.py and the loss functions both read these names.
-MIS_LOW, MIS_HIGH = 0.5, 5.0  # MIS band [low, high] on the ratio p/q
-TIS_CAP = 2.0  # TIS cap C on the ratio
-PPO_EPS_LOW, PPO_EPS_HIGH = 0.2, 0.28  # PPO clip range [1 - eps_low, 1 + eps_high]
+class OldLogprobs(str, Enum):
+    """What PPO's π_old is (docs/math.md §5). Member names equal the YAML spelling."""
+
+    # The trainer's own detached log-probs at the weights that take the batch's first update: the
+    # ratio is 1 with one optimizer step per batch, and the correction's weight f acts on π_old/q
+    # ("decoupled" PPO). The study's GRPO, and verl's and slime's default.
+    trainer = "trainer"
+    # The sampler's log-probs q: PPO's ratio is p/q and its clip is itself a correction (verl's
+    # bypass mode, TRL's async GRPO, PipelineRL).
+    sampler = "sampler"
+
+
+class ISLevel(str, Enum):
+    """Where the importance ratio is taken (docs/math.md §2). Member names equal the YAML spelling."""
+
+    token = "token"  # r_t = p(a_t)/q(a_t) per token
+    sequence = "sequence"  # ρ = Π_t r_t, one ratio per sequence on each of its tokens
+    geometric = "geometric"  # exp(mean_t log r_t): the per-token geometric mean, per sequence
+
+
+class LossAggregation(str, Enum):
+    """How per-token loss terms become the step's loss (docs/math.md §5). YAML spelling."""
+
+    token_mean = "token_mean"  # Σ_t ℓ_t / (tokens in the step): the study's, every arm's default
+    seq_mean_token_mean = "seq_mean_token_mean"  # mean over sequences of each one's token mean
+    seq_mean_token_sum = "seq_mean_token_sum"  # mean over sequences of each one's token sum (Dr. GRPO)
+
+
+# The knobs' defaults (docs/math.md §2 and §5): the one place they live. config/schema.py and the
+# loss functions both read these names.
+# MIS band [low, high] on the token ratio p/q: IcePop's (Ring-1T, arXiv 2510.18855), which the
+# study's recipes name; MiMo uses [0.2, 5].
+MIS_LOW, MIS_HIGH = 0.5, 5.0
+# TIS cap C (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL
+# training"; verl's rollout_is_threshold default).
+TIS_CAP = 2.0
+# PPO clip range [1 - eps_low, 1 + eps_high]: the study's recipe (0.2 / 0.28, DAPO's clip-higher).
+PPO_EPS_LOW, PPO_EPS_HIGH = 0.2, 0.28
 
 _ANY_OBJECTIVE = frozenset(Objective)
 
@@ -67,6 +100,12 @@ class ModeSpec:
     weight: Weight
     centered: bool
     objectives: frozenset[Objective] = _ANY_OBJECTIVE
+
+    @property
+    def levels(self) -> frozenset[ISLevel]:
+        """Where the weight may be taken: score centering pairs each token's weight with its own
+        head terms (§3.2), so the SC variants take it per token only."""
+        return frozenset({ISLevel.token}) if self.centered else frozenset(ISLevel)
 
     @property
     def needs_head(self) -> bool:

@@ -13,6 +13,7 @@ TOKENS = "train/tokens"
 PADDING_FRAC = "train/padding_frac"  # share of the forward's positions that were padding
 SKIPPED_STEPS = "train/skipped_steps"
 RESPONSE_LEN = "train/response_len"
+OPTIMIZER_STEPS = "train/optimizer_steps"  # optimizer steps taken on the batch (mini-batches x epochs)
 
 # reward/ and format/: what the task said about the batch
 REWARD_KEY = "reward/mean"
@@ -45,6 +46,14 @@ SC_TAIL_RATIO = "correction/sc_tail_ratio"
 SC_HEAD_MASS = "correction/sc_head_mass"
 SC_COEF_L1 = "correction/sc_coef_l1"
 
+# ppo/: the PPO-clip objective (docs/math.md §5), over every optimizer step of the batch
+PPO_CLIP_FRAC = "ppo/clip_frac"  # tokens whose clipped branch was taken (no gradient through them)
+PPO_RATIO_P05 = "ppo/ratio_p05"  # quantiles of the ratio p / pi_old
+PPO_RATIO_P50 = "ppo/ratio_p50"
+PPO_RATIO_P95 = "ppo/ratio_p95"
+PPO_RATIO_MAX = "ppo/ratio_max"
+PPO_OLD_SAMPLER_GAP = "ppo/old_sampler_gap"  # mean |log pi_old - log q|: 0 when pi_old is the sampler
+
 # staleness/ and policy_version/: how old the batch's samples were
 STALENESS_MEAN = "staleness/mean"
 STALENESS_MAX = "staleness/max"
@@ -73,4 +82,10 @@ STAT_NAMES = {
     "sc_tail_ratio": SC_TAIL_RATIO,
     "sc_head_mass": SC_HEAD_MASS,
     "sc_coef_l1": SC_COEF_L1,
+    "clip_frac": PPO_CLIP_FRAC,
+    "ratio_p05": PPO_RATIO_P05,
+    "ratio_p50": PPO_RATIO_P50,
+    "ratio_p95": PPO_RATIO_P95,
+    "ratio_max": PPO_RATIO_MAX,
+    "old_sampler_gap": PPO_OLD_SAMPLER_GAP,
 }

@@ -24,7 +24,7 @@ from rlmix.rollout import Rollouts
 from rlmix.trainers.deepspeed_config import CommBackend, deepspeed_json
 from rlmix.metrics.aggregate import StepResult
 from rlmix.trainers.precision import autocast_dtype, published_dtype
-from rlmix.trainers.step import forward_backward
+from rlmix.trainers.step import forward_backward, trainer_logprobs
 
 DS_DIR = "deepspeed"  # DeepSpeed's own checkpoint (fp32 master weights, optimizer partitions)
 DS_TAG = "step"  # not "latest": DeepSpeed writes a file of that name beside the tag dir
@@ -122,9 +122,22 @@ class DeepSpeedRank:
         self.zero_stage = cfg.deepspeed.zero_stage
         self.published = published_dtype(cfg.precision)
 
+    def trainer_logprobs(self, shard: Rollouts | None) -> torch.Tensor | None:
+        """(rows, T) log p(a) of this shard at the engine's current weights: PPO's π_old (step.py)."""
+        if shard is None:
+            return None
+        device = self.engine.device
+        with torch.device(device) if device.type != "cpu" else contextlib.nullcontext():
+            out = trainer_logprobs(self.engine, shard.to(device), self.correction, pad_id=self.pad_id,
+                                   micro_batch_size=self.cfg.micro_batch_size,
+                                   max_tokens=self.cfg.max_tokens_per_micro_batch,
+                                   autocast=autocast_dtype(self.cfg.precision))
+        return out.cpu()
+
     def train_shard(self, shard: Rollouts | None, advantages: torch.Tensor | None, num_tokens: int,
-                    backwards: int) -> RankStep:
-        """Accumulate this shard's gradients (loss / GLOBAL ``num_tokens``), pad to ``backwards``, step."""
+                    num_sequences: int, backwards: int) -> RankStep:
+        """Accumulate this shard's gradients (loss over the GLOBAL ``num_tokens`` / ``num_sequences``
+        of the optimizer step), pad to ``backwards``, step."""
         calls = 0
 
         def backward(loss: torch.Tensor) -> None:
@@ -146,7 +159,8 @@ class DeepSpeedRank:
                                           micro_batch_size=self.cfg.micro_batch_size,
                                           autocast=autocast_dtype(self.cfg.precision),
                                           max_tokens=self.cfg.max_tokens_per_micro_batch,
-                                          num_tokens=num_tokens, backward=backward)
+                                          num_tokens=num_tokens, num_sequences=num_sequences,
+                                          backward=backward)
             result.token_stats = {k: v.cpu() for k, v in result.token_stats.items()}
         for _ in range(backwards - calls):
             backward(self._zero_loss())

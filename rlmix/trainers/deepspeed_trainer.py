@@ -19,12 +19,22 @@ from pathlib import Path
 import torch
 
 from rlmix.config.schema import CorrectionConfig, TrainerConfig, TrainerPrecision
-from rlmix.metrics.aggregate import StepResult, step_metrics
-from rlmix.metrics.names import SKIPPED_STEPS
+from rlmix.metrics.aggregate import step_metrics
+from rlmix.metrics.names import OPTIMIZER_STEPS, SKIPPED_STEPS
 from rlmix.rollout import Rollouts
 from rlmix.trainers.deepspeed_config import check_deepspeed, check_deepspeed_fp16
 from rlmix.trainers.deepspeed_rank import DeepSpeedRank, RankSetup, RankStep, comm_backend, free_port
-from rlmix.trainers.step import advantages_for, micro_batches, plan_micro_batches, step_stats
+from rlmix.trainers.step import (
+    advantages_for,
+    batch_result,
+    count_sequences,
+    mean_grad_norm,
+    merge_step_results,
+    micro_batches,
+    needs_trainer_logprobs,
+    optimizer_step_rows,
+    plan_micro_batches,
+)
 
 STATE_FILE = "trainer_state.json"
 
@@ -41,26 +51,6 @@ def backward_count(shard: Rollouts | None, micro_batch_size: int, max_tokens: in
     if shard is None:
         return 0
     return sum(bool(shard.mask[rows].any()) for rows in plan_micro_batches(shard, micro_batch_size, max_tokens))
-
-
-def merge_results(results: list[StepResult]) -> StepResult:
-    """One StepResult from the ranks' (shards in row order, so token stats stay row-major)."""
-    n = sum(r.num_tokens for r in results)
-    denom = max(n, 1)
-    keys = {k for r in results for k in r.stats}
-    token_keys = [k for r in results for k in r.token_stats]
-    token_stats = {k: torch.cat([r.token_stats[k] for r in results if k in r.token_stats])
-                   for k in dict.fromkeys(token_keys)}
-    return StepResult(
-        loss=sum(r.loss for r in results),  # each is (its tokens' loss sum) / global count
-        stats=step_stats({k: sum(r.stats.get(k, 0.0) * r.num_tokens for r in results) / denom for k in keys},
-                         token_stats),
-        token_stats=token_stats,
-        entropy=sum(r.entropy * r.num_tokens for r in results) / denom,
-        num_tokens=n,
-        positions=sum(r.positions for r in results),
-        sequence_tokens=sum(r.sequence_tokens for r in results),
-    )
 
 
 class DeepSpeedTrainer:
@@ -107,23 +97,39 @@ class DeepSpeedTrainer:
         return ray.get(refs)
 
     def train_step(self, batch: Rollouts) -> dict[str, float]:
+        """One rollout batch: ``trainer.ppo_epochs`` passes of one optimizer step per mini-batch,
+        each step's mini-batch split into row shards over the ranks."""
         advantages = advantages_for(batch, self.correction)  # whole groups, before splitting
-        shards = shard_rows(batch, self.ranks_n)
-        backwards = max(backward_count(s and s[0], self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch)
-                        for s in shards)
-        steps: list[RankStep] = self._on_all(
-            "train_shard",
-            [s and s[0] for s in shards],
-            [s and advantages[s[1]] for s in shards],
-            [batch.num_tokens] * self.ranks_n,
-            [backwards] * self.ranks_n,
-        )
-        result = merge_results([s.result for s in steps])
-        grad_norm = steps[0].grad_norm  # the global norm: the same on every rank
-        if not steps[0].applied or not math.isfinite(result.loss):
-            self.skipped_steps += 1  # DeepSpeed dropped the update (inf/NaN gradients)
-        metrics = step_metrics(batch, result, grad_norm, self._version)
+        passes = optimizer_step_rows(batch, self.cfg)
+        if needs_trainer_logprobs(batch, self.cfg, self.correction):
+            shards = shard_rows(batch, self.ranks_n)
+            logprobs = self._on_all("trainer_logprobs", [s and s[0] for s in shards])
+            width = batch.mask.shape[1]
+            batch = batch.replace(trainer_logprobs=torch.cat([
+                torch.nn.functional.pad(lp, (0, width - lp.shape[1])) for lp in logprobs if lp is not None]))
+        results, grad_norms = [], []
+        for rows in passes:
+            mini = batch if len(passes) == 1 else batch.rows(rows)
+            mini_adv = advantages[rows]
+            shards = shard_rows(mini, self.ranks_n)
+            backwards = max(backward_count(s and s[0], self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch)
+                            for s in shards)
+            steps: list[RankStep] = self._on_all(
+                "train_shard",
+                [s and s[0] for s in shards],
+                [s and mini_adv[s[1]] for s in shards],
+                [mini.num_tokens] * self.ranks_n,
+                [count_sequences(mini)] * self.ranks_n,
+                [backwards] * self.ranks_n,
+            )
+            result = merge_step_results([s.result for s in steps])  # shards in row order: row-major
+            if not steps[0].applied or not math.isfinite(result.loss):
+                self.skipped_steps += 1  # DeepSpeed dropped the update (inf/NaN gradients)
+            results.append(result)
+            grad_norms.append(steps[0].grad_norm)  # the global norm: the same on every rank
+        metrics = step_metrics(batch, batch_result(batch, passes, results), mean_grad_norm(grad_norms), self._version)
         metrics[SKIPPED_STEPS] = float(self.skipped_steps)
+        metrics[OPTIMIZER_STEPS] = float(len(passes))
         self._version += 1
         return metrics
 

@@ -25,8 +25,9 @@ def _reinforce(tokens: TokenBatch, cfg: CorrectionConfig, common: dict) -> LossO
 
 
 def _ppo_clip(tokens: TokenBatch, cfg: CorrectionConfig, common: dict) -> LossOutput:
-    # The variant's weight function multiplies the clipped ratio (IcePop for mis, §5).
-    return ppo_clip_loss(weight=MODES[cfg.mode].weight, eps_low=cfg.eps_low, eps_high=cfg.eps_high, **common)
+    # The variant's weight function multiplies the clipped term (IcePop for mis, §5).
+    return ppo_clip_loss(weight=MODES[cfg.mode].weight, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
+                         old=cfg.old_logprobs, old_logprobs=tokens.old_logprobs, **common)
 
 
 OBJECTIVES: dict[Objective, Callable[[TokenBatch, CorrectionConfig, dict], LossOutput]] = {
@@ -42,10 +43,13 @@ def batch_loss(
     cfg: CorrectionConfig,
     *,
     num_tokens: int,
+    num_sequences: int,
     pad_id: int,
     autocast: torch.dtype | None,
 ) -> LossOutput:
     """The configured objective and correction on one micro-batch (docs/math.md §2–§5).
+
+    ``num_tokens`` and ``num_sequences`` count the whole optimizer step (every micro-batch).
 
     ``token_stats`` gains ``entropy``: (N,) detached trainer entropy per generated token.
     """
@@ -65,7 +69,11 @@ def batch_loss(
         low=cfg.low,
         high=cfg.high,
         cap=cfg.cap,
+        level=cfg.level,
+        aggregation=cfg.aggregation,
+        sequence_ids=tokens.sequence_ids,
         num_tokens=num_tokens,
+        num_sequences=num_sequences,
     )
     out = OBJECTIVES[cfg.objective](tokens, cfg, common)
     return LossOutput(out.loss, out.stats, out.token_stats | {"entropy": tokens.entropy})

@@ -1,8 +1,9 @@
-"""One optimizer step's forward/backward over micro-batches, shared by every trainer backend.
+"""A rollout batch's optimizer steps and each step's forward/backward, shared by every trainer backend.
 
 The backend supplies ``backward`` (``Tensor.backward`` for torch, ``engine.backward`` for
-DeepSpeed); everything else — advantages, the global token count, micro-batching, the
-aggregation of diagnostics — is written once here.
+DeepSpeed) and how one optimizer step is applied; everything else — advantages, PPO's π_old,
+mini-batches and epochs, the global token and sequence counts, micro-batching, the aggregation
+of diagnostics — is written once here.
 """
 
 from __future__ import annotations
@@ -12,12 +13,15 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from rlmix.config.schema import AdvantageNorm, CorrectionConfig
+from rlmix.config.schema import AdvantageNorm, CorrectionConfig, TrainerConfig
+from rlmix.correction import Objective, OldLogprobs
 from rlmix.correction.advantages import group_advantages
 from rlmix.correction.diagnostics import effective_sample_size
+from rlmix.correction.logprobs import gather_logprobs, support_candidates
 from rlmix.metrics.aggregate import StepResult
 from rlmix.rollout import Rollouts
 from rlmix.trainers.loss import batch_loss
+from rlmix.trainers.tokens import token_batch
 
 
 def advantages_for(batch: Rollouts, cfg: CorrectionConfig) -> torch.Tensor:
@@ -25,6 +29,123 @@ def advantages_for(batch: Rollouts, cfg: CorrectionConfig) -> torch.Tensor:
     return group_advantages(
         batch.rewards, batch.group_ids, normalize_std=cfg.advantage is AdvantageNorm.group_mean_std
     )
+
+
+def optimizer_step_rows(batch: Rollouts, cfg: TrainerConfig) -> list[torch.Tensor]:
+    """Row indices of each optimizer step on ``batch``, in order: ``ppo_epochs`` passes over
+    mini-batches of ``ppo_mini_batch_size`` whole groups (in the order groups first appear; the
+    last may hold fewer). ``ppo_mini_batch_size`` null: the whole batch is one mini-batch."""
+    rows = torch.arange(len(batch))
+    if cfg.ppo_mini_batch_size is None or batch.group_ids is None:
+        passes = [rows]
+    else:
+        groups = list(dict.fromkeys(batch.group_ids.cpu().tolist()))
+        size = cfg.ppo_mini_batch_size
+        labels = batch.group_ids.cpu()
+        passes = [rows[torch.isin(labels, torch.tensor(groups[i:i + size]))] for i in range(0, len(groups), size)]
+    return passes * cfg.ppo_epochs
+
+
+def needs_trainer_logprobs(batch: Rollouts, cfg: TrainerConfig, correction: CorrectionConfig) -> bool:
+    """Whether PPO's π_old must be recorded before the first update: the trainer's own log-probs
+    with more than one optimizer step on the batch (with one, the step's own forward is π_old)."""
+    ppo_on_trainer = correction.objective is Objective.ppo_clip and correction.old_logprobs is OldLogprobs.trainer
+    return ppo_on_trainer and len(optimizer_step_rows(batch, cfg)) > 1
+
+
+@torch.no_grad()
+def trainer_logprobs(
+    model: torch.nn.Module,
+    batch: Rollouts,
+    cfg: CorrectionConfig,
+    *,
+    pad_id: int,
+    micro_batch_size: int,
+    max_tokens: int | None,
+    autocast: torch.dtype | None,
+) -> torch.Tensor:
+    """(B, T) float32 log p(a) of every generated token at the current weights (0 elsewhere),
+    renormalised over the recorded support as the loss does (docs/math.md §4): PPO's π_old."""
+    out = torch.zeros(batch.mask.shape, dtype=torch.float32, device=batch.mask.device)
+    for rows in plan_micro_batches(batch, micro_batch_size, max_tokens):
+        micro = micro_batch(batch, rows)
+        if not micro.mask.any():
+            continue
+        tokens = token_batch(model, micro, pad_id=pad_id, autocast=autocast, replay_support=cfg.replay_support,
+                             columns_for=False)
+        candidates = None
+        if tokens.support_ids is not None:
+            candidates = support_candidates(tokens.support_ids, tokens.support_probs, torch.float32)
+        logp_a, _ = gather_logprobs(tokens.logits, tokens.sampled_ids, candidates)
+        width = micro.mask.shape[1]
+        block = torch.zeros(micro.mask.shape, dtype=torch.float32, device=out.device)
+        block[micro.mask] = logp_a.float().to(out.device)
+        out[rows.to(out.device), :width] = block
+    return out
+
+
+def count_sequences(batch: Rollouts) -> int:
+    """Rows with at least one generated token: what a per-sequence loss aggregation divides by."""
+    return int(batch.mask.any(dim=1).sum())
+
+
+def merge_step_results(results: list[StepResult], order: list[torch.Tensor] | None = None) -> StepResult:
+    """Several forward/backwards (ranks, or mini-batches) as one: token-weighted means, summed
+    counts, per-token values concatenated — put back in the batch's row-major order when
+    ``order`` gives each result's token positions in it."""
+    n = sum(r.num_tokens for r in results)
+    denom = max(n, 1)
+    keys = sorted({k for r in results for k in r.stats})
+    token_keys = sorted({k for r in results for k in r.token_stats})
+    per_token = {k: [r.token_stats[k] for r in results if k in r.token_stats] for k in token_keys}
+    if order is not None:
+        token_stats = {k: _row_major(v, order) for k, v in per_token.items()}
+    else:
+        token_stats = {k: torch.cat(v) for k, v in per_token.items()}
+    return StepResult(
+        loss=sum(r.loss for r in results),
+        stats=step_stats({k: sum(r.stats.get(k, 0.0) * r.num_tokens for r in results) / denom for k in keys},
+                         token_stats),
+        token_stats=token_stats,
+        entropy=sum(r.entropy * r.num_tokens for r in results) / denom,
+        num_tokens=n,
+        positions=sum(r.positions for r in results),
+        sequence_tokens=sum(r.sequence_tokens for r in results),
+    )
+
+
+def mean_grad_norm(norms: list[float]) -> float:
+    """The batch's gradient norm: its one step's, or the mean over its optimizer steps (NaN if any is)."""
+    return norms[0] if len(norms) == 1 else sum(norms) / len(norms)
+
+
+def batch_result(batch: Rollouts, passes: list[torch.Tensor], results: list[StepResult]) -> StepResult:
+    """The batch's diagnostics from its optimizer steps' results (``passes``: each step's rows).
+
+    The mismatch diagnostics are per token of the batch, so they come from the first epoch
+    (one result per row); PPO's ratio quantiles and clip fraction cover every step.
+    """
+    seen: set[int] = set()
+    first, order = [], []
+    mask = batch.mask.cpu()
+    token_index = torch.full(mask.shape, -1, dtype=torch.long)
+    token_index[mask] = torch.arange(int(mask.sum()))
+    for rows, result in zip(passes, results):
+        if rows[0].item() in seen:
+            break
+        seen.update(rows.tolist())
+        first.append(result)
+        order.append(token_index[rows][mask[rows]])
+    merged = merge_step_results(first, order) if len(results) > 1 else results[0]
+    ratios = [r.token_stats["ppo_ratio"] for r in results if "ppo_ratio" in r.token_stats]
+    if not ratios:
+        return merged
+    everything = merge_step_results(results)
+    ratio = torch.cat(ratios).double()
+    q = torch.quantile(ratio, torch.tensor([0.05, 0.5, 0.95], dtype=torch.float64)) if ratio.numel() else torch.zeros(3)
+    ppo = {"clip_frac": everything.stats.get("clip_frac", 0.0), "ratio_p05": float(q[0]), "ratio_p50": float(q[1]),
+           "ratio_p95": float(q[2]), "ratio_max": float(ratio.max()) if ratio.numel() else 0.0}
+    return dataclasses.replace(merged, stats=merged.stats | ppo)
 
 
 def micro_batches(batch: Rollouts, size: int) -> Iterator[tuple[Rollouts, slice]]:
@@ -124,13 +245,14 @@ def forward_backward(
     num_tokens: int,
     backward: Callable[[torch.Tensor], None],
     max_tokens: int | None = None,
+    num_sequences: int | None = None,
 ) -> StepResult:
     """Accumulate gradients of the token-mean loss over micro-batches of ``batch``.
 
     ``num_tokens`` is the GLOBAL masked-token count of the whole step (all micro-batches and,
     for several ranks, all ranks), so the sum of micro-batch losses is the token-mean over the
     step (docs/math.md §3.2: "the global token count is passed in") whatever the micro-batches
-    are. ``max_tokens`` packs rows into micro-batches by a budget of padded positions
+    are; ``num_sequences`` likewise for the per-sequence aggregations (None: ``batch``'s own). ``max_tokens`` packs rows into micro-batches by a budget of padded positions
     (``plan_micro_batches``); per-token values come back in the batch's row-major order.
     """
     loss_sum, weighted, entropy_sum, n_total = 0.0, {}, 0.0, 0
@@ -141,12 +263,13 @@ def forward_backward(
     token_stats: dict[str, list[torch.Tensor]] = {}
     order: list[torch.Tensor] = []
     plan = plan_micro_batches(batch, micro_batch_size, max_tokens)
+    sequences = count_sequences(batch) if num_sequences is None else num_sequences
     for rows in plan:
         micro = micro_batch(batch, rows)
         if not micro.mask.any():
             continue
         out = batch_loss(model, micro, advantages[rows.to(advantages.device)], cfg,
-                         num_tokens=num_tokens, pad_id=pad_id, autocast=autocast)
+                         num_tokens=num_tokens, num_sequences=sequences, pad_id=pad_id, autocast=autocast)
         backward(out.loss)
         entropy = out.token_stats.pop("entropy")  # (n,)
         n = entropy.numel()

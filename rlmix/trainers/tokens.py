@@ -29,6 +29,8 @@ class TokenBatch:
     head_*: (N, K) the sampler's top-K head, or None. support_*: (N, S) the recorded sampling
     support, or None when the run does not replay it (docs/math.md §4).
     entropy: (N,) detached entropy of the trainer's distribution, when the loss asked for it.
+    old_logprobs: (N,) PPO's π_old when the trainer recorded it before the batch's first update
+    (``Rollouts.trainer_logprobs``), else None. sequence_ids: (N,) each token's row in the batch.
     """
 
     logits: Tensor | GatheredLogits
@@ -39,6 +41,8 @@ class TokenBatch:
     support_ids: Tensor | None
     support_probs: Tensor | None
     entropy: Tensor | None = None
+    old_logprobs: Tensor | None = None
+    sequence_ids: Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -89,6 +93,8 @@ def token_batch(
         head_logprobs=per_token(batch.head_logprobs),
         support_ids=per_token(batch.support_ids) if replay_support else None,
         support_probs=per_token(batch.support_probs) if replay_support else None,
+        old_logprobs=per_token(batch.trainer_logprobs),
+        sequence_ids=torch.arange(len(batch), device=mask.device)[:, None].expand_as(mask)[mask],
     )
     if columns_for is None:
         return TokenBatch(logits=masked_logits(model, batch, pad_id, autocast), **fields)

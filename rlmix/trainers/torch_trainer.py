@@ -9,10 +9,19 @@ import torch
 
 from rlmix.config.schema import CorrectionConfig, TrainerConfig, TrainerPrecision
 from rlmix.metrics.aggregate import step_metrics
-from rlmix.metrics.names import SKIPPED_STEPS
+from rlmix.metrics.names import OPTIMIZER_STEPS, SKIPPED_STEPS
 from rlmix.rollout import Rollouts
 from rlmix.trainers.precision import autocast_dtype, published_dtype
-from rlmix.trainers.step import advantages_for, forward_backward
+from rlmix.trainers.step import (
+    advantages_for,
+    batch_result,
+    count_sequences,
+    forward_backward,
+    mean_grad_norm,
+    needs_trainer_logprobs,
+    optimizer_step_rows,
+    trainer_logprobs,
+)
 
 STATE_FILE = "trainer_state.pt"
 
@@ -44,23 +53,32 @@ class TorchTrainer:
         return self._version
 
     def train_step(self, batch: Rollouts) -> dict[str, float]:
-        advantages = advantages_for(batch, self.correction)
-        result = forward_backward(
-            self.model,
-            batch,
-            advantages,
-            self.correction,
-            pad_id=self.pad_id,
-            micro_batch_size=self.cfg.micro_batch_size,
-            max_tokens=self.cfg.max_tokens_per_micro_batch,
-            autocast=autocast_dtype(self.cfg.precision),
-            num_tokens=batch.num_tokens,
-            backward=self._backward,
-        )
+        """One rollout batch: ``trainer.ppo_epochs`` passes of one optimizer step per mini-batch."""
+        advantages = advantages_for(batch, self.correction)  # whole groups, once per batch
+        passes = optimizer_step_rows(batch, self.cfg)
+        micro = dict(pad_id=self.pad_id, micro_batch_size=self.cfg.micro_batch_size,
+                     max_tokens=self.cfg.max_tokens_per_micro_batch, autocast=autocast_dtype(self.cfg.precision))
+        if needs_trainer_logprobs(batch, self.cfg, self.correction):
+            batch = batch.replace(trainer_logprobs=trainer_logprobs(self.model, batch, self.correction, **micro))
+        results, grad_norms = [], []
+        for rows in passes:
+            mini = batch if len(passes) == 1 else batch.rows(rows)
+            result = forward_backward(self.model, mini, advantages[rows], self.correction, backward=self._backward,
+                                      num_tokens=mini.num_tokens, num_sequences=count_sequences(mini), **micro)
+            grad_norms.append(self._apply(result.loss))
+            results.append(result)
+        metrics = step_metrics(batch, batch_result(batch, passes, results), mean_grad_norm(grad_norms), self._version)
+        metrics[SKIPPED_STEPS] = float(self.skipped_steps)
+        metrics[OPTIMIZER_STEPS] = float(len(passes))
+        self._version += 1
+        return metrics
+
+    def _apply(self, loss: float) -> float:
+        """Clip, then step the optimizer on the accumulated gradients; the pre-clip norm."""
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip))
-        skipped = not (torch.isfinite(torch.tensor([result.loss, grad_norm])).all())
+        skipped = not (torch.isfinite(torch.tensor([loss, grad_norm])).all())
         if skipped:  # NaN/inf never reaches the optimizer: drop the step and say so
             self.skipped_steps += 1
         else:
@@ -68,10 +86,7 @@ class TorchTrainer:
         if self.scaler is not None:
             self.scaler.update()  # halves the scale after an overflow, grows it after a quiet stretch
         self.optimizer.zero_grad(set_to_none=True)
-        metrics = step_metrics(batch, result, grad_norm, self._version)
-        metrics[SKIPPED_STEPS] = float(self.skipped_steps)
-        self._version += 1
-        return metrics
+        return grad_norm
 
     def _backward(self, loss: torch.Tensor) -> None:
         (loss if self.scaler is None else self.scaler.scale(loss)).backward()
