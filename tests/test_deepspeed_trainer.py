@@ -63,22 +63,32 @@ def trainer_cfg(ranks: int = 1, stage: int = 1, micro: int = 4) -> TrainerConfig
                          deepspeed=DeepSpeedConfig(zero_stage=stage, ranks=ranks))
 
 
-def torch_reference(model_dir: Path, batch: Rollouts, cfg: TrainerConfig, corr: CorrectionConfig):
-    """(loss, grad_norm, updated BF16 weights) of one step computed with plain torch."""
+def torch_reference(model_dir: Path, batch: Rollouts, cfg: TrainerConfig, corr: CorrectionConfig, ranks: int = 1):
+    """(loss, grad_norm, updated BF16 weights) of one step computed with plain torch.
+
+    The batch is cut into the ranks' row shards and each shard into the same micro-batches, so
+    every BF16 matrix product has the shape it has on the ranks (a CPU's BF16 GEMM rounds by
+    shape: without AVX512-BF16 two layouts of the same rows differ by ~1e-3 in the loss); the
+    GLOBAL token count ties the shards' losses and gradients into the one step's.
+    """
     from rlmix.models.io import load_causal_lm
+    from rlmix.trainers.deepspeed_trainer import shard_rows
 
     master = load_causal_lm(model_dir, dtype=torch.float32)
     model = load_causal_lm(model_dir, dtype=torch.float32).train()
     for p in model.parameters():  # parameters only: buffers such as RoPE's inv_freq stay fp32, as in DeepSpeed
         p.data = p.data.to(torch.bfloat16)
-    result = forward_backward(model, batch, advantages_for(batch, corr), corr, pad_id=0,
-                              micro_batch_size=cfg.micro_batch_size, autocast=torch.bfloat16, num_tokens=batch.num_tokens,
-                              backward=torch.Tensor.backward)
+    advantages = advantages_for(batch, corr)
+    loss = 0.0
+    for shard, rows in (s for s in shard_rows(batch, ranks) if s is not None):
+        loss += forward_backward(model, shard, advantages[rows], corr, pad_id=0, micro_batch_size=cfg.micro_batch_size,
+                                 autocast=torch.bfloat16, num_tokens=batch.num_tokens,
+                                 backward=torch.Tensor.backward).loss
     for p, m in zip(model.parameters(), master.parameters()):
         m.grad = p.grad.float()
     norm = float(torch.nn.utils.clip_grad_norm_(master.parameters(), cfg.grad_clip))
     torch.optim.AdamW(master.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay).step()
-    return result.loss, norm, {k: v.to(torch.bfloat16) for k, v in master.state_dict().items()}
+    return loss, norm, {k: v.to(torch.bfloat16) for k, v in master.state_dict().items()}
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +193,7 @@ def test_two_ranks_same_loss_and_update_as_plain_torch(model_dir, corr, ray_loca
     # micro-batch layout too, and the global token count ties them together.
     cfg = trainer_cfg(ranks=2, stage=2, micro=2)
     batch = fixed_batch(model_dir)
-    loss, norm, reference = torch_reference(model_dir, batch, cfg, corr)
+    loss, norm, reference = torch_reference(model_dir, batch, cfg, corr, ranks=2)
     trainer = DeepSpeedTrainer(model_dir, cfg, corr, seed=0)
     try:
         metrics = trainer.train_step(batch)
