@@ -43,13 +43,14 @@ def batch_loss(
     cfg: CorrectionConfig,
     *,
     num_tokens: int,
-    num_sequences: int,
     pad_id: int,
     autocast: torch.dtype | None,
+    num_sequences: int | None = None,
 ) -> LossOutput:
     """The configured objective and correction on one micro-batch (docs/math.md §2–§5).
 
-    ``num_tokens`` and ``num_sequences`` count the whole optimizer step (every micro-batch).
+    ``num_tokens`` and ``num_sequences`` count the whole optimizer step (every micro-batch);
+    ``num_sequences`` None: this micro-batch's rows with generated tokens.
 
     ``token_stats`` gains ``entropy``: (N,) detached trainer entropy per generated token.
     """
