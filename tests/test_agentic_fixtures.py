@@ -10,7 +10,7 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
-from rlmix.agentic.isolation import isolation_problem
+from rlmix.isolation.bwrap import isolation_problem
 from rlmix.agentic.policy import Message, PolicyTurn, Transcript
 
 # The fixture tasks are our own: where bubblewrap cannot run they may run unisolated (task.trusted);

@@ -16,7 +16,7 @@ import pytest
 
 from rlmix.agentic.config import SwebenchProConfig
 from rlmix.agentic.harbor import load_tasks
-from rlmix.agentic.isolation import isolation_problem
+from rlmix.isolation.bwrap import isolation_problem
 from rlmix.agentic.local import LocalRuntime
 from rlmix.agentic.run import check_runtime, run_sample
 from rlmix.errors import ConfigError
