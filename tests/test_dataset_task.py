@@ -20,7 +20,8 @@ from rlmix.rollout import Rollouts
 from rlmix.tasks.dataset import DatasetTask, check_config, check_encodable
 from rlmix.config.dataset import DatasetTaskConfig
 from rlmix.tasks.minicode import ALPHABET
-from rlmix.tasks.rewards import math_answer, parse_number, run_python_tests
+from rlmix.tasks.python_tests import run_python_tests, sandbox_problem
+from rlmix.tasks.rewards import math_answer, parse_number
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "arith" / "train.jsonl"
@@ -73,10 +74,16 @@ def test_builtin_verifiers():
     assert math_answer("The answer is 12.", "12", {}) == 1.0
     assert math_answer("-7", "-7.0", {}) == 1.0 and math_answer("7", "-7", {}) == 0.0
     assert math_answer("no number", "1", {}) == 0.0
-    assert run_python_tests("def f(x):\n    return x + 1", "assert f(1) == 2", timeout_s=10)
-    assert not run_python_tests("def f(x):\n    return x", "assert f(1) == 2", timeout_s=10)
-    assert not run_python_tests("while True:\n    pass", "", timeout_s=1)  # killed at the timeout
-    assert not run_python_tests("import os\nos.environ['HOME']", "", timeout_s=10)  # empty environment
+
+
+@pytest.mark.skipif(sandbox_problem() is not None, reason=str(sandbox_problem()))
+def test_python_tests_verifier(monkeypatch):
+    passes = lambda code, tests, timeout_s=10: run_python_tests(code, tests, timeout_s).reward(False) == 1.0  # noqa: E731
+    assert passes("def f(x):\n    return x + 1", "assert f(1) == 2")
+    assert not passes("def f(x):\n    return x", "assert f(1) == 2")
+    assert not passes("while True:\n    pass", "", timeout_s=1)  # killed at the timeout
+    monkeypatch.setenv("RLMIX_HOST_SECRET", "x")
+    assert not passes("import os\nos.environ['RLMIX_HOST_SECRET']", "")  # none of the host's environment
 
 
 def test_format_rule_and_user_reward(tmp_path):
