@@ -5,6 +5,10 @@ The verdict is one line on the descriptor that was stdout when the harness start
 
     <nonce> <asserts passed> <asserts> <tests ran to the end: 0|1> <flags, comma separated, or ->
 
+Flags: ``nonbuiltin`` (an object compared with built-in data), ``early_exit`` (SystemExit and the
+like instead of a return), ``exit_hook`` (an ``atexit`` hook or ``sys.excepthook`` set), ``tamper``
+(builtins, a module or ``sys.modules`` changed), ``refused`` (an introspection route was tried).
+
 written after the last test has run, then the process ends with ``os._exit`` (no ``atexit`` hook, no
 ``sys.excepthook``, no thread of the solution's runs after it). The nonce exists only in this
 process's memory, where the solution cannot reach it: stdin is read and closed before the solution
@@ -302,6 +306,9 @@ def main():
                 raise _Refused("/proc is not readable while grading")
 
     tests_ns_holder = [None]
+    import atexit
+
+    excepthook = sys.excepthook
     sys.addaudithook(audit)
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     try:
@@ -310,6 +317,8 @@ def main():
         finish(0, total, False, flags | ({"refused"} if refusals else _set()))
     except _BaseException:  # SystemExit, KeyboardInterrupt: the solution tried to end before the tests
         finish(0, total, False, flags | {"early_exit"})
+    if sys.excepthook is not excepthook or atexit._ncallbacks():
+        flags.add("exit_hook")  # nothing of the solution's runs at exit (os._exit): the intent counts
     # The tests see the solution's names, never one that would shadow a builtin they rely on.
     tests_ns = {k: v for k, v in namespace.items() if k not in tests_builtins}
     tests_ns["__builtins__"] = tests_builtins
@@ -325,6 +334,8 @@ def main():
             flags.add("early_exit")
     if not untouched():
         flags.add("tamper")
+    if sys.excepthook is not excepthook or atexit._ncallbacks():
+        flags.add("exit_hook")
     if refusals:
         flags.add("refused")
     held = _sum(1 for p in passed if p == 1)

@@ -36,18 +36,18 @@ INSIDE = "/sandbox"  # the sample's directory inside: cwd, HOME and TMPDIR
 MEMORY_MB = 1024
 MAX_PROCS = 64
 OUTPUT_CAP_BYTES = 1 << 16  # the solution's own output goes to /dev/null; this bounds the rest
-EXPLOIT_FLAGS = frozenset({"nonbuiltin", "early_exit", "tamper", "refused"})
+EXPLOIT_FLAGS = frozenset({"nonbuiltin", "early_exit", "exit_hook", "tamper", "refused"})
 
 
 @dataclass(frozen=True)
-class TestRun:
+class Verdict:
     """What the harness said about one sample (or that it said nothing)."""
 
     verdict: bool  # the harness wrote its line: the tests ran to their end or stopped at a failure
     passed: int  # assert statements that ran and held every time
     total: int  # assert statements in the tests
     complete: bool  # the tests ran to the end and every assert ran and held
-    flags: frozenset[str]  # what the harness caught: nonbuiltin, early_exit, tamper, refused
+    flags: frozenset[str]  # what the harness caught (harness.py's docstring)
     timed_out: bool
 
     def reward(self, partial_credit: bool) -> float:
@@ -99,7 +99,7 @@ def _work_dir() -> Path:
     return path
 
 
-def run_python_tests(code: str, tests: str, timeout_s: float) -> TestRun:
+def run_python_tests(code: str, tests: str, timeout_s: float) -> Verdict:
     """Run ``code`` then ``tests`` in a fresh sandbox (see the module docstring)."""
     found = sandbox_python()
     if isinstance(found, str):
@@ -120,14 +120,14 @@ def run_python_tests(code: str, tests: str, timeout_s: float) -> TestRun:
     return parse_verdict(done.output, nonce, done.timed_out)
 
 
-def parse_verdict(output: bytes, nonce: str, timed_out: bool) -> TestRun:
+def parse_verdict(output: bytes, nonce: str, timed_out: bool) -> Verdict:
     """The harness's line for ``nonce`` in ``output`` (anything without the nonce is the solution's)."""
     found = re.findall(rf"{nonce} (\d+) (\d+) ([01]) (\S+)\n".encode(), output)
     if timed_out or not found:
-        return TestRun(False, 0, 0, False, frozenset(), timed_out)
+        return Verdict(False, 0, 0, False, frozenset(), timed_out)
     passed, total, complete, flags = found[-1]
     names = frozenset() if flags == b"-" else frozenset(flags.decode().split(","))
-    return TestRun(True, int(passed), int(total), complete == b"1", names, False)
+    return Verdict(True, int(passed), int(total), complete == b"1", names, False)
 
 
 @functools.cache
@@ -156,7 +156,7 @@ class PythonTests:
             raise ConfigError(problem)
         self.timeout_s, self.partial_credit = timeout_s, partial_credit
 
-    def run(self, completion: str, answer: Any) -> TestRun:
+    def run(self, completion: str, answer: Any) -> Verdict:
         return run_python_tests(strip_fence(completion), str(answer), self.timeout_s)
 
     def __call__(self, completion: str, answer: Any, row: Mapping[str, Any]) -> float:
