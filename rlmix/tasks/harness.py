@@ -1,6 +1,8 @@
 """The ``python_tests`` harness: run inside the sandbox as ``python -I -S -B -c <this file's text>``.
 
-Standard library only; reads one JSON job from stdin: ``{"nonce", "solution", "tests"}``.
+Standard library only; reads one JSON job from stdin: ``{"nonce", "solution", "tests"}`` and optionally
+``"path"``, directories put first on ``sys.path`` (a repository whose modules the tests import:
+those imports then run under the harness like the solution does).
 The verdict is one line on the descriptor that was stdout when the harness started::
 
     <nonce> <asserts passed> <asserts> <tests ran to the end: 0|1> <flags, comma separated, or ->
@@ -39,9 +41,9 @@ PLAIN_BUDGET = 1_000_000  # elements a result may have to be checked as built-in
 NUMBERS = (int, float)
 # Modules the tests commonly use, loaded before the solution so their contents are checked too.
 COMMON = ("importlib", "math", "re", "collections", "itertools", "functools", "heapq", "bisect", "string", "operator", "copy")
-NO_IMPORT = frozenset({"_signal", "signal", "ctypes", "_ctypes", "gc_inspect", "_testcapi", "_testinternalcapi",
+NO_IMPORT = frozenset({"_signal", "signal", "ctypes", "_ctypes", "_posixsubprocess", "_testcapi", "_testinternalcapi",
                        "_xxsubinterpreters", "_xxtestfuzz", "cffi", "_cffi_backend", "faulthandler", "pdb", "bdb"})
-REFUSED_EVENTS = frozenset({"sys._current_frames", "sys.settrace", "sys.setprofile", "sys.addaudithook",
+REFUSED_EVENTS = frozenset({"os.fork", "sys._current_frames", "sys.settrace", "sys.setprofile", "sys.addaudithook",
                             "gc.get_objects", "gc.get_referrers", "gc.get_referents", "object.__getattr__",
                             "sys._getframe", "os.exec", "os.posix_spawn", "os.spawn", "os.system",
                             "subprocess.Popen", "os.forkpty", "pty.spawn", "sys.remote_exec"})
@@ -138,6 +140,7 @@ def main():
     job = json.loads(sys.stdin.buffer.read())
     os.close(0)
     nonce = job["nonce"]
+    sys.path[:0] = [os.path.abspath(d) for d in job.get("path", ())]
     out_fd = os.dup(1)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
