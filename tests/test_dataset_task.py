@@ -187,3 +187,28 @@ def test_a_task_option_added_through_the_searchpath_trains(monkeypatch):
     cfg = compose_run_config(["+experiment=sc_mis", "hydra.searchpath=[file://examples/arith/conf]", "task=arith"])
     assert isinstance(cfg.task, DatasetTaskConfig) and cfg.task.format_regex == "<p>(.*?)</p>"
     assert cfg.task.reward == "examples.arith.reward:reward"
+
+
+@pytest.mark.skipif(sandbox_problem() is not None, reason=str(sandbox_problem()))
+def test_python_tests_counts_suspected_exploits_per_step(tmp_path):
+    rows = [{"prompt": "Write f(x) = x + 1.", "answer": "assert f(1) == 2\nassert f(2) == 3\n"}]
+    cfg = DatasetTaskConfig(train_files=str(write_jsonl(tmp_path / "d.jsonl", rows)), reward="python_tests",
+                            partial_credit=True)
+    task = DatasetTask(cfg)
+    request = make_request(task, 0, 1, seed=0)
+    texts = ["def f(x):\n    return x + 1\n", "def f(x):\n    return 2\n", "import os\nos._exit(0)\n"]
+    tok = build_char_tokenizer("".join(sorted(set("".join(texts)))))
+    ids = [tok(t, add_special_tokens=False).input_ids for t in texts]
+    width = max(map(len, ids))
+    out = Rollouts(
+        prompt_ids=torch.ones(3, 1, dtype=torch.long), prompt_lens=torch.ones(3, dtype=torch.long),
+        completion_ids=torch.tensor([row + [0] * (width - len(row)) for row in ids]),
+        mask=torch.tensor([[j < len(row) for j in range(width)] for row in ids]),
+        sampler_logprobs=torch.zeros(3, width), policy_version=torch.zeros(3, dtype=torch.long),
+        pool=("p",) * 3, finish_reason=("stop",) * 3,
+    )
+    scored = score_rollouts(out, request, 3, tok, task)
+    assert scored.rewards.tolist() == [1.0, 0.5, 0.0]  # partial credit: one of two asserts held
+    assert scored.exploit_suspected.tolist() == [False, False, True]
+    metrics = reward_metrics(scored)
+    assert metrics["reward/exploit_suspected"] == 1.0 and metrics["reward/errors"] == 0.0
