@@ -275,6 +275,7 @@ def main():
     watched.append((_list(keys_of(tests_builtins)), _list(values_of(tests_builtins)), tests_builtins))
     watched.append((_list(keys_of(sys.modules)), _list(values_of(sys.modules)), sys.modules))
     missing = object()
+    modules, modules_then = sys.modules, dict(sys.modules)
 
     def untouched():
         for names, values, d in watched:
@@ -322,8 +323,18 @@ def main():
         finish(0, total, False, flags | {"early_exit"})
     if sys.excepthook is not excepthook or atexit._ncallbacks():
         flags.add("exit_hook")  # nothing of the solution's runs at exit (os._exit): the intent counts
-    # The tests see the solution's names, never one that would shadow a builtin they rely on.
-    tests_ns = {k: v for k, v in namespace.items() if k not in tests_builtins}
+    # The tests see the solution's names, never one that would shadow a builtin they rely on; a name
+    # of a module loaded before the solution is that module, and another module only if it is the
+    # one imported under its name (tests that use a module the solution imported, as HumanEval's do).
+    tests_ns = {}
+    for k, v in _list(namespace.items()):
+        if k in tests_builtins:
+            continue
+        if k in modules_then:
+            v = modules_then[k]
+        elif _type(v) is module_type and modules.get(_getattr(v, "__name__", None)) is not v:
+            continue
+        tests_ns[k] = v
     tests_ns["__builtins__"] = tests_builtins
     tests_ns_holder[0] = tests_ns
     complete = False
