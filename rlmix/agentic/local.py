@@ -21,7 +21,6 @@ import functools
 import logging
 import os
 import shutil
-import stat
 import subprocess
 import tempfile
 from collections.abc import Mapping
@@ -29,7 +28,7 @@ from pathlib import Path
 
 from rlmix.agentic.harbor import DEFAULT_WORKDIR, HarborTask
 from rlmix.agentic.sandbox import DEFAULT_OUTPUT_CAP_BYTES, ExecResult, InfraError
-from rlmix.isolation.bwrap import PATH, Bind, isolation_problem, sandbox_user, sandbox_workdir
+from rlmix.isolation.bwrap import PATH, Bind, isolation_problem, sandbox_user, sandbox_workdir, searchable_by_others
 from rlmix.isolation.process import Isolation, LocalLimits, run_limited
 from rlmix.errors import ConfigError
 
@@ -54,10 +53,6 @@ def no_network_prefix() -> tuple[str, ...]:
     return ()
 
 
-def _searchable_by_others(path: Path) -> bool:
-    return all(os.stat(p).st_mode & stat.S_IXOTH for p in (path.resolve(), *path.resolve().parents))
-
-
 def _chown_tree(root: Path, uid: int, gid: int) -> None:
     os.chown(root, uid, gid)
     for dirpath, dirnames, filenames in os.walk(root):
@@ -79,7 +74,7 @@ class LocalSandbox:
                               f"runtime copies; use task.runtime=docker")
         self._user = sandbox_user() if isolated else {}
         parent = tempfile.gettempdir()
-        if self._user and not _searchable_by_others(Path(parent)):
+        if self._user and not searchable_by_others(parent):
             parent = "/tmp"  # bwrap, run as the sandbox user, must reach the working copy to mount it
         self.root = Path(tempfile.mkdtemp(prefix=f"rlmix-{task.task_id[:40]}-", dir=parent))
         try:

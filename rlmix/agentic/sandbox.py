@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Protocol
 
 from rlmix.agentic.harbor import HarborTask
-from rlmix.isolation.process import exited, read_capped  # noqa: F401  (the runtimes' shared helpers)
 
 GIT_ENV = "GIT_AUTHOR_NAME=rlmix GIT_AUTHOR_EMAIL=rlmix@localhost GIT_COMMITTER_NAME=rlmix " \
           "GIT_COMMITTER_EMAIL=rlmix@localhost"

@@ -19,7 +19,6 @@ import os
 import re
 import secrets
 import shutil
-import stat
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rlmix.errors import ConfigError
-from rlmix.isolation.bwrap import PATH, SYSTEM_DIRS, Bind, isolation_problem, sandbox_user
+from rlmix.isolation.bwrap import PATH, SYSTEM_DIRS, Bind, isolation_problem, sandbox_user, searchable_by_others
 from rlmix.isolation.process import Isolation, LocalLimits, run_limited
 
 HARNESS = Path(__file__).with_name("harness.py")
@@ -63,11 +62,6 @@ class Verdict:
         return bool(self.flags & EXPLOIT_FLAGS) or (not self.verdict and not self.timed_out)
 
 
-def _searchable_by_others(path: str) -> bool:
-    p = Path(path).resolve()
-    return all(os.stat(q).st_mode & stat.S_IXOTH for q in (p, *p.parents))
-
-
 @functools.cache
 def sandbox_python() -> tuple[str, tuple[Bind, ...]] | str:
     """(the interpreter to run inside, what to bind for it) or why there is none (one line).
@@ -80,7 +74,7 @@ def sandbox_python() -> tuple[str, tuple[Bind, ...]] | str:
     if any(exe.startswith(d + "/") for d in SYSTEM_DIRS):
         return exe, ()
     prefix = os.path.realpath(sys.base_prefix)
-    if exe.startswith(prefix + "/") and (not sandbox_user() or _searchable_by_others(prefix)):
+    if exe.startswith(prefix + "/") and (not sandbox_user() or searchable_by_others(prefix)):
         return exe, (Bind(prefix, prefix, writable=False),)
     system = shutil.which("python3", path="/usr/bin:/bin")
     if system is None:
@@ -91,7 +85,7 @@ def sandbox_python() -> tuple[str, tuple[Bind, ...]] | str:
 def _work_dir() -> Path:
     parent = tempfile.gettempdir()
     user = sandbox_user()
-    if user and not _searchable_by_others(parent):
+    if user and not searchable_by_others(parent):
         parent = "/tmp"  # bwrap, run as the sandbox user, must reach the directory to mount it
     path = Path(tempfile.mkdtemp(prefix="rlmix-py-", dir=parent))
     if user:

@@ -43,7 +43,7 @@ from fractions import Fraction
 from typing import Any
 
 from rlmix.errors import ConfigError
-from rlmix.tasks.python_tests import PythonTests, strip_fence  # noqa: F401  (strip_fence: the public name)
+from rlmix.tasks.python_tests import PythonTests
 
 RewardFn = Callable[[str, Any, Mapping[str, Any]], float]
 
