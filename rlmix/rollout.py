@@ -81,6 +81,7 @@ class Rollouts:
     rewards: torch.Tensor | None = None  # (B,) float32
     format_ok: torch.Tensor | None = None  # (B,) bool
     reward_errors: torch.Tensor | None = None  # (B,) bool: the reward function raised (reward 0, own group)
+    exploit_suspected: torch.Tensor | None = None  # (B,) bool: the grader caught a known reward hack (reward 0)
     gen_time_s: float = 0.0
     tags: dict[str, str] = field(default_factory=dict)  # accelerator, precision, kernel, backend
     # Episodes only (rlmix.agentic.records): (B, len(EPISODE_STATS)) float32, and the episodes of the
@@ -191,6 +192,7 @@ def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
         rewards=cat("rewards", 0.0),
         format_ok=cat("format_ok", False),
         reward_errors=cat("reward_errors", False),
+        exploit_suspected=cat("exploit_suspected", False),
         gen_time_s=sum(p.gen_time_s for p in parts),
         episode_stats=cat("episode_stats", 0.0),
         infra_errors=sum(p.infra_errors for p in parts),

@@ -10,7 +10,7 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
-from rlmix.agentic.isolation import isolation_problem
+from rlmix.isolation.bwrap import isolation_problem
 from rlmix.agentic.policy import Message, PolicyTurn, Transcript
 
 # The fixture tasks are our own: where bubblewrap cannot run they may run unisolated (task.trusted);
@@ -23,7 +23,7 @@ TEST_SH = textwrap.dedent("""\
     #!/bin/bash
     cd "$APP_DIR"
     mkdir -p "$LOGS_DIR/verifier"
-    if python3 test_calc.py; then echo 1 > "$LOGS_DIR/verifier/reward.txt"; else echo 0 > "$LOGS_DIR/verifier/reward.txt"; fi
+    bash "$TESTS_DIR/rlmix_verify.sh" test_calc.py
     """)
 TASK_TOML = textwrap.dedent("""\
     version = "1.0"

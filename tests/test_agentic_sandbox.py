@@ -7,6 +7,9 @@ verifier to score an empty patch. None of these tests opts out with ``task.trust
 
 from __future__ import annotations
 
+import base64
+import os
+import socket
 import subprocess
 import tracemalloc
 import uuid
@@ -16,11 +19,11 @@ import pytest
 
 from rlmix.agentic.config import SwebenchProConfig
 from rlmix.agentic.harbor import load_tasks
-from rlmix.agentic.isolation import isolation_problem
+from rlmix.isolation.bwrap import isolation_problem
 from rlmix.agentic.local import LocalRuntime
 from rlmix.agentic.run import check_runtime, run_sample
 from rlmix.errors import ConfigError
-from tests.test_agentic_fixtures import FIX, SUBMIT, ScriptedPolicy, make_task
+from tests.test_agentic_fixtures import BUGGY, FIX, SUBMIT, ScriptedPolicy, make_task
 
 needs_bwrap = pytest.mark.skipif(isolation_problem() is not None,
                                  reason=f"{isolation_problem()}; `make setup` as root installs bubblewrap")
@@ -151,6 +154,48 @@ def test_tampering_with_the_verifier_scores_zero(task, tmp_path):
     assert hacked.outcome.reward == 0.0 and hacked.outcome.infra_error is None
     # The same grader passes a real fix: the zero above is the attack failing, not grading.
     assert run_sample(task, 1, ScriptedPolicy([FIX, SUBMIT]), runtime, cfg).outcome.reward == 1.0
+
+
+@needs_bwrap
+def test_a_socket_on_the_hosts_loopback_is_unreachable(sandbox):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    server.settimeout(0.5)
+    port = server.getsockname()[1]
+    try:
+        probe = f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=3)\""
+        assert sandbox.run(probe, timeout_s=10.0).exit_code != 0
+        with pytest.raises(socket.timeout):
+            server.accept()  # nobody connected
+    finally:
+        server.close()
+
+
+# The reward hacks of tests/test_python_tests_reward.py, as the patch's calc.py: the fixture's verifier
+# runs its asserts through rlmix_verify.sh (the python_tests harness), not by trusting an exit code.
+PATCH_HACKS = {
+    "os._exit": "import os\nos._exit(0)\n",
+    "sys.exit": "import sys\nsys.exit(0)\n",
+    "SystemExit": "raise SystemExit(0)\n",
+    "always_equal": "class A:\n    def __eq__(self, o):\n        return True\ndef add(a, b):\n    return A()\n"
+                    "def sub(a, b):\n    return A()\n",
+    "atexit": "import atexit, os\natexit.register(lambda: os._exit(0))\n" + BUGGY,
+    "excepthook": "import sys, os\nsys.excepthook = lambda *a: os._exit(0)\n" + BUGGY,
+    "forged_reward_files": "import os\nd = os.environ['LOGS_DIR'] + '/verifier'\nos.makedirs(d + '/reward.txt')\n"
+                           "open(d + '/reward.json', 'w').write('{\"reward\": 1}')\n" + BUGGY,
+    "host_pid": f"import os\nos.kill({os.getpid()}, 0)\n" + BUGGY.replace("a - b", "a + b", 1),
+}
+
+
+@needs_bwrap
+@pytest.mark.parametrize("name", sorted(PATCH_HACKS))
+def test_a_reward_hack_in_the_patch_scores_zero(task, tmp_path, name):
+    b64 = base64.b64encode(PATCH_HACKS[name].encode()).decode()
+    cfg = SwebenchProConfig(tasks_dir=str(tmp_path / "tasks"), subset="all", turn_timeout_s=10.0)
+    hacked = run_sample(task, 0, ScriptedPolicy([f"<bash>echo {b64} | base64 -d > calc.py</bash>", SUBMIT]),
+                        check_runtime(cfg), cfg)
+    assert hacked.outcome.reward == 0.0 and hacked.outcome.infra_error is None
 
 
 def test_without_bwrap_untrusted_tasks_are_refused_in_one_line(task, tmp_path, monkeypatch):

@@ -20,7 +20,8 @@ from rlmix.rollout import Rollouts
 from rlmix.tasks.dataset import DatasetTask, check_config, check_encodable
 from rlmix.config.dataset import DatasetTaskConfig
 from rlmix.tasks.minicode import ALPHABET
-from rlmix.tasks.rewards import math_answer, parse_number, run_python_tests
+from rlmix.tasks.python_tests import run_python_tests, sandbox_problem
+from rlmix.tasks.rewards import math_answer, parse_number
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "arith" / "train.jsonl"
@@ -73,10 +74,16 @@ def test_builtin_verifiers():
     assert math_answer("The answer is 12.", "12", {}) == 1.0
     assert math_answer("-7", "-7.0", {}) == 1.0 and math_answer("7", "-7", {}) == 0.0
     assert math_answer("no number", "1", {}) == 0.0
-    assert run_python_tests("def f(x):\n    return x + 1", "assert f(1) == 2", timeout_s=10)
-    assert not run_python_tests("def f(x):\n    return x", "assert f(1) == 2", timeout_s=10)
-    assert not run_python_tests("while True:\n    pass", "", timeout_s=1)  # killed at the timeout
-    assert not run_python_tests("import os\nos.environ['HOME']", "", timeout_s=10)  # empty environment
+
+
+@pytest.mark.skipif(sandbox_problem() is not None, reason=str(sandbox_problem()))
+def test_python_tests_verifier(monkeypatch):
+    passes = lambda code, tests, timeout_s=10: run_python_tests(code, tests, timeout_s).reward(False) == 1.0  # noqa: E731
+    assert passes("def f(x):\n    return x + 1", "assert f(1) == 2")
+    assert not passes("def f(x):\n    return x", "assert f(1) == 2")
+    assert not passes("while True:\n    pass", "", timeout_s=1)  # killed at the timeout
+    monkeypatch.setenv("RLMIX_HOST_SECRET", "x")
+    assert not passes("import os\nos.environ['RLMIX_HOST_SECRET']", "")  # none of the host's environment
 
 
 def test_format_rule_and_user_reward(tmp_path):
@@ -180,3 +187,28 @@ def test_a_task_option_added_through_the_searchpath_trains(monkeypatch):
     cfg = compose_run_config(["+experiment=sc_mis", "hydra.searchpath=[file://examples/arith/conf]", "task=arith"])
     assert isinstance(cfg.task, DatasetTaskConfig) and cfg.task.format_regex == "<p>(.*?)</p>"
     assert cfg.task.reward == "examples.arith.reward:reward"
+
+
+@pytest.mark.skipif(sandbox_problem() is not None, reason=str(sandbox_problem()))
+def test_python_tests_counts_suspected_exploits_per_step(tmp_path):
+    rows = [{"prompt": "Write f(x) = x + 1.", "answer": "assert f(1) == 2\nassert f(2) == 3\n"}]
+    cfg = DatasetTaskConfig(train_files=str(write_jsonl(tmp_path / "d.jsonl", rows)), reward="python_tests",
+                            partial_credit=True)
+    task = DatasetTask(cfg)
+    request = make_request(task, 0, 1, seed=0)
+    texts = ["def f(x):\n    return x + 1\n", "def f(x):\n    return 2\n", "import os\nos._exit(0)\n"]
+    tok = build_char_tokenizer("".join(sorted(set("".join(texts)))))
+    ids = [tok(t, add_special_tokens=False).input_ids for t in texts]
+    width = max(map(len, ids))
+    out = Rollouts(
+        prompt_ids=torch.ones(3, 1, dtype=torch.long), prompt_lens=torch.ones(3, dtype=torch.long),
+        completion_ids=torch.tensor([row + [0] * (width - len(row)) for row in ids]),
+        mask=torch.tensor([[j < len(row) for j in range(width)] for row in ids]),
+        sampler_logprobs=torch.zeros(3, width), policy_version=torch.zeros(3, dtype=torch.long),
+        pool=("p",) * 3, finish_reason=("stop",) * 3,
+    )
+    scored = score_rollouts(out, request, 3, tok, task)
+    assert scored.rewards.tolist() == [1.0, 0.5, 0.0]  # partial credit: one of two asserts held
+    assert scored.exploit_suspected.tolist() == [False, False, True]
+    metrics = reward_metrics(scored)
+    assert metrics["reward/exploit_suspected"] == 1.0 and metrics["reward/errors"] == 0.0

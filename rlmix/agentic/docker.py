@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from rlmix.agentic.harbor import HarborTask
-from rlmix.agentic.sandbox import DEFAULT_OUTPUT_CAP_BYTES, ExecResult, InfraError, read_capped
+from rlmix.agentic.sandbox import DEFAULT_OUTPUT_CAP_BYTES, ExecResult, InfraError
+from rlmix.isolation.process import read_capped
 
 TIMEOUT_EXIT = 124  # coreutils timeout's exit status when the time limit was hit
 # What the docker CLI prints when the engine or the container (not the command) failed.

@@ -7,8 +7,9 @@
    patch was taken against the agent sandbox's baseline, which is this same image on disk, and git
    is kept from finding any repository above the working copy.
 3. Copy the task's ``tests/`` in from the task directory on the host (which no sandbox can see; the
-   local runtime mounts them read-only) and run ``bash $TESTS_DIR/test.sh`` with the task's
-   ``[verifier] env`` and ``timeout_sec``. Nothing the agent wrote outside its patch reaches here.
+   local runtime mounts them read-only), with ``rlmix_verify.sh`` and the python_tests harness beside
+   them, and run ``bash $TESTS_DIR/test.sh`` with the task's ``[verifier] env`` and ``timeout_sec``.
+   Nothing the agent wrote outside its patch reaches here.
 4. The reward is ``$LOGS_DIR/verifier/reward.txt`` (a number; or ``reward.json`` with ``"reward"``),
    else the exit code (0 passes). Reward 1 iff that number is >= 1.
 
@@ -26,8 +27,28 @@ from dataclasses import dataclass
 
 from rlmix.agentic.harbor import HarborTask
 from rlmix.agentic.sandbox import ONLY_OWN_REPO, InfraError, Runtime, Sandbox
+from rlmix.tasks.python_tests import HARNESS
 
 log = logging.getLogger(__name__)
+
+
+# ``bash $TESTS_DIR/rlmix_verify.sh FILE``: the python_tests harness (rlmix/tasks/harness.py) runs FILE's
+# asserts against the repository, whose modules it imports under its guards; the reward file is
+# written by this script from the nonce-keyed verdict after the harness has ended (it refuses
+# fork, so no process of the patch is left to overwrite it). Exit 0 iff every assert held.
+VERIFY_SH = r"""#!/bin/bash
+set -u
+nonce=$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')
+verdict=$(python3 -I -S -c 'import json, sys
+sys.stdout.write(json.dumps({"nonce": sys.argv[1], "solution": "", "tests": open(sys.argv[2]).read(), "path": ["."]}))' \
+    "$nonce" "$1" | python3 -I -S -B -c "$(cat "$TESTS_DIR/rlmix_harness.py")" | grep -a "^$nonce " | tail -n 1)
+set -- $verdict
+reward=0
+if [ "${4:-0}" = 1 ] && [ "${5:-}" = - ]; then reward=1; fi
+rm -rf "$LOGS_DIR/verifier" && mkdir -p "$LOGS_DIR/verifier" && echo "$reward" > "$LOGS_DIR/verifier/reward.txt"
+echo "rlmix_verify: ${2:-0} of ${3:-?} asserts held, flags ${5:-none}; reward $reward"
+[ "$reward" = 1 ]
+"""
 
 
 @dataclass(frozen=True)
@@ -73,6 +94,8 @@ def _grade_once(task: HarborTask, patch: str, runtime: Runtime, network: bool) -
             if not applied:
                 return Grade(0.0, None, 1, False, None, False, f"patch does not apply: {res.output[-2000:]}")
         sandbox.put_dir(task.tests_dir, sandbox.tests_dir)
+        sandbox.put_file(f"{sandbox.tests_dir}/rlmix_harness.py", HARNESS.read_bytes())
+        sandbox.put_file(f"{sandbox.tests_dir}/rlmix_verify.sh", VERIFY_SH.encode())
         # One process start for the verifier: every command in a sandbox costs one (docs/agentic.md).
         verifier = f"{shlex.quote(sandbox.logs_dir)}/verifier"
         res = sandbox.run(f"mkdir -p {verifier}; rm -f {verifier}/reward.*; "

@@ -1,4 +1,4 @@
-"""The ``local`` runtime: a temporary working copy, each command isolated by bubblewrap (``isolation.py``).
+"""The ``local`` runtime: a temporary working copy, each command isolated by bubblewrap (``rlmix/isolation``).
 
 Convention: the task carries its repository as ``environment/repo/`` (the Dockerfile copies it to
 its WORKDIR). A sandbox is a host temporary directory ``{repo/, tests/, logs/, home/, tmp/}``. Inside
@@ -18,30 +18,23 @@ host paths, which isolates resources, not trust.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
-import resource
-import select
 import shutil
-import signal
-import stat
 import subprocess
 import tempfile
-import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from rlmix.agentic.harbor import DEFAULT_WORKDIR, HarborTask
-from rlmix.agentic.isolation import PATH, Bind, bwrap_argv, isolation_problem, sandbox_user, sandbox_workdir
-from rlmix.agentic.sandbox import DEFAULT_OUTPUT_CAP_BYTES, ExecResult, InfraError, read_capped
+from rlmix.agentic.sandbox import DEFAULT_OUTPUT_CAP_BYTES, ExecResult, InfraError
+from rlmix.isolation.bwrap import PATH, Bind, isolation_problem, sandbox_user, sandbox_workdir, searchable_by_others
+from rlmix.isolation.process import Isolation, LocalLimits, run_limited
 from rlmix.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 TESTS_DIR, LOGS_DIR, HOME_DIR, TMP_DIR = "/tests", "/logs", "/home/sandbox", "/tmp"
-NAMESPACE_EXIT_WAIT_S = 30.0  # the kernel kills and reaps a namespace's processes; a bound, never reached
 
 
 @functools.cache
@@ -58,80 +51,6 @@ def no_network_prefix() -> tuple[str, ...]:
             pass
     log.warning("local runtime: unshare -n is not permitted here; trusted commands keep the host network")
     return ()
-
-
-@dataclass(frozen=True)
-class LocalLimits:
-    memory_mb: int  # RLIMIT_AS
-    max_procs: int  # RLIMIT_NPROC (the kernel ignores it for root)
-    cpu_s: int  # RLIMIT_CPU
-    output_cap_bytes: int  # command output kept (first and last halves)
-
-
-def _lower_limit(which: int, value: int) -> None:
-    # Never above the inherited hard limit: an unprivileged process may not raise it.
-    hard = resource.getrlimit(which)[1]
-    value = value if hard == resource.RLIM_INFINITY else min(value, hard)
-    resource.setrlimit(which, (value, value))
-
-
-def _limit_child(limits: LocalLimits) -> None:
-    # Runs in the child between fork and exec: no logging, no locks.
-    _lower_limit(resource.RLIMIT_AS, limits.memory_mb * 1024 * 1024)
-    _lower_limit(resource.RLIMIT_NPROC, limits.max_procs)
-    _lower_limit(resource.RLIMIT_CPU, limits.cpu_s)
-
-
-def _open_ns_init(info_fd: int, bwrap_pid: int) -> int | None:
-    """A pidfd on the PID namespace's init (bwrap's child), from bwrap's ``--info-fd``; None if it is gone.
-
-    A pidfd names one process for good, so signalling it later can never hit a recycled pid; the
-    parent check makes sure it was opened on bwrap's child and not on a pid recycled before that.
-    """
-    with os.fdopen(info_fd, "rb") as f:  # bwrap writes it and closes it as soon as the sandbox exists
-        data = f.read()
-    try:
-        pid = int(json.loads(data)["child-pid"])
-        pidfd = os.pidfd_open(pid)
-    except (ValueError, KeyError, TypeError, OSError):
-        return None  # bwrap failed before it started the sandbox (its exit says why), or it already ended
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-        ppid = int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
-    except (OSError, StopIteration, ValueError):
-        ppid = -1
-    if ppid != bwrap_pid:
-        os.close(pidfd)
-        return None
-    return pidfd
-
-
-def _end_namespace(pidfd: int) -> None:
-    """SIGKILL the namespace's init and wait until it is gone.
-
-    When a PID namespace's init dies, the kernel kills every process in the namespace and waits for
-    all of them before the init's exit is reported: once the pidfd reads as exited, nothing is left.
-    """
-    try:
-        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    select.select([pidfd], [], [], NAMESPACE_EXIT_WAIT_S)
-    os.close(pidfd)
-
-
-def _kill(pid: int, ns_init: int | None) -> None:
-    """SIGKILL the command: its whole PID namespace, then its process group (bwrap, or unisolated children)."""
-    if ns_init is not None:
-        _end_namespace(os.dup(ns_init))
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def _searchable_by_others(path: Path) -> bool:
-    return all(os.stat(p).st_mode & stat.S_IXOTH for p in (path.resolve(), *path.resolve().parents))
 
 
 def _chown_tree(root: Path, uid: int, gid: int) -> None:
@@ -155,7 +74,7 @@ class LocalSandbox:
                               f"runtime copies; use task.runtime=docker")
         self._user = sandbox_user() if isolated else {}
         parent = tempfile.gettempdir()
-        if self._user and not _searchable_by_others(Path(parent)):
+        if self._user and not searchable_by_others(parent):
             parent = "/tmp"  # bwrap, run as the sandbox user, must reach the working copy to mount it
         self.root = Path(tempfile.mkdtemp(prefix=f"rlmix-{task.task_id[:40]}-", dir=parent))
         try:
@@ -174,14 +93,6 @@ class LocalSandbox:
                               key=lambda m: -len(m[0]))
         self._limits, self._network, self._isolated = limits, network, isolated
 
-    def _argv(self, command: str, info_fd: int | None) -> list[str]:
-        if info_fd is None:
-            return [*(() if self._network else no_network_prefix()), "bash", "-c", command]
-        binds = [Bind(str(self.root / d), p, writable=d != "tests")
-                 for p, d in zip((self._tmp, self._home, self.logs_dir, self.tests_dir, self.workdir),
-                                 ("tmp", "home", "logs", "tests", "repo"))]
-        return [*bwrap_argv(binds, self.workdir, self._network), "--info-fd", str(info_fd), "bash", "-c", command]
-
     def _env(self, extra: Mapping[str, str] | None) -> dict[str, str]:
         path = PATH if self._isolated else os.environ.get("PATH", "/usr/bin:/bin")
         env = {"PATH": path, "HOME": self._home, "TMPDIR": self._tmp, "LANG": "C.UTF-8", "APP_DIR": self.workdir,
@@ -190,34 +101,19 @@ class LocalSandbox:
         return env
 
     def run(self, command: str, timeout_s: float, env: Mapping[str, str] | None = None) -> ExecResult:
-        start = time.monotonic()
-        info_r, info_w = os.pipe() if self._isolated else (None, None)
+        if self._isolated:
+            binds = [Bind(str(self.root / d), p, writable=d != "tests")
+                     for p, d in zip((self._tmp, self._home, self.logs_dir, self.tests_dir, self.workdir),
+                                     ("tmp", "home", "logs", "tests", "repo"))]
+            argv, isolation = ["bash", "-c", command], Isolation(binds, self.workdir, self._network)
+        else:
+            argv, isolation = [*(() if self._network else no_network_prefix()), "bash", "-c", command], None
         try:
-            proc = subprocess.Popen(self._argv(command, info_w), cwd=self.root / "repo", env=self._env(env),
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    start_new_session=True, pass_fds=() if info_w is None else (info_w,),
-                                    preexec_fn=functools.partial(_limit_child, self._limits), **self._user)
+            done = run_limited(argv, isolation, self.root / "repo", self._env(env), self._limits, timeout_s, self._user)
         except (OSError, subprocess.SubprocessError) as e:  # fork failed, working copy gone
-            if info_r is not None:
-                os.close(info_r)
             raise InfraError(f"could not start a command in {self.root}: {e}") from e
-        finally:
-            if info_w is not None:
-                os.close(info_w)
-        ns_init = None if info_r is None else _open_ns_init(info_r, proc.pid)
-        # Called at a timeout and after every command: a background child dies with its command.
-        # read_capped leaves bwrap (or bash) unreaped, so its process group id is still ours.
-        kill = functools.partial(_kill, proc.pid, ns_init)
-        try:
-            out, timed_out = read_capped(proc, timeout_s, self._limits.output_cap_bytes, kill)
-        finally:
-            kill()
-            if ns_init is not None:
-                os.close(ns_init)
-            proc.wait()
-        return ExecResult(exit_code=-1 if timed_out else proc.returncode,
-                          output=out.decode("utf-8", errors="replace"), timed_out=timed_out,
-                          duration_s=time.monotonic() - start)
+        return ExecResult(exit_code=done.exit_code, output=done.output.decode("utf-8", errors="replace"),
+                          timed_out=done.timed_out, duration_s=done.duration_s)
 
     def _host(self, sandbox_path: str) -> Path:
         """The host path of a sandbox path; InfraError if it (or a link in it) leads out of the sandbox."""

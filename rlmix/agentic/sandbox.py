@@ -9,11 +9,7 @@ and ``APP_DIR`` (the repository).
 
 from __future__ import annotations
 
-import os
-import selectors
-import subprocess
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -28,7 +24,6 @@ GIT_ENV = "GIT_AUTHOR_NAME=rlmix GIT_AUTHOR_EMAIL=rlmix@localhost GIT_COMMITTER_
 ONLY_OWN_REPO = 'export GIT_CEILING_DIRECTORIES="$(dirname "$PWD")"'
 DEFAULT_OUTPUT_CAP_BYTES = 1 << 20  # command output kept per command (first and last halves)
 MAX_PATCH_BYTES = 32 << 20  # a larger patch is the policy's failure, not something to grade
-_CHUNK = 1 << 16
 
 
 class InfraError(RuntimeError):
@@ -71,71 +66,6 @@ class Runtime(Protocol):
 
     def start(self, task: HarborTask, network: bool) -> Sandbox:
         """A fresh sandbox with a clean copy of the task's repository; raises InfraError."""
-
-
-def exited(pid: int) -> bool:
-    """Whether the child exited, without reaping it: its pid (and process group) stays ours to signal."""
-    try:
-        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:
-        return True
-
-
-def _wait_unreaped(pid: int, deadline: float) -> bool:
-    """Wait (unreaped) for the child to exit; True if the deadline came first."""
-    while not exited(pid):
-        if time.monotonic() >= deadline:
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def read_capped(proc: subprocess.Popen, timeout_s: float, cap_bytes: int,
-                kill: Callable[[], None]) -> tuple[bytes, bool]:
-    """(output, timed out): read ``proc.stdout`` in chunks until EOF, the deadline, or exit and silence.
-
-    Never holds more than ``cap_bytes`` (plus one chunk): the first half is kept, then a rolling last
-    half, with a marker counting what was dropped between them, so a command printing gigabytes
-    costs the caller nothing but the reading. Stops (without waiting for EOF) once the process has
-    exited and the pipe stays quiet, so a detached child holding the pipe cannot stall the caller.
-    At the deadline ``kill`` is called and the output so far returned. The process is not reaped.
-    """
-    half = max(cap_bytes // 2, 1)
-    head, tail, dropped = bytearray(), bytearray(), 0
-    fd = proc.stdout.fileno()
-    os.set_blocking(fd, False)
-    deadline = time.monotonic() + timeout_s
-    timed_out = False
-    with selectors.DefaultSelector() as sel:
-        sel.register(fd, selectors.EVENT_READ)
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                timed_out = True
-                kill()
-                break
-            if not sel.select(min(left, 0.2)):
-                # The command may have written its last output and exited after the select gave
-                # up (a busy machine makes this common): look once more before calling it quiet.
-                if exited(proc.pid) and not sel.select(0):
-                    break
-                continue
-            chunk = os.read(fd, _CHUNK)
-            if not chunk:  # EOF; the command may still run with its output elsewhere
-                timed_out = _wait_unreaped(proc.pid, deadline)
-                if timed_out:
-                    kill()
-                break
-            room = half - len(head)
-            head += chunk[:room]
-            tail += chunk[max(room, 0):]
-            if len(tail) > half:
-                dropped += len(tail) - half
-                del tail[:len(tail) - half]
-    proc.stdout.close()
-    if dropped:
-        return bytes(head) + f"\n[... {dropped} bytes of output dropped ...]\n".encode() + bytes(tail), timed_out
-    return bytes(head + tail), timed_out
 
 
 def snapshot_baseline(sandbox: Sandbox) -> str:

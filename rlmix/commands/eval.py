@@ -77,6 +77,7 @@ def task_counts(cfg: RunConfig, model_dir: Path, progress) -> tuple[list[dict], 
             "c": sum(s.reward >= 1.0 for s in scores),
             "format_errors": sum(not s.format_ok for s in scores),
             "reward_errors": sum(s.error is not None for s in scores),
+            "exploit_suspected": sum(s.exploit_suspected for s in scores),
         })
         progress(f"[{i + 1}/{len(problems)}] {problem.task_id}: {rows[-1]['c']}/{n} correct")
     return rows, label

@@ -36,6 +36,8 @@ class DatasetTaskConfig:
     # Its first capturing group, if any, is what the reward sees. None: every completion is well-formed.
     format_regex: Optional[str] = None
     python_timeout_s: float = 5.0  # reward=python_tests: wall-clock limit per sample
+    # reward=python_tests: the fraction of assert statements that held, instead of 1 iff all held.
+    partial_credit: bool = False
     shuffle: bool = True  # a fresh permutation of the rows each epoch, from the run seed
     epochs: Optional[int] = None  # None: cycle forever; else loop.steps must fit in this many passes
     chat_template: ChatTemplateMode = ChatTemplateMode.auto  # auto: the tokenizer's template; raw: none

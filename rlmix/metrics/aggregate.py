@@ -64,6 +64,8 @@ def reward_metrics(batch: Rollouts) -> dict[str, float]:
     }
     if batch.reward_errors is not None:
         out[m.REWARD_ERRORS] = float(batch.reward_errors.sum())
+    if batch.exploit_suspected is not None:
+        out[m.EXPLOIT_SUSPECTED] = float(batch.exploit_suspected.sum())
     pools = batch.pool
     for pool in sorted(set(pools)):
         rows = torch.tensor([p == pool for p in pools])

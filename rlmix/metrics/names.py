@@ -19,6 +19,7 @@ OPTIMIZER_STEPS = "train/optimizer_steps"  # optimizer steps taken on the batch 
 REWARD_KEY = "reward/mean"
 PASS_RATE = "reward/pass_rate"
 REWARD_ERRORS = "reward/errors"  # samples whose reward function raised (reward 0, out of their group)
+EXPLOIT_SUSPECTED = "reward/exploit_suspected"  # samples the grader caught at a known reward hack (python_tests)
 FORMAT_KEY = "format/error_rate"
 
 # agent/: multi-turn episodes (rlmix.agentic; per pool with /<pool>). For episodes, format/error_rate

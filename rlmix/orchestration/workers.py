@@ -76,6 +76,7 @@ def score_rollouts(out: Rollouts, request: Request, group_size: int, tokenizer, 
         rewards=torch.tensor([s.reward for s in scores], dtype=torch.float32),
         format_ok=torch.tensor([s.format_ok for s in scores]),
         reward_errors=torch.tensor([s.error is not None for s in scores]),
+        exploit_suspected=torch.tensor([s.exploit_suspected for s in scores]),
     )
 
 

@@ -20,6 +20,7 @@ class Score:
     reward: float  # 1.0 iff the answer is well-formed and correct
     format_ok: bool  # False is a format error, counted apart from a wrong answer
     error: str | None = None  # the reward function raised: excluded from its group, counted
+    exploit_suspected: bool = False  # the grader caught a known reward hack (reward 0), counted
 
 
 class Task(Protocol):

@@ -119,7 +119,7 @@ class DatasetTask:
         self.cfg, self.seed = cfg, seed
         self.rows = load_rows(cfg.train_files, "task.train_files")
         check_columns(self.rows, cfg, "task.train_files")
-        self.reward_fn = resolve_reward(cfg.reward, cfg.python_timeout_s)
+        self.reward = resolve_reward(cfg.reward, cfg.python_timeout_s, cfg.partial_credit)
         self.format_re = compile_format(cfg.format_regex)
 
     def __len__(self) -> int:
@@ -165,10 +165,10 @@ class DatasetTask:
             text = m.group(1) if self.format_re.groups else completion
         payload: DatasetPayload = problem.payload
         try:
-            reward = as_reward(self.reward_fn(text, payload.answer, payload.row), self.cfg.reward)
+            graded = self.reward.grade(text, payload.answer, payload.row)
         except Exception as err:  # the user's code: one bad sample must not end the run
             return Score(reward=0.0, format_ok=True, error=f"{type(err).__name__}: {err}")
-        return Score(reward=reward, format_ok=True)
+        return Score(reward=graded.reward, format_ok=True, exploit_suspected=graded.exploit_suspected)
 
 
 def compile_format(pattern: str | None) -> re.Pattern | None:
@@ -194,6 +194,8 @@ def check_config(cfg: DatasetTaskConfig, seed: int, trained_prompts: int) -> Non
     Files load, fields exist and hold text/messages, the reward imports with the right signature
     and returns a number on the first row, and ``trained_prompts`` fit in ``task.epochs``.
     """
+    if not cfg.python_timeout_s > 0:
+        raise ConfigError(f"task.python_timeout_s={cfg.python_timeout_s}: must be a positive number of seconds")
     task = DatasetTask(cfg, seed)
     if cfg.eval_files is not None:
         check_columns(load_rows(cfg.eval_files, "task.eval_files"), cfg, "task.eval_files")
@@ -208,7 +210,7 @@ def check_config(cfg: DatasetTaskConfig, seed: int, trained_prompts: int) -> Non
     if ":" in cfg.reward:  # a user function: call it once, as the run will
         row = task.rows[0]
         try:
-            value = task.reward_fn(str(row[cfg.answer_key]), row[cfg.answer_key], row)
+            value = task.reward(str(row[cfg.answer_key]), row[cfg.answer_key], row)
         except Exception as err:
             raise ConfigError(f"task.reward={cfg.reward!r} raised {type(err).__name__} on the first row: {err}") from None
         try:

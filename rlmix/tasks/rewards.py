@@ -15,10 +15,16 @@ Built-ins (``task.reward=exact|math|python_tests``):
 - ``exact``: the stripped completion equals ``str(answer)`` stripped.
 - ``math``: the last number in the completion (``\\boxed{}`` content preferred; integers, decimals,
   fractions ``a/b``, thousands separators) equals the answer's number within 1e-6 relative.
-- ``python_tests``: the completion is Python source; ``answer`` is test code (asserts). Both run in
-  a fresh ``python -I`` subprocess in a temporary directory with a wall-clock timeout
-  (``task.python_timeout_s``), CPU and memory limits and an empty environment. Pass iff it exits 0.
-  This isolates mistakes, not adversaries: run untrusted code inside a container.
+- ``python_tests``: the completion (its first fenced block, if any) is Python source; ``answer`` is
+  test code (asserts). Graded in a bubblewrap sandbox (``rlmix.tasks.python_tests``: no network, a
+  read-only system, its own PID namespace, time, memory, process and output limits) by a harness
+  whose verdict, not an exit code, decides: 1.0 iff every assert ran and held, or with
+  ``task.partial_credit=true`` the fraction of assert statements that held. Known reward hacks score
+  0 and are counted in ``reward/exploit_suspected``; docs/tasks.md says what this protects against
+  and what it does not.
+
+Built-ins are objects with ``grade(completion, answer, row) -> Graded`` (the reward and whether an
+exploit is suspected); a user function is wrapped in one. Each is also callable with the plain signature.
 """
 
 from __future__ import annotations
@@ -30,21 +36,19 @@ import math
 import numbers
 import os
 import re
-import resource
-import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
 from rlmix.errors import ConfigError
+from rlmix.tasks.python_tests import PythonTests
 
 RewardFn = Callable[[str, Any, Mapping[str, Any]], float]
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
-PYTHON_MEMORY_BYTES = 1 << 30
 
 
 class BuiltinReward(enum.Enum):
@@ -77,53 +81,50 @@ def math_answer(completion: str, answer: Any, row: Mapping[str, Any]) -> float:
     return float(math.isclose(float(got), float(want), rel_tol=1e-6, abs_tol=1e-9))
 
 
-def _limit_child() -> None:  # runs in the child before exec
-    resource.setrlimit(resource.RLIMIT_AS, (PYTHON_MEMORY_BYTES, PYTHON_MEMORY_BYTES))
-    resource.setrlimit(resource.RLIMIT_NPROC, (64, 64))
+@dataclass(frozen=True)
+class Graded:
+    reward: float
+    exploit_suspected: bool = False  # the grader caught a known reward hack (reward 0)
 
 
-def run_python_tests(code: str, tests: str, timeout_s: float) -> bool:
-    """True iff ``code`` followed by ``tests`` exits 0 in an isolated subprocess within ``timeout_s``."""
-    with tempfile.TemporaryDirectory(prefix="rlmix_py_") as tmp:
-        try:
-            proc = subprocess.run(
-                [sys.executable, "-I", "-c", f"{code}\n\n{tests}\n"],
-                cwd=tmp, env={"PATH": "/usr/bin:/bin"}, capture_output=True, timeout=timeout_s,
-                preexec_fn=_limit_child, stdin=subprocess.DEVNULL,
-            )
-        except subprocess.TimeoutExpired:
-            return False
-    return proc.returncode == 0
+class FunctionReward:
+    """A plain ``(completion, answer, row) -> number`` function as a grader."""
+
+    def __init__(self, fn: RewardFn, spec: str):
+        self.fn, self.spec = fn, spec
+
+    def __call__(self, completion: str, answer: Any, row: Mapping[str, Any]) -> Any:
+        return self.fn(completion, answer, row)
+
+    def grade(self, completion: str, answer: Any, row: Mapping[str, Any]) -> Graded:
+        return Graded(as_reward(self.fn(completion, answer, row), self.spec))
 
 
-def python_tests(timeout_s: float) -> RewardFn:
-    def reward(completion: str, answer: Any, row: Mapping[str, Any]) -> float:
-        return float(run_python_tests(strip_fence(completion), str(answer), timeout_s))
-
-    return reward
-
-
-def strip_fence(text: str) -> str:
-    """The code inside the first ```python fence, or the text itself."""
-    m = re.search(r"```(?:python|py)?\n(.*?)```", text, re.DOTALL)
-    return m.group(1) if m else text
+class PythonTestsReward(PythonTests):
+    def grade(self, completion: str, answer: Any, row: Mapping[str, Any]) -> Graded:
+        run = self.run(completion, answer)
+        return Graded(run.reward(self.partial_credit), run.exploit_suspected)
 
 
-BUILTINS: dict[BuiltinReward, Callable[[float], RewardFn]] = {
-    BuiltinReward.exact: lambda timeout_s: exact_match,
-    BuiltinReward.math: lambda timeout_s: math_answer,
-    BuiltinReward.python_tests: python_tests,
+BUILTINS: dict[BuiltinReward, Callable[[float, bool], Any]] = {
+    BuiltinReward.exact: lambda timeout_s, partial: FunctionReward(exact_match, "exact"),
+    BuiltinReward.math: lambda timeout_s, partial: FunctionReward(math_answer, "math"),
+    BuiltinReward.python_tests: PythonTestsReward,
 }
 
 
-def resolve_reward(spec: str, timeout_s: float) -> RewardFn:
-    """``task.reward`` -> a callable: a built-in name or ``module:function`` (ConfigError otherwise)."""
+def resolve_reward(spec: str, timeout_s: float, partial_credit: bool = False) -> FunctionReward | PythonTestsReward:
+    """``task.reward`` -> a grader: a built-in name or ``module:function`` (ConfigError otherwise)."""
+    if partial_credit and spec != BuiltinReward.python_tests.value:
+        raise ConfigError(f"task.partial_credit=true: only task.reward=python_tests gives partial credit "
+                          f"(task.reward={spec!r}); set task.partial_credit=false")
     if ":" not in spec:
         try:
-            return BUILTINS[BuiltinReward(spec)](timeout_s)
+            kind = BuiltinReward(spec)
         except ValueError:
             allowed = "|".join(b.value for b in BuiltinReward)
             raise ConfigError(f"task.reward={spec!r}: use a built-in ({allowed}) or module:function") from None
+        return BUILTINS[kind](timeout_s, partial_credit)
     module_name, _, attr = spec.partition(":")
     if os.getcwd() not in sys.path:  # `rlmix` runs from a console script: make the user's cwd importable
         sys.path.insert(0, os.getcwd())
@@ -142,7 +143,7 @@ def resolve_reward(spec: str, timeout_s: float) -> RewardFn:
         ) from None
     except ValueError:  # builtins without a signature: accept, the first-row check calls it
         pass
-    return fn
+    return FunctionReward(fn, spec)
 
 
 def as_reward(value: object, spec: str) -> float:

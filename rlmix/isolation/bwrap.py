@@ -26,9 +26,11 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import stat
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 BWRAP = "bwrap"
 # Top-level system directories shared read-only (merged-/usr systems have links for all but /usr).
@@ -87,6 +89,12 @@ def sandbox_workdir(task_workdir: str, default: str) -> str:
     if not task_workdir.startswith("/") or ".." in parts or not parts or parts[0] in RESERVED_TOP:
         return default
     return "/" + "/".join(parts)
+
+
+def searchable_by_others(path: str | Path) -> bool:
+    """Whether every directory down to ``path`` lets others through: bwrap run as ``nobody`` must reach it."""
+    p = Path(path).resolve()
+    return all(os.stat(q).st_mode & stat.S_IXOTH for q in (p, *p.parents))
 
 
 def sandbox_user() -> dict:

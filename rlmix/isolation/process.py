@@ -1,0 +1,227 @@
+"""One command under limits: rlimits, a wall-clock timeout, capped output, and (isolated) its own PID namespace.
+
+``run_limited`` is the one way untrusted commands start: the agentic ``local`` runtime runs each
+agent and verifier command through it, the ``python_tests`` reward each graded sample. Isolated, the
+command runs under ``bwrap`` (``bwrap.py``); when it ends or times out, the namespace's init is
+killed, and with it every process the command started.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import resource
+import select
+import selectors
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlmix.isolation.bwrap import Bind, bwrap_argv
+
+NAMESPACE_EXIT_WAIT_S = 30.0  # the kernel kills and reaps a namespace's processes; a bound, never reached
+_CHUNK = 1 << 16
+
+
+@dataclass(frozen=True)
+class LocalLimits:
+    memory_mb: int  # RLIMIT_AS
+    max_procs: int  # RLIMIT_NPROC (the kernel ignores it for root)
+    cpu_s: int  # RLIMIT_CPU
+    output_cap_bytes: int  # command output kept (first and last halves)
+
+
+@dataclass(frozen=True)
+class Isolation:
+    binds: Sequence[Bind]  # laid over the read-only system, in order
+    chdir: str  # the working directory inside
+    network: bool
+
+
+@dataclass(frozen=True)
+class Finished:
+    exit_code: int  # -1 when the command was killed at its time limit
+    output: bytes  # stdout and stderr interleaved, capped
+    timed_out: bool
+    duration_s: float
+
+
+def _lower_limit(which: int, value: int) -> None:
+    # Never above the inherited hard limit: an unprivileged process may not raise it.
+    hard = resource.getrlimit(which)[1]
+    value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+    resource.setrlimit(which, (value, value))
+
+
+def _limit_child(limits: LocalLimits) -> None:
+    # Runs in the child between fork and exec: no logging, no locks.
+    _lower_limit(resource.RLIMIT_AS, limits.memory_mb * 1024 * 1024)
+    _lower_limit(resource.RLIMIT_NPROC, limits.max_procs)
+    _lower_limit(resource.RLIMIT_CPU, limits.cpu_s)
+
+
+def _open_ns_init(info_fd: int, bwrap_pid: int) -> int | None:
+    """A pidfd on the PID namespace's init (bwrap's child), from bwrap's ``--info-fd``; None if it is gone.
+
+    A pidfd names one process for good, so signalling it later can never hit a recycled pid; the
+    parent check makes sure it was opened on bwrap's child and not on a pid recycled before that.
+    """
+    with os.fdopen(info_fd, "rb") as f:  # bwrap writes it and closes it as soon as the sandbox exists
+        data = f.read()
+    try:
+        pid = int(json.loads(data)["child-pid"])
+        pidfd = os.pidfd_open(pid)
+    except (ValueError, KeyError, TypeError, OSError):
+        return None  # bwrap failed before it started the sandbox (its exit says why), or it already ended
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        ppid = int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
+    except (OSError, StopIteration, ValueError):
+        ppid = -1
+    if ppid != bwrap_pid:
+        os.close(pidfd)
+        return None
+    return pidfd
+
+
+def _end_namespace(pidfd: int) -> None:
+    """SIGKILL the namespace's init and wait until it is gone.
+
+    When a PID namespace's init dies, the kernel kills every process in the namespace and waits for
+    all of them before the init's exit is reported: once the pidfd reads as exited, nothing is left.
+    """
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    select.select([pidfd], [], [], NAMESPACE_EXIT_WAIT_S)
+    os.close(pidfd)
+
+
+def _kill(pid: int, ns_init: int | None) -> None:
+    """SIGKILL the command: its whole PID namespace, then its process group (bwrap, or unisolated children)."""
+    if ns_init is not None:
+        _end_namespace(os.dup(ns_init))
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _feed(pipe, data: bytes) -> None:
+    try:
+        pipe.write(data)
+        pipe.close()
+    except (BrokenPipeError, OSError, ValueError):  # the command ended (or closed stdin) early
+        pass
+
+
+def run_limited(argv: Sequence[str], isolation: Isolation | None, cwd: str | Path, env: Mapping[str, str],
+                limits: LocalLimits, timeout_s: float, user: Mapping | None = None,
+                stdin: bytes | None = None) -> Finished:
+    """Run ``argv`` (under ``bwrap`` unless ``isolation`` is None) to its end or ``timeout_s``.
+
+    ``stdin``, when given, is written from a thread and the pipe closed; otherwise stdin is empty.
+    ``user``: ``subprocess.Popen`` arguments (``isolation.bwrap.sandbox_user``). Raises OSError or
+    SubprocessError when the command cannot start; every process it started is gone on return.
+    """
+    start = time.monotonic()
+    info_r, info_w = os.pipe() if isolation is not None else (None, None)
+    if isolation is not None:
+        argv = [*bwrap_argv(isolation.binds, isolation.chdir, isolation.network), "--info-fd", str(info_w), *argv]
+    try:
+        proc = subprocess.Popen(argv, cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                                pass_fds=() if info_w is None else (info_w,),
+                                preexec_fn=functools.partial(_limit_child, limits), **(user or {}))
+    except (OSError, subprocess.SubprocessError):
+        if info_r is not None:
+            os.close(info_r)
+        raise
+    finally:
+        if info_w is not None:
+            os.close(info_w)
+    if stdin is not None:
+        threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
+    ns_init = None if info_r is None else _open_ns_init(info_r, proc.pid)
+    # Called at a timeout and after every command: a background child dies with its command.
+    # read_capped leaves bwrap (or bash) unreaped, so its process group id is still ours.
+    kill = functools.partial(_kill, proc.pid, ns_init)
+    try:
+        out, timed_out = read_capped(proc, timeout_s, limits.output_cap_bytes, kill)
+    finally:
+        kill()
+        if ns_init is not None:
+            os.close(ns_init)
+        proc.wait()
+    return Finished(-1 if timed_out else proc.returncode, out, timed_out, time.monotonic() - start)
+
+
+def exited(pid: int) -> bool:
+    """Whether the child exited, without reaping it: its pid (and process group) stays ours to signal."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+def _wait_unreaped(pid: int, deadline: float) -> bool:
+    """Wait (unreaped) for the child to exit; True if the deadline came first."""
+    while not exited(pid):
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def read_capped(proc: subprocess.Popen, timeout_s: float, cap_bytes: int,
+                kill: Callable[[], None]) -> tuple[bytes, bool]:
+    """(output, timed out): read ``proc.stdout`` in chunks until EOF, the deadline, or exit and silence.
+
+    Never holds more than ``cap_bytes`` (plus one chunk): the first half is kept, then a rolling last
+    half, with a marker counting what was dropped between them, so a command printing gigabytes
+    costs the caller nothing but the reading. Stops (without waiting for EOF) once the process has
+    exited and the pipe stays quiet, so a detached child holding the pipe cannot stall the caller.
+    At the deadline ``kill`` is called and the output so far returned. The process is not reaped.
+    """
+    half = max(cap_bytes // 2, 1)
+    head, tail, dropped = bytearray(), bytearray(), 0
+    fd = proc.stdout.fileno()
+    os.set_blocking(fd, False)
+    deadline = time.monotonic() + timeout_s
+    timed_out = False
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                kill()
+                break
+            if not sel.select(min(left, 0.2)):
+                # The command may have written its last output and exited after the select gave
+                # up (a busy machine makes this common): look once more before calling it quiet.
+                if exited(proc.pid) and not sel.select(0):
+                    break
+                continue
+            chunk = os.read(fd, _CHUNK)
+            if not chunk:  # EOF; the command may still run with its output elsewhere
+                timed_out = _wait_unreaped(proc.pid, deadline)
+                if timed_out:
+                    kill()
+                break
+            room = half - len(head)
+            head += chunk[:room]
+            tail += chunk[max(room, 0):]
+            if len(tail) > half:
+                dropped += len(tail) - half
+                del tail[:len(tail) - half]
+    proc.stdout.close()
+    if dropped:
+        return bytes(head) + f"\n[... {dropped} bytes of output dropped ...]\n".encode() + bytes(tail), timed_out
+    return bytes(head + tail), timed_out
