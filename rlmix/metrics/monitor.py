@@ -41,12 +41,14 @@ from rlmix.config.monitor import (  # noqa: F401 - the schema, importable beside
     FormatErrorRule,
     GradSpikeRule,
     KLGrowthRule,
+    LastingRule,
     MonitorAction,
     MonitorConfig,
     NonFiniteRule,
     RewardDropRule,
     check_monitor,
 )
+from rlmix.metrics.lasting import lasting, still_down, window_mean
 from rlmix.metrics.names import FORMAT_KEY, GRAD_NORM_KEY, KL_KEY, REWARD_KEY, SKIPPED_STEPS
 
 class CollapseRule(enum.Enum):
@@ -60,24 +62,86 @@ class CollapseRule(enum.Enum):
 
 
 @dataclass(frozen=True)
+class Episode:
+    """A stretch of updates during which a rule fired (a run is *flagged* once it has one)."""
+
+    start: int  # the step at which the first rule fired
+    end: int  # the last step at which a rule still fired (so far, while open)
+    steps: int  # updates from start to end, both counted
+    reward_fall: float  # deepest fall of the reward EMA below its peak during the episode (0 if no reward)
+    rule: CollapseRule  # the first rule that fired at ``start``
+    reason: str
+    recovered: bool  # the rules stayed quiet for ``recover_steps`` updates afterwards
+
+    def as_summary(self) -> dict[str, bool | int | float | str]:
+        return {"start": self.start, "end": self.end, "steps": self.steps, "reward_fall": round(self.reward_fall, 6),
+                "recovered": self.recovered, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class MonitorWarning:
+    """A rule that fired alone where it does not flag a run (gradient spikes without a decline)."""
+
+    step: int
+    reason: str
+
+    def as_summary(self) -> dict[str, int | str]:
+        return {"step": self.step, "reason": self.reason}
+
+
+@dataclass(frozen=True)
 class MonitorVerdict:
-    """The latched outcome: the first step at which any enabled rule fired, and why."""
+    """Collapsed or not, from which step and why; with the episodes and warnings so far.
+
+    Per update (``CollapseMonitor.update``) ``collapse`` says the run is judged collapsed *now*: an
+    episode has stayed open ``stop_after`` updates and the run is still down (the lasting rule over the
+    last ``lasting.window`` steps), or steps went non-finite. At the end (``CollapseMonitor.finish``)
+    it is the lasting rule over the whole run (``rlmix.metrics.lasting``).
+    """
 
     collapse: bool
-    step: int | None
+    step: int | None  # the start of the episode behind the verdict
     reason: str  # "" when no collapse; "<rule>: <numbers>" (several rules joined by "; ")
     rule: CollapseRule | None  # the first rule (in CollapseRule order) that fired at ``step``
+    episodes: tuple[Episode, ...] = ()
+    warnings: tuple[MonitorWarning, ...] = ()
+
+    @property
+    def open_episode(self) -> Episode | None:
+        return self.episodes[-1] if self.episodes and not self.episodes[-1].recovered else None
 
     def as_metrics(self) -> dict[str, float | str]:
         """The ``monitor/*`` keys of one ``metrics.jsonl`` row / W&B step."""
-        return {"monitor/collapse": float(self.collapse), "monitor/reason": self.reason}
+        open_ = self.open_episode
+        reason = self.reason or (open_.reason if open_ else "")
+        return {"monitor/collapse": float(self.collapse), "monitor/episode": float(open_ is not None),
+                "monitor/reason": reason, "monitor/warnings": float(len(self.warnings))}
 
-    def as_summary(self) -> dict[str, bool | int | str | None]:
+    def as_summary(self) -> dict:
         """The ``collapse`` object of ``summary.json``."""
-        return {"verdict": self.collapse, "step": self.step, "reason": self.reason}
+        return {"verdict": self.collapse, "step": self.step, "reason": self.reason,
+                "episodes": [e.as_summary() for e in self.episodes],
+                "warnings": [w.as_summary() for w in self.warnings]}
 
 
 NO_COLLAPSE = MonitorVerdict(collapse=False, step=None, reason="", rule=None)
+
+
+@dataclass
+class _OpenEpisode:
+    start: int
+    start_update: int
+    last_update: int
+    end: int
+    peak: float | None  # the reward peak when it opened
+    low: float | None  # the lowest reward EMA since
+    rule: CollapseRule
+    reason: str
+
+    def close(self, recovered: bool) -> Episode:
+        fall = max(self.peak - self.low, 0.0) if self.peak is not None and self.low is not None else 0.0
+        return Episode(start=self.start, end=self.end, steps=self.last_update - self.start_update + 1,
+                       reward_fall=fall, rule=self.rule, reason=self.reason, recovered=recovered)
 
 
 class _Ema:
@@ -143,14 +207,24 @@ class CollapseMonitor:
         self._updates = 0
         self._skipped: float | None = None  # the last cumulative skipped-step count
         self._skipped_run = 0  # consecutive skipped steps up to now
+        # The lasting rule's windows: the first and the latest ``lasting.window`` raw values.
+        self._rewards_first: list[float] = []
+        self._rewards_last: deque[float] = deque(maxlen=cfg.lasting.window)
+        self._formats_last: deque[float] = deque(maxlen=cfg.lasting.window)
+        self._episodes: list[Episode] = []  # closed (recovered) episodes
+        self._open: _OpenEpisode | None = None
+        self._warnings: list[MonitorWarning] = []
+        self._spiking = False  # spikes alone fired at the previous update (one warning per stretch)
+        self._failed: MonitorVerdict | None = None  # the non-finite verdict, latched
         self._verdict = NO_COLLAPSE
 
     @property
     def verdict(self) -> MonitorVerdict:
+        """The verdict as of the last update (see ``MonitorVerdict``)."""
         return self._verdict
 
     def update(self, step: int, metrics: Mapping[str, float]) -> MonitorVerdict:
-        """Feed one trainer step's metrics; return the (latched) verdict so far."""
+        """Feed one trainer step's metrics; return the verdict as of this step."""
         i = self._updates
         self._updates += 1
         warm = i >= self.cfg.warmup_steps
@@ -160,18 +234,91 @@ class CollapseMonitor:
             x = _finite(metrics, key)
             if x is not None:
                 signal.update(x, in_baseline, track_peak=warm)
+        self._remember(metrics)
         spike = self._grad_spike(i, metrics.get(GRAD_NORM_KEY), warm) if GRAD_NORM_KEY in metrics else ""
         nonfinite = self._nonfinite(_finite(metrics, SKIPPED_STEPS))
-        if not self._verdict.collapse and nonfinite:
-            self._verdict = MonitorVerdict(collapse=True, step=step, reason=f"nonfinite: {nonfinite}",
-                                           rule=CollapseRule.nonfinite)
-        if self._verdict.collapse or not armed:
-            return self._verdict
-        fired = self._check_rules(spike)
-        if fired:
-            reason = "; ".join(f"{rule.value}: {why}" for rule, why in fired)
-            self._verdict = MonitorVerdict(collapse=True, step=step, reason=reason, rule=fired[0][0])
+        if self._failed is None and nonfinite:
+            self._failed = MonitorVerdict(collapse=True, step=step, reason=f"nonfinite: {nonfinite}",
+                                          rule=CollapseRule.nonfinite)
+        if armed and self._failed is None:
+            self._track_episode(i, step, self._flagging(step, self._check_rules(spike)))
+        self._verdict = self._judge_now(i)
         return self._verdict
+
+    def finish(self) -> MonitorVerdict:
+        """The end-of-run verdict: collapsed when flagged and still down at the end (``lasting``)."""
+        if self._failed is not None:
+            return self._verdict
+        episodes = self._all_episodes()
+        w = self.cfg.lasting.window
+        collapse = lasting(bool(episodes), window_mean(self._rewards_first, slice(0, w)),
+                           window_mean(self._rewards_last, slice(None)), window_mean(self._formats_last, slice(None)),
+                           self.cfg.lasting)
+        if not collapse:
+            return MonitorVerdict(False, None, "", None, episodes, tuple(self._warnings))
+        last = episodes[-1]
+        return MonitorVerdict(True, last.start, last.reason, last.rule, episodes, tuple(self._warnings))
+
+    def _remember(self, metrics: Mapping[str, float]) -> None:
+        reward, fmt = _finite(metrics, REWARD_KEY), _finite(metrics, FORMAT_KEY)
+        if reward is not None:
+            if len(self._rewards_first) < self.cfg.lasting.window:
+                self._rewards_first.append(reward)
+            self._rewards_last.append(reward)
+        if fmt is not None:
+            self._formats_last.append(fmt)
+
+    def _flagging(self, step: int, fired: list[tuple[CollapseRule, str]]) -> list[tuple[CollapseRule, str]]:
+        """The fired rules that flag the run. Gradient spikes need a declining run (``grad.require_decline``);
+        without one they are a warning, recorded once per stretch of updates they keep firing."""
+        spikes = [why for rule, why in fired if rule is CollapseRule.grad_spikes]
+        flagging = [(rule, why) for rule, why in fired if rule is not CollapseRule.grad_spikes]
+        alone = False
+        if spikes:
+            decline = self._declining()
+            if decline or not self.cfg.grad.require_decline:
+                flagging.append((CollapseRule.grad_spikes, f"{spikes[0]} with {decline}" if decline else spikes[0]))
+            else:
+                alone = True
+                if not self._spiking:
+                    self._warnings.append(MonitorWarning(step, f"grad_spikes: {spikes[0]}"))
+        self._spiking = alone
+        return flagging
+
+    def _track_episode(self, i: int, step: int, flagging: list[tuple[CollapseRule, str]]) -> None:
+        """Open an episode on the first flagging rule; close it, recovered, after ``recover_steps`` quiet updates."""
+        ema = self._reward.ema.value
+        if flagging and self._open is None:
+            reason = "; ".join(f"{rule.value}: {why}" for rule, why in flagging)
+            self._open = _OpenEpisode(start=step, start_update=i, last_update=i, end=step, peak=self._reward.peak,
+                                      low=ema, rule=flagging[0][0], reason=reason)
+        if self._open is None:
+            return
+        if flagging:
+            self._open.last_update, self._open.end = i, step
+        if ema is not None:
+            self._open.low = ema if self._open.low is None else min(self._open.low, ema)
+        if i - self._open.last_update >= self.cfg.recover_steps:
+            self._episodes.append(self._open.close(recovered=True))
+            self._open = None
+
+    def _all_episodes(self) -> tuple[Episode, ...]:
+        return (*self._episodes, *([self._open.close(recovered=False)] if self._open else []))
+
+    def _judge_now(self, i: int) -> MonitorVerdict:
+        """Collapsed as of now: an episode whose rules still fire ``stop_after`` updates after it opened,
+        and the run still down over the last ``lasting.window`` steps."""
+        if self._failed is not None:
+            return self._failed
+        episodes, warnings = self._all_episodes(), tuple(self._warnings)
+        open_ = self._open
+        # The rules still fire now, and have since the episode opened stop_after updates ago.
+        lasted = open_ is not None and open_.last_update == i and i - open_.start_update + 1 >= self.cfg.stop_after
+        if lasted and still_down(
+                window_mean(self._rewards_first, slice(None)), window_mean(self._rewards_last, slice(None)),
+                window_mean(self._formats_last, slice(None)), self.cfg.lasting):
+            return MonitorVerdict(True, open_.start, open_.reason, open_.rule, episodes, warnings)
+        return MonitorVerdict(False, None, "", None, episodes, warnings)
 
     def _check_rules(self, spike: str) -> list[tuple[CollapseRule, str]]:
         checks = (
@@ -181,6 +328,12 @@ class CollapseMonitor:
             (CollapseRule.grad_spikes, self.cfg.grad.enabled, lambda: spike),
         )
         return [(rule, why) for rule, enabled, check in checks if enabled and (why := check())]
+
+    def _declining(self) -> str:
+        """docs/math.md §6's "declining run": the reward EMA ``reward_decline`` below its peak (and past
+        the noise floor) or the format-error EMA ``format_increase`` above its baseline; '' if neither."""
+        rule = self.cfg.kl
+        return self._reward_falling(rule.reward_decline, 0.0) or self._format_rising(rule.format_increase)
 
     def _reward_falling(self, drop: float, min_drop: float) -> str:
         """'' unless peak − EMA ≥ max(drop·|peak|, min_drop, noise_sigmas·σ_EMA); else the numbers that show it."""
@@ -216,7 +369,7 @@ class CollapseMonitor:
         if not rule.require_decline:
             return why
         # docs/math.md §6: KL growth alone is not enough; it must come with a declining run.
-        decline = self._reward_falling(rule.reward_decline, 0.0) or self._format_rising(rule.format_increase)
+        decline = self._declining()
         return f"{why} with {decline}" if decline else ""
 
     def _nonfinite(self, skipped: float | None) -> str:
