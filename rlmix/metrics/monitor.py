@@ -1,6 +1,6 @@
-"""Collapse monitor: turns the per-step metric stream into a latched collapse verdict (docs/math.md §6).
+"""Collapse monitor: turns the per-step metric stream into episodes, warnings and a verdict (docs/math.md §6).
 
-Four rules, each with its own knobs and switch, evaluated once per trainer step:
+Rules, each with its own knobs and switch, evaluated once per trainer step:
 
 - ``reward_drop``   — the reward EMA falls below its running peak by ``max(drop·|peak|, min_drop)``.
 - ``kl_growth``     — the EMA of ``mismatch/kl_k3`` reaches ``factor ×`` its early baseline, jointly with
@@ -8,9 +8,15 @@ Four rules, each with its own knobs and switch, evaluated once per trainer step:
 - ``format_errors`` — the format-error-rate EMA rises ``rise`` (absolute) above its early baseline
   (the study saw 21% → 72% within ~10 steps, docs/math.md §5).
 - ``grad_spikes``   — ``count`` gradient norms of at least ``factor ×`` the trailing median within
-  ``window`` steps.
+  ``window`` steps; with a falling reward or rising format errors (as ``kl_growth``) it flags the run,
+  alone it is a *warning* (healthy default runs have spikes: docs/monitor_and_report.md, "Calibration").
 - ``nonfinite``     — ``count`` consecutive steps skipped by the trainer (non-finite loss or gradient,
   ``train/skipped_steps``). Checked from the first update: no warm-up excuses a run that cannot learn.
+
+A flagging rule opens an *episode*; it closes, recovered, once no rule has fired for ``recover_steps``
+updates. The run's verdict is the lasting rule (``rlmix.metrics.lasting``): flagged (an episode) and
+still down at the end. ``update`` also judges it along the way, for ``action=stop``: collapsed once an
+episode's rules have kept firing ``stop_after`` updates and the run is down over the last window.
 
 Timeline, counted in updates (not in step numbers, which may start anywhere): updates
 ``[0, warmup_steps)`` only feed the EMAs; updates ``[warmup_steps, warmup_steps + baseline_steps)``
@@ -24,13 +30,12 @@ level ``a`` to ``b`` the EMA is ``b + (a − b)(1 − alpha)^k`` after ``k`` ste
 sits a distance ``θ`` from ``a`` fires ``ceil(ln(1 − θ/|a − b|) / ln(1 − alpha))`` steps after the
 jump (the first of them counted as 1). docs/monitor_and_report.md works this through.
 
-Pure Python, no logging, no I/O: the caller writes the verdict to ``metrics.jsonl``, ``summary.json``
+Pure Python, no logging, no I/O: the caller writes the verdicts to ``metrics.jsonl``, ``summary.json``
 and W&B (``MonitorVerdict.as_metrics`` / ``as_summary``) and acts on ``MonitorConfig.action``.
 """
 
 from __future__ import annotations
 
-import enum
 import math
 import statistics
 from collections import deque
@@ -50,82 +55,7 @@ from rlmix.config.monitor import (  # noqa: F401 - the schema, importable beside
 )
 from rlmix.metrics.lasting import lasting, still_down, window_mean
 from rlmix.metrics.names import FORMAT_KEY, GRAD_NORM_KEY, KL_KEY, REWARD_KEY, SKIPPED_STEPS
-
-class CollapseRule(enum.Enum):
-    """Which rule fired. Values are the spelling used in ``reason`` strings and summaries."""
-
-    reward_drop = "reward_drop"
-    kl_growth = "kl_growth"
-    format_errors = "format_errors"
-    grad_spikes = "grad_spikes"
-    nonfinite = "nonfinite"
-
-
-@dataclass(frozen=True)
-class Episode:
-    """A stretch of updates during which a rule fired (a run is *flagged* once it has one)."""
-
-    start: int  # the step at which the first rule fired
-    end: int  # the last step at which a rule still fired (so far, while open)
-    steps: int  # updates from start to end, both counted
-    reward_fall: float  # deepest fall of the reward EMA below its peak during the episode (0 if no reward)
-    rule: CollapseRule  # the first rule that fired at ``start``
-    reason: str
-    recovered: bool  # the rules stayed quiet for ``recover_steps`` updates afterwards
-
-    def as_summary(self) -> dict[str, bool | int | float | str]:
-        return {"start": self.start, "end": self.end, "steps": self.steps, "reward_fall": round(self.reward_fall, 6),
-                "recovered": self.recovered, "reason": self.reason}
-
-
-@dataclass(frozen=True)
-class MonitorWarning:
-    """A rule that fired alone where it does not flag a run (gradient spikes without a decline)."""
-
-    step: int
-    reason: str
-
-    def as_summary(self) -> dict[str, int | str]:
-        return {"step": self.step, "reason": self.reason}
-
-
-@dataclass(frozen=True)
-class MonitorVerdict:
-    """Collapsed or not, from which step and why; with the episodes and warnings so far.
-
-    Per update (``CollapseMonitor.update``) ``collapse`` says the run is judged collapsed *now*: an
-    episode has stayed open ``stop_after`` updates and the run is still down (the lasting rule over the
-    last ``lasting.window`` steps), or steps went non-finite. At the end (``CollapseMonitor.finish``)
-    it is the lasting rule over the whole run (``rlmix.metrics.lasting``).
-    """
-
-    collapse: bool
-    step: int | None  # the start of the episode behind the verdict
-    reason: str  # "" when no collapse; "<rule>: <numbers>" (several rules joined by "; ")
-    rule: CollapseRule | None  # the first rule (in CollapseRule order) that fired at ``step``
-    episodes: tuple[Episode, ...] = ()
-    warnings: tuple[MonitorWarning, ...] = ()
-
-    @property
-    def open_episode(self) -> Episode | None:
-        return self.episodes[-1] if self.episodes and not self.episodes[-1].recovered else None
-
-    def as_metrics(self) -> dict[str, float | str]:
-        """The ``monitor/*`` keys of one ``metrics.jsonl`` row / W&B step."""
-        open_ = self.open_episode
-        reason = self.reason or (open_.reason if open_ else "")
-        return {"monitor/collapse": float(self.collapse), "monitor/episode": float(open_ is not None),
-                "monitor/reason": reason, "monitor/warnings": float(len(self.warnings))}
-
-    def as_summary(self) -> dict:
-        """The ``collapse`` object of ``summary.json``."""
-        return {"verdict": self.collapse, "step": self.step, "reason": self.reason,
-                "episodes": [e.as_summary() for e in self.episodes],
-                "warnings": [w.as_summary() for w in self.warnings]}
-
-
-NO_COLLAPSE = MonitorVerdict(collapse=False, step=None, reason="", rule=None)
-
+from rlmix.metrics.verdict import NO_COLLAPSE, CollapseRule, Episode, MonitorVerdict, MonitorWarning
 
 @dataclass
 class _OpenEpisode:
