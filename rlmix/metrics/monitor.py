@@ -40,7 +40,7 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rlmix.config.monitor import (  # noqa: F401 - the schema, importable beside the monitor
     FormatErrorRule,
@@ -238,9 +238,9 @@ class CollapseMonitor:
     def _judge_now(self, i: int) -> MonitorVerdict:
         """Collapsed as of now: an episode whose rules still fire ``stop_after`` updates after it opened,
         and the run still down over the last ``lasting.window`` steps."""
-        if self._failed is not None:
-            return self._failed
         episodes, warnings = self._all_episodes(), tuple(self._warnings)
+        if self._failed is not None:
+            return replace(self._failed, episodes=episodes, warnings=warnings)
         open_ = self._open
         # The rules still fire now, and have since the episode opened stop_after updates ago.
         lasted = open_ is not None and open_.last_update == i and i - open_.start_update + 1 >= self.cfg.stop_after
