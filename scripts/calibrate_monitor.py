@@ -133,22 +133,27 @@ def variants() -> list[tuple[str, MonitorConfig, str]]:
 
 
 def table(records: list[dict]) -> str:
-    healthy = [r for r in records if r["label"] == "healthy"]
-    full = [r for r in records if r["label"] == "collapse" and r.get("format") is not None]
-    partial = [r for r in records if r["label"] == "collapse" and r.get("format") is None]
-    lines = [f"| rule | false alarms: healthy runs it fired on (of {len(healthy)}) "
-             f"| misses: lasting collapses it did not fire on (of {len(full)}, full series) "
-             f"| misses (of {len(partial)}, reward and KL only) |", "|---|---|---|---|"]
+    """Per rule (and for the verdict and action=stop): healthy runs it fired on, collapses it missed."""
+    full = [r for r in records if r.get("format") is not None]
+    partial = [r for r in records if r.get("format") is None]
+    groups = [  # (column header, records, count hits (false alarms) or misses)
+        ("false alarms: default runs (of {n}, full series)", [r for r in full if r["label"] == "healthy"], True),
+        ("false alarms: stale2* runs (of {n}, reward and KL only)", [r for r in partial if r["label"] == "healthy"], True),
+        ("misses: lasting collapses (of {n}, full series)", [r for r in full if r["label"] == "collapse"], False),
+        ("misses: lasting collapses (of {n}, reward and KL only)", [r for r in partial if r["label"] == "collapse"], False),
+    ]
+    lines = ["| rule | " + " | ".join(h.format(n=len(rs)) for h, rs, _ in groups) + " |",
+             "|---|" + "---|" * len(groups)]
     for label, cfg, what in variants():
         def hit(r: dict) -> bool:
             result = replay(r, cfg)
             return {"flagged": result.flagged, "collapsed": result.collapsed, "stopped": result.stopped is not None}[what]
-        lines.append(f"| {label} | {sum(hit(r) for r in healthy)} | {sum(not hit(r) for r in full)} "
-                     f"| {sum(not hit(r) for r in partial)} |")
+        cells = [sum(hit(r) == alarms for r in rs) for _, rs, alarms in groups]
+        lines.append(f"| {label} | " + " | ".join(map(str, cells)) + " |")
     cfg = MonitorConfig()
-    warned = sum(replay(r, cfg).warnings > 0 for r in healthy)
-    recovered = sum(replay(r, cfg).recovered > 0 for r in healthy)
-    lines += ["", f"Healthy runs with a warning (spikes alone): {warned}; with a recovered episode: {recovered}."]
+    healthy = [replay(r, cfg) for r in records if r["label"] == "healthy"]
+    lines += ["", f"Healthy runs with a warning (spikes alone): {sum(h.warnings > 0 for h in healthy)}; "
+                  f"with a recovered episode: {sum(h.recovered > 0 for h in healthy)}; of {len(healthy)}."]
     return "\n".join(lines)
 
 
