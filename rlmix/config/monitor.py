@@ -91,7 +91,7 @@ class MonitorConfig:
     lasting: LastingRule = field(default_factory=LastingRule)
     # action=stop stops a run only once an episode's rules have kept firing this many updates since it
     # opened and the run is still down by the lasting rule over its last lasting.window steps: a dip it
-    # recovers from (the healthy runs' episodes in the calibration: 1-8 updates) does not stop it.
+    # recovers from (the healthy runs' episodes in the calibration: 1-13 updates) does not stop it.
     stop_after: int = 20
     recover_steps: int = 5  # an episode ends, recovered, after this many updates with no rule firing
 
