@@ -31,6 +31,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlmix.metrics.lasting import lasting as is_lasting
+
 ROOT = Path(__file__).resolve().parents[1]
 RLMIX = str(Path(sys.executable).with_name("rlmix"))
 
@@ -112,9 +114,9 @@ class RunResult:
     @property
     def lasting(self) -> bool:
         """Flagged and still down at the end: over the last 10 steps, reward below the first 10
-        steps' or format errors above 10% (healthy runs: 1-3%). The monitor's verdict is latched;
-        a flagged run that climbed back is not a lasting collapse."""
-        return self.collapsed and (self.reward_last < self.reward_first or self.format_last > LASTING_FORMAT_ERRORS)
+        steps' or format errors above 10% (healthy runs: 1-3%). A flagged run that climbed back is
+        not a lasting collapse. The one rule the monitor's verdict and ``rlmix report`` use too."""
+        return is_lasting(self.collapsed, self.reward_first, self.reward_last, self.format_last)
 
 
 def run(cmd: list[str], quiet: bool = False) -> None:

@@ -67,6 +67,32 @@ def test_the_collapse_verdict_is_a_flat_summary_field():
     assert collapse_text({"verdict": False}) == "none"
 
 
+EPISODE = {"start": 95, "end": 104, "steps": 10, "reward_fall": 0.052, "recovered": True, "reason": "reward_drop: x"}
+WARNING = {"step": 78, "reason": "grad_spikes: 3 grad-norm spikes"}
+
+
+def test_episodes_and_warnings_are_counts_and_text_in_the_wandb_summary():
+    collapse = {"verdict": False, "step": None, "reason": "", "episodes": [EPISODE], "warnings": [WARNING]}
+    fields = summary_fields({"steps": 150, "collapse": collapse})
+    assert fields["collapse/verdict"] is False and fields["collapse/episodes"] == 1 and fields["collapse/warnings"] == 1
+    assert fields["collapse/episodes_text"] == "steps 95-104 (10 steps, reward EMA fell 0.052, recovered): reward_drop: x"
+    assert fields["collapse/warnings_text"] == "at step 78: grad_spikes: 3 grad-norm spikes"
+
+
+def test_the_run_block_lists_recovered_episodes_and_warnings_under_a_clean_verdict(tmp_path):
+    from rlmix.metrics.console import run_block
+
+    summary = {"status": "completed", "name": "sc_mis", "steps": 150, "final": {},
+               "collapse": {"verdict": False, "step": None, "reason": "", "episodes": [EPISODE], "warnings": [WARNING]}}
+    block = run_block(summary, tmp_path, None, 150, [], log_dir=tmp_path)
+    lines = {line.split()[0]: line.split(None, 1)[1] for line in block.splitlines()[1:] if line.startswith("  ")}
+    assert lines["status"] == "completed" and lines["collapse"] == "none"
+    assert lines["episodes"].startswith("steps 95-104 (10 steps, reward EMA fell 0.052, recovered)")
+    assert lines["warnings"] == "at step 78: grad_spikes: 3 grad-norm spikes"
+    quiet = dict(summary, collapse={"verdict": False, "step": None, "reason": "", "episodes": [], "warnings": []})
+    assert "episodes" not in run_block(quiet, tmp_path, None, 150, [], log_dir=tmp_path)
+
+
 def test_resume_repeats_the_runs_overrides_but_not_its_directory(tmp_path):
     commands = next_commands(tmp_path / "run", ["+experiment=smoke", "hydra.run.dir=x", "loop.steps=5"])
     assert commands[-1] == f"rlmix train +experiment=smoke loop.steps=5 resume={tmp_path / 'run'}"

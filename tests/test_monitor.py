@@ -23,9 +23,11 @@ from rlmix.errors import ConfigError
 from rlmix.metrics.monitor import (
     CollapseMonitor,
     CollapseRule,
+    Episode,
     MonitorAction,
     MonitorConfig,
     MonitorVerdict,
+    MonitorWarning,
 )
 
 CFG = MonitorConfig()
@@ -34,12 +36,22 @@ N_STEPS = 120
 
 
 def run(stream: list[dict[str, float]], cfg: MonitorConfig = CFG, first_step: int = 0) -> MonitorVerdict:
+    """The first flag: the first episode's start, rule and reason as a verdict (no collapse: none).
+
+    When a rule fires is what these streams test; whether the run then counts as collapsed is the
+    lasting rule's business (the tests after ``test_a_recovered_dip_is_an_episode_not_a_collapse``).
+    """
     monitor = CollapseMonitor(cfg)
-    verdict = None
     for i, metrics in enumerate(stream):
-        verdict = monitor.update(first_step + i, metrics)
-    assert verdict is not None
-    return verdict
+        monitor.update(first_step + i, metrics)
+    episodes = monitor.finish().episodes
+    if not episodes:
+        return MonitorVerdict(collapse=False, step=None, reason="", rule=None)
+    return MonitorVerdict(collapse=True, step=episodes[0].start, reason=episodes[0].reason, rule=episodes[0].rule)
+
+
+SPIKES_FLAG = MonitorConfig()
+SPIKES_FLAG.grad.require_decline = False  # gradient spikes alone open an episode (the rule's own timing)
 
 
 def stable_stream(seed: int, n: int = N_STEPS) -> list[dict[str, float]]:
@@ -203,7 +215,7 @@ def test_grad_spikes_alarm_on_the_count_th_spike_within_the_window() -> None:
     stream = level_stream()
     for t in (50, 55, 62):
         stream[t]["train/grad_norm"] = 10.0
-    verdict = run(stream)
+    verdict = run(stream, SPIKES_FLAG)
     assert verdict.rule is CollapseRule.grad_spikes and verdict.step == 62
     assert verdict.reason.startswith("grad_spikes: 3 grad-norm spikes")
 
@@ -213,25 +225,14 @@ def test_grad_spikes_spread_wider_than_the_window_do_not_alarm() -> None:
     for t in (30, 30 + CFG.grad.window, 30 + 2 * CFG.grad.window):  # never 3 inside one window
         stream[t]["train/grad_norm"] = 10.0
     stream[90]["train/grad_norm"] = 4.9  # below factor 5: not a spike
-    assert not run(stream).collapse
+    assert not run(stream, SPIKES_FLAG).collapse
 
 
 def test_non_finite_grad_norm_counts_as_a_spike() -> None:
     stream = level_stream()
     for t in (50, 51, 52):
         stream[t]["train/grad_norm"] = math.inf
-    assert run(stream).step == 52
-
-
-def test_verdict_latches_first_step_and_reason() -> None:
-    stream = level_stream()
-    for row in stream[40:50]:
-        row["reward/mean"] = 0.1  # collapses, then recovers fully
-    monitor = CollapseMonitor(CFG)
-    verdicts = [monitor.update(t, row) for t, row in enumerate(stream)]
-    fired = [v for v in verdicts if v.collapse]
-    assert fired[0].step == 42 and all(v == fired[0] for v in fired)
-    assert verdicts[-1] == fired[0] == monitor.verdict
+    assert run(stream, SPIKES_FLAG).step == 52
 
 
 def test_disabled_rule_does_not_fire_and_others_still_do() -> None:
@@ -242,19 +243,21 @@ def test_disabled_rule_does_not_fire_and_others_still_do() -> None:
         stream[t]["train/grad_norm"] = 50.0
     cfg = MonitorConfig()
     cfg.reward.enabled = False
-    verdict = run(stream, cfg)
+    verdict = run(stream, cfg)  # the spikes come with the fall (past kl.reward_decline), so they flag
     assert verdict.rule is CollapseRule.grad_spikes and verdict.step == 72
+    assert "with reward EMA" in verdict.reason
 
 
 def test_nothing_fires_before_warmup_plus_baseline_and_step_is_the_callers() -> None:
     cfg = MonitorConfig(warmup_steps=2, baseline_steps=3)
+    cfg.grad.require_decline = False
     stream = level_stream(n=20)
     for t in range(5):
         stream[t]["train/grad_norm"] = 100.0 if t >= 2 else 1.0  # 3 spikes during the baseline window
     monitor = CollapseMonitor(cfg)
     verdicts = [monitor.update(1000 + t, row) for t, row in enumerate(stream)]
-    assert not any(v.collapse for v in verdicts[:5])
-    assert verdicts[5].collapse and verdicts[5].step == 1005  # armed at update 5; the spikes are in the window
+    assert not any(v.episodes for v in verdicts[:5])
+    assert verdicts[5].episodes[0].start == 1005  # armed at update 5; the spikes are in the window
 
 
 def test_missing_and_non_finite_metrics_are_skipped() -> None:
@@ -264,9 +267,19 @@ def test_missing_and_non_finite_metrics_are_skipped() -> None:
 
 
 def test_verdict_serialisations_match_the_run_dir_contract() -> None:
-    verdict = MonitorVerdict(collapse=True, step=42, reason="reward_drop: x", rule=CollapseRule.reward_drop)
-    assert verdict.as_metrics() == {"monitor/collapse": 1.0, "monitor/reason": "reward_drop: x"}
-    assert verdict.as_summary() == {"verdict": True, "step": 42, "reason": "reward_drop: x"}
+    episode = Episode(start=42, end=50, steps=9, reward_fall=0.25, rule=CollapseRule.reward_drop,
+                      reason="reward_drop: x", recovered=False)
+    warning = MonitorWarning(step=30, reason="grad_spikes: y")
+    verdict = MonitorVerdict(collapse=True, step=42, reason="reward_drop: x", rule=CollapseRule.reward_drop,
+                             episodes=(episode,), warnings=(warning,))
+    assert verdict.as_metrics() == {"monitor/collapse": 1.0, "monitor/episode": 1.0, "monitor/reason": "reward_drop: x",
+                                    "monitor/warnings": 1.0}
+    assert verdict.as_summary() == {
+        "verdict": True, "step": 42, "reason": "reward_drop: x",
+        "episodes": [{"start": 42, "end": 50, "steps": 9, "reward_fall": 0.25, "recovered": False,
+                      "reason": "reward_drop: x"}],
+        "warnings": [{"step": 30, "reason": "grad_spikes: y"}],
+    }
 
 
 def test_config_is_a_valid_omegaconf_schema() -> None:
@@ -340,3 +353,122 @@ def test_a_run_that_skips_its_very_first_steps_is_caught():
     for step in (1, 2, 3):
         verdict = monitor.update(step, {"train/skipped_steps": float(step)})
     assert verdict.rule is CollapseRule.nonfinite and verdict.step == 3
+
+
+# --- Episodes, warnings and the lasting verdict (docs/monitor_and_report.md, "Verdict") ---------
+
+
+def low_format_level() -> list[dict[str, float]]:
+    """level_stream with a healthy run's format-error rate (2%, under the lasting rule's 10%)."""
+    return level_stream(**{"format/error_rate": 0.02})
+
+
+def feed(stream: list[dict[str, float]], cfg: MonitorConfig = CFG) -> tuple[CollapseMonitor, list[MonitorVerdict]]:
+    monitor = CollapseMonitor(cfg)
+    return monitor, [monitor.update(t, row) for t, row in enumerate(stream)]
+
+
+def test_a_recovered_dip_is_an_episode_not_a_collapse() -> None:
+    # Reward 0.5, down to 0.1 for steps 40-49, back to 0.5: reward_drop fires at 42 (the closed form)
+    # and stays on while the EMA is more than 0.15 below the peak: k steps after 49 the EMA is
+    # 0.5 - 0.4 (9/11)^10 (9/11)^k, back above 0.35 at k = 5 (step 54), so it last fires at 53. Quiet
+    # for recover_steps (5) updates, the episode closes as recovered at update 58.
+    stream = low_format_level()
+    for row in stream[40:50]:
+        row["reward/mean"] = 0.1
+    monitor, verdicts = feed(stream)
+    end = monitor.finish()
+    assert not end.collapse and end.step is None and end.reason == ""
+    (episode,) = end.episodes
+    assert (episode.start, episode.end, episode.steps, episode.recovered) == (42, 53, 12, True)
+    assert episode.rule is CollapseRule.reward_drop and episode.reason.startswith("reward_drop: ")
+    assert episode.reward_fall == pytest.approx(0.4 * (1 - (1 - ALPHA) ** 10))  # the EMA's lowest point, step 49
+    assert [v.as_metrics()["monitor/episode"] for v in verdicts[41:59]] == [0.0] + [1.0] * 16 + [0.0]
+    assert not any(v.collapse for v in verdicts)  # never judged collapsed along the way
+
+
+def test_a_lasting_fall_is_collapsed_at_its_first_flag() -> None:
+    stream = low_format_level()
+    for row in stream[40:]:
+        row["reward/mean"] = 0.1  # never comes back: the last 10 steps sit below the first 10
+    monitor, verdicts = feed(stream)
+    end = monitor.finish()
+    assert end.collapse and end.step == 42 and end.rule is CollapseRule.reward_drop
+    assert end.reason == end.episodes[0].reason and not end.episodes[0].recovered
+    # Judged along the way once the episode has been open stop_after (20) updates: step 42 + 19.
+    first = next(v for v in verdicts if v.collapse)
+    assert verdicts.index(first) == 42 + CFG.stop_after - 1 and first.step == 42
+
+
+def test_a_flagged_run_that_ends_above_its_start_is_not_collapsed() -> None:
+    # Reward 0.1 during warm-up, then 0.5 (first 10 steps' mean: 0.3); falls to 0.32 at step 60,
+    # flagged (0.18 >= 0.3 x 0.5) and open to the end, but above the start.
+    stream = low_format_level()
+    for t, row in enumerate(stream):
+        row["reward/mean"] = 0.1 if t < 5 else 0.5 if t < 60 else 0.32
+    end = feed(stream)[0].finish()
+    assert end.episodes and not end.episodes[-1].recovered and not end.collapse
+
+
+def test_format_errors_above_the_lasting_threshold_keep_a_flagged_run_collapsed() -> None:
+    stream = low_format_level()
+    for row in stream[60:]:
+        row["format/error_rate"] = 0.5  # the reward holds, the format breaks
+    end = feed(stream)[0].finish()
+    assert end.collapse and end.rule is CollapseRule.format_errors
+
+
+def test_grad_spikes_alone_warn_once_and_never_flag() -> None:
+    stream = low_format_level()
+    for t in (50, 55, 62, 64):
+        stream[t]["train/grad_norm"] = 10.0
+    monitor, verdicts = feed(stream)
+    end = monitor.finish()
+    assert not end.collapse and end.episodes == ()
+    assert [(w.step, w.reason.split(":")[0]) for w in end.warnings] == [(62, "grad_spikes")]  # one per stretch
+    assert verdicts[62].as_metrics()["monitor/warnings"] == 1.0 and verdicts[61].as_metrics()["monitor/warnings"] == 0.0
+
+
+def test_grad_spikes_with_a_reward_fall_still_collapse() -> None:
+    # Reward 0.5 -> 0.42 from step 40: past kl.reward_decline (10%) but short of reward_drop (30%), so
+    # only the spikes can flag, and they do, jointly with the fall; the run ends below its start.
+    stream = low_format_level()
+    for row in stream[40:]:
+        row["reward/mean"] = 0.42
+    for t in (60, 61, 62):
+        stream[t]["train/grad_norm"] = 10.0
+    end = feed(stream)[0].finish()
+    assert end.collapse and end.rule is CollapseRule.grad_spikes and end.step == 62
+    assert "with reward EMA" in end.reason and end.warnings == ()
+
+
+def test_action_stop_waits_until_the_episode_is_judged_lasting() -> None:
+    # A 12-step dip to 0: reward_drop fires from 41 to 56 (16 updates), never stop_after (20) in a
+    # row, so it would not stop the run, although its last 10 steps still sit below the start.
+    dip = low_format_level()
+    for row in dip[40:52]:
+        row["reward/mean"] = 0.0
+    monitor, verdicts = feed(dip)
+    assert not any(v.collapse for v in verdicts)
+    assert monitor.finish().episodes[0].recovered and monitor.finish().episodes[0].steps == 16
+
+
+def test_lasting_rule_is_the_one_function(tmp_path) -> None:
+    from rlmix.metrics.lasting import lasting, lasting_series
+
+    assert lasting(True, 0.07, 0.06, 0.02) and lasting(True, 0.07, 0.12, 0.11)
+    assert not lasting(True, 0.07, 0.12, 0.02) and not lasting(False, 0.07, 0.0, 1.0)
+    rewards = [0.07] * 10 + [0.2] * 40 + [0.05] * 10
+    assert lasting_series(True, rewards, [0.01] * 60) and not lasting_series(True, rewards[:-10], [0.01] * 50)
+    assert not lasting_series(True, rewards[:-10], [])  # no format errors logged: reward alone decides
+
+
+def test_new_knobs_are_validated_with_one_line() -> None:
+    for bad, key in ((MonitorConfig(stop_after=0), "monitor.stop_after"),
+                     (MonitorConfig(recover_steps=0), "monitor.recover_steps")):
+        with pytest.raises(ConfigError, match=key):
+            CollapseMonitor(bad)
+    cfg = MonitorConfig()
+    cfg.lasting.format_errors = math.nan
+    with pytest.raises(ConfigError, match="monitor.lasting.format_errors"):
+        CollapseMonitor(cfg)

@@ -234,3 +234,22 @@ def test_cli_report_on_a_multirun(multirun: Path) -> None:
     assert "grpo" in result.output and (multirun / "report" / "kl.png").read_bytes()[:8] == PNG_MAGIC
     missing = CliRunner().invoke(app, ["report", str(multirun / "nope")])
     assert missing.exit_code == 2 and "not a directory" in missing.output and "Traceback" not in missing.output
+
+
+def test_the_report_judges_collapse_by_the_lasting_rule(tmp_path: Path) -> None:
+    """A run flagged mid-way that ends above its start is not a collapse in the table (the rule of
+    rlmix.metrics.lasting, as the monitor's verdict and scripts/reproduce.py): an older summary whose
+    verdict latched on the first alarm, and a run still going whose rows carry an open episode."""
+    flagged = [dict(row, **{"monitor/collapse": int(t == 12), "monitor/reason": "reward_drop: dip" if t == 12 else ""})
+               for t, row in enumerate(stable_rows())]
+    old_summary = {"collapse": {"verdict": True, "step": 12, "reason": "reward_drop: dip"}}
+    write_run(tmp_path / "old", "grpo", 0, flagged, old_summary)
+    going = [dict(row, **{"monitor/episode": int(t >= 12)}) for t, row in enumerate(collapsing_rows())]
+    for row in going:
+        row["monitor/collapse"] = 0
+    write_run(tmp_path / "going", "grpo", 1, going)
+    rows = {row.run: row for row in summarize(collect_runs(tmp_path))}
+    assert (rows["old"].collapse, rows["old"].collapse_step, rows["old"].collapse_reason) == (False, None, "")
+    # Reward 0.1 over the last 10 steps' half: their mean (0.35) is above the first 10's (0.2), but the
+    # format errors (0.7 x 5 + 0.2 x 5) / 10 = 0.45 are above 10%: still down, so collapsed from step 12.
+    assert (rows["going"].collapse, rows["going"].collapse_step) == (True, 12)

@@ -20,7 +20,7 @@ REQUIRED_KEYS = {
     "correction/ess", "correction/sc_tail_ratio", "correction/sc_head_mass", "correction/sc_coef_l1", "train/loss",
     "train/grad_norm", "train/entropy", "train/response_len", "staleness/mean", "staleness/max",
     "throughput/trainer_tokens_per_s", "time/step_s", "time/weight_sync_s", "time/trainer_idle_frac",
-    "monitor/collapse", "monitor/reason",
+    "monitor/collapse", "monitor/episode", "monitor/reason", "monitor/warnings",
 }
 POOLS = ("h100_fp8", "a100_bf16")
 

@@ -15,8 +15,8 @@ from rlmix.errors import ConfigError
 class MonitorAction(enum.Enum):
     """What the training loop does on a collapse verdict. Member names are the YAML spelling."""
 
-    warn = "warn"  # log the verdict and keep training
-    stop = "stop"  # write the verdict, stop cleanly
+    warn = "warn"  # log episodes and warnings, keep training; the verdict is judged at the end
+    stop = "stop"  # stop cleanly once an episode is judged lasting (MonitorConfig.stop_after)
 
 
 @dataclass
@@ -48,12 +48,28 @@ class GradSpikeRule:
     factor: float = 5.0  # a spike: grad norm ≥ factor × median of the trailing non-spike norms
     count: int = 3  # spikes needed ...
     window: int = 20  # ... within this many steps; also the length of the median's history
+    # Spikes alone are a warning (healthy default runs have them: docs/monitor_and_report.md,
+    # "Calibration"); with a falling reward or rising format errors (kl.reward_decline,
+    # kl.format_increase) they open an episode like the other rules. false: spikes alone do.
+    require_decline: bool = True
 
 
 @dataclass
 class NonFiniteRule:
     enabled: bool = True
     count: int = 3  # consecutive skipped (non-finite) steps; the run then stops as failed
+
+
+@dataclass
+class LastingRule:
+    """When a flagged run counts as collapsed: still down at the end (docs/monitor_and_report.md).
+
+    Over the last ``window`` steps, mean reward below the mean of the first ``window`` steps, or mean
+    format-error rate above ``format_errors`` (healthy runs: 1-3%). ``rlmix.metrics.lasting``.
+    """
+
+    window: int = 10
+    format_errors: float = 0.1
 
 
 @dataclass
@@ -72,6 +88,12 @@ class MonitorConfig:
     format: FormatErrorRule = field(default_factory=FormatErrorRule)
     grad: GradSpikeRule = field(default_factory=GradSpikeRule)
     nonfinite: NonFiniteRule = field(default_factory=NonFiniteRule)
+    lasting: LastingRule = field(default_factory=LastingRule)
+    # action=stop stops a run only once an episode's rules have kept firing this many updates since it
+    # opened and the run is still down by the lasting rule over its last lasting.window steps: a dip it
+    # recovers from (the healthy runs' episodes in the calibration: 1-13 updates) does not stop it.
+    stop_after: int = 20
+    recover_steps: int = 5  # an episode ends, recovered, after this many updates with no rule firing
 
 
 def check_monitor(cfg: MonitorConfig) -> None:
@@ -79,11 +101,14 @@ def check_monitor(cfg: MonitorConfig) -> None:
     for key, value, low in (
         ("ema_span", cfg.ema_span, 1), ("warmup_steps", cfg.warmup_steps, 0), ("baseline_steps", cfg.baseline_steps, 1),
         ("grad.window", cfg.grad.window, 1), ("grad.count", cfg.grad.count, 1), ("nonfinite.count", cfg.nonfinite.count, 1),
+        ("lasting.window", cfg.lasting.window, 1), ("stop_after", cfg.stop_after, 1),
+        ("recover_steps", cfg.recover_steps, 1),
     ):
         if value < low:
             raise ConfigError(f"monitor.{key}={value}: must be >= {low}")
     for key, value in (("noise_sigmas", cfg.noise_sigmas), ("reward.drop", cfg.reward.drop),
                        ("reward.min_drop", cfg.reward.min_drop), ("kl.factor", cfg.kl.factor),
-                       ("format.rise", cfg.format.rise), ("grad.factor", cfg.grad.factor)):
+                       ("format.rise", cfg.format.rise), ("grad.factor", cfg.grad.factor),
+                       ("lasting.format_errors", cfg.lasting.format_errors)):
         if not (value >= 0 and math.isfinite(value)):
             raise ConfigError(f"monitor.{key}={value}: must be a finite number >= 0")

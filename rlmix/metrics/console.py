@@ -115,6 +115,21 @@ def collapse_text(collapse: dict | None) -> str:
     return f"at step {collapse.get('step')}: {collapse.get('reason') or 'collapse'}"
 
 
+def episodes_text(collapse: dict | None) -> str:
+    """The monitor's episodes: when, how long, how deep; '' when there were none."""
+    parts = []
+    for e in (collapse or {}).get("episodes") or []:
+        state = "recovered" if e.get("recovered") else "open at the end"
+        parts.append(f"steps {e.get('start')}-{e.get('end')} ({e.get('steps')} steps, reward EMA fell "
+                     f"{_number(e.get('reward_fall'), '.3f')}, {state}): {e.get('reason')}")
+    return "; ".join(parts)
+
+
+def warnings_text(collapse: dict | None) -> str:
+    """Rules that fired alone where they do not flag a run; '' when there were none."""
+    return "; ".join(f"at step {w.get('step')}: {w.get('reason')}" for w in (collapse or {}).get("warnings") or [])
+
+
 def next_commands(run_dir: Path, overrides: list[str]) -> list[str]:
     """Evaluate, report and resume ``run_dir``; resuming repeats the run's own overrides."""
     keep = [o for o in overrides if not o.startswith(("resume=", "hydra.", "+hydra."))]
@@ -137,6 +152,8 @@ def run_block(
         ("final", f"reward {_number(final.get('reward/mean'), '.3f')}  kl_k3 {_number(final.get('mismatch/kl_k3'), '.2e')}"
                   f"  format errors {_number(final.get('format/error_rate'), '.3f')}"),
         ("collapse", collapse_text(summary.get("collapse"))),
+        *[(key, text) for key, text in (("episodes", episodes_text(summary.get("collapse"))),
+                                        ("warnings", warnings_text(summary.get("collapse")))) if text],
         ("run dir", shown(run_dir)),
         ("checkpoint", shown(checkpoint) if checkpoint else "none"),
         ("logs", logs_text(log_dir, run_dir)),

@@ -1,6 +1,6 @@
-"""Collapse monitor: turns the per-step metric stream into a latched collapse verdict (docs/math.md §6).
+"""Collapse monitor: turns the per-step metric stream into episodes, warnings and a verdict (docs/math.md §6).
 
-Four rules, each with its own knobs and switch, evaluated once per trainer step:
+Rules, each with its own knobs and switch, evaluated once per trainer step:
 
 - ``reward_drop``   — the reward EMA falls below its running peak by ``max(drop·|peak|, min_drop)``.
 - ``kl_growth``     — the EMA of ``mismatch/kl_k3`` reaches ``factor ×`` its early baseline, jointly with
@@ -8,9 +8,15 @@ Four rules, each with its own knobs and switch, evaluated once per trainer step:
 - ``format_errors`` — the format-error-rate EMA rises ``rise`` (absolute) above its early baseline
   (the study saw 21% → 72% within ~10 steps, docs/math.md §5).
 - ``grad_spikes``   — ``count`` gradient norms of at least ``factor ×`` the trailing median within
-  ``window`` steps.
+  ``window`` steps; with a falling reward or rising format errors (as ``kl_growth``) it flags the run,
+  alone it is a *warning* (healthy default runs have spikes: docs/monitor_and_report.md, "Calibration").
 - ``nonfinite``     — ``count`` consecutive steps skipped by the trainer (non-finite loss or gradient,
   ``train/skipped_steps``). Checked from the first update: no warm-up excuses a run that cannot learn.
+
+A flagging rule opens an *episode*; it closes, recovered, once no rule has fired for ``recover_steps``
+updates. The run's verdict is the lasting rule (``rlmix.metrics.lasting``): flagged (an episode) and
+still down at the end. ``update`` also judges it along the way, for ``action=stop``: collapsed once an
+episode's rules have kept firing ``stop_after`` updates and the run is down over the last window.
 
 Timeline, counted in updates (not in step numbers, which may start anywhere): updates
 ``[0, warmup_steps)`` only feed the EMAs; updates ``[warmup_steps, warmup_steps + baseline_steps)``
@@ -24,60 +30,48 @@ level ``a`` to ``b`` the EMA is ``b + (a − b)(1 − alpha)^k`` after ``k`` ste
 sits a distance ``θ`` from ``a`` fires ``ceil(ln(1 − θ/|a − b|) / ln(1 − alpha))`` steps after the
 jump (the first of them counted as 1). docs/monitor_and_report.md works this through.
 
-Pure Python, no logging, no I/O: the caller writes the verdict to ``metrics.jsonl``, ``summary.json``
+Pure Python, no logging, no I/O: the caller writes the verdicts to ``metrics.jsonl``, ``summary.json``
 and W&B (``MonitorVerdict.as_metrics`` / ``as_summary``) and acts on ``MonitorConfig.action``.
 """
 
 from __future__ import annotations
 
-import enum
 import math
 import statistics
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rlmix.config.monitor import (  # noqa: F401 - the schema, importable beside the monitor
     FormatErrorRule,
     GradSpikeRule,
     KLGrowthRule,
+    LastingRule,
     MonitorAction,
     MonitorConfig,
     NonFiniteRule,
     RewardDropRule,
     check_monitor,
 )
+from rlmix.metrics.lasting import lasting, still_down, window_mean
 from rlmix.metrics.names import FORMAT_KEY, GRAD_NORM_KEY, KL_KEY, REWARD_KEY, SKIPPED_STEPS
+from rlmix.metrics.verdict import NO_COLLAPSE, CollapseRule, Episode, MonitorVerdict, MonitorWarning
 
-class CollapseRule(enum.Enum):
-    """Which rule fired. Values are the spelling used in ``reason`` strings and summaries."""
+@dataclass
+class _OpenEpisode:
+    start: int
+    start_update: int
+    last_update: int
+    end: int
+    peak: float | None  # the reward peak when it opened
+    low: float | None  # the lowest reward EMA since
+    rule: CollapseRule
+    reason: str
 
-    reward_drop = "reward_drop"
-    kl_growth = "kl_growth"
-    format_errors = "format_errors"
-    grad_spikes = "grad_spikes"
-    nonfinite = "nonfinite"
-
-
-@dataclass(frozen=True)
-class MonitorVerdict:
-    """The latched outcome: the first step at which any enabled rule fired, and why."""
-
-    collapse: bool
-    step: int | None
-    reason: str  # "" when no collapse; "<rule>: <numbers>" (several rules joined by "; ")
-    rule: CollapseRule | None  # the first rule (in CollapseRule order) that fired at ``step``
-
-    def as_metrics(self) -> dict[str, float | str]:
-        """The ``monitor/*`` keys of one ``metrics.jsonl`` row / W&B step."""
-        return {"monitor/collapse": float(self.collapse), "monitor/reason": self.reason}
-
-    def as_summary(self) -> dict[str, bool | int | str | None]:
-        """The ``collapse`` object of ``summary.json``."""
-        return {"verdict": self.collapse, "step": self.step, "reason": self.reason}
-
-
-NO_COLLAPSE = MonitorVerdict(collapse=False, step=None, reason="", rule=None)
+    def close(self, recovered: bool) -> Episode:
+        fall = max(self.peak - self.low, 0.0) if self.peak is not None and self.low is not None else 0.0
+        return Episode(start=self.start, end=self.end, steps=self.last_update - self.start_update + 1,
+                       reward_fall=fall, rule=self.rule, reason=self.reason, recovered=recovered)
 
 
 class _Ema:
@@ -143,14 +137,24 @@ class CollapseMonitor:
         self._updates = 0
         self._skipped: float | None = None  # the last cumulative skipped-step count
         self._skipped_run = 0  # consecutive skipped steps up to now
+        # The lasting rule's windows: the first and the latest ``lasting.window`` raw values.
+        self._rewards_first: list[float] = []
+        self._rewards_last: deque[float] = deque(maxlen=cfg.lasting.window)
+        self._formats_last: deque[float] = deque(maxlen=cfg.lasting.window)
+        self._episodes: list[Episode] = []  # closed (recovered) episodes
+        self._open: _OpenEpisode | None = None
+        self._warnings: list[MonitorWarning] = []
+        self._spiking = False  # spikes alone fired at the previous update (one warning per stretch)
+        self._failed: MonitorVerdict | None = None  # the non-finite verdict, latched
         self._verdict = NO_COLLAPSE
 
     @property
     def verdict(self) -> MonitorVerdict:
+        """The verdict as of the last update (see ``MonitorVerdict``)."""
         return self._verdict
 
     def update(self, step: int, metrics: Mapping[str, float]) -> MonitorVerdict:
-        """Feed one trainer step's metrics; return the (latched) verdict so far."""
+        """Feed one trainer step's metrics; return the verdict as of this step."""
         i = self._updates
         self._updates += 1
         warm = i >= self.cfg.warmup_steps
@@ -160,18 +164,91 @@ class CollapseMonitor:
             x = _finite(metrics, key)
             if x is not None:
                 signal.update(x, in_baseline, track_peak=warm)
+        self._remember(metrics)
         spike = self._grad_spike(i, metrics.get(GRAD_NORM_KEY), warm) if GRAD_NORM_KEY in metrics else ""
         nonfinite = self._nonfinite(_finite(metrics, SKIPPED_STEPS))
-        if not self._verdict.collapse and nonfinite:
-            self._verdict = MonitorVerdict(collapse=True, step=step, reason=f"nonfinite: {nonfinite}",
-                                           rule=CollapseRule.nonfinite)
-        if self._verdict.collapse or not armed:
-            return self._verdict
-        fired = self._check_rules(spike)
-        if fired:
-            reason = "; ".join(f"{rule.value}: {why}" for rule, why in fired)
-            self._verdict = MonitorVerdict(collapse=True, step=step, reason=reason, rule=fired[0][0])
+        if self._failed is None and nonfinite:
+            self._failed = MonitorVerdict(collapse=True, step=step, reason=f"nonfinite: {nonfinite}",
+                                          rule=CollapseRule.nonfinite)
+        if armed and self._failed is None:
+            self._track_episode(i, step, self._flagging(step, self._check_rules(spike)))
+        self._verdict = self._judge_now(i)
         return self._verdict
+
+    def finish(self) -> MonitorVerdict:
+        """The end-of-run verdict: collapsed when flagged and still down at the end (``lasting``)."""
+        if self._failed is not None:
+            return self._verdict
+        episodes = self._all_episodes()
+        w = self.cfg.lasting.window
+        collapse = lasting(bool(episodes), window_mean(self._rewards_first, slice(0, w)),
+                           window_mean(self._rewards_last, slice(None)), window_mean(self._formats_last, slice(None)),
+                           self.cfg.lasting)
+        if not collapse:
+            return MonitorVerdict(False, None, "", None, episodes, tuple(self._warnings))
+        last = episodes[-1]
+        return MonitorVerdict(True, last.start, last.reason, last.rule, episodes, tuple(self._warnings))
+
+    def _remember(self, metrics: Mapping[str, float]) -> None:
+        reward, fmt = _finite(metrics, REWARD_KEY), _finite(metrics, FORMAT_KEY)
+        if reward is not None:
+            if len(self._rewards_first) < self.cfg.lasting.window:
+                self._rewards_first.append(reward)
+            self._rewards_last.append(reward)
+        if fmt is not None:
+            self._formats_last.append(fmt)
+
+    def _flagging(self, step: int, fired: list[tuple[CollapseRule, str]]) -> list[tuple[CollapseRule, str]]:
+        """The fired rules that flag the run. Gradient spikes need a declining run (``grad.require_decline``);
+        without one they are a warning, recorded once per stretch of updates they keep firing."""
+        spikes = [why for rule, why in fired if rule is CollapseRule.grad_spikes]
+        flagging = [(rule, why) for rule, why in fired if rule is not CollapseRule.grad_spikes]
+        alone = False
+        if spikes:
+            decline = self._declining()
+            if decline or not self.cfg.grad.require_decline:
+                flagging.append((CollapseRule.grad_spikes, f"{spikes[0]} with {decline}" if decline else spikes[0]))
+            else:
+                alone = True
+                if not self._spiking:
+                    self._warnings.append(MonitorWarning(step, f"grad_spikes: {spikes[0]}"))
+        self._spiking = alone
+        return flagging
+
+    def _track_episode(self, i: int, step: int, flagging: list[tuple[CollapseRule, str]]) -> None:
+        """Open an episode on the first flagging rule; close it, recovered, after ``recover_steps`` quiet updates."""
+        ema = self._reward.ema.value
+        if flagging and self._open is None:
+            reason = "; ".join(f"{rule.value}: {why}" for rule, why in flagging)
+            self._open = _OpenEpisode(start=step, start_update=i, last_update=i, end=step, peak=self._reward.peak,
+                                      low=ema, rule=flagging[0][0], reason=reason)
+        if self._open is None:
+            return
+        if flagging:
+            self._open.last_update, self._open.end = i, step
+        if ema is not None:
+            self._open.low = ema if self._open.low is None else min(self._open.low, ema)
+        if i - self._open.last_update >= self.cfg.recover_steps:
+            self._episodes.append(self._open.close(recovered=True))
+            self._open = None
+
+    def _all_episodes(self) -> tuple[Episode, ...]:
+        return (*self._episodes, *([self._open.close(recovered=False)] if self._open else []))
+
+    def _judge_now(self, i: int) -> MonitorVerdict:
+        """Collapsed as of now: an episode whose rules still fire ``stop_after`` updates after it opened,
+        and the run still down over the last ``lasting.window`` steps."""
+        episodes, warnings = self._all_episodes(), tuple(self._warnings)
+        if self._failed is not None:
+            return replace(self._failed, episodes=episodes, warnings=warnings)
+        open_ = self._open
+        # The rules still fire now, and have since the episode opened stop_after updates ago.
+        lasted = open_ is not None and open_.last_update == i and i - open_.start_update + 1 >= self.cfg.stop_after
+        if lasted and still_down(
+                window_mean(self._rewards_first, slice(None)), window_mean(self._rewards_last, slice(None)),
+                window_mean(self._formats_last, slice(None)), self.cfg.lasting):
+            return MonitorVerdict(True, open_.start, open_.reason, open_.rule, episodes, warnings)
+        return MonitorVerdict(False, None, "", None, episodes, warnings)
 
     def _check_rules(self, spike: str) -> list[tuple[CollapseRule, str]]:
         checks = (
@@ -181,6 +258,12 @@ class CollapseMonitor:
             (CollapseRule.grad_spikes, self.cfg.grad.enabled, lambda: spike),
         )
         return [(rule, why) for rule, enabled, check in checks if enabled and (why := check())]
+
+    def _declining(self) -> str:
+        """docs/math.md §6's "declining run": the reward EMA ``reward_decline`` below its peak (and past
+        the noise floor) or the format-error EMA ``format_increase`` above its baseline; '' if neither."""
+        rule = self.cfg.kl
+        return self._reward_falling(rule.reward_decline, 0.0) or self._format_rising(rule.format_increase)
 
     def _reward_falling(self, drop: float, min_drop: float) -> str:
         """'' unless peak − EMA ≥ max(drop·|peak|, min_drop, noise_sigmas·σ_EMA); else the numbers that show it."""
@@ -216,7 +299,7 @@ class CollapseMonitor:
         if not rule.require_decline:
             return why
         # docs/math.md §6: KL growth alone is not enough; it must come with a declining run.
-        decline = self._reward_falling(rule.reward_decline, 0.0) or self._format_rising(rule.format_increase)
+        decline = self._declining()
         return f"{why} with {decline}" if decline else ""
 
     def _nonfinite(self, skipped: float | None) -> str:

@@ -4,7 +4,9 @@
   mismatch (k3 KL), format-error rate and sampler throughput, read back from ``metrics.jsonl``
   (so a resumed run's table covers all its steps).
 * summary fields: the scalars of ``summary.json`` plus the collapse verdict flattened
-  (``collapse/verdict``, ``collapse/step``, ``collapse/reason``); W&B cannot filter on a dict.
+  (``collapse/verdict``, ``collapse/step``, ``collapse/reason``; ``collapse/episodes`` and
+  ``collapse/warnings`` as counts, with ``collapse/episodes_text`` and ``collapse/warnings_text``);
+  W&B cannot filter on a dict.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from rlmix.metrics.console import episodes_text, warnings_text
 from rlmix.metrics.jsonl import read_metrics
 
 POOL_COLUMNS = ("mismatch/kl_k3", "format/error_rate", "throughput/sampler_tokens_per_s")
@@ -35,7 +38,12 @@ def pool_rows(fleet: dict[str, dict], metrics_path: Path) -> list[list]:
 def summary_fields(summary: dict) -> dict:
     fields = {key: value for key, value in summary.items() if not isinstance(value, dict)}
     for key, value in (summary.get("collapse") or {}).items():
-        fields[f"collapse/{key}"] = value
+        # episodes and warnings are lists of records: W&B's summary gets how many and the text
+        fields[f"collapse/{key}"] = len(value) if isinstance(value, list) else value
+    collapse = summary.get("collapse") or {}
+    if "episodes" in collapse:
+        fields["collapse/episodes_text"] = episodes_text(collapse)
+        fields["collapse/warnings_text"] = warnings_text(collapse)
     return fields
 
 

@@ -3,8 +3,8 @@ one line on stderr and an exit code).
 
 | status        | when                                                         | exit       |
 |---------------|--------------------------------------------------------------|------------|
-| `completed`   | every step ran and the collapse monitor stayed quiet         | 0          |
-| `collapsed`   | the monitor latched a collapse verdict (the run is data)     | 0          |
+| `completed`   | every step ran; no collapse that lasted (recovered episodes and warnings are listed) | 0 |
+| `collapsed`   | the monitor flagged the run and it was still down at the end (the run is data) | 0 |
 | `interrupted` | SIGINT / SIGTERM: the step in flight finished, then a checkpoint | 130 / 143 |
 | `failed`      | a dead trainer, no sampler left, the watchdog, non-finite steps | 1        |
 
@@ -71,14 +71,15 @@ def finish(loop, steps, stop: StopRequest, facts: dict) -> dict:
         failure = f"{verdict.reason}, so the weights no longer change" if verdict.rule is CollapseRule.nonfinite else ""
     except RunFailed as err:
         failure = str(err)
-    status = _status(failure, stop, steps.monitor.verdict.collapse)
+    verdict = steps.monitor.finish()  # the lasting rule over the steps that ran
+    status = _status(failure, stop, verdict.collapse)
     checkpoint = None
     if status is not Status.failed:
         checkpoint = steps.checkpoint(loop.version)
     summary = {"status": status.value} | facts | {
         "steps": loop.version,
         "final": steps.last,
-        "collapse": steps.monitor.verdict.as_summary(),
+        "collapse": verdict.as_summary(),
         "checkpoint": str(checkpoint) if checkpoint else None,
         "fault": {"sampler_restarts": loop.sampler_restarts, "requests_reissued": loop.requests_reissued},
     }

@@ -19,6 +19,8 @@ import yaml
 
 from rlmix.errors import ConfigError
 from rlmix.metrics.jsonl import read_metrics
+from rlmix.metrics.lasting import lasting_series
+from rlmix.metrics.names import FORMAT_KEY, REWARD_KEY
 
 # Overrides that do not make a different arm: the seed varies within an arm, and the experiment /
 # name overrides are already what ``name`` says. ``hydra.*`` only moves output directories.
@@ -48,14 +50,32 @@ class RunRecord:
         return steps, values
 
     def collapse(self) -> tuple[bool, int | None, str]:
-        """(verdict, step, reason): ``summary.json``'s ``collapse`` when there is one, else the first
-        ``metrics.jsonl`` row with ``monitor/collapse`` = 1 (a run still going, or killed)."""
-        if self.summary is not None and isinstance(self.summary.get("collapse"), dict):
-            c = self.summary["collapse"]
-            step = c.get("step")
-            return bool(c.get("verdict")), step if isinstance(step, int) else None, str(c.get("reason") or "")
+        """(verdict, step, reason) by the lasting rule (``rlmix.metrics.lasting``, as the monitor's own
+        end-of-run verdict and scripts/reproduce.py): flagged and still down over the last steps.
+
+        Flagged: ``summary.json``'s ``collapse`` verdict or episodes, else a ``metrics.jsonl`` row with
+        ``monitor/collapse`` or ``monitor/episode`` = 1 (a run still going, or killed). Judging the rows
+        again also reads run directories written before the verdict was the lasting one."""
+        flagged, step, reason = self._flag()
+        _, rewards = self.series(REWARD_KEY)
+        _, formats = self.series(FORMAT_KEY)
+        if not lasting_series(flagged, rewards, formats):
+            return False, None, ""
+        return True, step, reason
+
+    def _flag(self) -> tuple[bool, int | None, str]:
+        c = self.summary.get("collapse") if self.summary is not None else None
+        if isinstance(c, dict):
+            episodes = [e for e in c.get("episodes") or [] if isinstance(e, dict)]
+            if c.get("verdict"):
+                step = c.get("step")
+                return True, step if isinstance(step, int) else None, str(c.get("reason") or "")
+            if episodes:
+                step = episodes[-1].get("start")
+                return True, step if isinstance(step, int) else None, str(episodes[-1].get("reason") or "")
+            return False, None, ""
         for row in self.metrics:
-            if row.get("monitor/collapse"):
+            if row.get("monitor/collapse") or row.get("monitor/episode"):
                 return True, int(row["step"]), str(row.get("monitor/reason") or "")
         return False, None, ""
 

@@ -8,8 +8,9 @@ Definitions (over the rows of ``metrics.jsonl`` that carry the metric, in step o
   window: rows ``[skip_steps, skip_steps + early_steps)`` (the defaults mirror the collapse monitor's
   ``warmup_steps`` and ``baseline_steps``); n/a when no row falls in the early window or its mean is 0;
 - final format-error rate = mean of ``format/error_rate`` over the last ``final_steps`` rows;
-- collapse verdict, step and reason = ``summary.json``'s ``collapse``, or, for a run without a summary
-  (still going, or killed), the first row with ``monitor/collapse`` = 1;
+- collapse verdict, step and reason = the lasting rule (``RunRecord.collapse``): flagged by
+  ``summary.json``'s ``collapse`` (or, without a summary, a row with ``monitor/collapse`` or
+  ``monitor/episode`` = 1) and still down over the last 10 steps;
 - wall time = ``summary.json``'s ``wall_time_s``, else the last row's ``time``.
 """
 
