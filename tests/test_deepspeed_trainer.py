@@ -219,3 +219,26 @@ def test_json_follows_the_typed_config():
     for bad, key in [(DeepSpeedConfig(zero_stage=4), "zero_stage=4"), (DeepSpeedConfig(ranks=0), "ranks=0")]:
         with pytest.raises(ConfigError, match=f"trainer.deepspeed.{key}"):
             check_deepspeed(bad, bf16=True)
+
+
+def test_the_warm_up_rate_reaches_every_rank(model_dir, corr):
+    """lr 2xLR halved by a 2-step warm-up: the first update is plain torch's at LR; train/lr says so."""
+    from dataclasses import replace
+
+    from safetensors.torch import load_file
+
+    from rlmix.config.schema import LRSchedule
+    from rlmix.trainers.deepspeed_trainer import DeepSpeedTrainer
+
+    batch = fixed_batch(model_dir)
+    _, _, reference = torch_reference(model_dir, batch, trainer_cfg(), corr)
+    cfg = replace(trainer_cfg(), lr=2 * LR, lr_warmup_steps=2, lr_schedule=LRSchedule.linear, lr_decay_steps=4)
+    trainer = DeepSpeedTrainer(model_dir, cfg, corr, seed=0)
+    try:
+        metrics = trainer.train_step(batch)
+        assert metrics["train/lr"] == LR
+        assert_same_update(trainer.published_weights(), reference, load_file(model_dir / "model.safetensors"))
+        later = [trainer.train_step(batch)["train/lr"] for _ in range(3)]
+        assert later == pytest.approx([2 * LR, 2 * LR, LR])  # warmed up, then halfway down the linear decay
+    finally:
+        trainer.close()

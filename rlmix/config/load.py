@@ -150,6 +150,11 @@ def _check_trainer(cfg: RunConfig) -> None:
     _require(t.num_threads is None or t.num_threads >= 1,
              f"trainer.num_threads={t.num_threads}: must be null (from the cores Ray reports) or >= 1")
     _require(math.isfinite(t.lr) and 0 < t.lr <= 1, f"trainer.lr={t.lr}: must be in (0, 1]")
+    _require(t.lr_warmup_steps >= 0, f"trainer.lr_warmup_steps={t.lr_warmup_steps}: must be >= 0 trainer steps")
+    _require(t.lr_decay_steps is None or t.lr_decay_steps >= 1,
+             f"trainer.lr_decay_steps={t.lr_decay_steps}: must be null (loop.steps) or >= 1 trainer steps")
+    _require(math.isfinite(t.min_lr_ratio) and 0 <= t.min_lr_ratio <= 1,
+             f"trainer.min_lr_ratio={t.min_lr_ratio}: must be in [0, 1] (the decay's floor as a share of trainer.lr)")
     # AdamW's decoupled decay multiplies each weight by (1 - lr * weight_decay) per step.
     _require(math.isfinite(t.weight_decay) and 0 <= t.weight_decay <= 1, f"trainer.weight_decay={t.weight_decay}: must be in [0, 1]")
     _require(len(t.betas) == 2 and all(math.isfinite(b) and 0 <= b < 1 for b in t.betas),

@@ -47,6 +47,14 @@ class TrainerPrecision(enum.Enum):
     fp32 = "fp32"
 
 
+class LRSchedule(enum.Enum):
+    """What follows the warm-up (rlmix/trainers/schedule.py)."""
+
+    constant = "constant"  # the study's: trainer.lr throughout
+    linear = "linear"  # linear decay to trainer.lr x trainer.min_lr_ratio
+    cosine = "cosine"  # half a cosine down to trainer.lr x trainer.min_lr_ratio
+
+
 class WandbMode(enum.Enum):
     disabled = "disabled"
     offline = "offline"
@@ -122,6 +130,13 @@ class CorrectionConfig:
 class TrainerConfig:
     backend: TrainerBackend = TrainerBackend.torch
     lr: float = 3e-4
+    # The schedule, in trainer steps (batches; rlmix/trainers/schedule.py): a linear warm-up over
+    # lr_warmup_steps, then constant, linear or cosine decay to lr x min_lr_ratio at lr_decay_steps
+    # (null: loop.steps). Logged as train/lr; resumed from the checkpoint's step.
+    lr_schedule: LRSchedule = LRSchedule.constant
+    lr_warmup_steps: int = 0
+    lr_decay_steps: Optional[int] = None
+    min_lr_ratio: float = 0.0
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     grad_clip: float = 1.0

@@ -14,6 +14,7 @@ PADDING_FRAC = "train/padding_frac"  # share of the forward's positions that wer
 SKIPPED_STEPS = "train/skipped_steps"
 RESPONSE_LEN = "train/response_len"
 OPTIMIZER_STEPS = "train/optimizer_steps"  # optimizer steps taken on the batch (mini-batches x epochs)
+LR = "train/lr"  # the learning rate of the batch's optimizer steps (trainer.lr_schedule)
 
 # reward/ and format/: what the task said about the batch
 REWARD_KEY = "reward/mean"

@@ -135,10 +135,12 @@ class DeepSpeedRank:
         return out.cpu()
 
     def train_shard(self, shard: Rollouts | None, advantages: torch.Tensor | None, num_tokens: int,
-                    num_sequences: int, backwards: int) -> RankStep:
+                    num_sequences: int, backwards: int, lr: float) -> RankStep:
         """Accumulate this shard's gradients (loss over the GLOBAL ``num_tokens`` / ``num_sequences``
-        of the optimizer step), pad to ``backwards``, step."""
+        of the optimizer step), pad to ``backwards``, step at learning rate ``lr``."""
         calls = 0
+        for group in self.engine.optimizer.param_groups:  # ZeRO's wrapper shares its inner groups
+            group["lr"] = lr
 
         def backward(loss: torch.Tensor) -> None:
             nonlocal calls
