@@ -242,3 +242,20 @@ def test_the_warm_up_rate_reaches_every_rank(model_dir, corr):
         assert later == pytest.approx([2 * LR, 2 * LR, LR])  # warmed up, then halfway down the linear decay
     finally:
         trainer.close()
+
+
+def test_the_kl_term_on_a_rank_with_its_reference_in_host_memory(model_dir, corr):
+    """k3 to the start weights: 0 on the first batch (the reference's own weights), > 0 after."""
+    from dataclasses import replace
+
+    from rlmix.trainers.deepspeed_trainer import DeepSpeedTrainer
+
+    cfg = replace(trainer_cfg(), ref_on_cpu=True)
+    trainer = DeepSpeedTrainer(model_dir, cfg, replace(corr, kl_coef=0.5), seed=0)
+    try:
+        batch = fixed_batch(model_dir)
+        kls = [trainer.train_step(batch)["train/kl_ref"] for _ in range(2)]
+        assert kls[0] == pytest.approx(0.0, abs=1e-6) and kls[1] > 1e-5
+        assert next(trainer._local.reference.parameters()).device.type == "cpu"
+    finally:
+        trainer.close()

@@ -211,6 +211,9 @@ def _check_correction(cfg: RunConfig) -> None:
     )
     _require(0 < c.low <= 1 <= c.high, f"correction.low={c.low}, correction.high={c.high}: need 0 < low <= 1 <= high")
     _require(c.cap >= 1, f"correction.cap={c.cap}: the TIS cap must be >= 1")
+    for key in ("kl_coef", "entropy_coef"):
+        value = getattr(c, key)
+        _require(math.isfinite(value) and value >= 0, f"correction.{key}={value}: must be >= 0 (0 = off)")
     _require(0 < c.eps_low < 1 and c.eps_high > 0,
              f"correction.eps_low={c.eps_low}, correction.eps_high={c.eps_high}: need 0 < eps_low < 1 and eps_high > 0")
     _require(c.num_candidates >= 0 and c.support_slots >= 0,

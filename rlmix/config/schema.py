@@ -19,7 +19,7 @@ from rlmix.config.deepspeed import DeepSpeedConfig
 from rlmix.config.embedded import AgentModelSpec, EmbeddedModelSpec
 from rlmix.config.monitor import MonitorConfig
 from rlmix.config.swebench import MiniCodeAgentConfig, SwebenchProConfig
-from rlmix.correction import CorrectionMode, ISLevel, LossAggregation, Objective, OldLogprobs
+from rlmix.correction import CorrectionMode, ISLevel, KLEstimator, LossAggregation, Objective, OldLogprobs
 from rlmix.correction.weights import MIS_HIGH, MIS_LOW, PPO_EPS_HIGH, PPO_EPS_LOW, TIS_CAP
 
 
@@ -124,6 +124,13 @@ class CorrectionConfig:
     num_candidates: int = 128  # K: top-K candidates recorded per token
     support_slots: int = 128  # slots recorded for the top-p/top-k support
     replay_support: bool = True  # renormalise the trainer over the recorded support (§4)
+    # Terms beside the objective (rlmix/correction/regularizers.py), 0 in the study: kl_coef x
+    # KL(pi || pi_ref) to a frozen copy of the start weights (built only when kl_coef > 0;
+    # trainer.ref_on_cpu keeps it in host memory), estimated per token by kl_estimator; and
+    # -entropy_coef x the policy's entropy (a bonus; needs the dense (N, V) logits).
+    kl_coef: float = 0.0
+    kl_estimator: KLEstimator = KLEstimator.k3
+    entropy_coef: float = 0.0
 
 
 @dataclass
@@ -151,6 +158,7 @@ class TrainerConfig:
     max_tokens_per_micro_batch: Optional[int] = None
     precision: TrainerPrecision = TrainerPrecision.bf16  # autocast dtype over fp32 master weights
     num_threads: Optional[int] = None  # torch threads of the trainer; None: its share of the cores Ray reports
+    ref_on_cpu: bool = False  # correction.kl_coef > 0: the reference model in host memory, not the trainer's device
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
 
 

@@ -24,7 +24,7 @@ from rlmix.rollout import Rollouts
 from rlmix.trainers.deepspeed_config import CommBackend, deepspeed_json
 from rlmix.metrics.aggregate import StepResult
 from rlmix.trainers.precision import autocast_dtype, published_dtype
-from rlmix.trainers.step import forward_backward, trainer_logprobs
+from rlmix.trainers.step import forward_backward, reference_model, trainer_logprobs, with_ref_logprobs
 
 DS_DIR = "deepspeed"  # DeepSpeed's own checkpoint (fp32 master weights, optimizer partitions)
 DS_TAG = "step"  # not "latest": DeepSpeed writes a file of that name beside the tag dir
@@ -119,6 +119,9 @@ class DeepSpeedRank:
                                       weight_decay=cfg.weight_decay)
         config = deepspeed_json(cfg.deepspeed, precision=cfg.precision, grad_clip=cfg.grad_clip)
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+        self.reference = reference_model(self.model_dir, self.correction,
+                                         "cpu" if cfg.ref_on_cpu else self.engine.device,
+                                         dtype=next(self.engine.module.parameters()).dtype)
         self.zero_stage = cfg.deepspeed.zero_stage
         self.published = published_dtype(cfg.precision)
 
@@ -155,8 +158,13 @@ class DeepSpeedRank:
         else:
             # The shared loss builds its index tensors on the default device: make it the engine's
             # (on the CPU skip the device mode: it intercepts every torch call).
+            # π_ref first, outside the engine's device mode: the reference may live in host memory.
+            shard = with_ref_logprobs(self.reference, shard.to(device), self.correction, pad_id=self.pad_id,
+                                      micro_batch_size=self.cfg.micro_batch_size,
+                                      max_tokens=self.cfg.max_tokens_per_micro_batch,
+                                      autocast=autocast_dtype(self.cfg.precision))
             with torch.device(device) if device.type != "cpu" else contextlib.nullcontext():
-                result = forward_backward(self.engine, shard.to(device), advantages.to(device),
+                result = forward_backward(self.engine, shard, advantages.to(device),
                                           self.correction, pad_id=self.pad_id,
                                           micro_batch_size=self.cfg.micro_batch_size,
                                           autocast=autocast_dtype(self.cfg.precision),

@@ -21,7 +21,9 @@ from rlmix.trainers.step import (
     mean_grad_norm,
     needs_trainer_logprobs,
     optimizer_step_rows,
+    reference_model,
     trainer_logprobs,
+    with_ref_logprobs,
 )
 
 STATE_FILE = "trainer_state.pt"
@@ -37,6 +39,7 @@ class TorchTrainer:
         self.cfg, self.correction = cfg, correction
         self.model = load_causal_lm(model_dir, dtype=torch.float32)
         self.model.train()
+        self.reference = reference_model(model_dir, correction, "cpu" if cfg.ref_on_cpu else self.model.device)
         self.tokenizer = load_tokenizer(model_dir)
         self.pad_id = self.tokenizer.pad_token_id
         self.optimizer = torch.optim.AdamW(
@@ -61,6 +64,7 @@ class TorchTrainer:
                      max_tokens=self.cfg.max_tokens_per_micro_batch, autocast=autocast_dtype(self.cfg.precision))
         if needs_trainer_logprobs(batch, self.cfg, self.correction):
             batch = batch.replace(trainer_logprobs=trainer_logprobs(self.model, batch, self.correction, **micro))
+        batch = with_ref_logprobs(self.reference, batch, self.correction, **micro)
         lr = scheduled_lr(self.cfg, self._version)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
