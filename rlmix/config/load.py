@@ -129,6 +129,8 @@ def _check_loop(cfg: RunConfig) -> None:
     for key in ("sampler_threads", "concurrent_requests"):  # null: from the cores Ray reports
         value = getattr(loop, key)
         _require(value is None or value >= 1, f"loop.{key}={value}: must be null (from the cores Ray reports) or >= 1")
+    _require(math.isfinite(loop.overlong_penalty) and loop.overlong_penalty >= 0,
+             f"loop.overlong_penalty={loop.overlong_penalty}: must be >= 0 (taken off a cut completion's reward)")
     _require(loop.sampler_max_restarts >= 0, f"loop.sampler_max_restarts={loop.sampler_max_restarts}: must be >= 0")
     _require(loop.checkpoint_every >= 0, f"loop.checkpoint_every={loop.checkpoint_every}: must be >= 0 (0 = off)")
     _require(math.isfinite(loop.checkpoint_every_min) and loop.checkpoint_every_min >= 0,

@@ -47,6 +47,14 @@ class TrainerPrecision(enum.Enum):
     fp32 = "fp32"
 
 
+class Overlong(enum.Enum):
+    """What becomes of a completion cut at loop.max_new_tokens (rlmix/orchestration/filters.py)."""
+
+    keep = "keep"  # trained like any other (the study's)
+    filter = "filter"  # out of the loss; its reward still counts in its group's baseline (DAPO)
+    penalty = "penalty"  # loop.overlong_penalty taken off its reward
+
+
 class LRSchedule(enum.Enum):
     """What follows the warm-up (rlmix/trainers/schedule.py)."""
 
@@ -206,6 +214,11 @@ class LoopConfig:
     weight_sync_every: int = 1  # publish weights every N trainer steps
     temperature: float = 1.0
     max_new_tokens: int = 24
+    # DAPO's dynamic sampling: drop groups whose rewards are all equal (no gradient) and request
+    # more to fill the batch; a task whose every group scores alike then waits for the watchdog.
+    dynamic_sampling: bool = False
+    overlong: Overlong = Overlong.keep  # completions cut at max_new_tokens: keep, filter or penalty
+    overlong_penalty: float = 1.0  # overlong=penalty: taken off the reward of a cut completion
     sampler_threads: Optional[int] = None  # torch threads per CPU sampler actor; None: 1
     concurrent_requests: Optional[int] = None  # CPU-sampler requests generating at once; None: the samplers' cores
     # Checkpoints (docs/reliability.md): after every N steps or M minutes, whichever comes first,

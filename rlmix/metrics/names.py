@@ -18,6 +18,10 @@ KL_REF = "train/kl_ref"  # token mean of the KL estimate to the reference (corre
 ENTROPY_BONUS = "train/entropy_bonus"  # correction.entropy_coef x token-mean entropy, taken off the loss
 LR = "train/lr"  # the learning rate of the batch's optimizer steps (trainer.lr_schedule)
 
+# sampling/: what loop.dynamic_sampling and loop.overlong did to the groups collected since the last step
+UNIFORM_DROPPED_FRAC = "sampling/uniform_dropped_frac"  # groups dropped for equal rewards / groups collected
+OVERLONG_FRAC = "sampling/overlong_frac"  # completions cut at max_new_tokens / completions collected
+
 # reward/ and format/: what the task said about the batch
 REWARD_KEY = "reward/mean"
 PASS_RATE = "reward/pass_rate"
