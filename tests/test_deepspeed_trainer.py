@@ -259,3 +259,23 @@ def test_the_kl_term_on_a_rank_with_its_reference_in_host_memory(model_dir, corr
         assert next(trainer._local.reference.parameters()).device.type == "cpu"
     finally:
         trainer.close()
+
+
+def test_activation_checkpointing_leaves_the_update_alone(model_dir, corr):
+    """One rank with checkpointing and one without: the same loss, norm and weights after a step."""
+    from dataclasses import replace
+
+    from rlmix.trainers.deepspeed_trainer import DeepSpeedTrainer
+
+    batch = fixed_batch(model_dir, seed=2)
+    trainer = DeepSpeedTrainer(model_dir, replace(trainer_cfg(), activation_checkpointing=True), corr, seed=0)
+    plain = DeepSpeedTrainer(model_dir, trainer_cfg(), corr, seed=0)
+    try:
+        assert trainer._local.engine.module.is_gradient_checkpointing
+        got, want = trainer.train_step(batch), plain.train_step(batch)
+        assert got["train/loss"] == want["train/loss"] and got["train/grad_norm"] == want["train/grad_norm"]
+        weights, reference = trainer.published_weights(), plain.published_weights()
+        assert all(torch.equal(weights[k], v) for k, v in reference.items())
+    finally:
+        trainer.close()
+        plain.close()

@@ -166,6 +166,9 @@ class TrainerConfig:
     max_tokens_per_micro_batch: Optional[int] = None
     precision: TrainerPrecision = TrainerPrecision.bf16  # autocast dtype over fp32 master weights
     num_threads: Optional[int] = None  # torch threads of the trainer; None: its share of the cores Ray reports
+    # Recompute each decoder layer in the backward instead of keeping its activations (HF
+    # gradient_checkpointing_enable): less memory for longer sequences, one more forward, same gradients.
+    activation_checkpointing: bool = False
     ref_on_cpu: bool = False  # correction.kl_coef > 0: the reference model in host memory, not the trainer's device
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
 

@@ -24,7 +24,13 @@ from rlmix.rollout import Rollouts
 from rlmix.trainers.deepspeed_config import CommBackend, deepspeed_json
 from rlmix.metrics.aggregate import StepResult
 from rlmix.trainers.precision import autocast_dtype, published_dtype
-from rlmix.trainers.step import forward_backward, reference_model, trainer_logprobs, with_ref_logprobs
+from rlmix.trainers.step import (
+    checkpoint_activations,
+    forward_backward,
+    reference_model,
+    trainer_logprobs,
+    with_ref_logprobs,
+)
 
 DS_DIR = "deepspeed"  # DeepSpeed's own checkpoint (fp32 master weights, optimizer partitions)
 DS_TAG = "step"  # not "latest": DeepSpeed writes a file of that name beside the tag dir
@@ -115,6 +121,7 @@ class DeepSpeedRank:
         self.pad_id = load_tokenizer(self.model_dir).pad_token_id
         model = load_causal_lm(self.model_dir, dtype=torch.float32)
         model.train()
+        checkpoint_activations(model, cfg.activation_checkpointing)
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas),
                                       weight_decay=cfg.weight_decay)
         config = deepspeed_json(cfg.deepspeed, precision=cfg.precision, grad_clip=cfg.grad_clip)

@@ -84,6 +84,21 @@ def trainer_logprobs(
     return out
 
 
+def checkpoint_activations(model: torch.nn.Module, on: bool) -> None:
+    """``trainer.activation_checkpointing``: keep only each decoder layer's input in the forward
+    and recompute the layer in the backward (HF ``gradient_checkpointing_enable``, non-reentrant):
+    activation memory for a second forward, the same gradients."""
+    if not on:
+        return
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        from rlmix.errors import ConfigError
+
+        raise ConfigError(f"trainer.activation_checkpointing=true: {type(model).__name__} does not support "
+                          "gradient checkpointing; set it to false")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False  # a KV cache under checkpointing is recomputed for nothing (and HF warns)
+
+
 def reference_model(model_dir, cfg: CorrectionConfig, device: torch.device | str,
                     dtype: torch.dtype = torch.float32) -> torch.nn.Module | None:
     """The frozen reference of the KL term: the start weights on ``device``, in the ``dtype`` of

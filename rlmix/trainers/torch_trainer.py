@@ -16,6 +16,7 @@ from rlmix.trainers.schedule import scheduled_lr
 from rlmix.trainers.step import (
     advantages_for,
     batch_result,
+    checkpoint_activations,
     count_sequences,
     forward_backward,
     mean_grad_norm,
@@ -39,6 +40,7 @@ class TorchTrainer:
         self.cfg, self.correction = cfg, correction
         self.model = load_causal_lm(model_dir, dtype=torch.float32)
         self.model.train()
+        checkpoint_activations(self.model, cfg.activation_checkpointing)
         self.reference = reference_model(model_dir, correction, "cpu" if cfg.ref_on_cpu else self.model.device)
         self.tokenizer = load_tokenizer(model_dir)
         self.pad_id = self.tokenizer.pad_token_id
