@@ -51,3 +51,22 @@ def test_the_same_update_through_the_trainer(tiny_llama_dir):
         runs[on] = metrics, {k: v.detach().clone() for k, v in t.model.named_parameters()}
     assert runs[True][0]["train/loss"] == runs[False][0]["train/loss"]
     assert all(torch.allclose(runs[True][1][k], v, rtol=0, atol=1e-7) for k, v in runs[False][1].items())
+
+
+def test_a_model_that_cannot_checkpoint_is_refused_before_anything_starts(monkeypatch):
+    """The rule validation runs on model.path's config.json before Ray starts."""
+    import pytest
+    import transformers
+
+    from rlmix.config.load import _check_activation_checkpointing
+    from rlmix.config.schema import ModelConfig, RunConfig
+    from rlmix.errors import ConfigError
+
+    cfg = RunConfig(trainer=replace(TRAINER, activation_checkpointing=True), model=ModelConfig(path="m"))
+    _check_activation_checkpointing(cfg, {"architectures": ["Qwen2ForCausalLM"]})  # HF's models can
+    _check_activation_checkpointing(cfg, None)  # the embedded Llama can
+    monkeypatch.setattr(transformers, "NoCheckpointForCausalLM",
+                        type("NoCheckpointForCausalLM", (), {"supports_gradient_checkpointing": False}), raising=False)
+    with pytest.raises(ConfigError, match=r"^trainer.activation_checkpointing=true: NoCheckpointForCausalLM \(m\)"):
+        _check_activation_checkpointing(cfg, {"architectures": ["NoCheckpointForCausalLM"]})
+    _check_activation_checkpointing(replace(cfg, trainer=TRAINER), {"architectures": ["NoCheckpointForCausalLM"]})

@@ -246,10 +246,24 @@ def _model_fields(cfg: RunConfig) -> Mapping | None:
         raise ConfigError(f"model.path={cfg.model.path}: config.json is not valid JSON ({err.msg})") from None
 
 
+def _check_activation_checkpointing(cfg: RunConfig, model: Mapping | None) -> None:
+    """A model whose class cannot checkpoint its layers is refused before anything starts."""
+    if not cfg.trainer.activation_checkpointing or model is None:
+        return  # the embedded model is a Llama
+    import transformers
+
+    for arch in model.get("architectures") or ():
+        cls = getattr(transformers, arch, None)
+        _require(cls is None or getattr(cls, "supports_gradient_checkpointing", False),
+                 f"trainer.activation_checkpointing=true: {arch} ({cfg.model.path}) does not support gradient "
+                 "checkpointing; set it to false")
+
+
 def _check_fleet(cfg: RunConfig) -> None:
     fleet, c = cfg.fleet, cfg.correction
     _require(bool(fleet.pools), "fleet.pools is empty: a run needs at least one sampler pool")
     model = _model_fields(cfg)
+    _check_activation_checkpointing(cfg, model)
     for name, pool in fleet.pools.items():
         key = f"fleet.pools.{name}"
         _require(pool.count >= 1, f"{key}.count={pool.count}: must be >= 1")

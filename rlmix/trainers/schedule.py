@@ -51,5 +51,8 @@ def lr_factor(step: int, schedule: LRSchedule, warmup_steps: int, decay_steps: i
 
 def scheduled_lr(cfg: TrainerConfig, step: int) -> float:
     """``cfg.lr`` (a ``TrainerConfig``) scheduled for trainer step ``step``; exactly ``cfg.lr`` when the factor is 1."""
-    factor = lr_factor(step, cfg.lr_schedule, cfg.lr_warmup_steps, cfg.lr_decay_steps or 1, cfg.min_lr_ratio)
+    decay = cfg.lr_decay_steps
+    if decay is None and cfg.lr_schedule is not LRSchedule.constant:  # the runner resolves null to loop.steps
+        raise ValueError("trainer.lr_decay_steps is null: resolve it to loop.steps before building the trainer")
+    factor = lr_factor(step, cfg.lr_schedule, cfg.lr_warmup_steps, decay or 0, cfg.min_lr_ratio)
     return cfg.lr if factor == 1.0 else cfg.lr * factor
