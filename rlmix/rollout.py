@@ -91,6 +91,9 @@ class Rollouts:
     # Filled in by the trainer when PPO takes several optimizer steps on the batch against its own
     # log-probs: (B, T) float32 log pi_old(a) at the weights that took the batch's first update.
     trainer_logprobs: torch.Tensor | None = None
+    # Filled in by the trainer when correction.kl_coef > 0: (B, T) float32 log pi_ref(a) under the
+    # frozen reference (the start weights).
+    ref_logprobs: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]

@@ -101,7 +101,10 @@ def test_pools_are_a_dict_keyed_by_name():
 
 def test_correction_knobs_are_loss_arguments():
     """A knob that does nothing is a bug: every numeric correction field is a loss keyword."""
+    from rlmix.trainers.loss import regularized  # the terms beside the objective: kl_coef, entropy_coef
+
     params = set(inspect.signature(token_loss).parameters) | set(inspect.signature(ppo_clip_loss).parameters)
+    params |= set(inspect.signature(regularized).parameters)
     numeric = [f for f, v in vars(CorrectionConfig()).items() if isinstance(v, float)]
     assert numeric and all(f in params for f in numeric), numeric
     assert {"level", "aggregation", "old"} <= params  # correction.level, .aggregation, .old_logprobs

@@ -85,3 +85,23 @@ def test_vllm_pool_and_deepspeed_trainer_on_a_dataset_task(tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert any("mismatch/kl_k3/cpu_vllm_bf16" in r for r in rows)
     assert all(r["format/error_rate"] > 0.5 for r in rows)  # a random model rarely writes <p>N</p>
+
+
+def test_the_eval_command_a_dataset_run_prints_scores_its_rows_with_its_reward(tmp_path):
+    """The run's closing block names an eval command; run as printed, it scores the user's test rows
+    with the user's reward (a reward only the user's rows satisfy), not the built-in task."""
+    import shlex
+
+    (tmp_path / "mine.py").write_text("def reward(completion, answer, row):\n    return float('question' in row)\n")
+    (tmp_path / "test.jsonl").write_text("".join((ARITH / "test.jsonl").read_text().splitlines(True)[:3]))
+    out = rlmix("train", "+experiment=sc_mis", *SMALL, "task=dataset", f"task.train_files={ARITH / 'train.jsonl'}",
+                "task.eval_files=test.jsonl", "task.prompt_key=question", "task.reward=mine:reward",
+                "loop.steps=1", "loop.max_new_tokens=4", "hydra.run.dir=run", cwd=tmp_path)
+    lines = out.stdout.strip().splitlines()
+    printed = lines[lines.index("next:") + 1].strip()
+    assert printed == "rlmix eval checkpoint=run", printed
+    rlmix(*shlex.split(printed)[1:], "eval.samples=2", "eval.k=[1]", cwd=tmp_path)
+    result = json.loads((tmp_path / "run" / "eval_test" / "eval.json").read_text())
+    assert (result["task"], result["split"]) == ("dataset", "test")
+    assert [r["task_id"] for r in result["tasks"]] == ["dataset/test/0", "dataset/test/1", "dataset/test/2"]
+    assert all(r["c"] == 2 for r in result["tasks"]) and result["pass_at_k"]["1"]["mean"] == 1.0

@@ -212,3 +212,36 @@ def test_python_tests_counts_suspected_exploits_per_step(tmp_path):
     assert scored.exploit_suspected.tolist() == [False, False, True]
     metrics = reward_metrics(scored)
     assert metrics["reward/exploit_suspected"] == 1.0 and metrics["reward/errors"] == 0.0
+
+
+def test_train_and_eval_files_take_one_path_or_a_list_like_verl(tmp_path, monkeypatch):
+    """A list's rows are its files' rows in list order; one path and a one-element list are the same."""
+    from rlmix.commands.compose import compose_run_config
+
+    a = write_jsonl(tmp_path / "a.jsonl", numbers(3))
+    b = write_jsonl(tmp_path / "b.jsonl", numbers(5)[3:])
+    both = DatasetTask(DatasetTaskConfig(train_files=[str(a), str(b)], eval_files=[str(b), str(a)]))
+    assert [r["answer"] for r in both.rows] == [str(i + 1) for i in range(5)]
+    assert [p.payload.answer for p in both.split("test")] == ["4", "5", "1", "2", "3"]
+    one = DatasetTask(DatasetTaskConfig(train_files=[str(a)]))
+    assert one.rows.to_list() == DatasetTask(DatasetTaskConfig(train_files=str(a))).rows.to_list()
+    monkeypatch.chdir(tmp_path)  # the CLI form: a Hydra list, validated before anything starts
+    cfg = compose_run_config(["task=dataset", "task.train_files=[a.jsonl,b.jsonl]", "task.eval_files=b.jsonl",
+                              "loop.steps=1", "loop.groups_per_step=2", "loop.groups_per_request=2"])
+    assert cfg.task.train_files == ["a.jsonl", "b.jsonl"] and len(DatasetTask(cfg.task)) == 5
+
+
+@pytest.mark.parametrize("files, message", [
+    ("[]", r"^task.train_files=\[\]: give a path .* or a list of them$"),
+    ("[a.jsonl,nope.jsonl]", r"^task.train_files=nope.jsonl: no such file or directory$"),
+    ("[a.jsonl,c.jsonl]", r"^task.train_files=\['a.jsonl', 'c.jsonl'\]: the files do not share their fields"),
+])
+def test_bad_file_lists_are_refused_in_one_line(tmp_path, monkeypatch, files, message):
+    from rlmix.commands.compose import compose_run_config
+
+    write_jsonl(tmp_path / "a.jsonl", numbers(3))
+    write_jsonl(tmp_path / "c.jsonl", [{"prompt": "x", "answer": 1}])  # answer: a number, not text
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=message):
+        compose_run_config(["task=dataset", f"task.train_files={files}", "loop.steps=1", "loop.groups_per_step=2",
+                            "loop.groups_per_request=2"])

@@ -229,3 +229,63 @@ def test_json_follows_the_typed_config():
     for bad, key in [(DeepSpeedConfig(zero_stage=4), "zero_stage=4"), (DeepSpeedConfig(ranks=0), "ranks=0")]:
         with pytest.raises(ConfigError, match=f"trainer.deepspeed.{key}"):
             check_deepspeed(bad, bf16=True)
+
+
+def test_the_warm_up_rate_reaches_every_rank(model_dir, corr):
+    """lr 2xLR halved by a 2-step warm-up: the first update is plain torch's at LR; train/lr says so."""
+    from dataclasses import replace
+
+    from safetensors.torch import load_file
+
+    from rlmix.config.schema import LRSchedule
+    from rlmix.trainers.deepspeed_trainer import DeepSpeedTrainer
+
+    batch = fixed_batch(model_dir)
+    _, _, reference = torch_reference(model_dir, batch, trainer_cfg(), corr)
+    cfg = replace(trainer_cfg(), lr=2 * LR, lr_warmup_steps=2, lr_schedule=LRSchedule.linear, lr_decay_steps=4)
+    trainer = DeepSpeedTrainer(model_dir, cfg, corr, seed=0)
+    try:
+        metrics = trainer.train_step(batch)
+        assert metrics["train/lr"] == LR
+        assert_same_update(trainer.published_weights(), reference, load_file(model_dir / "model.safetensors"))
+        later = [trainer.train_step(batch)["train/lr"] for _ in range(3)]
+        assert later == pytest.approx([2 * LR, 2 * LR, LR])  # warmed up, then halfway down the linear decay
+    finally:
+        trainer.close()
+
+
+def test_the_kl_term_on_a_rank_with_its_reference_in_host_memory(model_dir, corr):
+    """k3 to the start weights: 0 on the first batch (the reference's own weights), > 0 after."""
+    from dataclasses import replace
+
+    from rlmix.trainers.deepspeed_trainer import DeepSpeedTrainer
+
+    cfg = replace(trainer_cfg(), ref_on_cpu=True)
+    trainer = DeepSpeedTrainer(model_dir, cfg, replace(corr, kl_coef=0.5), seed=0)
+    try:
+        batch = fixed_batch(model_dir)
+        kls = [trainer.train_step(batch)["train/kl_ref"] for _ in range(2)]
+        assert kls[0] == pytest.approx(0.0, abs=1e-6) and kls[1] > 1e-5
+        assert next(trainer._local.reference.parameters()).device.type == "cpu"
+    finally:
+        trainer.close()
+
+
+def test_activation_checkpointing_leaves_the_update_alone(model_dir, corr):
+    """One rank with checkpointing and one without: the same loss, norm and weights after a step."""
+    from dataclasses import replace
+
+    from rlmix.trainers.deepspeed_trainer import DeepSpeedTrainer
+
+    batch = fixed_batch(model_dir, seed=2)
+    trainer = DeepSpeedTrainer(model_dir, replace(trainer_cfg(), activation_checkpointing=True), corr, seed=0)
+    plain = DeepSpeedTrainer(model_dir, trainer_cfg(), corr, seed=0)
+    try:
+        assert trainer._local.engine.module.is_gradient_checkpointing
+        got, want = trainer.train_step(batch), plain.train_step(batch)
+        assert got["train/loss"] == want["train/loss"] and got["train/grad_norm"] == want["train/grad_norm"]
+        weights, reference = trainer.published_weights(), plain.published_weights()
+        assert all(torch.equal(weights[k], v) for k, v in reference.items())
+    finally:
+        trainer.close()
+        plain.close()

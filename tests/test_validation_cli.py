@@ -34,6 +34,12 @@ def refused(out, key: str) -> None:
         ("loop.step_timeout_s=0", "loop.step_timeout_s"),
         ("monitor.ema_span=0", "monitor.ema_span"),
         ("correction.eps_low=0", "correction.eps_low"),
+        ("trainer.min_lr_ratio=2", "trainer.min_lr_ratio"),
+        ("trainer.lr_warmup_steps=-1", "trainer.lr_warmup_steps"),
+        ("correction.kl_coef=-1", "correction.kl_coef"),
+        ("correction.entropy_coef=nan", "correction.entropy_coef"),
+        ("loop.overlong_penalty=-1", "loop.overlong_penalty"),
+        ("loop.overlong=truncate", "loop.overlong"),
     ],
 )
 def test_out_of_range_settings_are_one_line_exit_2_nothing_written(tmp_path, override, key):

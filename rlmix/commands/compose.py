@@ -76,11 +76,13 @@ def expand_jobs(overrides: list[str], multirun: bool) -> list[list[str]]:
     return [job for batch in batches for job in batch]
 
 
-def compose_run_config(overrides: list[str], for_training: bool = True, output_dir_key: str | None = None):
+def compose_run_config(overrides: list[str], for_training: bool = True, output_dir_key: str | None = None,
+                       run=None):
     """Compose ``train.yaml`` with ``overrides`` into a validated ``RunConfig`` (ConfigError on bad input).
 
     ``output_dir_key`` (``hydra.run.dir`` or ``hydra.sweep.dir``): also check that this directory
-    can be created and written, before Hydra creates it.
+    can be created and written, before Hydra creates it. ``run`` (``run_settings.RunSettings``):
+    start from a run's task, model and generation length; ``overrides`` win.
     """
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
@@ -91,11 +93,16 @@ def compose_run_config(overrides: list[str], for_training: bool = True, output_d
     from rlmix.config.load import check_output_dir, one_line, to_run_config, validate
     from rlmix.config.schema import register_configs
 
+    from rlmix.commands.run_settings import apply_run_settings, group_overrides
+
     register_configs()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
-            cfg = compose(config_name=CONFIG_NAME, overrides=overrides, return_hydra_config=output_dir_key is not None)
+            groups = overrides if run is None else group_overrides(run, overrides)
+            cfg = compose(config_name=CONFIG_NAME, overrides=groups, return_hydra_config=output_dir_key is not None)
+            if run is not None:
+                apply_run_settings(cfg, run, overrides)
             if output_dir_key is not None:
                 out_dir = OmegaConf.select(cfg, output_dir_key)
                 with open_dict(cfg):

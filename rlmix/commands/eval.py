@@ -183,11 +183,37 @@ def _wandb_run(cfg: RunConfig, out_dir: Path):
     return start_wandb(cfg.logger.wandb, out_dir, f"eval-{cfg.name}", {"eval": str(cfg.eval)}, None)
 
 
-def run_eval(args: list[str]) -> None:
+def run_of(args: list[str]):
+    """The settings of the run ``checkpoint=`` names (None: a model dir, the base model)."""
+    from rlmix.commands.run_settings import checkpoint_dir, run_settings
+    from rlmix.config.load import one_line
+
+    try:
+        where = checkpoint_dir(args)
+    except Exception as err:
+        raise ConfigError(one_line(err)) from None
+    return None if where is None else run_settings(where)
+
+
+def eval_config(args: list[str]) -> RunConfig:
+    """The validated config of ``rlmix eval args``: a run directory's own task, model and
+    ``max_new_tokens`` unless ``args`` say otherwise; a dataset without held-out rows is refused
+    at ``task.split=test`` before any model loads."""
     from rlmix.commands.compose import compose_run_config
+    from rlmix.config.dataset import DatasetTaskConfig
+
+    cfg = compose_run_config(args, for_training=False, run=run_of(args))
+    if isinstance(cfg.task, DatasetTaskConfig) and cfg.task.split == "test" and cfg.task.eval_files is None:
+        raise ConfigError("task.split=test: this task has no task.eval_files (rows held out for evaluation); "
+                          "give task.eval_files=<file> or evaluate the training rows with task.split=train")
+    return cfg
+
+
+def run_eval(args: list[str]) -> None:
+    """``rlmix eval``: ``eval_config(args)`` evaluated, with a progress line per task."""
     from rlmix.metrics.console import CountedLines
 
     torch.set_num_threads(max(torch.get_num_threads(), 1))
-    cfg = compose_run_config(args, for_training=False)
+    cfg = eval_config(args)
     with CountedLines("eval") as progress:
         evaluate(cfg, progress)

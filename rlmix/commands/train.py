@@ -69,8 +69,19 @@ def end_of_run(cfg, summary: dict, overrides: list[str], output_dir: Path, label
     resumed = cfg.resume is not None and latest_checkpoint(Path(cfg.resume)) is not None
     run_dir = Path(cfg.resume) if resumed else output_dir
     checkpoint = latest_checkpoint(run_dir)
-    print(run_block(summary, run_dir, checkpoint, cfg.loop.steps, overrides, log_dir=output_dir), flush=True)
+    print(run_block(summary, run_dir, checkpoint, cfg.loop.steps, overrides, log_dir=output_dir,
+                    eval_args=eval_args(cfg)), flush=True)
     return label, summary, run_dir
+
+
+def eval_args(cfg) -> tuple[str, ...]:
+    """What the printed ``rlmix eval`` adds to the run's own task: a dataset without
+    ``task.eval_files`` has no test split, so its training rows are scored (and so labelled)."""
+    from rlmix.config.dataset import DatasetTaskConfig
+
+    if isinstance(cfg.task, DatasetTaskConfig) and cfg.task.eval_files is None:
+        return ("task.split=train",)
+    return ()
 
 
 def exit_code(summary: dict) -> int:

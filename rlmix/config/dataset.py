@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from omegaconf import MISSING
 
@@ -25,8 +25,10 @@ class DatasetTaskConfig:
     """``task=dataset``: prompts from JSONL / Parquet / a ``save_to_disk`` directory, scored by ``reward``."""
 
     name: str = "dataset"
-    train_files: str = MISSING  # a .jsonl/.json/.parquet file, a glob of them, or a save_to_disk directory
-    eval_files: Optional[str] = None  # the same forms; `rlmix eval` scores them (split=test)
+    # A .jsonl/.json/.parquet file, a glob of them, a save_to_disk directory, or a list of these
+    # (verl's form, `[a.jsonl,b.parquet]`: their rows in list order). Any: OmegaConf has no str | list.
+    train_files: Any = MISSING
+    eval_files: Any = None  # the same forms; `rlmix eval` scores them (split=test)
     prompt_key: str = "prompt"  # column holding the prompt text
     answer_key: str = "answer"  # column holding what the reward compares against
     messages_key: Optional[str] = None  # column of chat messages [{role, content}, ...]; replaces prompt_key

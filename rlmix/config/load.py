@@ -129,6 +129,8 @@ def _check_loop(cfg: RunConfig) -> None:
     for key in ("sampler_threads", "concurrent_requests"):  # null: from the cores Ray reports
         value = getattr(loop, key)
         _require(value is None or value >= 1, f"loop.{key}={value}: must be null (from the cores Ray reports) or >= 1")
+    _require(math.isfinite(loop.overlong_penalty) and loop.overlong_penalty >= 0,
+             f"loop.overlong_penalty={loop.overlong_penalty}: must be >= 0 (taken off a cut completion's reward)")
     _require(loop.sampler_max_restarts >= 0, f"loop.sampler_max_restarts={loop.sampler_max_restarts}: must be >= 0")
     _require(loop.checkpoint_every >= 0, f"loop.checkpoint_every={loop.checkpoint_every}: must be >= 0 (0 = off)")
     _require(math.isfinite(loop.checkpoint_every_min) and loop.checkpoint_every_min >= 0,
@@ -150,6 +152,11 @@ def _check_trainer(cfg: RunConfig) -> None:
     _require(t.num_threads is None or t.num_threads >= 1,
              f"trainer.num_threads={t.num_threads}: must be null (from the cores Ray reports) or >= 1")
     _require(math.isfinite(t.lr) and 0 < t.lr <= 1, f"trainer.lr={t.lr}: must be in (0, 1]")
+    _require(t.lr_warmup_steps >= 0, f"trainer.lr_warmup_steps={t.lr_warmup_steps}: must be >= 0 trainer steps")
+    _require(t.lr_decay_steps is None or t.lr_decay_steps >= 1,
+             f"trainer.lr_decay_steps={t.lr_decay_steps}: must be null (loop.steps) or >= 1 trainer steps")
+    _require(math.isfinite(t.min_lr_ratio) and 0 <= t.min_lr_ratio <= 1,
+             f"trainer.min_lr_ratio={t.min_lr_ratio}: must be in [0, 1] (the decay's floor as a share of trainer.lr)")
     # AdamW's decoupled decay multiplies each weight by (1 - lr * weight_decay) per step.
     _require(math.isfinite(t.weight_decay) and 0 <= t.weight_decay <= 1, f"trainer.weight_decay={t.weight_decay}: must be in [0, 1]")
     _require(len(t.betas) == 2 and all(math.isfinite(b) and 0 <= b < 1 for b in t.betas),
@@ -206,6 +213,9 @@ def _check_correction(cfg: RunConfig) -> None:
     )
     _require(0 < c.low <= 1 <= c.high, f"correction.low={c.low}, correction.high={c.high}: need 0 < low <= 1 <= high")
     _require(c.cap >= 1, f"correction.cap={c.cap}: the TIS cap must be >= 1")
+    for key in ("kl_coef", "entropy_coef"):
+        value = getattr(c, key)
+        _require(math.isfinite(value) and value >= 0, f"correction.{key}={value}: must be >= 0 (0 = off)")
     _require(0 < c.eps_low < 1 and c.eps_high > 0,
              f"correction.eps_low={c.eps_low}, correction.eps_high={c.eps_high}: need 0 < eps_low < 1 and eps_high > 0")
     _require(c.num_candidates >= 0 and c.support_slots >= 0,
@@ -236,10 +246,24 @@ def _model_fields(cfg: RunConfig) -> Mapping | None:
         raise ConfigError(f"model.path={cfg.model.path}: config.json is not valid JSON ({err.msg})") from None
 
 
+def _check_activation_checkpointing(cfg: RunConfig, model: Mapping | None) -> None:
+    """A model whose class cannot checkpoint its layers is refused before anything starts."""
+    if not cfg.trainer.activation_checkpointing or model is None:
+        return  # the embedded model is a Llama
+    import transformers
+
+    for arch in model.get("architectures") or ():
+        cls = getattr(transformers, arch, None)
+        _require(cls is None or getattr(cls, "supports_gradient_checkpointing", False),
+                 f"trainer.activation_checkpointing=true: {arch} ({cfg.model.path}) does not support gradient "
+                 "checkpointing; set it to false")
+
+
 def _check_fleet(cfg: RunConfig) -> None:
     fleet, c = cfg.fleet, cfg.correction
     _require(bool(fleet.pools), "fleet.pools is empty: a run needs at least one sampler pool")
     model = _model_fields(cfg)
+    _check_activation_checkpointing(cfg, model)
     for name, pool in fleet.pools.items():
         key = f"fleet.pools.{name}"
         _require(pool.count >= 1, f"{key}.count={pool.count}: must be >= 1")

@@ -19,7 +19,7 @@ from rlmix.config.deepspeed import DeepSpeedConfig
 from rlmix.config.embedded import AgentModelSpec, EmbeddedModelSpec
 from rlmix.config.monitor import MonitorConfig
 from rlmix.config.swebench import MiniCodeAgentConfig, SwebenchProConfig
-from rlmix.correction import CorrectionMode, ISLevel, LossAggregation, Objective, OldLogprobs
+from rlmix.correction import CorrectionMode, ISLevel, KLEstimator, LossAggregation, Objective, OldLogprobs
 from rlmix.correction.weights import MIS_HIGH, MIS_LOW, PPO_EPS_HIGH, PPO_EPS_LOW, TIS_CAP
 
 
@@ -45,6 +45,22 @@ class TrainerPrecision(enum.Enum):
     bf16 = "bf16"  # autocast
     fp16 = "fp16"  # autocast with dynamic loss scaling (the FP16 remedy for train/sample mismatch)
     fp32 = "fp32"
+
+
+class Overlong(enum.Enum):
+    """What becomes of a completion cut at loop.max_new_tokens (rlmix/orchestration/filters.py)."""
+
+    keep = "keep"  # trained like any other (the study's)
+    filter = "filter"  # out of the loss; its reward still counts in its group's baseline (DAPO)
+    penalty = "penalty"  # loop.overlong_penalty taken off its reward
+
+
+class LRSchedule(enum.Enum):
+    """What follows the warm-up (rlmix/trainers/schedule.py)."""
+
+    constant = "constant"  # the study's: trainer.lr throughout
+    linear = "linear"  # linear decay to trainer.lr x trainer.min_lr_ratio
+    cosine = "cosine"  # half a cosine down to trainer.lr x trainer.min_lr_ratio
 
 
 class WandbMode(enum.Enum):
@@ -116,12 +132,26 @@ class CorrectionConfig:
     num_candidates: int = 128  # K: top-K candidates recorded per token
     support_slots: int = 128  # slots recorded for the top-p/top-k support
     replay_support: bool = True  # renormalise the trainer over the recorded support (§4)
+    # Terms beside the objective (rlmix/correction/regularizers.py), 0 in the study: kl_coef x
+    # KL(pi || pi_ref) to a frozen copy of the start weights (built only when kl_coef > 0;
+    # trainer.ref_on_cpu keeps it in host memory), estimated per token by kl_estimator; and
+    # -entropy_coef x the policy's entropy (a bonus; needs the dense (N, V) logits).
+    kl_coef: float = 0.0
+    kl_estimator: KLEstimator = KLEstimator.k3
+    entropy_coef: float = 0.0
 
 
 @dataclass
 class TrainerConfig:
     backend: TrainerBackend = TrainerBackend.torch
     lr: float = 3e-4
+    # The schedule, in trainer steps (batches; rlmix/trainers/schedule.py): a linear warm-up over
+    # lr_warmup_steps, then constant, linear or cosine decay to lr x min_lr_ratio at lr_decay_steps
+    # (null: loop.steps). Logged as train/lr; resumed from the checkpoint's step.
+    lr_schedule: LRSchedule = LRSchedule.constant
+    lr_warmup_steps: int = 0
+    lr_decay_steps: Optional[int] = None
+    min_lr_ratio: float = 0.0
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     grad_clip: float = 1.0
@@ -136,6 +166,10 @@ class TrainerConfig:
     max_tokens_per_micro_batch: Optional[int] = None
     precision: TrainerPrecision = TrainerPrecision.bf16  # autocast dtype over fp32 master weights
     num_threads: Optional[int] = None  # torch threads of the trainer; None: its share of the cores Ray reports
+    # Recompute each decoder layer in the backward instead of keeping its activations (HF
+    # gradient_checkpointing_enable): less memory for longer sequences, one more forward, same gradients.
+    activation_checkpointing: bool = False
+    ref_on_cpu: bool = False  # correction.kl_coef > 0: the reference model in host memory, not the trainer's device
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
 
 
@@ -183,6 +217,11 @@ class LoopConfig:
     weight_sync_every: int = 1  # publish weights every N trainer steps
     temperature: float = 1.0
     max_new_tokens: int = 24
+    # DAPO's dynamic sampling: drop groups whose rewards are all equal (no gradient) and request
+    # more to fill the batch; a task whose every group scores alike then waits for the watchdog.
+    dynamic_sampling: bool = False
+    overlong: Overlong = Overlong.keep  # completions cut at max_new_tokens: keep, filter or penalty
+    overlong_penalty: float = 1.0  # overlong=penalty: taken off the reward of a cut completion
     sampler_threads: Optional[int] = None  # torch threads per CPU sampler actor; None: 1
     concurrent_requests: Optional[int] = None  # CPU-sampler requests generating at once; None: the samplers' cores
     # Checkpoints (docs/reliability.md): after every N steps or M minutes, whichever comes first,

@@ -18,6 +18,7 @@ from rlmix.correction.diagnostics import (
 from rlmix.correction.logprobs import log_ratio
 from rlmix.correction.loss import LossOutput, ppo_clip_loss, token_loss
 from rlmix.correction.levels import aggregation_scale, level_log_ratio
+from rlmix.correction.regularizers import KLEstimator, kl_estimate, token_entropy
 from rlmix.correction.weights import (
     MODES,
     WEIGHTS,
@@ -37,6 +38,7 @@ __all__ = [
     "Centering",
     "CorrectionMode",
     "ISLevel",
+    "KLEstimator",
     "LossAggregation",
     "LossOutput",
     "ModeSpec",
@@ -52,6 +54,8 @@ __all__ = [
     "kl_k1",
     "kl_k3",
     "kl_k3_per_token",
+    "kl_estimate",
+    "token_entropy",
     "level_log_ratio",
     "log_ratio",
     "logprob_abs_diff",

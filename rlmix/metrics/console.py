@@ -130,19 +130,23 @@ def warnings_text(collapse: dict | None) -> str:
     return "; ".join(f"at step {w.get('step')}: {w.get('reason')}" for w in (collapse or {}).get("warnings") or [])
 
 
-def next_commands(run_dir: Path, overrides: list[str]) -> list[str]:
-    """Evaluate, report and resume ``run_dir``; resuming repeats the run's own overrides."""
+def next_commands(run_dir: Path, overrides: list[str], eval_args: tuple[str, ...] = ()) -> list[str]:
+    """Evaluate, report and resume ``run_dir``; resuming repeats the run's own overrides.
+
+    ``rlmix eval`` takes the run's task from ``run_dir``; ``eval_args`` pick what differs (the
+    split of a task without held-out rows)."""
     keep = [o for o in overrides if not o.startswith(("resume=", "hydra.", "+hydra."))]
     where = shlex.quote(shown(run_dir))
     return [
-        f"rlmix eval checkpoint={where} task.split=test",
+        " ".join(["rlmix eval", f"checkpoint={where}", *eval_args]),
         f"rlmix report {where}",
         " ".join(["rlmix train", *map(shlex.quote, keep), f"resume={where}"]),
     ]
 
 
 def run_block(
-    summary: dict, run_dir: Path, checkpoint: Path | None, total_steps: int, overrides: list[str], log_dir: Path
+    summary: dict, run_dir: Path, checkpoint: Path | None, total_steps: int, overrides: list[str], log_dir: Path,
+    eval_args: tuple[str, ...] = (),
 ) -> str:
     """The lines that end ``rlmix train``: outcome, where everything went, and what to run next."""
     final = summary.get("final") or {}
@@ -164,7 +168,7 @@ def run_block(
     width = max(len(key) for key, _ in rows)
     lines = [f"── run {summary.get('name', '')} ".ljust(60, "─")]
     lines += [f"  {key:<{width}}  {value}" for key, value in rows]
-    lines += ["next:"] + [f"  {command}" for command in next_commands(run_dir, overrides)]
+    lines += ["next:"] + [f"  {command}" for command in next_commands(run_dir, overrides, eval_args)]
     return "\n".join(lines)
 
 

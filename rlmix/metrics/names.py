@@ -14,6 +14,13 @@ PADDING_FRAC = "train/padding_frac"  # share of the forward's positions that wer
 SKIPPED_STEPS = "train/skipped_steps"
 RESPONSE_LEN = "train/response_len"
 OPTIMIZER_STEPS = "train/optimizer_steps"  # optimizer steps taken on the batch (mini-batches x epochs)
+KL_REF = "train/kl_ref"  # token mean of the KL estimate to the reference (correction.kl_coef > 0)
+ENTROPY_BONUS = "train/entropy_bonus"  # correction.entropy_coef x token-mean entropy, taken off the loss
+LR = "train/lr"  # the learning rate of the batch's optimizer steps (trainer.lr_schedule)
+
+# sampling/: what loop.dynamic_sampling and loop.overlong did to the groups collected since the last step
+UNIFORM_DROPPED_FRAC = "sampling/uniform_dropped_frac"  # groups dropped for equal rewards / groups collected
+OVERLONG_FRAC = "sampling/overlong_frac"  # completions cut at max_new_tokens / completions collected
 
 # reward/ and format/: what the task said about the batch
 REWARD_KEY = "reward/mean"
@@ -89,4 +96,6 @@ STAT_NAMES = {
     "ratio_p95": PPO_RATIO_P95,
     "ratio_max": PPO_RATIO_MAX,
     "old_sampler_gap": PPO_OLD_SAMPLER_GAP,
+    "kl_ref": KL_REF,
+    "entropy_bonus": ENTROPY_BONUS,
 }

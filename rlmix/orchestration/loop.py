@@ -23,11 +23,13 @@ from dataclasses import dataclass, field
 
 import ray
 
-from rlmix.config.schema import LoopConfig
+from rlmix.config.schema import LoopConfig, Overlong
 from rlmix.errors import RunFailed
 from rlmix.metrics.names import (
-    BUFFERED_GROUPS, REQUESTS_REISSUED, SAMPLER_BUSY_FRAC, SAMPLER_RESTARTS, STEP_S, TRAINER_IDLE_FRAC,
+    BUFFERED_GROUPS, OVERLONG_FRAC, REQUESTS_REISSUED, SAMPLER_BUSY_FRAC, SAMPLER_RESTARTS, STEP_S,
+    TRAINER_IDLE_FRAC, UNIFORM_DROPPED_FRAC,
 )
+from rlmix.orchestration.filters import filter_part, take_groups
 from rlmix.orchestration.workers import NotHeld, Request, make_request
 from rlmix.rollout import Rollouts, concat_rollouts
 from rlmix.tasks.base import Task
@@ -95,6 +97,9 @@ class _Window:
     tokens: dict[str, int] = field(default_factory=dict)
     dropped_groups: int = 0
     sampler_busy_s: float = 0.0  # summed over samplers: time with a request in flight
+    groups: int = 0  # groups collected
+    uniform_dropped: int = 0  # of them, dropped for equal rewards (loop.dynamic_sampling)
+    overlong: int = 0  # completions collected that were cut at max_new_tokens
 
 
 class AsyncLoop:
@@ -209,12 +214,7 @@ class AsyncLoop:
             return None
         # Oldest requests first; sorting by request id makes a batch independent of arrival order.
         self.buffer.sort(key=lambda b: int(b.group_ids.min()))
-        taken, rows = [], 0
-        while rows < need:
-            part = self.buffer.pop(0)
-            taken.append(part)
-            rows += len(part)
-        return concat_rollouts(taken, self.pad_id)
+        return concat_rollouts(take_groups(self.buffer, self.cfg.groups_per_step, self.cfg.group_size), self.pad_id)
 
     # -- the loop ------------------------------------------------------------------------
     def run(self, steps: int, on_step: Callable[[StepReport], bool], stop: Callable[[], bool] = lambda: False) -> None:
@@ -307,8 +307,13 @@ class AsyncLoop:
                 return
             raise RunFailed(f"sampler {slot.name} failed on request {request.request_id}: {_first_line(cause)}") from err
         self._count_busy(slot, time.perf_counter())
-        self.buffer.append(part)
         self.window.tokens[slot.pool] = self.window.tokens.get(slot.pool, 0) + part.num_tokens
+        filtered = filter_part(part, self.cfg)
+        self.window.groups += filtered.groups
+        self.window.uniform_dropped += filtered.dropped
+        self.window.overlong += filtered.overlong
+        if filtered.part is not None:
+            self.buffer.append(filtered.part)
 
     def _died(self, slot: SamplerSlot, err: Exception) -> None:
         """A death, seen as a failed call or as a refusal (``NotHeld``: Ray restarted it while idle).
@@ -393,6 +398,10 @@ class AsyncLoop:
             tokens = sum(t.get(pool, 0) for _, t in self.recent)
             metrics[f"throughput/sampler_tokens_per_s/{pool}"] = tokens / span
         metrics["staleness/dropped_groups"] = float(self.window.dropped_groups)
+        if self.cfg.dynamic_sampling:
+            metrics[UNIFORM_DROPPED_FRAC] = self.window.uniform_dropped / max(self.window.groups, 1)
+        if self.cfg.overlong is not Overlong.keep:
+            metrics[OVERLONG_FRAC] = self.window.overlong / max(self.window.groups * self.cfg.group_size, 1)
         metrics[REQUESTS_REISSUED] = float(self.requests_reissued)
         metrics[SAMPLER_RESTARTS] = float(self.sampler_restarts)
         for slot in self.samplers:

@@ -62,7 +62,8 @@ def start_actors(cfg: RunConfig, specs: list[SamplerSpec], model_dir: Path, plan
     from rlmix.orchestration.loop import SamplerSlot
     from rlmix.orchestration.workers import SamplerWorker, TrainerWorker, derive_seed
 
-    trainer_cfg = dataclasses.replace(cfg.trainer, num_threads=plan.trainer_threads)
+    decay = cfg.loop.steps if cfg.trainer.lr_decay_steps is None else cfg.trainer.lr_decay_steps
+    trainer_cfg = dataclasses.replace(cfg.trainer, num_threads=plan.trainer_threads, lr_decay_steps=decay)
     trainer_options = {"num_cpus": 0, "resources": {TRAINER_RESOURCE: 1.0} if cfg.cluster.address is None else {}}
     trainer_args = (str(model_dir), trainer_cfg, cfg.correction, cfg.seed)
     wanted = [ActorRequest(TrainerWorker, trainer_options, trainer_args, env_vars)]

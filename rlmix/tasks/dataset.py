@@ -37,7 +37,30 @@ class DatasetPayload:
     row: dict  # the whole row, passed to the reward function
 
 
-def load_rows(spec: str, key: str):
+def file_specs(spec, key: str) -> list[str]:
+    """``task.train_files`` / ``task.eval_files`` as a list of paths: one path or a non-empty list of them."""
+    specs = [spec] if isinstance(spec, str) else spec
+    if not isinstance(specs, (list, tuple)) or not specs or not all(isinstance(s, str) and s for s in specs):
+        raise ConfigError(f"{key}={spec}: give a path (file, glob, save_to_disk directory) or a list of them")
+    return list(specs)
+
+
+def load_rows(spec, key: str):
+    """A ``datasets.Dataset`` of every row of ``spec`` (one path or a list, rows in list order)."""
+    import datasets
+
+    specs = file_specs(spec, key)
+    if len(specs) == 1:
+        return _load_one(specs[0], key)
+    parts = [_load_one(s, key) for s in specs]
+    try:
+        return datasets.concatenate_datasets(parts)
+    except ValueError as err:  # the files' columns or types differ
+        first = (str(err).splitlines() or [""])[0][:200]
+        raise ConfigError(f"{key}={spec}: the files do not share their fields ({first})") from None
+
+
+def _load_one(spec: str, key: str):
     """A ``datasets.Dataset`` from a file, a glob or a ``save_to_disk`` directory (ConfigError otherwise)."""
     import datasets
 

@@ -24,7 +24,13 @@ from rlmix.rollout import Rollouts
 from rlmix.trainers.deepspeed_config import CommBackend, deepspeed_json
 from rlmix.metrics.aggregate import StepResult
 from rlmix.trainers.precision import autocast_dtype, published_dtype
-from rlmix.trainers.step import forward_backward, trainer_logprobs
+from rlmix.trainers.step import (
+    checkpoint_activations,
+    forward_backward,
+    reference_model,
+    trainer_logprobs,
+    with_ref_logprobs,
+)
 
 DS_DIR = "deepspeed"  # DeepSpeed's own checkpoint (fp32 master weights, optimizer partitions)
 DS_TAG = "step"  # not "latest": DeepSpeed writes a file of that name beside the tag dir
@@ -115,10 +121,14 @@ class DeepSpeedRank:
         self.pad_id = load_tokenizer(self.model_dir).pad_token_id
         model = load_causal_lm(self.model_dir, dtype=torch.float32)
         model.train()
+        checkpoint_activations(model, cfg.activation_checkpointing)
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas),
                                       weight_decay=cfg.weight_decay)
         config = deepspeed_json(cfg.deepspeed, precision=cfg.precision, grad_clip=cfg.grad_clip)
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+        self.reference = reference_model(self.model_dir, self.correction,
+                                         "cpu" if cfg.ref_on_cpu else self.engine.device,
+                                         dtype=next(self.engine.module.parameters()).dtype)
         self.zero_stage = cfg.deepspeed.zero_stage
         self.published = published_dtype(cfg.precision)
 
@@ -135,10 +145,12 @@ class DeepSpeedRank:
         return out.cpu()
 
     def train_shard(self, shard: Rollouts | None, advantages: torch.Tensor | None, num_tokens: int,
-                    num_sequences: int, backwards: int) -> RankStep:
+                    num_sequences: int, backwards: int, lr: float) -> RankStep:
         """Accumulate this shard's gradients (loss over the GLOBAL ``num_tokens`` / ``num_sequences``
-        of the optimizer step), pad to ``backwards``, step."""
+        of the optimizer step), pad to ``backwards``, step at learning rate ``lr``."""
         calls = 0
+        for group in self.engine.optimizer.param_groups:  # ZeRO's wrapper shares its inner groups
+            group["lr"] = lr
 
         def backward(loss: torch.Tensor) -> None:
             nonlocal calls
@@ -153,8 +165,13 @@ class DeepSpeedRank:
         else:
             # The shared loss builds its index tensors on the default device: make it the engine's
             # (on the CPU skip the device mode: it intercepts every torch call).
+            # π_ref first, outside the engine's device mode: the reference may live in host memory.
+            shard = with_ref_logprobs(self.reference, shard.to(device), self.correction, pad_id=self.pad_id,
+                                      micro_batch_size=self.cfg.micro_batch_size,
+                                      max_tokens=self.cfg.max_tokens_per_micro_batch,
+                                      autocast=autocast_dtype(self.cfg.precision))
             with torch.device(device) if device.type != "cpu" else contextlib.nullcontext():
-                result = forward_backward(self.engine, shard.to(device), advantages.to(device),
+                result = forward_backward(self.engine, shard, advantages.to(device),
                                           self.correction, pad_id=self.pad_id,
                                           micro_batch_size=self.cfg.micro_batch_size,
                                           autocast=autocast_dtype(self.cfg.precision),

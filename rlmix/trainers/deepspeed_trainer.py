@@ -20,7 +20,7 @@ import torch
 
 from rlmix.config.schema import CorrectionConfig, TrainerConfig, TrainerPrecision
 from rlmix.metrics.aggregate import step_metrics
-from rlmix.metrics.names import OPTIMIZER_STEPS, SKIPPED_STEPS
+from rlmix.metrics.names import LR, OPTIMIZER_STEPS, SKIPPED_STEPS
 from rlmix.rollout import Rollouts
 from rlmix.trainers.deepspeed_config import check_deepspeed, check_deepspeed_fp16
 from rlmix.trainers.deepspeed_rank import DeepSpeedRank, RankSetup, RankStep, comm_backend, free_port
@@ -35,6 +35,7 @@ from rlmix.trainers.step import (
     optimizer_step_rows,
     plan_micro_batches,
 )
+from rlmix.trainers.schedule import scheduled_lr
 
 STATE_FILE = "trainer_state.json"
 
@@ -107,6 +108,7 @@ class DeepSpeedTrainer:
             width = batch.mask.shape[1]
             batch = batch.replace(trainer_logprobs=torch.cat([
                 torch.nn.functional.pad(lp, (0, width - lp.shape[1])) for lp in logprobs if lp is not None]))
+        lr = scheduled_lr(self.cfg, self._version)
         results, grad_norms = [], []
         for rows in passes:
             mini = batch if len(passes) == 1 else batch.rows(rows)
@@ -121,6 +123,7 @@ class DeepSpeedTrainer:
                 [mini.num_tokens] * self.ranks_n,
                 [count_sequences(mini)] * self.ranks_n,
                 [backwards] * self.ranks_n,
+                [lr] * self.ranks_n,
             )
             result = merge_step_results([s.result for s in steps])  # shards in row order: row-major
             if not steps[0].applied or not math.isfinite(result.loss):
@@ -130,6 +133,7 @@ class DeepSpeedTrainer:
         metrics = step_metrics(batch, batch_result(batch, passes, results), mean_grad_norm(grad_norms), self._version)
         metrics[SKIPPED_STEPS] = float(self.skipped_steps)
         metrics[OPTIMIZER_STEPS] = float(len(passes))
+        metrics[LR] = lr
         self._version += 1
         return metrics
 

@@ -15,7 +15,18 @@ from collections.abc import Callable
 import torch
 
 from rlmix.config.schema import CorrectionConfig
-from rlmix.correction import MODES, LossOutput, Objective, ppo_clip_loss, token_loss
+from rlmix.correction import (
+    MODES,
+    KLEstimator,
+    LossOutput,
+    Objective,
+    aggregation_scale,
+    kl_estimate,
+    ppo_clip_loss,
+    token_entropy,
+    token_loss,
+)
+from rlmix.correction.logprobs import GatheredLogits, gather_logprobs
 from rlmix.rollout import Rollouts, sequence_input_ids  # noqa: F401 - sequence_input_ids: public here too
 from rlmix.trainers.tokens import TokenBatch, masked_logits, token_batch  # noqa: F401 - masked_logits: ditto
 
@@ -53,12 +64,14 @@ def batch_loss(
     ``num_sequences`` None: this micro-batch's rows with generated tokens.
 
     ``token_stats`` gains ``entropy``: (N,) detached trainer entropy per generated token.
+    With ``cfg.kl_coef`` or ``cfg.entropy_coef`` above 0 the loss gains their terms (``regularized``).
     """
     device = next(model.parameters()).device
     batch, advantages = batch.to(device), advantages.to(device)
     centered = MODES[cfg.mode].centered and cfg.objective is Objective.reinforce
+    # The entropy bonus differentiates the whole distribution: dense (N, V) logits, not the chunked columns.
     tokens = token_batch(model, batch, pad_id=pad_id, autocast=autocast, replay_support=cfg.replay_support,
-                         columns_for=centered)
+                         columns_for=None if cfg.entropy_coef > 0 else centered)
     adv = advantages[:, None].expand_as(batch.mask)[batch.mask]  # (N,) sequence advantage on each token
     common = dict(
         logits=tokens.logits,
@@ -77,4 +90,38 @@ def batch_loss(
         num_sequences=num_sequences,
     )
     out = OBJECTIVES[cfg.objective](tokens, cfg, common)
-    return LossOutput(out.loss, out.stats, out.token_stats | {"entropy": tokens.entropy})
+    if cfg.kl_coef == 0 and cfg.entropy_coef == 0:  # the study's loss, untouched
+        return LossOutput(out.loss, out.stats, out.token_stats | {"entropy": tokens.entropy})
+    scale = aggregation_scale(cfg.aggregation, tokens.sequence_ids, tokens.num_tokens, num_tokens=num_tokens,
+                              num_sequences=num_sequences, dtype=out.loss.dtype, device=out.loss.device)
+    return regularized(out, tokens, scale, kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator,
+                       entropy_coef=cfg.entropy_coef)
+
+
+def regularized(out: LossOutput, tokens: TokenBatch, scale: torch.Tensor, *, kl_coef: float,
+                kl_estimator: KLEstimator, entropy_coef: float) -> LossOutput:
+    """``out`` plus Σ_t s_t (kl_coef · KL_t − entropy_coef · H_t): the one place these terms join the loss.
+
+    KL_t: ``kl_estimator`` on log p(a) (renormalised over the recorded support when replayed, as
+    π_ref's is) against ``tokens.ref_logprobs``; H_t: the entropy of the dense logits. s_t: the
+    objective's own aggregation (``scale``), so the terms weigh tokens as the objective does.
+    """
+    loss, stats = out.loss, dict(out.stats)
+    entropy = tokens.entropy
+    if kl_coef > 0:
+        if tokens.ref_logprobs is None:
+            raise ValueError("correction.kl_coef > 0 needs the batch's ref_logprobs (the trainer's reference model)")
+        # the columns the objective asked for: the support when replayed (log p renormalised over
+        # it), the head when centered (full softmax), else the sampled token alone
+        gathered = isinstance(tokens.logits, GatheredLogits) and tokens.logits.ids.shape[1] > 1
+        candidates = tokens.candidates() if tokens.support_ids is not None or gathered else None
+        logp_a, _ = gather_logprobs(tokens.logits, tokens.sampled_ids, candidates)
+        kl = kl_estimate(logp_a, tokens.ref_logprobs, kl_estimator)
+        loss = loss + kl_coef * (scale * kl).sum()
+        stats["kl_ref"] = kl.detach().mean()
+    if entropy_coef > 0:
+        h = token_entropy(tokens.logits)
+        loss = loss - entropy_coef * (scale * h).sum()
+        entropy = h.detach()
+        stats["entropy_bonus"] = entropy_coef * entropy.mean()
+    return LossOutput(loss, stats, out.token_stats | {"entropy": entropy})

@@ -84,6 +84,50 @@ def trainer_logprobs(
     return out
 
 
+def checkpoint_activations(model: torch.nn.Module, on: bool) -> None:
+    """``trainer.activation_checkpointing``: keep only each decoder layer's input in the forward
+    and recompute the layer in the backward (HF ``gradient_checkpointing_enable``, non-reentrant):
+    activation memory for a second forward, the same gradients."""
+    if not on:
+        return
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        from rlmix.errors import ConfigError
+
+        raise ConfigError(f"trainer.activation_checkpointing=true: {type(model).__name__} does not support "
+                          "gradient checkpointing; set it to false")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False  # a KV cache under checkpointing is recomputed for nothing (and HF warns)
+
+
+def reference_model(model_dir, cfg: CorrectionConfig, device: torch.device | str,
+                    dtype: torch.dtype = torch.float32) -> torch.nn.Module | None:
+    """The frozen reference of the KL term: the start weights on ``device``, in the ``dtype`` of
+    the trainer's own module (so that before the first update the two agree exactly), or None
+    when ``cfg.kl_coef`` is 0: no copy is built. Built from the run's model dir, so a resumed
+    run's reference is still its start, not the checkpoint."""
+    if cfg.kl_coef == 0:
+        return None
+    from rlmix.models.io import load_causal_lm
+
+    return load_causal_lm(model_dir, dtype=dtype).to(device).requires_grad_(False)
+
+
+def with_ref_logprobs(reference: torch.nn.Module | None, batch: Rollouts, cfg: CorrectionConfig,
+                      **micro) -> Rollouts:
+    """``batch`` with ``ref_logprobs`` (B, T): log π_ref(a) of every generated token under
+    ``reference`` (on its own device; renormalised over the recorded support as the loss does)."""
+    if reference is None:
+        return batch
+    import contextlib
+
+    device = next(reference.parameters()).device
+    # index tensors are made on the default device: the reference's (on the CPU skip the device
+    # mode, it intercepts every torch call)
+    with torch.device(device) if device.type != "cpu" else contextlib.nullcontext():
+        ref = trainer_logprobs(reference, batch.to(device), cfg, **micro)
+    return batch.replace(ref_logprobs=ref.to(batch.mask.device))
+
+
 def count_sequences(batch: Rollouts) -> int:
     """Rows with at least one generated token: what a per-sequence loss aggregation divides by."""
     return int(batch.mask.any(dim=1).sum())

@@ -31,6 +31,7 @@ class TokenBatch:
     entropy: (N,) detached entropy of the trainer's distribution, when the loss asked for it.
     old_logprobs: (N,) PPO's π_old when the trainer recorded it before the batch's first update
     (``Rollouts.trainer_logprobs``), else None. sequence_ids: (N,) each token's row in the batch.
+    ref_logprobs: (N,) log π_ref(a) under the frozen reference when the KL term is on, else None.
     """
 
     logits: Tensor | GatheredLogits
@@ -43,6 +44,7 @@ class TokenBatch:
     entropy: Tensor | None = None
     old_logprobs: Tensor | None = None
     sequence_ids: Tensor | None = None
+    ref_logprobs: Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -94,6 +96,7 @@ def token_batch(
         support_ids=per_token(batch.support_ids) if replay_support else None,
         support_probs=per_token(batch.support_probs) if replay_support else None,
         old_logprobs=per_token(batch.trainer_logprobs),
+        ref_logprobs=per_token(batch.ref_logprobs),
         sequence_ids=torch.arange(len(batch), device=mask.device)[:, None].expand_as(mask)[mask],
     )
     if columns_for is None:

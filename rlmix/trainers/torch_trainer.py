@@ -9,18 +9,22 @@ import torch
 
 from rlmix.config.schema import CorrectionConfig, TrainerConfig, TrainerPrecision
 from rlmix.metrics.aggregate import step_metrics
-from rlmix.metrics.names import OPTIMIZER_STEPS, SKIPPED_STEPS
+from rlmix.metrics.names import LR, OPTIMIZER_STEPS, SKIPPED_STEPS
 from rlmix.rollout import Rollouts
 from rlmix.trainers.precision import autocast_dtype, published_dtype
+from rlmix.trainers.schedule import scheduled_lr
 from rlmix.trainers.step import (
     advantages_for,
     batch_result,
+    checkpoint_activations,
     count_sequences,
     forward_backward,
     mean_grad_norm,
     needs_trainer_logprobs,
     optimizer_step_rows,
+    reference_model,
     trainer_logprobs,
+    with_ref_logprobs,
 )
 
 STATE_FILE = "trainer_state.pt"
@@ -36,6 +40,8 @@ class TorchTrainer:
         self.cfg, self.correction = cfg, correction
         self.model = load_causal_lm(model_dir, dtype=torch.float32)
         self.model.train()
+        checkpoint_activations(self.model, cfg.activation_checkpointing)
+        self.reference = reference_model(model_dir, correction, "cpu" if cfg.ref_on_cpu else self.model.device)
         self.tokenizer = load_tokenizer(model_dir)
         self.pad_id = self.tokenizer.pad_token_id
         self.optimizer = torch.optim.AdamW(
@@ -60,6 +66,10 @@ class TorchTrainer:
                      max_tokens=self.cfg.max_tokens_per_micro_batch, autocast=autocast_dtype(self.cfg.precision))
         if needs_trainer_logprobs(batch, self.cfg, self.correction):
             batch = batch.replace(trainer_logprobs=trainer_logprobs(self.model, batch, self.correction, **micro))
+        batch = with_ref_logprobs(self.reference, batch, self.correction, **micro)
+        lr = scheduled_lr(self.cfg, self._version)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         results, grad_norms = [], []
         for rows in passes:
             mini = batch if len(passes) == 1 else batch.rows(rows)
@@ -70,6 +80,7 @@ class TorchTrainer:
         metrics = step_metrics(batch, batch_result(batch, passes, results), mean_grad_norm(grad_norms), self._version)
         metrics[SKIPPED_STEPS] = float(self.skipped_steps)
         metrics[OPTIMIZER_STEPS] = float(len(passes))
+        metrics[LR] = lr
         self._version += 1
         return metrics
 

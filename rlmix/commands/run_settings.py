@@ -1,0 +1,109 @@
+"""What ``rlmix eval checkpoint=<run dir>`` takes from the run: its task, model and generation length.
+
+A run directory holds the config Hydra composed for it (``.hydra/config.yaml``) and the group
+options it picked (``.hydra/hydra.yaml``, ``hydra.runtime.choices``). Evaluating that run means
+evaluating the task it trained on, so the eval command starts from those settings; every key the
+command line sets wins over the run's value, and a group option on the command line (``task=...``,
+``model=...``) replaces the run's whole group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# The groups a run hands to its evaluation; ``task.split`` is the evaluation's own choice.
+GROUPS = ("task", "model")
+NOT_INHERITED = {"task.split"}
+# Keys whose values are paths: relative ones are taken from the directory the run was started in.
+PATH_VALUES = {"task.train_files", "task.eval_files", "task.tasks_dir", "task.subset_file", "model.path"}
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    choices: dict[str, str]  # group -> option the run picked (task=dataset)
+    values: dict[str, Any]  # dotted key -> the run's value, for the keys an eval takes over
+
+
+def run_settings(run_dir: Path) -> RunSettings | None:
+    """The settings ``run_dir`` was trained with, or None when it is not a run directory."""
+    from omegaconf import OmegaConf
+
+    config, hydra = run_dir / ".hydra" / "config.yaml", run_dir / ".hydra" / "hydra.yaml"
+    if not (config.is_file() and hydra.is_file()):
+        return None
+    composed = OmegaConf.load(config)
+    runtime = OmegaConf.load(hydra).hydra.runtime
+    started_in = Path(runtime.cwd)
+    values: dict[str, Any] = {}
+    for group in GROUPS:
+        if group in composed:
+            for key, value in _leaves(group, OmegaConf.to_container(composed[group], resolve=True)):
+                if key not in NOT_INHERITED:
+                    values[key] = _absolute(value, started_in) if key in PATH_VALUES else value
+    values["eval.max_new_tokens"] = composed.loop.max_new_tokens
+    choices = {g: runtime.choices[g] for g in GROUPS if runtime.choices.get(g) is not None}
+    return RunSettings(choices=choices, values=values)
+
+
+def _leaves(prefix: str, node: Any):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _leaves(f"{prefix}.{key}", value)
+    else:
+        yield prefix, node
+
+
+def _absolute(value: Any, base: Path) -> Any:
+    if isinstance(value, list):
+        return [_absolute(v, base) for v in value]
+    if isinstance(value, str) and not Path(value).expanduser().is_absolute():
+        return str(base / value)
+    return value
+
+
+def overridden_keys(overrides: list[str]) -> set[str]:
+    """The dotted keys (and groups) an override list sets."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return {o.key_or_group for o in OverridesParser.create().parse_overrides(overrides)}
+
+
+def checkpoint_dir(overrides: list[str]) -> Path | None:
+    """The ``checkpoint=`` of an override list when it names a directory."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    found = [o.value() for o in OverridesParser.create().parse_overrides(overrides) if o.key_or_group == "checkpoint"]
+    return Path(found[-1]) if found and isinstance(found[-1], str) and Path(found[-1]).is_dir() else None
+
+
+def group_overrides(settings: RunSettings, overrides: list[str]) -> list[str]:
+    """The run's group options (``task=dataset``) ahead of ``overrides``, unless they pick their own."""
+    given = overridden_keys(overrides)
+    return [f"{g}={option}" for g, option in settings.choices.items() if g not in given] + overrides
+
+
+def apply_run_settings(cfg, settings: RunSettings, overrides: list[str]) -> None:
+    """Set each of the run's values on the composed ``cfg`` that ``overrides`` leave alone."""
+    from omegaconf import OmegaConf
+
+    given = overridden_keys(overrides)
+    for key, value in settings.values.items():
+        # a key this version's schema lacks is not the eval's to invent
+        if _touched(key, given) or not _has(cfg, key):
+            continue
+        OmegaConf.update(cfg, key, value, merge=False)
+
+
+def _has(cfg, key: str) -> bool:
+    from omegaconf import DictConfig, OmegaConf
+
+    parent, _, last = key.rpartition(".")
+    node = OmegaConf.select(cfg, parent) if parent else cfg
+    return isinstance(node, DictConfig) and last in node.keys()
+
+
+def _touched(key: str, given: set[str]) -> bool:
+    """``key`` or a node above or below it is set on the command line."""
+    return any(key == g or key.startswith(g + ".") or g.startswith(key + ".") for g in given)
