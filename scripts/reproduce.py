@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlmix.config.monitor import LastingRule
 from rlmix.metrics.lasting import lasting as is_lasting
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,7 +84,7 @@ PROFILES: dict[str, Plan] = {
 # evaluation). The failures it looks for have happened by then: docs/results.md reads the 100-step
 # map at step 60 ("Run length") and finds the same arms failing where they fail.
 STEPS = 60
-LASTING_FORMAT_ERRORS = 0.1  # a flagged run ending above this rate of format errors has not recovered
+LASTING_FORMAT_ERRORS = LastingRule().format_errors  # the lasting rule's, for the page text
 
 
 def plan_arms(plan: Plan) -> tuple[str, ...]:
@@ -158,8 +159,11 @@ def collect(run_dir: Path, dose: str, eval_samples: int) -> RunResult:
         pass1, se = score["mean"], score["stderr"]
     collapse = summary["collapse"]
     return RunResult(
-        arm=summary["name"], seed=summary["seed"], dose=dose, collapsed=bool(collapse["verdict"]),
-        collapse_step=collapse["step"], collapse_reason=collapse["reason"],
+        # Flagged: the monitor raised any episode (recovered or not); its verdict is the lasting one.
+        arm=summary["name"], seed=summary["seed"], dose=dose,
+        collapsed=bool(collapse["verdict"] or collapse.get("episodes")),
+        collapse_step=collapse["step"] or next((e["start"] for e in collapse.get("episodes") or []), None),
+        collapse_reason=collapse["reason"] or "; ".join(e.get("reason", "") for e in collapse.get("episodes") or []),
         reward_first=mean_of(rows, "reward/mean", slice(0, 10)), reward_last=mean_of(rows, "reward/mean", slice(-10, None)),
         kl_last=mean_of(rows, "mismatch/kl_k3", slice(-10, None)),
         format_last=mean_of(rows, "format/error_rate", slice(-10, None)),
