@@ -19,16 +19,13 @@ from pathlib import Path
 import torch
 
 from rlmix.config.schema import CorrectionConfig, TrainerConfig, TrainerPrecision
-from rlmix.metrics.aggregate import step_metrics
-from rlmix.metrics.names import LR, OPTIMIZER_STEPS, SKIPPED_STEPS
 from rlmix.rollout import Rollouts
 from rlmix.trainers.deepspeed_config import check_deepspeed, check_deepspeed_fp16
 from rlmix.trainers.deepspeed_rank import DeepSpeedRank, RankSetup, RankStep, comm_backend, free_port
 from rlmix.trainers.step import (
     advantages_for,
-    batch_result,
+    batch_metrics,
     count_sequences,
-    mean_grad_norm,
     merge_step_results,
     micro_batches,
     needs_trainer_logprobs,
@@ -130,10 +127,7 @@ class DeepSpeedTrainer:
                 self.skipped_steps += 1  # DeepSpeed dropped the update (inf/NaN gradients)
             results.append(result)
             grad_norms.append(steps[0].grad_norm)  # the global norm: the same on every rank
-        metrics = step_metrics(batch, batch_result(batch, passes, results), mean_grad_norm(grad_norms), self._version)
-        metrics[SKIPPED_STEPS] = float(self.skipped_steps)
-        metrics[OPTIMIZER_STEPS] = float(len(passes))
-        metrics[LR] = lr
+        metrics = batch_metrics(batch, passes, results, grad_norms, self._version, self.skipped_steps, lr)
         self._version += 1
         return metrics
 

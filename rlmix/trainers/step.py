@@ -18,7 +18,8 @@ from rlmix.correction import Objective, OldLogprobs
 from rlmix.correction.advantages import group_advantages
 from rlmix.correction.diagnostics import effective_sample_size
 from rlmix.correction.logprobs import gather_logprobs, support_candidates
-from rlmix.metrics.aggregate import StepResult
+from rlmix.metrics.aggregate import StepResult, step_metrics
+from rlmix.metrics.names import LR, OPTIMIZER_STEPS, SKIPPED_STEPS
 from rlmix.rollout import Rollouts
 from rlmix.trainers.loss import batch_loss
 from rlmix.trainers.tokens import token_batch
@@ -190,6 +191,16 @@ def batch_result(batch: Rollouts, passes: list[torch.Tensor], results: list[Step
     ppo = {"clip_frac": everything.stats.get("clip_frac", 0.0), "ratio_p05": float(q[0]), "ratio_p50": float(q[1]),
            "ratio_p95": float(q[2]), "ratio_max": float(ratio.max()) if ratio.numel() else 0.0}
     return dataclasses.replace(merged, stats=merged.stats | ppo)
+
+
+def batch_metrics(batch: Rollouts, passes: list[torch.Tensor], results: list[StepResult], grad_norms: list[float],
+                  version: int, skipped_steps: int, lr: float) -> dict[str, float]:
+    """Every metric of one rollout batch's optimizer steps (``passes``, with their results and norms)."""
+    metrics = step_metrics(batch, batch_result(batch, passes, results), mean_grad_norm(grad_norms), version)
+    metrics[SKIPPED_STEPS] = float(skipped_steps)
+    metrics[OPTIMIZER_STEPS] = float(len(passes))
+    metrics[LR] = lr
+    return metrics
 
 
 def micro_batches(batch: Rollouts, size: int) -> Iterator[tuple[Rollouts, slice]]:

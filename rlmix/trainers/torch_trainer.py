@@ -8,18 +8,15 @@ from pathlib import Path
 import torch
 
 from rlmix.config.schema import CorrectionConfig, TrainerConfig, TrainerPrecision
-from rlmix.metrics.aggregate import step_metrics
-from rlmix.metrics.names import LR, OPTIMIZER_STEPS, SKIPPED_STEPS
 from rlmix.rollout import Rollouts
 from rlmix.trainers.precision import autocast_dtype, published_dtype
 from rlmix.trainers.schedule import scheduled_lr
 from rlmix.trainers.step import (
     advantages_for,
-    batch_result,
+    batch_metrics,
     checkpoint_activations,
     count_sequences,
     forward_backward,
-    mean_grad_norm,
     needs_trainer_logprobs,
     optimizer_step_rows,
     reference_model,
@@ -77,10 +74,7 @@ class TorchTrainer:
                                       num_tokens=mini.num_tokens, num_sequences=count_sequences(mini), **micro)
             grad_norms.append(self._apply(result.loss))
             results.append(result)
-        metrics = step_metrics(batch, batch_result(batch, passes, results), mean_grad_norm(grad_norms), self._version)
-        metrics[SKIPPED_STEPS] = float(self.skipped_steps)
-        metrics[OPTIMIZER_STEPS] = float(len(passes))
-        metrics[LR] = lr
+        metrics = batch_metrics(batch, passes, results, grad_norms, self._version, self.skipped_steps, lr)
         self._version += 1
         return metrics
 
