@@ -71,8 +71,8 @@ bench-perf: setup
 	$(BIN)/python scripts/bench_sweep.py
 
 # The study's comparison on the embedded default, every run scored on held-out pass@1 (docs/results.md):
-# the stability map (arms x mismatch doses x seeds 0-2, FP16 among the arms) and SC against SC+MIS at K = 2
-# (~57 min on 2 cores), or the headline regime alone (~10 min).
+# the stability map (8 arms x 2 doses x seeds 0-2, FP16 among the arms) and SC against SC+MIS at K = 2
+# (54 runs of ~70 s on 2 cores: about an hour), or the headline regime alone (5 arms, 15 runs: ~18 min).
 reproduce: setup
 	$(BIN)/python scripts/reproduce.py --profile full
 
