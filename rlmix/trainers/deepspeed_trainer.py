@@ -99,7 +99,7 @@ class DeepSpeedTrainer:
         each step's mini-batch split into row shards over the ranks."""
         advantages = advantages_for(batch, self.correction)  # whole groups, before splitting
         passes = optimizer_step_rows(batch, self.cfg)
-        if needs_trainer_logprobs(batch, self.cfg, self.correction):
+        if needs_trainer_logprobs(passes, self.correction):
             shards = shard_rows(batch, self.ranks_n)
             logprobs = self._on_all("trainer_logprobs", [s and s[0] for s in shards])
             width = batch.mask.shape[1]

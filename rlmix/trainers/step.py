@@ -40,18 +40,19 @@ def optimizer_step_rows(batch: Rollouts, cfg: TrainerConfig) -> list[torch.Tenso
     if cfg.ppo_mini_batch_size is None or batch.group_ids is None:
         passes = [rows]
     else:
-        groups = list(dict.fromkeys(batch.group_ids.cpu().tolist()))
-        size = cfg.ppo_mini_batch_size
         labels = batch.group_ids.cpu()
+        groups = list(dict.fromkeys(labels.tolist()))
+        size = cfg.ppo_mini_batch_size
         passes = [rows[torch.isin(labels, torch.tensor(groups[i:i + size]))] for i in range(0, len(groups), size)]
     return passes * cfg.ppo_epochs
 
 
-def needs_trainer_logprobs(batch: Rollouts, cfg: TrainerConfig, correction: CorrectionConfig) -> bool:
+def needs_trainer_logprobs(passes: list[torch.Tensor], correction: CorrectionConfig) -> bool:
     """Whether PPO's π_old must be recorded before the first update: the trainer's own log-probs
-    with more than one optimizer step on the batch (with one, the step's own forward is π_old)."""
+    with more than one optimizer step (``passes``) on the batch (with one, the step's own forward
+    is π_old)."""
     ppo_on_trainer = correction.objective is Objective.ppo_clip and correction.old_logprobs is OldLogprobs.trainer
-    return ppo_on_trainer and len(optimizer_step_rows(batch, cfg)) > 1
+    return ppo_on_trainer and len(passes) > 1
 
 
 @torch.no_grad()
@@ -185,10 +186,11 @@ def batch_result(batch: Rollouts, passes: list[torch.Tensor], results: list[Step
     ratios = [r.token_stats["ppo_ratio"] for r in results if "ppo_ratio" in r.token_stats]
     if not ratios:
         return merged
-    everything = merge_step_results(results)
+    tokens = max(sum(r.num_tokens for r in results), 1)
+    clip_frac = sum(r.stats.get("clip_frac", 0.0) * r.num_tokens for r in results) / tokens  # token-weighted
     ratio = torch.cat(ratios).double()
     q = torch.quantile(ratio, torch.tensor([0.05, 0.5, 0.95], dtype=torch.float64)) if ratio.numel() else torch.zeros(3)
-    ppo = {"clip_frac": everything.stats.get("clip_frac", 0.0), "ratio_p05": float(q[0]), "ratio_p50": float(q[1]),
+    ppo = {"clip_frac": clip_frac, "ratio_p05": float(q[0]), "ratio_p50": float(q[1]),
            "ratio_p95": float(q[2]), "ratio_max": float(ratio.max()) if ratio.numel() else 0.0}
     return dataclasses.replace(merged, stats=merged.stats | ppo)
 
@@ -307,7 +309,8 @@ def forward_backward(
     ``num_tokens`` is the GLOBAL masked-token count of the whole step (all micro-batches and,
     for several ranks, all ranks), so the sum of micro-batch losses is the token-mean over the
     step (docs/math.md §3.2: "the global token count is passed in") whatever the micro-batches
-    are; ``num_sequences`` likewise for the per-sequence aggregations (None: ``batch``'s own). ``max_tokens`` packs rows into micro-batches by a budget of padded positions
+    are; ``num_sequences`` likewise for the per-sequence aggregations (None: ``batch``'s own).
+    ``max_tokens`` packs rows into micro-batches by a budget of padded positions
     (``plan_micro_batches``); per-token values come back in the batch's row-major order.
     """
     loss_sum, weighted, entropy_sum, n_total = 0.0, {}, 0.0, 0

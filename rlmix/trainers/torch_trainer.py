@@ -61,7 +61,7 @@ class TorchTrainer:
         passes = optimizer_step_rows(batch, self.cfg)
         micro = dict(pad_id=self.pad_id, micro_batch_size=self.cfg.micro_batch_size,
                      max_tokens=self.cfg.max_tokens_per_micro_batch, autocast=autocast_dtype(self.cfg.precision))
-        if needs_trainer_logprobs(batch, self.cfg, self.correction):
+        if needs_trainer_logprobs(passes, self.correction):
             batch = batch.replace(trainer_logprobs=trainer_logprobs(self.model, batch, self.correction, **micro))
         batch = with_ref_logprobs(self.reference, batch, self.correction, **micro)
         lr = scheduled_lr(self.cfg, self._version)
