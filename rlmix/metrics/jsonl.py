@@ -1,4 +1,5 @@
-"""Reading a run's ``metrics.jsonl`` back (the report and a resumed run both do)."""
+"""Reading a run's ``metrics.jsonl`` back (the report and a resumed run both do), and cutting it
+back to a checkpoint's step (a resumed run, a restarted trainer)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from rlmix.errors import ConfigError
+
+METRICS_FILE = "metrics.jsonl"  # one JSON object per trainer step, in a run's directory
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -26,4 +29,14 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
         if not isinstance(row, dict) or not isinstance(row.get("step"), int):
             raise ConfigError(f"report: {path}:{lineno} needs a JSON object with an integer 'step'")
         rows.append(row)
+    return rows
+
+
+def keep_rows(path: Path, step: int) -> list[dict[str, Any]]:
+    """Rewrite ``path`` (atomically) with its rows up to ``step`` only; returns them. The steps after
+    a checkpoint are trained again when a run goes back to it, so their rows go, not duplicated."""
+    rows = [row for row in read_metrics(path) if row["step"] <= step] if path.exists() else []
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    tmp.replace(path)
     return rows

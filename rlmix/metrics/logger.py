@@ -16,11 +16,11 @@ from typing import Any, TextIO
 
 from rlmix.config.schema import WandbConfig, WandbMode
 from rlmix.metrics.console import StepDisplay
+from rlmix.metrics.jsonl import METRICS_FILE, keep_rows
 from rlmix.metrics.wandb_tables import finish_wandb
 
 log = logging.getLogger(__name__)
 
-METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 
 
@@ -51,6 +51,7 @@ class RunLogger:
         self.total_steps = total_steps
         self.display = StepDisplay(total_steps, console_every, stream)
         self._jsonl = open(self.run_dir / METRICS_FILE, "a", buffering=1)
+        self._logged, self._wandb_from = 0, 0  # the newest step logged; the first step W&B takes
         self.wandb = start_wandb(wandb_cfg, self.run_dir, run_name, config, group, run_id)
 
     def elapsed_s(self) -> float:
@@ -60,13 +61,26 @@ class RunLogger:
         record = {"step": step, "time": round(time.time() - self.start, 3)}
         record |= {key: _jsonable(value) for key, value in sorted(metrics.items())}
         self._jsonl.write(json.dumps(record) + "\n")
-        if self.wandb is not None:
+        self._logged = max(self._logged, step)
+        if self.wandb is not None and step >= self._wandb_from:
             try:
                 self.wandb.log(metrics, step=step)
             except Exception as err:  # W&B failure never kills training
                 log.warning("W&B logging failed (%s); continuing with metrics.jsonl only", err)
                 self.wandb = None
         self.display.update(step, progress_line(step, self.total_steps, metrics, time.time() - self.start))
+
+    def rewind(self, step: int) -> list[dict]:
+        """Drop ``metrics.jsonl``'s rows after ``step`` (they are trained again); returns the rows kept.
+
+        W&B keeps the rows it was sent: its steps only increase, so the steps trained again are
+        not sent twice, and the W&B curve keeps the first attempt's values for them.
+        """
+        self._jsonl.close()
+        rows = keep_rows(self.run_dir / METRICS_FILE, step)
+        self._jsonl = open(self.run_dir / METRICS_FILE, "a", buffering=1)
+        self._wandb_from = max(self._wandb_from, self._logged + 1)
+        return rows
 
     def finish(self, summary: dict) -> dict:
         """Write summary.json (with the wall time) and close every sink; returns what was written."""
