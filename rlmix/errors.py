@@ -15,3 +15,8 @@ class RunFailed(RuntimeError):
     The message is the one line the CLI prints; the run's summary.json says ``"status": "failed"``
     and the command exits with status 1.
     """
+
+
+class TrainerDied(RunFailed):
+    """The trainer actor's process died (killed, OOM, a crashed node): the run restarts it from the
+    newest checkpoint while ``trainer.max_restarts`` allows (rlmix.orchestration.runner.TrainerRestarts)."""

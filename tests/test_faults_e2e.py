@@ -173,16 +173,38 @@ def test_a_run_whose_steps_are_all_non_finite_fails(tmp_path, tiny_llama_dir):
     assert len(errors) == 1 and "non-finite" in errors[0]
 
 
-def test_a_killed_trainer_fails_the_run_in_one_line_with_the_resume_command(tmp_path):
+def test_a_killed_trainer_is_restarted_from_the_newest_checkpoint_and_the_run_completes(tmp_path):
     run_dir = tmp_path / "run"
-    run = Run(tmp_path, *SMOKE, "loop.steps=500", "loop.checkpoint_every=1", f"hydra.run.dir={run_dir}")
-    run.wait_for(lambda: complete(run_dir) and actor_pids(run.proc.pid, "TrainerWorker"), "a checkpoint")
+    run = Run(tmp_path, *SMOKE, "loop.steps=10", "loop.checkpoint_every=3", f"hydra.run.dir={run_dir}")
+    run.wait_for(lambda: len(rows(run_dir)) >= 5 and actor_pids(run.proc.pid, "TrainerWorker"), "step 5")
+    saved = complete(run_dir)[-1]
+    os.kill(actor_pids(run.proc.pid, "TrainerWorker")[0], signal.SIGKILL)
+    assert run.finish() == 0, run.text()
+    result = summary(run_dir)
+    assert result["status"] in ("completed", "collapsed") and result["steps"] == 10  # the smoke toy may collapse
+    assert result["fault"]["trainer_restarts"] == 1
+    assert [r["step"] for r in rows(run_dir)] == list(range(1, 11))  # the steps after the checkpoint, once
+    assert f"restarted it (1 of 3) from checkpoint step_{saved}" in run.out.read_text()
+    assert "Traceback" not in run.text()
+
+
+def test_a_trainer_dead_past_max_restarts_fails_and_offers_only_commands_that_work(tmp_path):
+    """No restart allowed and no checkpoint written: the run fails in one line that says how to
+    start again, and the closing block lists neither ``rlmix eval`` nor ``resume=``."""
+    run_dir = tmp_path / "run"
+    off = ["trainer.max_restarts=0", "loop.checkpoint_every=0", "loop.checkpoint_every_min=0"]
+    run = Run(tmp_path, *SMOKE, "loop.steps=500", *off, f"hydra.run.dir={run_dir}")
+    run.wait_for(lambda: rows(run_dir) and actor_pids(run.proc.pid, "TrainerWorker"), "the first step")
     os.kill(actor_pids(run.proc.pid, "TrainerWorker")[0], signal.SIGKILL)
     assert run.finish() == 1, run.text()
     result = summary(run_dir)
-    assert result["status"] == "failed" and "trainer died" in result["error"]
+    assert result["status"] == "failed" and "trainer died" in result["error"] and not result["resumable"]
     errors = [line for line in run.err.read_text().splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "trainer died" in errors[0] and f"resume={run_dir}" in errors[0]
+    assert len(errors) == 1 and "trainer.max_restarts" in errors[0], errors
+    assert errors[0].endswith("start again with: rlmix train " + " ".join([*SMOKE, "loop.steps=500", *off]))
+    lines = run.out.read_text().splitlines()
+    assert lines[lines.index("next:") + 1:] == [
+        "  rlmix report run", "  rlmix train " + " ".join([*SMOKE, "loop.steps=500", *off])]
     assert "Traceback" not in run.text()
 
 

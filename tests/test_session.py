@@ -217,3 +217,30 @@ def test_a_reused_sampler_ray_restarts_from_an_earlier_job_is_reset_to_this_jobs
         assert part.completion_ids.shape[1] <= 4 < first.loop.max_new_tokens  # job 2's length, not job 1's
     finally:
         SESSION.close()
+
+
+def test_weights_that_died_with_the_trainer_are_its_death_not_the_samplers(tmp_path):
+    """A sampler sent the weights of a trainer that died while publishing them fails with the
+    trainer's death: the loop restarts the trainer instead of counting (and dropping) a sampler."""
+    import ray
+
+    from rlmix.errors import TrainerDied
+    from rlmix.orchestration.loop import AsyncLoop, SlotState
+    from rlmix.orchestration.session import SESSION
+    from rlmix.orchestration.workers import make_request, make_task
+
+    try:
+        cfg, trainer, slots, _ = _job([], tmp_path / "run")
+        os.kill(ray.get(trainer.__ray_call__.remote(lambda worker: os.getpid())), signal.SIGKILL)
+        task = make_task(cfg.task, cfg.seed)
+        loop = AsyncLoop(cfg.loop, trainer, slots, task, seed=cfg.seed, pad_id=0)
+        loop.weights_ref, loop.published = trainer.published_weights.remote(), 1
+        slot, request = slots[0], make_request(task, 0, 1, cfg.seed)
+        ref = loop._submit(slot, request)
+        ray.wait([ref], timeout=120)
+        with pytest.raises(TrainerDied, match="publishing step 1's weights"):
+            loop._collect(ref, slot)
+        assert slot.deaths == 0 and slot.state is SlotState.ready
+        assert list(loop.orphans) == [request]  # served again once a trainer publishes weights
+    finally:
+        SESSION.close()

@@ -40,6 +40,7 @@ def refused(out, key: str) -> None:
         ("correction.entropy_coef=nan", "correction.entropy_coef"),
         ("loop.overlong_penalty=-1", "loop.overlong_penalty"),
         ("loop.overlong=truncate", "loop.overlong"),
+        ("trainer.max_restarts=-1", "trainer.max_restarts"),
     ],
 )
 def test_out_of_range_settings_are_one_line_exit_2_nothing_written(tmp_path, override, key):

@@ -147,6 +147,7 @@ def _check_trainer(cfg: RunConfig) -> None:
 
     t = cfg.trainer
     _require(t.micro_batch_size >= 1, f"trainer.micro_batch_size={t.micro_batch_size}: must be >= 1")
+    _require(t.max_restarts >= 0, f"trainer.max_restarts={t.max_restarts}: must be >= 0 (0: a dead trainer fails the run)")
     budget = t.max_tokens_per_micro_batch
     _require(budget is None or budget >= 1, f"trainer.max_tokens_per_micro_batch={budget}: must be null or >= 1")
     _require(t.num_threads is None or t.num_threads >= 1,

@@ -170,6 +170,10 @@ class TrainerConfig:
     # gradient_checkpointing_enable): less memory for longer sequences, one more forward, same gradients.
     activation_checkpointing: bool = False
     ref_on_cpu: bool = False  # correction.kl_coef > 0: the reference model in host memory, not the trainer's device
+    # Deaths of the trainer actor the run survives: each one starts a new trainer process from the
+    # newest complete checkpoint (or the start weights before the first), and the steps after it
+    # are trained again. One more death fails the run.
+    max_restarts: int = 3
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
 
 

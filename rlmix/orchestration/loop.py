@@ -10,6 +10,10 @@ Staleness of a sequence = (trainer version when it is trained) − (version that
 ``max_staleness`` bounds it two ways: no request is started whose output could only be trained
 too late, and groups that became too stale anyway are dropped (and counted), never trained on.
 ``max_staleness=0`` therefore reproduces synchronous on-policy training.
+
+A trainer that dies is replaced (``restart``, rlmix.orchestration.runner.TrainerRestarts) by a new
+process at the run's newest checkpoint; the loop goes back to that checkpoint's version and data
+position and drops what was generated since, as a resumed run would.
 """
 
 from __future__ import annotations
@@ -23,11 +27,12 @@ from dataclasses import dataclass, field
 
 import ray
 
+from rlmix.assembly.checkpoints import RunState
 from rlmix.config.schema import LoopConfig, Overlong
-from rlmix.errors import RunFailed
+from rlmix.errors import RunFailed, TrainerDied
 from rlmix.metrics.names import (
     BUFFERED_GROUPS, OVERLONG_FRAC, REQUESTS_REISSUED, SAMPLER_BUSY_FRAC, SAMPLER_RESTARTS, STEP_S,
-    TRAINER_IDLE_FRAC, UNIFORM_DROPPED_FRAC,
+    TRAINER_IDLE_FRAC, TRAINER_RESTARTS, UNIFORM_DROPPED_FRAC,
 )
 from rlmix.orchestration.filters import filter_part, take_groups
 from rlmix.orchestration.workers import NotHeld, Request, make_request
@@ -115,8 +120,12 @@ class AsyncLoop:
         start_request: int = 0,
         generating: int | None = None,
         idle_lanes: int = 0,
+        restart: Callable[[TrainerDied], tuple[ray.actor.ActorHandle, RunState]] | None = None,
     ):
+        """``restart``: a new trainer and the run state of the checkpoint it loaded, or RunFailed
+        when no restart is left; None: a dead trainer fails the run."""
         self.cfg, self.trainer, self.samplers, self.task = cfg, trainer, samplers, task
+        self.restart = restart
         self.seed, self.pad_id = seed, pad_id
         self.version = start_version  # the trainer's current weight version
         self.published = start_version  # the newest version samplers can load
@@ -131,6 +140,8 @@ class AsyncLoop:
         self.idle_since: float | None = time.perf_counter()  # None while the trainer trains
         self.sampler_restarts = 0  # cumulative over the run: fault/* metrics
         self.requests_reissued = 0
+        self.trainer_restarts = 0
+        self.discard: set[ray.ObjectRef] = set()  # requests in flight when the trainer was replaced
         self.last_step_at = time.monotonic()
         # CPU-sampler requests generating at once (None: no limit); samplers are offered requests
         # in turn from ``turn`` so a limit below the fleet size still draws from every pool.
@@ -245,16 +256,20 @@ class AsyncLoop:
                 self._watchdog(train_ref, inflight)
                 continue
             ref = ready[0]
-            if ref is train_ref:
-                train_ref = None
-                self.idle_since = time.perf_counter()
-                self.last_step_at = time.monotonic()
-                if not on_step(self._finish_step(ref)):
-                    break
-            elif ref in probes:
-                self._probed(ref, probes.pop(ref), probes)
-            else:
-                self._collect(ref, inflight.pop(ref))
+            try:
+                if ref is train_ref:
+                    train_ref = None
+                    self.idle_since = time.perf_counter()
+                    self.last_step_at = time.monotonic()
+                    if not on_step(self._finish_step(ref)):
+                        break
+                elif ref in probes:
+                    self._probed(ref, probes.pop(ref), probes)
+                else:
+                    self._collect(ref, inflight.pop(ref))
+            except TrainerDied as died:  # in a step, its checkpoint, or the weights samplers were sent
+                train_ref = None  # a step in flight on the dead trainer is not waited for
+                self._replace_trainer(died, inflight)
         for ref in inflight:  # leave nothing running into the next job of a sweep
             ray.cancel(ref, force=False)
 
@@ -291,22 +306,31 @@ class AsyncLoop:
     # -- sampler faults ------------------------------------------------------------------
     def _collect(self, ref: ray.ObjectRef, slot: SamplerSlot) -> None:
         request, slot.inflight = slot.inflight, None
+        dropped = ref in self.discard  # generated for a trainer that has since been replaced
+        self.discard.discard(ref)
+        # A request that failed goes back to the queue whole (never half of it): its groups are
+        # generated again from the same request id and seed, by whichever sampler is free.
+        again = (lambda: None) if dropped else (lambda: self.orphans.appendleft(request))
         try:
             part: Rollouts = ray.get(ref)
         except ray.exceptions.RayActorError as err:
-            # The request goes back to the queue whole (never half of it): its groups are
-            # generated again from the same request id and seed, by whichever sampler is free.
-            self.orphans.appendleft(request)
-            self._died(slot, err)
-            return
+            again()
+            if err.actor_id in (None, slot.actor._actor_id.hex()):
+                self._died(slot, err)
+            elif err.actor_id == self.trainer._actor_id.hex():  # the weights it was sent never came
+                raise TrainerDied(f"the trainer died publishing step {self.published}'s weights "
+                                  f"({type(err).__name__})") from err
+            return  # else a replaced trainer's weights, sent with a request dropped at its replacement
         except ray.exceptions.RayError as err:  # the sampler raised: a bug or bad input, not a fault to retry
             cause = getattr(err, "cause", None) or err
             if isinstance(cause, NotHeld):  # Ray re-created it while idle: a death seen late
-                self.orphans.appendleft(request)
+                again()
                 self._died(slot, cause)
                 return
             raise RunFailed(f"sampler {slot.name} failed on request {request.request_id}: {_first_line(cause)}") from err
         self._count_busy(slot, time.perf_counter())
+        if dropped:
+            return
         self.window.tokens[slot.pool] = self.window.tokens.get(slot.pool, 0) + part.num_tokens
         filtered = filter_part(part, self.cfg)
         self.window.groups += filtered.groups
@@ -370,11 +394,33 @@ class AsyncLoop:
         self.sampler_restarts += 1
         log.warning("sampler %s is back", slot.name)
 
+    # -- trainer faults ------------------------------------------------------------------
+    def _replace_trainer(self, died: TrainerDied, inflight: dict) -> None:
+        """Go on with a new trainer at the newest checkpoint's step and data position.
+
+        Groups generated since came from weights that no longer exist (they would be trained at a
+        negative lag): the buffer and the queue are emptied and requests still running are dropped
+        when they return. Every sampler is sent the new trainer's weights with its next request.
+        """
+        if self.restart is None:
+            raise died
+        self.trainer, state = self.restart(died)
+        self.trainer_restarts += 1
+        self.version = self.published = state.step
+        self.next_request = state.next_request
+        self.buffer, self.orphans = [], deque()
+        self.discard.update(inflight)
+        for slot in self.samplers:
+            slot.version = -1
+        self.weights_ref = self.trainer.published_weights.remote()
+        self.window = _Window()
+        self.idle_since, self.last_step_at = time.perf_counter(), time.monotonic()
+
     def _finish_step(self, ref: ray.ObjectRef) -> StepReport:
         try:
             self.version, metrics = ray.get(ref)
         except ray.exceptions.RayActorError as err:
-            raise RunFailed(f"the trainer died during step {self.version + 1} ({type(err).__name__})") from err
+            raise TrainerDied(f"the trainer died during step {self.version + 1} ({type(err).__name__})") from err
         if self.version % self.cfg.weight_sync_every == 0:
             start = time.perf_counter()
             self.weights_ref = self.trainer.published_weights.remote()
@@ -404,6 +450,7 @@ class AsyncLoop:
             metrics[OVERLONG_FRAC] = self.window.overlong / max(self.window.groups * self.cfg.group_size, 1)
         metrics[REQUESTS_REISSUED] = float(self.requests_reissued)
         metrics[SAMPLER_RESTARTS] = float(self.sampler_restarts)
+        metrics[TRAINER_RESTARTS] = float(self.trainer_restarts)
         for slot in self.samplers:
             if slot.inflight is not None:
                 self._count_busy(slot, now)

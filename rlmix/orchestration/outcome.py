@@ -6,7 +6,7 @@ one line on stderr and an exit code).
 | `completed`   | every step ran; no collapse that lasted (recovered episodes and warnings are listed) | 0 |
 | `collapsed`   | the monitor flagged the run and it was still down at the end (the run is data) | 0 |
 | `interrupted` | SIGINT / SIGTERM: the step in flight finished, then a checkpoint | 130 / 143 |
-| `failed`      | a dead trainer, no sampler left, the watchdog, non-finite steps | 1        |
+| `failed`      | a trainer dead more often than `trainer.max_restarts`, no sampler left, the watchdog, non-finite steps | 1 |
 
 docs/reliability.md lists each fault and what the run does about it.
 """
@@ -75,13 +75,17 @@ def finish(loop, steps, stop: StopRequest, facts: dict) -> dict:
     status = _status(failure, stop, verdict.collapse)
     checkpoint = None
     if status is not Status.failed:
-        checkpoint = steps.checkpoint(loop.version)
+        try:
+            checkpoint = steps.checkpoint(loop.version)
+        except RunFailed as err:  # the final save: no step is left to train again after a restart
+            failure, status = str(err), Status.failed
     summary = {"status": status.value} | facts | {
         "steps": loop.version,
         "final": steps.last,
         "collapse": verdict.as_summary(),
         "checkpoint": str(checkpoint) if checkpoint else None,
-        "fault": {"sampler_restarts": loop.sampler_restarts, "requests_reissued": loop.requests_reissued},
+        "fault": {"sampler_restarts": loop.sampler_restarts, "requests_reissued": loop.requests_reissued,
+                  "trainer_restarts": loop.trainer_restarts},
     }
     if failure:
         summary["error"] = failure

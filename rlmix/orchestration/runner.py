@@ -10,7 +10,9 @@ from pathlib import Path
 
 from rlmix.config.schema import RunConfig
 from rlmix.config.swebench import AgentEnvConfig
-from rlmix.metrics.logger import RunLogger
+from rlmix.errors import RunFailed, TrainerDied
+from rlmix.metrics.jsonl import keep_rows
+from rlmix.metrics.logger import METRICS_FILE, RunLogger
 from rlmix.assembly import checkpoints
 from rlmix.assembly.checkpoints import RunState
 from rlmix.assembly.fleet import SamplerSpec, fleet_manifest, resolve_fleet
@@ -127,12 +129,13 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None, label: 
                 run_dir, cfg.logger.wandb, label or cfg.name, config_dict(cfg), sweep_group or cfg.name,
                 cfg.loop.steps, cfg.logger.console_every, run_id=state.wandb_id, elapsed_s=state.wall_time_s,
             )
+            steps = StepHandler(cfg, trainer, monitor, logger, run_dir, saved_step=state.step)
             loop = AsyncLoop(
                 cfg.loop, trainer, slots, task, cfg.seed, tokenizer.pad_token_id,
                 start_version=state.step, start_request=state.next_request, generating=plan.generating,
-                idle_lanes=plan.idle_lanes,
+                idle_lanes=plan.idle_lanes, restart=TrainerRestarts(cfg, steps),
             )
-            steps = StepHandler(cfg, trainer, monitor, logger, run_dir, loop)
+            steps.loop = loop
             facts = {"name": cfg.name, "seed": cfg.seed, "run_dir": str(run_dir), "fleet": manifest,
                      "model_dir": str(model_dir), "versions": package_versions()}
             summary = finish(loop, steps, stop, facts)
@@ -152,11 +155,11 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None, label: 
 class StepHandler:
     """After each trainer step: collapse monitor, logging, periodic checkpoints, the stop decision."""
 
-    def __init__(self, cfg: RunConfig, trainer, monitor, logger: RunLogger, run_dir: Path, loop):
+    def __init__(self, cfg: RunConfig, trainer, monitor, logger: RunLogger, run_dir: Path, saved_step: int):
         self.cfg, self.trainer, self.monitor, self.logger, self.run_dir = cfg, trainer, monitor, logger, run_dir
-        self.loop = loop
+        self.loop = None  # the AsyncLoop, whose data position a checkpoint records
         self.last: dict[str, float | str] = {}
-        self.saved_step = loop.version  # a resumed run starts from a saved step
+        self.saved_step = saved_step  # a resumed run starts from a saved step
         self.saved_at = time.monotonic()
 
     def __call__(self, report) -> bool:
@@ -189,16 +192,61 @@ class StepHandler:
         tmp = checkpoints.staging_dir(self.run_dir, step)
         try:
             ray.get(self.trainer.save_checkpoint.remote(str(tmp)), timeout=self.cfg.loop.step_timeout_s)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as err:
-            from rlmix.errors import RunFailed
-
-            raise RunFailed(f"the trainer died or hung while saving step {step} ({type(err).__name__}); "
+        except ray.exceptions.RayActorError as err:
+            raise TrainerDied(f"the trainer died while saving step {step} ({type(err).__name__})") from err
+        except ray.exceptions.GetTimeoutError as err:
+            raise RunFailed(f"the trainer hung while saving step {step} ({type(err).__name__}); "
                             "waiting on the trainer") from err
         wandb_id = getattr(self.logger.wandb, "id", None)
         state = RunState(step, self.loop.next_request, self.logger.elapsed_s(), wandb_id)
         path = checkpoints.seal(tmp, state, self.cfg.loop.keep_checkpoints)
         self.saved_step, self.saved_at = step, time.monotonic()
         return path
+
+    def go_back(self, trainer, step: int) -> None:
+        """Continue from checkpoint step ``step`` with ``trainer``: the rows after it go, and the
+        collapse monitor sees the run's history up to it again."""
+        from rlmix.metrics.monitor import CollapseMonitor
+
+        self.trainer = trainer
+        self.monitor = CollapseMonitor(self.cfg.monitor)
+        feed_monitor(self.monitor, self.logger.rewind(step))
+        self.saved_step, self.saved_at = step, time.monotonic()
+
+
+class TrainerRestarts:
+    """A dead trainer, replaced: a new process of this job at the run's newest complete checkpoint
+    (the start weights before the first), up to ``trainer.max_restarts`` times.
+
+    The steps after that checkpoint are trained again, from its data position, as a resumed run
+    would train them; the deaths and the step each went back to are logged.
+    """
+
+    def __init__(self, cfg: RunConfig, steps: StepHandler):
+        self.cfg, self.steps, self.count = cfg, steps, 0
+
+    def __call__(self, died: TrainerDied) -> tuple[object, RunState]:
+        import ray
+
+        limit = self.cfg.trainer.max_restarts
+        if self.count >= limit:
+            used = f"after {limit} restart{'s' if limit != 1 else ''}" if limit else "and trainer.max_restarts=0"
+            raise RunFailed(f"{died} {used} (trainer.max_restarts)") from died
+        self.count += 1
+        trainer, ready = SESSION.replace(self.steps.trainer)
+        checkpoint = checkpoints.latest_checkpoint(self.steps.run_dir)
+        try:
+            ray.get(ready, timeout=self.cfg.loop.step_timeout_s)
+            if checkpoint is not None:
+                ray.get(trainer.load_checkpoint.remote(str(checkpoint)), timeout=self.cfg.loop.step_timeout_s)
+        except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as err:
+            raise RunFailed(f"{died}; the new trainer did not start ({type(err).__name__})") from err
+        state = checkpoints.read_run_state(checkpoint) if checkpoint is not None else RunState(0, 0, 0.0)
+        self.steps.go_back(trainer, state.step)
+        where = f"checkpoint {checkpoint.name}" if checkpoint is not None else "the start weights (no checkpoint yet)"
+        log.warning("%s; restarted it (%d of %d) from %s: steps %d on are trained again",
+                    died, self.count, limit, where, state.step + 1)
+        return trainer, state
 
 
 def resume(cfg: RunConfig, trainer, monitor, run_dir: Path) -> tuple[RunState, Path]:
@@ -218,26 +266,15 @@ def resume(cfg: RunConfig, trainer, monitor, run_dir: Path) -> tuple[RunState, P
     ray.get(trainer.load_checkpoint.remote(str(checkpoint)))
     state = checkpoints.read_run_state(checkpoint)
     run_dir = Path(cfg.resume)
-    replay_history(run_dir, state.step, monitor)
+    feed_monitor(monitor, keep_rows(run_dir / METRICS_FILE, state.step))  # later steps are trained again
     print(f"resuming {run_dir} from {checkpoint.name} at step {state.step}")
     return state, run_dir
 
 
-def replay_history(run_dir: Path, step: int, monitor) -> None:
-    """Keep the metrics up to the checkpoint's step and feed them to the collapse monitor again.
-
-    Steps after the last checkpoint are re-run, so their rows are dropped, not duplicated.
-    """
-    from rlmix.metrics.logger import METRICS_FILE
-    from rlmix.metrics.jsonl import read_metrics
-
-    path = run_dir / METRICS_FILE
-    rows = [row for row in read_metrics(path) if row["step"] <= step] if path.exists() else []
+def feed_monitor(monitor, rows: list[dict]) -> None:
+    """The collapse monitor sees a run's logged history again (a resumed run, a restarted trainer)."""
     for row in rows:
         monitor.update(row["step"], {k: v for k, v in row.items() if isinstance(v, (int, float))})
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    tmp.replace(path)
 
 
 def config_dict(cfg: RunConfig) -> dict:

@@ -17,7 +17,8 @@ may be an earlier job's. Each job therefore gets a token (``Session.begin_job``)
 its samplers' arguments and travels with every request: a process that holds another job's
 token refuses the request (``workers.NotHeld``), and the loop re-initialises it with the current
 job's arguments before it serves anything (``loop.AsyncLoop._probed``). The trainer is never
-restarted by Ray.
+restarted by Ray: a dead one is replaced by a new process of the current job (``Session.replace``),
+which then loads the run's newest checkpoint (rlmix.orchestration.runner.TrainerRestarts).
 """
 
 from __future__ import annotations
@@ -119,8 +120,7 @@ class Session:
         for req in wanted:
             warm = self._take(req)
             if warm is None:
-                options = req.options | {"runtime_env": {"env_vars": req.env_vars}}
-                handle = ray.remote(req.cls).options(**options).remote(*req.args)
+                handle = _start(req)
                 ready.append(handle.version.remote())
             else:
                 handle, reused = warm.handle, reused + 1
@@ -133,6 +133,19 @@ class Session:
             log.info("reusing %d of %d actor processes from the previous job", reused, len(wanted))
         self.running = list(zip(wanted, handles))
         return handles, ready
+
+    def replace(self, handle) -> tuple[object, object]:
+        """(new handle, readiness ref): a new process in place of the current job's actor ``handle``,
+        created from the same request; the old one is killed first if it still lives (hung)."""
+        import ray
+
+        for i, (req, running) in enumerate(self.running):
+            if running is handle:
+                ray.kill(handle, no_restart=True)
+                new = _start(req)
+                self.running[i] = (req, new)
+                return new, new.version.remote()
+        raise ValueError("replace: not an actor of the current job")
 
     def _take(self, req: ActorRequest) -> _Warm | None:
         for i, warm in enumerate(self.idle):
@@ -154,6 +167,13 @@ class Session:
         self.idle, self.running, self.ray_key = [], [], None
         if ray.is_initialized():
             ray.shutdown()
+
+
+def _start(req: ActorRequest):
+    import ray
+
+    options = req.options | {"runtime_env": {"env_vars": req.env_vars}}
+    return ray.remote(req.cls).options(**options).remote(*req.args)
 
 
 SESSION = Session()
