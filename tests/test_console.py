@@ -99,6 +99,31 @@ def test_resume_repeats_the_runs_overrides_but_not_its_directory(tmp_path):
     assert commands[0].startswith(f"rlmix eval checkpoint={tmp_path / 'run'}")
 
 
+def test_the_next_commands_are_only_those_that_can_work(tmp_path):
+    """No checkpoint: nothing to evaluate or resume, so the run is started again; no rows: no report."""
+    run, overrides = tmp_path / "run", ["+experiment=smoke", "hydra.run.dir=x", "loop.steps=5"]
+    again = "rlmix train +experiment=smoke loop.steps=5"
+    assert next_commands(run, overrides, checkpoint=False, rows=True) == [f"rlmix report {run}", again]
+    assert next_commands(run, overrides, checkpoint=False, rows=False) == [again]
+    assert [c.split()[1] for c in next_commands(run, overrides)] == ["eval", "report", "train"]
+
+
+def test_rewinding_the_logger_drops_the_rows_after_the_checkpoint_and_appends_after_them(tmp_path):
+    from rlmix.config.schema import WandbConfig, WandbMode
+    from rlmix.metrics.logger import RunLogger
+
+    logger = RunLogger(tmp_path, WandbConfig(mode=WandbMode.disabled), "r", {}, None, 10, stream=io.StringIO())
+    for step in range(1, 6):
+        logger.log(step, {"reward/mean": float(step)})
+    kept = logger.rewind(3)
+    for step in range(4, 7):
+        logger.log(step, {"reward/mean": 10.0 * step})
+    logger.finish({"status": "completed"})
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in kept] == [1, 2, 3]
+    assert [(r["step"], r["reward/mean"]) for r in rows] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0), (5, 50.0), (6, 60.0)]
+
+
 def test_the_sweep_block_ends_with_the_report_command(tmp_path):
     jobs = [("correction.mode=mis", {"steps": 2, "final": {"reward/mean": 0.5}}, tmp_path / "0_correction.mode=mis")]
     text = sweep_block(jobs, tmp_path)

@@ -53,7 +53,7 @@ def _hydra_train(cfg: DictConfig) -> None:
     _finished.append(end_of_run(run_cfg, summary, overrides, Path(hc.runtime.output_dir), label))
     _sweep_dir[:] = [Path(hc.sweep.dir)] if sweep else []
     code = exit_code(summary)
-    say(summary, f"{command_line(overrides)} resume={summary['run_dir']}")
+    say(summary, overrides)
     if code == 1 and sweep:
         _FAILED.append(hc.runtime.output_dir)  # the other jobs of the sweep still run
     elif code != 0:
@@ -91,15 +91,18 @@ def exit_code(summary: dict) -> int:
     return 1 if status == "failed" else 0
 
 
-def say(summary: dict, resume_cmd: str) -> None:
-    """The one line for a run that did not complete: what happened and the command that continues it."""
+def say(summary: dict, overrides: list[str]) -> None:
+    """The one line for a run that did not complete: what happened and the command that continues
+    it, or that starts it again (in a new directory) when no checkpoint was written."""
     status, step = summary["status"], summary["steps"]
+    resume_cmd = f"continue with: {command_line(overrides)} resume={summary['run_dir']}"
+    train_cmd = command_line([o for o in overrides if not o.startswith(("hydra.", "+hydra."))])
     if status == "interrupted":
         saved = f"checkpoint {Path(summary['checkpoint']).name}" if summary["checkpoint"] else "no step to save"
-        print(f"interrupted at step {step} ({summary['signal']}), {saved}; continue with: {resume_cmd}",
-              file=sys.stderr, flush=True)
+        then = resume_cmd if summary["checkpoint"] else f"start again with: {train_cmd}"
+        print(f"interrupted at step {step} ({summary['signal']}), {saved}; {then}", file=sys.stderr, flush=True)
     elif status == "failed":
-        then = f"continue with: {resume_cmd}" if summary["resumable"] else "no checkpoint was written yet"
+        then = resume_cmd if summary["resumable"] else f"no checkpoint was written yet; start again with: {train_cmd}"
         print(f"error: run failed at step {step}: {summary['error']}; {then}", file=sys.stderr, flush=True)
 
 

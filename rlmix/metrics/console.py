@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from rlmix.metrics.jsonl import METRICS_FILE
 from rlmix.metrics.quiet import DRIVER_LOG, WORKERS_LOG, worker_warnings
 
 
@@ -130,18 +131,20 @@ def warnings_text(collapse: dict | None) -> str:
     return "; ".join(f"at step {w.get('step')}: {w.get('reason')}" for w in (collapse or {}).get("warnings") or [])
 
 
-def next_commands(run_dir: Path, overrides: list[str], eval_args: tuple[str, ...] = ()) -> list[str]:
-    """Evaluate, report and resume ``run_dir``; resuming repeats the run's own overrides.
+def next_commands(run_dir: Path, overrides: list[str], eval_args: tuple[str, ...] = (),
+                  checkpoint: bool = True, rows: bool = True) -> list[str]:
+    """The commands that can work on ``run_dir`` now: evaluate and resume it when it has a
+    ``checkpoint``, report it when it logged ``rows``, else start it again. Resuming or starting
+    again repeats the run's own overrides.
 
     ``rlmix eval`` takes the run's task from ``run_dir``; ``eval_args`` pick what differs (the
     split of a task without held-out rows)."""
     keep = [o for o in overrides if not o.startswith(("resume=", "hydra.", "+hydra."))]
     where = shlex.quote(shown(run_dir))
-    return [
-        " ".join(["rlmix eval", f"checkpoint={where}", *eval_args]),
-        f"rlmix report {where}",
-        " ".join(["rlmix train", *map(shlex.quote, keep), f"resume={where}"]),
-    ]
+    train = ["rlmix train", *map(shlex.quote, keep)]
+    commands = [" ".join(["rlmix eval", f"checkpoint={where}", *eval_args])] if checkpoint else []
+    commands += [f"rlmix report {where}"] if rows else []
+    return commands + [" ".join([*train, f"resume={where}"] if checkpoint else train)]
 
 
 def run_block(
@@ -168,7 +171,9 @@ def run_block(
     width = max(len(key) for key, _ in rows)
     lines = [f"── run {summary.get('name', '')} ".ljust(60, "─")]
     lines += [f"  {key:<{width}}  {value}" for key, value in rows]
-    lines += ["next:"] + [f"  {command}" for command in next_commands(run_dir, overrides, eval_args)]
+    logged = (run_dir / METRICS_FILE).is_file() and (run_dir / METRICS_FILE).stat().st_size > 0
+    commands = next_commands(run_dir, overrides, eval_args, checkpoint=checkpoint is not None, rows=logged)
+    lines += ["next:"] + [f"  {command}" for command in commands]
     return "\n".join(lines)
 
 
