@@ -4,7 +4,9 @@ Two sources, two routes:
 
 * the driver (the ``rlmix train`` process): Python logging. Records from rlmix and Hydra reach
   the console; everything else (Ray, W&B, DeepSpeed, ...) reaches only Hydra's ``train.log``.
-  Errors always reach the console.
+  Errors always reach the console, except the raylet's report of a dead worker (a paragraph of
+  possible causes per death), which goes to train.log: rlmix says in one line which actor died
+  and what the run does about it.
 * the Ray workers (samplers, trainer): vLLM, DeepSpeed and torch print from C++ and from child
   processes too, so logging filters cannot catch it all. Each worker process points its own
   stdout and stderr (file descriptors 1 and 2, which child processes inherit) at
@@ -95,9 +97,30 @@ def route_driver_logs(log_dir: Path, verbose: bool) -> None:
     for handler in [h for h in ray.handlers if not isinstance(h, logging.FileHandler)]:
         ray.removeHandler(handler)
     ray.propagate = True
+    _raylet_reports_to_log()
     root_file = next((h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)), None)
     for name in THIRD_PARTY:
         _to_file(logging.getLogger(name), Path(log_dir) / DRIVER_LOG, root_file.formatter if root_file else None)
+
+
+def _raylet_reports_to_log() -> None:
+    """The raylet's error reports become records of the "ray" logger (train.log) instead of lines
+    on stdout. Ray's driver prints them from a thread of its own through a module-level function
+    and offers no switch for it, so that function is wrapped (once per process)."""
+    import ray._private.worker as ray_worker
+
+    printer = ray_worker.print_to_stdstream
+    if getattr(printer, "rlmix_wrapped", False):
+        return
+
+    def to_log(data: dict, ignore_prefix: bool) -> None:
+        if data.get("pid") != "raylet":
+            return printer(data, ignore_prefix)
+        for line in data.get("lines", []):
+            logging.getLogger("ray").warning("(raylet) %s", line)
+
+    to_log.rlmix_wrapped = True
+    ray_worker.print_to_stdstream = to_log
 
 
 def _to_file(logger: logging.Logger, path: Path, formatter: logging.Formatter | None) -> None:
