@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.test_agentic_fixtures import make_task
+from tests.test_scratch import left_behind, own_temp_dir
 
 RLMIX = str(Path(sys.executable).with_name("rlmix"))
 AGENT_KEYS = {"agent/turns_mean", "agent/tool_calls_mean", "agent/episode_tokens_mean", "agent/policy_token_frac",
@@ -19,8 +22,8 @@ AGENT_KEYS = {"agent/turns_mean", "agent/tool_calls_mean", "agent/episode_tokens
               "format/error_rate", "reward/mean", "correction/sc_head_mass", "staleness/mean"}
 
 
-def rlmix_train(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([RLMIX, "train", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+def rlmix_train(*args: str, cwd: Path, timeout: int = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([RLMIX, "train", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 @pytest.mark.parametrize("args,expected", [
@@ -46,11 +49,15 @@ def test_bad_agentic_input_is_one_line_and_exit_2_before_ray(tmp_path, args, exp
 @pytest.mark.slow
 def test_sc_mis_trains_on_minicode_agent_episodes_through_the_cli(tmp_path):
     run = tmp_path / "run"
+    temp = own_temp_dir()  # the run's TMPDIR: every sandbox and task directory it makes goes there
     # Level 1 only: a batch whose rewards are all 0 has no gradient, and level 1 makes that unlikely.
     out = rlmix_train("+experiment=sc_mis", "task=minicode_agent", "task.levels=[1]", "fleet=smoke", "loop.steps=2",
                       "loop.groups_per_step=4", "loop.group_size=4", "loop.groups_per_request=2",
-                      "logger.wandb.mode=disabled", f"hydra.run.dir={run}", cwd=tmp_path, timeout=1500)
+                      "logger.wandb.mode=disabled", f"hydra.run.dir={run}", cwd=tmp_path, timeout=1500,
+                      env=os.environ | {"TMPDIR": str(temp)})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert left_behind(temp) == []  # no sandbox, task directory or bwrap left once the run has ended
+    shutil.rmtree(temp)  # what else used TMPDIR: Ray, torch's compile cache
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     for row in rows:
@@ -95,10 +102,13 @@ def test_every_other_arm_trains_on_episodes_in_one_cli_sweep(tmp_path):
 def test_eval_runs_minicode_agent_episodes_through_the_cli(tmp_path):
     """``rlmix eval task=minicode_agent``: the test split's problems as sandboxed episodes, graded as in training."""
     out_dir = tmp_path / "eval"
+    temp = own_temp_dir()
     out = subprocess.run([RLMIX, "eval", "task=minicode_agent", "task.levels=[1]", "eval.samples=1", "eval.k=[1]",
                           "logger=disabled", f"eval.out_dir={out_dir}"], cwd=tmp_path, capture_output=True, text=True,
-                         timeout=1800)
+                         timeout=1800, env=os.environ | {"TMPDIR": str(temp)})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert left_behind(temp) == []
+    shutil.rmtree(temp)  # what else used TMPDIR: Ray, torch's compile cache
     summary = json.loads((out_dir / "eval.json").read_text())
     score = summary["sets"]["all"]["pass@1"]
     assert score["num_tasks"] == summary["sets"]["all"]["num_tasks"] > 0 and 0 <= score["mean"] <= 1

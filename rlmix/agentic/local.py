@@ -28,7 +28,8 @@ from pathlib import Path
 
 from rlmix.agentic.harbor import DEFAULT_WORKDIR, HarborTask
 from rlmix.agentic.sandbox import DEFAULT_OUTPUT_CAP_BYTES, ExecResult, InfraError
-from rlmix.isolation.bwrap import PATH, Bind, isolation_problem, sandbox_user, sandbox_workdir, searchable_by_others
+from rlmix.isolation.bwrap import PATH, Bind, isolation_problem, sandbox_user, sandbox_workdir
+from rlmix.isolation.scratch import scratch_dir
 from rlmix.isolation.process import Isolation, LocalLimits, run_limited
 from rlmix.errors import ConfigError
 
@@ -73,10 +74,7 @@ class LocalSandbox:
             raise ConfigError(f"task {task.task_id} has no environment/repo/ directory, which the local "
                               f"runtime copies; use task.runtime=docker")
         self._user = sandbox_user() if isolated else {}
-        parent = tempfile.gettempdir()
-        if self._user and not searchable_by_others(parent):
-            parent = "/tmp"  # bwrap, run as the sandbox user, must reach the working copy to mount it
-        self.root = Path(tempfile.mkdtemp(prefix=f"rlmix-{task.task_id[:40]}-", dir=parent))
+        self.root = Path(tempfile.mkdtemp(prefix=f"rlmix-{task.task_id[:40]}-", dir=scratch_dir()))
         try:
             shutil.copytree(task.repo_dir, self.root / "repo", symlinks=True)
             for d in ("tests", "logs/verifier", "home", "tmp"):

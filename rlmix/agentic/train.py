@@ -30,6 +30,7 @@ from rlmix.agentic.harbor import HarborTask
 from rlmix.agentic.policy import ModelPolicy
 from rlmix.agentic.records import episode_stat_row, episodes_to_rollouts
 from rlmix.agentic.run import SampleResult, check_runtime, resolve_tasks, run_sample
+from rlmix.isolation.scratch import scratch_dir
 from rlmix.rollout import Rollouts, SamplingParams
 from rlmix.tasks.base import Problem
 
@@ -67,7 +68,7 @@ class MiniCodeAgentTask:
     def root(self) -> Path:
         """Where the task directories go; a temporary directory made on first use (in the sampler process)."""
         if self._root is None:
-            self._root = Path(tempfile.mkdtemp(prefix="rlmix-minicode-agent-"))
+            self._root = Path(tempfile.mkdtemp(prefix="rlmix-minicode-agent-", dir=scratch_dir()))
         return self._root
 
     def sample(self, n: int, seed: int) -> list[Problem]:

@@ -15,6 +15,7 @@ import torch
 from rlmix.config.schema import EvalConfig, RunConfig
 from rlmix.config.swebench import AgentEnvConfig
 from rlmix.errors import ConfigError
+from rlmix.isolation.scratch import run_scratch, scratch_dir
 from rlmix.metrics.passk import PassAtK, mean_pass_at_k
 from rlmix.rollout import SamplingParams
 
@@ -149,7 +150,7 @@ def evaluate_agentic(cfg: RunConfig, model_dir: Path, ks: list[int], progress) -
     out_dir = Path(cfg.eval.out_dir) if cfg.eval.out_dir else default_out_dir(cfg, split)
     policy = ModelPolicy(tokenizer, sampler, params)
     run = _wandb_run(cfg, out_dir)
-    with tempfile.TemporaryDirectory(prefix="rlmix-minicode-agent-eval-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="rlmix-minicode-agent-eval-", dir=scratch_dir()) as tmp:
         task_cfg = minicode_agent_eval_config(cfg.task, Path(tmp)) if minicode else cfg.task
         summary = run_swebench_eval(task_cfg, policy, ks, cfg.eval.samples, out_dir, progress=progress,
                                     wandb_run=run)
@@ -215,5 +216,5 @@ def run_eval(args: list[str]) -> None:
 
     torch.set_num_threads(max(torch.get_num_threads(), 1))
     cfg = eval_config(args)
-    with CountedLines("eval") as progress:
+    with run_scratch(), CountedLines("eval") as progress:  # sandboxes go with the command, however it ends
         evaluate(cfg, progress)

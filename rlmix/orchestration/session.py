@@ -19,6 +19,10 @@ token refuses the request (``workers.NotHeld``), and the loop re-initialises it 
 job's arguments before it serves anything (``loop.AsyncLoop._probed``). The trainer is never
 restarted by Ray: a dead one is replaced by a new process of the current job (``Session.replace``),
 which then loads the run's newest checkpoint (rlmix.orchestration.runner.TrainerRestarts).
+
+The processes share one scratch directory (rlmix.isolation.scratch) for their sandboxes and task
+directories; it lives as long as Ray does here and is removed, with any process still running
+from it, when Ray is shut down (``Session.close``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlmix.isolation.scratch import ENV as SCRATCH_ENV, open_scratch, remove_scratch
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +66,7 @@ class Session:
     idle: list[_Warm] = field(default_factory=list)
     running: list[tuple[ActorRequest, object]] = field(default_factory=list)  # the current job's
     job: int = 0  # the current job's token; never reused within the driver process
+    scratch: Path | None = None  # the processes' scratch directory, removed with them (rlmix.isolation.scratch)
 
     def begin_job(self) -> int:
         """A new job's token, distinct from every earlier job's (see the module docstring)."""
@@ -77,7 +85,8 @@ class Session:
         if ray.is_initialized() and self._covers(key):
             return
         self.close()
-        env = runtime_env
+        self.scratch = open_scratch()  # before Ray starts: its processes inherit RLMIX_SCRATCH
+        env = runtime_env | {"env_vars": runtime_env.get("env_vars", {}) | {SCRATCH_ENV: str(self.scratch)}}
         if address is not None:
             ray.init(address=address, runtime_env=env, log_to_driver=log_to_driver)
         else:
@@ -167,6 +176,9 @@ class Session:
         self.idle, self.running, self.ray_key = [], [], None
         if ray.is_initialized():
             ray.shutdown()
+        if self.scratch is not None:
+            remove_scratch(self.scratch)  # and whatever the processes started that still runs from it
+            self.scratch = None
 
 
 def _start(req: ActorRequest):

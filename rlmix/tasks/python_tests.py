@@ -29,6 +29,7 @@ from typing import Any
 from rlmix.errors import ConfigError
 from rlmix.isolation.bwrap import PATH, SYSTEM_DIRS, Bind, isolation_problem, sandbox_user, searchable_by_others
 from rlmix.isolation.process import Isolation, LocalLimits, run_limited
+from rlmix.isolation.scratch import scratch_dir
 
 HARNESS = Path(__file__).with_name("harness.py")
 INSIDE = "/sandbox"  # the sample's directory inside: cwd, HOME and TMPDIR
@@ -83,11 +84,8 @@ def sandbox_python() -> tuple[str, tuple[Bind, ...]] | str:
 
 
 def _work_dir() -> Path:
-    parent = tempfile.gettempdir()
     user = sandbox_user()
-    if user and not searchable_by_others(parent):
-        parent = "/tmp"  # bwrap, run as the sandbox user, must reach the directory to mount it
-    path = Path(tempfile.mkdtemp(prefix="rlmix-py-", dir=parent))
+    path = Path(tempfile.mkdtemp(prefix="rlmix-py-", dir=scratch_dir()))
     if user:
         os.chown(path, user["user"], user["group"])
     return path
