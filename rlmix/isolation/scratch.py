@@ -21,10 +21,12 @@ import contextlib
 import logging
 import os
 import re
+import select
 import shutil
 import signal
 import stat
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,6 +37,7 @@ log = logging.getLogger(__name__)
 ENV = "RLMIX_SCRATCH"
 PREFIX = "rlmix-run-"
 _NAME = re.compile(rf"^{PREFIX}(\d+)-")
+KILL_WAIT_S = 10.0  # for processes SIGKILLed at the end of a run to be gone
 
 
 def scratch_parent() -> Path:
@@ -88,27 +91,69 @@ def run_scratch() -> Iterator[Path]:
         remove_scratch(path)
 
 
-def kill_processes_under(path: Path) -> int:
+def kill_processes_under(path: Path, wait_s: float = KILL_WAIT_S) -> int:
     """SIGKILL every process (not this one) whose command line or working directory is inside
-    ``path``; returns how many were signalled."""
+    ``path`` and wait, up to ``wait_s``, until each is gone; returns how many were signalled.
+
+    Each is signalled through a pidfd opened before its arguments are read again, so a pid freed
+    and taken by another process since the scan is never signalled. The scan repeats until it
+    finds none: a namespace's init is seen dying while the kernel still ends its namespace.
+    """
     root = str(Path(path).resolve())
-    inside = (root + "/").encode()
-    count = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes()
-            cwd = os.readlink(entry / "cwd")
-        except OSError:  # gone, or not ours to look at
-            continue
-        if inside in argv or root.encode() in argv.split(b"\0") or (cwd + "/").startswith(root + "/"):
+    killed, deadline = 0, time.monotonic() + wait_s
+    while True:
+        pidfds = []
+        for pid in _users(root):
             try:
-                os.kill(int(entry.name), signal.SIGKILL)
-                count += 1
-            except OSError:
+                pidfd = os.pidfd_open(pid)
+            except OSError:  # gone since the scan
+                continue
+            try:
+                if _uses(pid, root):
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                    pidfds.append(pidfd)
+                    killed += 1
+                    continue
+            except OSError:  # gone, or another user's process: not ours to end
                 pass
-    return count
+            os.close(pidfd)
+        if not pidfds:
+            return killed
+        _wait_exited(pidfds, deadline)
+        if time.monotonic() >= deadline:
+            log.warning("processes running from %s did not end within %.0f s", root, wait_s)
+            return killed
+
+
+def _users(root: str) -> list[int]:
+    return [int(e.name) for e in Path("/proc").iterdir()
+            if e.name.isdigit() and int(e.name) != os.getpid() and _uses(int(e.name), root)]
+
+
+def _uses(pid: int, root: str) -> bool:
+    """Whether process ``pid`` names a path inside ``root`` in its arguments or works inside it."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except OSError:  # gone, or not ours to look at
+        return False
+    return (root + "/").encode() in argv or root.encode() in argv.split(b"\0") or (cwd + "/").startswith(root + "/")
+
+
+def _wait_exited(pidfds: list[int], deadline: float) -> None:
+    """Until each pidfd reads as exited, or the deadline; closes them."""
+    poll = select.poll()
+    for fd in pidfds:
+        poll.register(fd, select.POLLIN)
+    pending = set(pidfds)
+    try:
+        while pending and (left := deadline - time.monotonic()) > 0:
+            for fd, _ in poll.poll(left * 1000):
+                poll.unregister(fd)
+                pending.discard(fd)
+    finally:
+        for fd in pidfds:
+            os.close(fd)
 
 
 def reap_stale(parent: Path | None = None) -> list[Path]:
