@@ -9,6 +9,9 @@
     python scripts/reproduce.py --seeds 1 --steps 20   # a look, not a result
     python scripts/reproduce.py --merge docs/results_full/runs.json,docs/results_x/runs.json --name map
                                                     # one page (tables, map) from earlier invocations' runs
+    python scripts/reproduce.py --profile quick --resume multirun/reproduce_<stamp>
+                                                    # an invocation that was stopped: its finished runs are
+                                                    # kept, the rest are run, then the page is written
 
 Every run is an ordinary ``rlmix train -m`` sweep (one per dose level) on ``fleet=emulated_hetero6``
 with unbounded staleness; every final checkpoint is scored with ``rlmix eval`` on the held-out
@@ -130,17 +133,44 @@ def machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores, {mem_gib:.0f} GiB, no GPU"
 
 
-def sweep_overrides(dose: str, arms: tuple[str, ...], seeds: int, steps: int) -> list[str]:
-    """The ``rlmix train -m`` overrides of one dose's sweep: every arm x seeds 0 .. seeds-1."""
-    return [f"+experiment={','.join(arms)}", f"seed={','.join(map(str, range(seeds)))}",
+def sweep_overrides(dose: str, arms: tuple[str, ...], seeds: int | tuple[int, ...], steps: int) -> list[str]:
+    """The ``rlmix train -m`` overrides of one dose's sweep: every arm x seeds 0 .. seeds-1 (or x the
+    seeds given)."""
+    seeds = tuple(range(seeds)) if isinstance(seeds, int) else seeds
+    return [f"+experiment={','.join(arms)}", f"seed={','.join(map(str, seeds))}",
             *FLEET, "loop.max_staleness=null", f"loop.steps={steps}",
             "loop.checkpoint_every=0", "logger.wandb.mode=disabled", *DOSES[dose]]
 
 
-def sweep(out: Path, dose: str, arms: tuple[str, ...], seeds: int, steps: int) -> list[str]:
+def sweep(out: Path, dose: str, arms: tuple[str, ...], seeds: int | tuple[int, ...], steps: int) -> list[str]:
     overrides = sweep_overrides(dose, arms, seeds, steps)
     run([RLMIX, "train", "-m", *overrides, f"hydra.sweep.dir={out}"])
     return overrides
+
+
+def runs_in(out: Path) -> dict[tuple[str, int], tuple[bool, Path]]:
+    """A dose directory's runs by (arm, seed), each with whether it ended (completed or collapsed):
+    the sweep's own and those of the sweeps that resumed it (in subdirectories). A run that ended
+    wins over one that did not (interrupted, failed: a resume runs it again); among equals, the
+    newest. A run killed outright wrote no summary and is not here."""
+    runs: dict[tuple[str, int], tuple[bool, float, Path]] = {}
+    for path in out.rglob("summary.json"):
+        summary = json.loads(path.read_text())
+        rank = (summary.get("status") in ("completed", "collapsed"), path.stat().st_mtime, path.parent)
+        key = (summary["name"], summary["seed"])
+        runs[key] = max(runs.get(key, rank), rank)
+    return {key: (ended, run_dir) for key, (ended, _, run_dir) in runs.items()}
+
+
+def missing_sweeps(done: set[tuple[str, int]], arms: tuple[str, ...], seeds: int) -> list[tuple[tuple[str, ...], tuple[int, ...]]]:
+    """The (arms, seeds) sweeps that make a dose's missing runs: one per set of missing seeds, with
+    every arm that misses exactly those."""
+    wanted: dict[tuple[int, ...], list[str]] = {}
+    for arm in arms:
+        missing = tuple(seed for seed in range(seeds) if (arm, seed) not in done)
+        if missing:
+            wanted.setdefault(missing, []).append(arm)
+    return [(tuple(group), missing) for missing, group in wanted.items()]
 
 
 def mean_of(rows: list[dict], key: str, part: slice) -> float:
@@ -335,13 +365,18 @@ def main() -> None:
     parser.add_argument("--arms", help="comma-separated experiment presets, instead of the profile's")
     parser.add_argument("--merge", help="comma-separated runs.json files to draw one page from (runs nothing)")
     parser.add_argument("--name", help="the page's name with --merge: docs/results_<name>.md")
+    parser.add_argument("--resume", type=Path, metavar="DIR",
+                        help="a stopped invocation's multirun/reproduce_<stamp>: keep its finished runs, run the rest "
+                             "(give the same --profile, --doses, --arms, --seeds and --steps)")
     args = parser.parse_args()
     if args.merge:
         return merge([Path(p) for p in args.merge.split(",")], args.name or "merged", args.steps)
     if args.doses and not set(args.doses.split(",")) <= set(DOSES):
         parser.error(f"--doses: each of {', '.join(DOSES)}")
 
-    stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
+    if args.resume and not args.resume.is_dir():
+        parser.error(f"--resume: {args.resume} is not a directory (multirun/reproduce_<stamp>)")
+    base = args.resume.resolve() if args.resume else ROOT / "multirun" / f"reproduce_{time.strftime('%Y-%m-%d_%H-%M-%S')}"
     plan = PROFILES[args.profile]
     if args.doses:
         plan = [(dose, dict(plan).get(dose, plan_arms(plan))) for dose in args.doses.split(",")]
@@ -352,15 +387,26 @@ def main() -> None:
     for i, (dose, arms) in enumerate(plan, 1):
         print(f"[reproduce] dose {i}/{len(plan)} `{dose}`: {len(arms) * args.seeds} runs "
               f"({len(results)}/{runs} done, {(time.time() - start) / 60:.1f} min)", flush=True)
-        out = ROOT / "multirun" / f"reproduce_{stamp}" / dose
+        out = base / dose
         began = time.time()
-        overrides = sweep(out, dose, arms, args.seeds, args.steps)
-        for run_dir in sorted(p.parent for p in out.glob("*/summary.json")):
-            results.append(collect(run_dir, dose, args.eval_samples))
-        how.append(f"- `{dose}` ({len(arms) * args.seeds} runs, {(time.time() - began) / 60:.1f} min): "
-                   f"`rlmix train -m {' '.join(overrides)}`")
+        kept = {key for key, (ended, _) in runs_in(out).items() if ended and key[0] in arms and key[1] < args.seeds}
+        commands = [sweep(out if not kept else out / f"resumed_{time.strftime('%H-%M-%S')}", dose, group, seeds,
+                          args.steps) for group, seeds in missing_sweeps(kept, arms, args.seeds)]
+        found = runs_in(out)
+        for arm in arms:
+            for seed in range(args.seeds):
+                if (arm, seed) in found:  # every run that wrote a summary, failed ones too
+                    results.append(collect(found[arm, seed][1], dose, args.eval_samples))
+        full = f"`rlmix train -m {' '.join(sweep_overrides(dose, arms, args.seeds, args.steps))}`"
+        if kept:  # what the stopped invocation ran, then what this one ran
+            full += f", stopped after {len(kept)} runs" + "".join(
+                f"; then `rlmix train -m {' '.join(overrides)}`" for overrides in commands)
+        how.append(f"- `{dose}` ({len(arms) * args.seeds} runs, {(time.time() - began) / 60:.1f} min): {full}")
     name = args.profile + "".join(f"_{'_'.join(v.split(','))}" for v in (args.doses, args.arms) if v)
     how.insert(0, "Commands (one sweep per dose; then `rlmix eval task.split=test eval.k=[1]` per run):\n")
+    if args.resume:
+        how.insert(1, f"Resumed `{args.resume.name}`: the wall time below is this invocation's; each run's own "
+                      "is `wall_time_s` in its summary.json.\n")
     write(name, how, results, [dose for dose, _ in plan], plan_arms(plan), args.steps, time.time() - start)
 
 

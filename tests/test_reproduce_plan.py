@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -34,6 +35,34 @@ def test_every_sweep_of_the_script_composes(dose, arms):
     for job in jobs:
         cfg = compose_run_config(job)
         assert cfg.loop.steps == 2 and cfg.fleet.name == "emulated_hetero6"
+
+
+def test_a_resumed_dose_keeps_the_runs_that_ended_and_sweeps_the_rest(tmp_path):
+    def run(where, arm, seed, status):
+        run_dir = tmp_path / where
+        run_dir.mkdir(parents=True)
+        if status:  # a run killed outright writes no summary
+            (run_dir / "summary.json").write_text(json.dumps({"name": arm, "seed": seed, "status": status}))
+
+    # A stopped sweep, then a first resume that was interrupted in its second run.
+    run("0_experiment=reinforce,seed=0", "reinforce", 0, "completed")
+    run("1_experiment=reinforce,seed=1", "reinforce", 1, "collapsed")
+    run("2_experiment=grpo,seed=0", "grpo", 0, "failed")
+    run("3_experiment=grpo,seed=1", "grpo", 1, None)
+    run("resumed_12-00-00/0_seed=0", "grpo", 0, "completed")
+    run("resumed_12-00-00/1_seed=1", "grpo", 1, "interrupted")
+
+    found = R.runs_in(tmp_path)
+    assert found["grpo", 0] == (True, tmp_path / "resumed_12-00-00/0_seed=0")  # the run that ended wins
+    assert found["grpo", 1] == (False, tmp_path / "resumed_12-00-00/1_seed=1")
+    ended = {key for key, (done, _) in found.items() if done}
+    assert ended == {("reinforce", 0), ("reinforce", 1), ("grpo", 0)}
+    # grpo misses seed 1; icepop and sc_mis miss both seeds: one sweep for the two of them.
+    sweeps = R.missing_sweeps(ended, ("reinforce", "grpo", "icepop", "sc_mis"), seeds=2)
+    assert sweeps == [(("grpo",), (1,)), (("icepop", "sc_mis"), (0, 1))]
+    assert R.missing_sweeps(ended, ("reinforce",), seeds=2) == []
+    assert R.sweep_overrides("stale2", ("grpo", "sc_mis"), (1,), steps=2)[:2] == ["+experiment=grpo,sc_mis", "seed=1"]
+    assert R.runs_in(tmp_path / "nothing") == {}
 
 
 def test_a_flagged_run_is_lasting_while_its_reward_or_format_is_still_down():
