@@ -2,6 +2,7 @@
 
     python scripts/calibrate_monitor.py                  # replay the stored set; print the table
     python scripts/calibrate_monitor.py --run 10         # make train at seeds 0..9, then their verdicts
+    python scripts/calibrate_monitor.py --run 5 --first-seed 5   # ... at seeds 5..9
     python scripts/calibrate_monitor.py --add healthy /work/calib/default_s*     # store run dirs
     python scripts/calibrate_monitor.py --add collapse multirun/x --lasting-only  # ... only lasting ones
     python scripts/calibrate_monitor.py --import-results docs/results_full*/runs.json
@@ -180,11 +181,11 @@ def save(records: list[dict]) -> None:
     STORE.write_text(f'{{"about": {json.dumps(about)},\n"runs": [\n{body}\n]}}\n')
 
 
-def run_defaults(n: int, out: Path) -> list[Path]:
-    """``make train``'s run (the default sc_mis, 150 steps) at seeds 0..n-1."""
+def run_defaults(n: int, out: Path, first_seed: int = 0) -> list[Path]:
+    """``make train``'s run (the default sc_mis, 150 steps) at seeds first_seed .. first_seed+n-1."""
     rlmix = str(Path(sys.executable).with_name("rlmix"))
     dirs = []
-    for seed in range(n):
+    for seed in range(first_seed, first_seed + n):
         run_dir = out / f"default_s{seed}"
         cmd = [rlmix, "train", "+experiment=sc_mis", f"seed={seed}", "logger.wandb.mode=disabled",
                f"hydra.run.dir={run_dir}"]
@@ -197,6 +198,7 @@ def run_defaults(n: int, out: Path) -> list[Path]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", type=int, metavar="N", help="run the default at seeds 0..N-1 and print their verdicts")
+    parser.add_argument("--first-seed", type=int, default=0, metavar="S", help="with --run: seeds S .. S+N-1")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "calibration", help="where --run writes its runs")
     parser.add_argument("--add", nargs="+", metavar=("LABEL", "DIR"), help="store the runs under DIRs as LABEL")
     parser.add_argument("--lasting-only", action="store_true", help="with --add: only the runs that ended down")
@@ -206,7 +208,7 @@ def main() -> None:
     cfg = MonitorConfig()
     if args.run:
         statuses = []
-        for run_dir in run_defaults(args.run, args.out):
+        for run_dir in run_defaults(args.run, args.out, args.first_seed):
             summary = json.loads((run_dir / "summary.json").read_text())
             statuses.append(summary["status"])
             print(f"{run_dir.name}: {summary['status']}; episodes {len(summary['collapse']['episodes'])}, "
