@@ -15,8 +15,9 @@ from tests.test_faults_e2e import SMOKE, Run, rows, summary
 pytestmark = pytest.mark.slow
 
 
-def samplers_of(node) -> list[int]:
-    """Pids of the ``ray::SamplerWorker`` processes this node's raylet started."""
+def samplers_of(node, prefix: str = "ray::SamplerWorker") -> list[int]:
+    """Pids of the ``ray::SamplerWorker`` processes this node's raylet started (with
+    ``ray::SamplerWorker.generate``: those in the middle of a request)."""
     raylet = [p.process.pid for name, ps in node.all_processes.items() if name == "raylet" for p in ps]
     found = []
     for entry in Path("/proc").iterdir():
@@ -27,7 +28,7 @@ def samplers_of(node) -> list[int]:
             ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
             continue
-        if title.startswith("ray::SamplerWorker") and ppid in raylet:
+        if title.startswith(prefix) and ppid in raylet:
             found.append(int(entry.name))
     return found
 
@@ -46,7 +47,15 @@ def test_pools_land_on_their_accelerator_nodes_and_survive_a_killed_sampler(tmp_
         run.wait_for(lambda: rows(run_dir) and samplers_of(h100) and samplers_of(a100), "samplers on both nodes")
         assert len(samplers_of(h100)) == len(samplers_of(a100)) == 1  # the smoke fleet: one H100, one A100 pool
         assert samplers_of(cluster.head_node) == []
-        os.kill(samplers_of(h100)[0], signal.SIGKILL)
+        # Killed in the middle of a request: an idle sampler's death costs no request to re-issue.
+        generating: list[int] = []
+
+        def h100_generating() -> bool:
+            generating[:] = samplers_of(h100, "ray::SamplerWorker.generate")
+            return bool(generating)
+
+        run.wait_for(h100_generating, "the H100 sampler generating")
+        os.kill(generating[0], signal.SIGKILL)
         assert run.finish() == 0, run.text()
         assert [r["step"] for r in rows(run_dir)] == list(range(1, 41))
         assert summary(run_dir)["status"] in ("completed", "collapsed")
