@@ -1,7 +1,7 @@
 """Reproduce the study's comparison on the embedded default (docs/math.md §5, docs/results.md).
 
     python scripts/reproduce.py --profile full      # make reproduce: the map (8 arms x 2 doses) and SC at K = 2 (54 runs)
-    python scripts/reproduce.py --profile quick     # the headline regime: 5 arms x 3 seeds (~17 min, 2 cores)
+    python scripts/reproduce.py --profile quick     # the headline regime: 5 arms x 3 seeds (15 runs, ~7 min each on 2 cores)
     python scripts/reproduce.py --profile sc        # SC alone and SC+MIS at K = 32 (exact) and K = 2 (a real tail)
     python scripts/reproduce.py --doses stale8      # one dose, with the profile's arms
     python scripts/reproduce.py --arms mis,icepop   # other arms (any experiment preset) in the headline regime
@@ -83,9 +83,10 @@ PROFILES: dict[str, Plan] = {
     "full": [("stale2", MAP_ARMS), (HEADLINE, MAP_ARMS), ("stale2_k2", SC_ARMS)],
     "sc": [("stale2", SC_ARMS), ("stale2_k2", SC_ARMS)],
 }
-# 60 steps keeps `make reproduce` within an hour on 2 cores (a run: ~55 s of training, ~7 s of
-# evaluation). The failures it looks for have happened by then: docs/results.md reads the 100-step
-# map at step 60 ("Run length") and finds the same arms failing where they fail.
+# 60 steps kept `make reproduce` within an hour on the 2 cores of docs/results_full.md (a run: ~55 s
+# of training, ~7 s of evaluation; 5-7 min and ~20 s on the slower AMD EPYC of docs/results_quick.md).
+# The failures it looks for have happened by then: docs/results.md reads the 100-step map at step 60
+# ("Run length") and finds the same arms failing where they fail.
 STEPS = 60
 LASTING_FORMAT_ERRORS = LastingRule().format_errors  # the lasting rule's, for the page text
 
