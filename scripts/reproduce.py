@@ -391,8 +391,9 @@ def main() -> None:
         out = base / dose
         began = time.time()
         kept = {key for key, (ended, _) in runs_in(out).items() if ended and key[0] in arms and key[1] < args.seeds}
-        commands = [sweep(out if not kept else out / f"resumed_{time.strftime('%H-%M-%S')}", dose, group, seeds,
-                          args.steps) for group, seeds in missing_sweeps(kept, arms, args.seeds)]
+        stamp, existed = time.strftime("%H-%M-%S"), out.exists()  # a resume never sweeps over a stopped run
+        commands = [sweep(out / f"resumed_{stamp}_{k}" if existed else out, dose, group, seeds, args.steps)
+                    for k, (group, seeds) in enumerate(missing_sweeps(kept, arms, args.seeds))]
         found = runs_in(out)
         for arm in arms:
             for seed in range(args.seeds):
@@ -400,7 +401,7 @@ def main() -> None:
                     results.append(collect(found[arm, seed][1], dose, args.eval_samples))
         full = f"`rlmix train -m {' '.join(sweep_overrides(dose, arms, args.seeds, args.steps))}`"
         if kept:  # what the stopped invocation ran, then what this one ran
-            full += f", stopped after {len(kept)} runs" + "".join(
+            full += f", stopped after {len(kept)} run{'s' * (len(kept) != 1)}" + "".join(
                 f"; then `rlmix train -m {' '.join(overrides)}`" for overrides in commands)
         how.append(f"- `{dose}` ({len(arms) * args.seeds} runs, {(time.time() - began) / 60:.1f} min): {full}")
     name = args.profile + "".join(f"_{'_'.join(v.split(','))}" for v in (args.doses, args.arms) if v)

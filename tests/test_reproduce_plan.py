@@ -76,3 +76,42 @@ def test_a_flagged_run_is_lasting_while_its_reward_or_format_is_still_down():
     assert run(True, 0.12, 0.30).lasting  # recovered reward, format errors still above 10%
     assert not run(True, 0.12, 0.02).lasting  # flagged, and climbed back
     assert not run(False, 0.01, 0.90).lasting  # never flagged
+
+
+def test_a_resume_sweeps_only_the_missing_runs_and_its_page_says_what_ran(tmp_path, monkeypatch):
+    # The training runs are outside the unit: a sweep here writes each run's summary and nothing else.
+    def summary(run_dir: Path, arm: str, seed: int, status: str) -> None:
+        run_dir.mkdir(parents=True)
+        (run_dir / "summary.json").write_text(json.dumps({"name": arm, "seed": seed, "status": status}))
+
+    swept = []
+
+    def sweep(out, dose, arms, seeds, steps):
+        swept.append((out.name, arms, seeds))
+        for arm in arms:
+            for seed in seeds:
+                summary(out / f"{arm},{seed}", arm, seed, "completed")
+        return R.sweep_overrides(dose, arms, seeds, steps)
+
+    def collect(run_dir, dose, eval_samples):
+        fields = {k: float("nan") for k in R.RunResult.__dataclass_fields__}
+        got = json.loads((run_dir / "summary.json").read_text())
+        fields.update(arm=got["name"], seed=got["seed"], dose=dose, collapsed=False, collapse_step=None,
+                      collapse_reason="", rewards=[], kls=[])
+        return R.RunResult(**fields)
+
+    stopped = tmp_path / "multirun" / "reproduce_x"
+    summary(stopped / R.HEADLINE / "0_experiment=reinforce,seed=0", "reinforce", 0, "completed")
+    summary(stopped / R.HEADLINE / "1_experiment=reinforce,seed=1", "reinforce", 1, "interrupted")
+    for name, value in (("ROOT", tmp_path), ("sweep", sweep), ("collect", collect), ("plot_curves", lambda *a: None)):
+        monkeypatch.setattr(R, name, value)
+    monkeypatch.setattr(sys, "argv", ["reproduce.py", "--arms", "reinforce,grpo", "--seeds", "2", "--resume", str(stopped)])
+    R.main()
+
+    assert [(arms, seeds) for _, arms, seeds in swept] == [(("reinforce",), (1,)), (("grpo",), (0, 1))]
+    assert all(out.startswith("resumed_") for out, _, _ in swept) and len({out for out, _, _ in swept}) == 2
+    page = (tmp_path / "docs" / "results_quick_reinforce_grpo.md").read_text()
+    assert "Resumed `reproduce_x`" in page and "stopped after 1 run;" in page
+    assert "then `rlmix train -m +experiment=reinforce seed=1 " in page and "then `rlmix train -m +experiment=grpo seed=0,1 " in page
+    runs = json.loads((tmp_path / "docs" / "results_quick_reinforce_grpo" / "runs.json").read_text())
+    assert sorted((r["arm"], r["seed"]) for r in runs) == [("grpo", 0), ("grpo", 1), ("reinforce", 0), ("reinforce", 1)]
