@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_cli import rlmix
+from tests.test_cli import rlmix_refusing
 
 
 def refused(out, key: str) -> None:
@@ -44,19 +44,19 @@ def refused(out, key: str) -> None:
     ],
 )
 def test_out_of_range_settings_are_one_line_exit_2_nothing_written(tmp_path, override, key):
-    refused(rlmix("train", "+experiment=smoke", override, cwd=tmp_path), key)
+    refused(rlmix_refusing("train", "+experiment=smoke", override, cwd=tmp_path), key)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_deepspeed_settings_are_checked_before_ray_starts(tmp_path):
-    refused(rlmix("train", "+experiment=smoke", "trainer=deepspeed", "trainer.deepspeed.ranks=0", cwd=tmp_path),
+    refused(rlmix_refusing("train", "+experiment=smoke", "trainer=deepspeed", "trainer.deepspeed.ranks=0", cwd=tmp_path),
             "trainer.deepspeed.ranks")
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_run_dir_that_cannot_be_created_is_refused(tmp_path):
     (tmp_path / "a_file").write_text("")
-    refused(rlmix("train", "+experiment=smoke", f"hydra.run.dir={tmp_path / 'a_file' / 'run'}", cwd=tmp_path),
+    refused(rlmix_refusing("train", "+experiment=smoke", f"hydra.run.dir={tmp_path / 'a_file' / 'run'}", cwd=tmp_path),
             "hydra.run.dir")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
 
@@ -64,11 +64,11 @@ def test_a_run_dir_that_cannot_be_created_is_refused(tmp_path):
 def test_resume_without_a_complete_checkpoint_is_refused(tmp_path):
     run = tmp_path / "old_run"
     (run / "checkpoints" / "step_3").mkdir(parents=True)  # a save that never finished
-    refused(rlmix("train", "+experiment=smoke", f"resume={run}", cwd=tmp_path), "resume")
+    refused(rlmix_refusing("train", "+experiment=smoke", f"resume={run}", cwd=tmp_path), "resume")
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
         "old_run", "old_run/checkpoints", "old_run/checkpoints/step_3"]
 
 
 def test_resume_of_a_directory_that_does_not_exist_is_refused(tmp_path):
-    refused(rlmix("train", "+experiment=smoke", f"resume={Path(tmp_path) / 'nope'}", cwd=tmp_path), "resume")
+    refused(rlmix_refusing("train", "+experiment=smoke", f"resume={Path(tmp_path) / 'nope'}", cwd=tmp_path), "resume")
     assert list(tmp_path.iterdir()) == []

@@ -21,15 +21,16 @@ from rlmix.metrics.quiet import DRIVER_LOG, WORKERS_LOG, worker_warnings
 class StepDisplay:
     """Step lines, above a live progress bar when ``stream`` is a terminal."""
 
-    def __init__(self, total: int, every: int = 1, stream: TextIO = sys.stdout, live: bool | None = None):
-        self.total, self.every, self.stream = total, max(every, 1), stream
-        live = stream.isatty() if live is None else live
+    def __init__(self, total: int, every: int = 1, stream: TextIO | None = None, live: bool | None = None):
+        # sys.stdout as it is now, not as it was at import (a caller may have redirected it since)
+        self.total, self.every, self.stream = total, max(every, 1), stream or sys.stdout
+        live = self.stream.isatty() if live is None else live
         self._bar = self._task = None
         if live:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
 
-            console = Console(file=stream)
+            console = Console(file=self.stream)
             self._bar = Progress(
                 "train", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), "eta", TimeRemainingColumn(),
                 console=console, transient=True,
@@ -64,9 +65,9 @@ class CountedLines:
 
     _COUNTED = re.compile(r"^\[(\d+)/(\d+)\] (.*)$")
 
-    def __init__(self, label: str, stream: TextIO = sys.stdout, live: bool | None = None):
-        self.label, self.stream = label, stream
-        self.live = stream.isatty() if live is None else live
+    def __init__(self, label: str, stream: TextIO | None = None, live: bool | None = None):
+        self.label, self.stream = label, stream or sys.stdout  # sys.stdout now, as StepDisplay's
+        self.live = self.stream.isatty() if live is None else live
         self._bar = self._task = None
 
     def __enter__(self) -> CountedLines:
