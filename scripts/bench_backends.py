@@ -91,6 +91,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
+    from rlmix.config.load import resolve_correction
     from rlmix.config.schema import CorrectionConfig, TrainerBackend, TrainerConfig
     from rlmix.models.embedded import EmbeddedModelSpec, build_embedded_model
     from rlmix.rollout import SamplingParams
@@ -124,7 +125,7 @@ def main() -> None:
     vllm_sampler.close()
     torch.set_num_threads(os.cpu_count() or 1)  # the CPU vLLM worker binds threads; undo for the trainers
 
-    correction = CorrectionConfig(num_candidates=params.num_candidates)
+    correction = resolve_correction(CorrectionConfig(num_candidates=params.num_candidates))
     cfg = TrainerConfig(micro_batch_size=args.batch)
     report["trainer_torch_bf16"] = time_trainer(TorchTrainer(model_dir, cfg, correction, seed=0), batch, args.repeats)
     ds_cfg = TrainerConfig(backend=TrainerBackend.deepspeed, micro_batch_size=args.batch)

@@ -45,6 +45,7 @@ def child(args: argparse.Namespace) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from rlmix.config.load import resolve_correction
     from rlmix.config.schema import CorrectionConfig
     from rlmix.correction import CorrectionMode
     from rlmix.rollout import Rollouts
@@ -71,7 +72,7 @@ def child(args: argparse.Namespace) -> dict:
         pool=("p",) * b, finish_reason=("length",) * b, temperature=0.9,
         head_ids=torch.randint(0, v, (b, t, k), generator=g), head_logprobs=head_logprobs,
     )
-    cfg = CorrectionConfig(mode=CorrectionMode.sc_mis, num_candidates=k, replay_support=False)
+    cfg = resolve_correction(CorrectionConfig(mode=CorrectionMode.sc_mis, num_candidates=k, replay_support=False))
     advantages = torch.randn(b, generator=g)
     n = batch.num_tokens
 

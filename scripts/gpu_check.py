@@ -131,6 +131,7 @@ def check_engine_settings(model_dir: Path, prompts, tp: int) -> None:
 
 
 def check_deepspeed(model_dir: Path, batch, steps: int, ranks: int):
+    from rlmix.config.load import resolve_correction
     from rlmix.config.schema import CorrectionConfig, TrainerBackend, TrainerConfig
     from rlmix.trainers.deepspeed_config import DeepSpeedConfig
     from rlmix.trainers.deepspeed_trainer import DeepSpeedTrainer
@@ -142,7 +143,7 @@ def check_deepspeed(model_dir: Path, batch, steps: int, ranks: int):
     for stage in (1, 2):
         cfg = TrainerConfig(backend=TrainerBackend.deepspeed, lr=1e-4, micro_batch_size=8,
                             deepspeed=DeepSpeedConfig(zero_stage=stage, ranks=ranks))
-        trainer = DeepSpeedTrainer(model_dir, cfg, CorrectionConfig(num_candidates=16), seed=0)
+        trainer = DeepSpeedTrainer(model_dir, cfg, resolve_correction(CorrectionConfig(num_candidates=16)), seed=0)
         before = trainer.published_weights()
         losses, norms = [], []
         for _ in range(steps):

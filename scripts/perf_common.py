@@ -86,12 +86,14 @@ def isolated_step(cfg, model_dir: Path, *, stop: bool = True, random_rewards: bo
     import torch
 
     from rlmix.assembly.fleet import resolve_fleet
+    from rlmix.config.load import resolve_correction
     from rlmix.models.tokenizer_file import load_fast_tokenizer
     from rlmix.orchestration.workers import SamplerWorker, TrainerWorker, derive_seed, make_request, make_task
     from rlmix.rollout import concat_rollouts
 
     torch.set_num_threads(1)
-    specs = resolve_fleet(cfg, load_fast_tokenizer(model_dir).eos_token_id)
+    correction = resolve_correction(cfg.correction)
+    specs = resolve_fleet(cfg, correction, load_fast_tokenizer(model_dir).eos_token_id)
     if not stop:
         specs = [dataclasses.replace(s, params=dataclasses.replace(s.params, stop_token_ids=())) for s in specs]
     samplers = [SamplerWorker(s, str(model_dir), cfg.task, derive_seed(cfg.seed, s.name), 1) for s in specs]
@@ -104,7 +106,7 @@ def isolated_step(cfg, model_dir: Path, *, stop: bool = True, random_rewards: bo
     parts = [samplers[i % len(samplers)].generate(r, loop.group_size, None, 0) for i, r in enumerate(requests)]
     generate_s = time.perf_counter() - start
     cfg.trainer.num_threads = 1
-    trainer = TrainerWorker(str(model_dir), cfg.trainer, cfg.correction, cfg.seed)
+    trainer = TrainerWorker(str(model_dir), cfg.trainer, correction, cfg.seed)
     batch = concat_rollouts(parts, trainer.trainer.pad_id)
     if random_rewards:
         batch = batch.replace(rewards=torch.rand(len(batch), generator=torch.Generator().manual_seed(0)))

@@ -7,12 +7,13 @@ from dataclasses import replace
 import torch
 
 from rlmix.assembly.parts import build_trainer
+from rlmix.config.load import resolve_correction
 from rlmix.config.schema import CorrectionConfig, TrainerConfig, TrainerPrecision
 from rlmix.correction import CorrectionMode
 from tests.test_deepspeed_trainer import fixed_batch
 
 TRAINER = TrainerConfig(lr=3e-2, micro_batch_size=4, precision=TrainerPrecision.fp32)
-CORRECTION = CorrectionConfig(mode=CorrectionMode.sc_mis, num_candidates=8)
+CORRECTION = resolve_correction(CorrectionConfig(mode=CorrectionMode.sc_mis, num_candidates=8))
 
 
 def _layer_calls(trainer) -> list[int]:

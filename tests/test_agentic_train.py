@@ -11,6 +11,7 @@ import torch
 from rlmix.agentic.config import MiniCodeAgentConfig
 from rlmix.agentic.minicode_agent import tool
 from rlmix.agentic.train import EpisodeRollouts, make_agent_task
+from rlmix.config.load import resolve_correction
 from rlmix.config.schema import CorrectionConfig, Objective
 from rlmix.correction import MODES, CorrectionMode
 from rlmix.rollout import END_REASONS, EPISODE_STATS, SamplingParams
@@ -98,7 +99,7 @@ def test_every_arm_trains_on_episodes_and_environment_tokens_get_no_gradient(epi
         hidden_seen.append(out)
 
     model.model.norm.register_forward_hook(keep_hidden)
-    cfg = CorrectionConfig(mode=mode, objective=objective, replay_support=replay_support)
+    cfg = resolve_correction(CorrectionConfig(mode=mode, objective=objective, replay_support=replay_support))
     advantages = batch.rewards - batch.rewards.view(2, 4).mean(1).repeat_interleave(4)
     out = batch_loss(model, batch, advantages, cfg, num_tokens=batch.num_tokens, pad_id=tokenizer.pad_token_id,
                      autocast=None)

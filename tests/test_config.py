@@ -8,8 +8,17 @@ from pathlib import Path
 import pytest
 
 from rlmix.commands.compose import compose_run_config, expand_jobs, split_args
-from rlmix.config.schema import AdvantageNorm, CorrectionConfig, Objective, TrainerPrecision
-from rlmix.correction import CorrectionMode, ISLevel, LossAggregation, OldLogprobs, ppo_clip_loss, token_loss
+from rlmix.config.schema import CorrectionConfig, TrainerPrecision
+from rlmix.correction import (
+    AdvantageNorm,
+    CorrectionMode,
+    ISLevel,
+    LossAggregation,
+    Objective,
+    OldLogprobs,
+    ppo_clip_loss,
+    token_loss,
+)
 from rlmix.errors import ConfigError
 from rlmix.samplers.accelerators import KernelFamily
 from rlmix.samplers.precision import Precision
@@ -108,6 +117,39 @@ def test_correction_knobs_are_loss_arguments():
     numeric = [f for f, v in vars(CorrectionConfig()).items() if isinstance(v, float)]
     assert numeric and all(f in params for f in numeric), numeric
     assert {"level", "aggregation", "old"} <= params  # correction.level, .aggregation, .old_logprobs
+
+
+def test_the_correction_group_resolves_field_for_field():
+    """``Correction.resolve`` takes the ``correction`` group's fields one for one, so a new field must
+    be resolved (or the resolution refuses to run)."""
+    from dataclasses import fields
+
+    from rlmix.correction import Correction
+
+    resolve_kwargs = set(inspect.signature(Correction.resolve).parameters) - {"cls"}
+    assert resolve_kwargs == {f.name for f in fields(CorrectionConfig)}
+
+
+def test_a_mode_row_is_read_in_one_place():
+    """Only ``rlmix.correction.variant`` reads ``MODES``; everything else takes the resolved ``Correction``."""
+    from pathlib import Path
+
+    import rlmix
+
+    readers = sorted(str(p.relative_to(Path(rlmix.__file__).parent)) for p in Path(rlmix.__file__).parent.rglob("*.py")
+                     if "MODES[" in p.read_text() or "MODES.items()" in p.read_text())
+    assert readers == ["correction/variant.py"]
+
+
+def test_resolved_correction_carries_each_arm():
+    from rlmix.config.load import resolve_correction
+    from rlmix.correction.weights import MaskedIS, NoWeight
+
+    sc_mis = resolve_correction(compose_run_config(["+experiment=sc_mis"]).correction)
+    assert sc_mis.centered and isinstance(sc_mis.variant.weight, MaskedIS) and sc_mis.head_size == 128
+    grpo = resolve_correction(compose_run_config(["+experiment=grpo"]).correction)
+    assert not grpo.centered and isinstance(grpo.variant.weight, NoWeight) and grpo.head_size == 0
+    assert grpo.advantage is AdvantageNorm.group_mean_std and grpo.objective is Objective.ppo_clip
 
 
 BAD = [

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlmix.config.load import resolve_correction
 from rlmix.config.schema import CorrectionConfig, TrainerConfig, TrainerPrecision
-from rlmix.correction import CorrectionMode
+from rlmix.correction import Correction, CorrectionMode
 from rlmix.errors import ConfigError
 from rlmix.rollout import Rollouts
 from rlmix.trainers.deepspeed_config import DeepSpeedConfig, GradAccumDtype, check_deepspeed, deepspeed_json
@@ -63,7 +64,7 @@ def trainer_cfg(ranks: int = 1, stage: int = 1, micro: int = 4) -> TrainerConfig
                          deepspeed=DeepSpeedConfig(zero_stage=stage, ranks=ranks))
 
 
-def torch_reference(model_dir: Path, batch: Rollouts, cfg: TrainerConfig, corr: CorrectionConfig, ranks: int = 1):
+def torch_reference(model_dir: Path, batch: Rollouts, cfg: TrainerConfig, corr: Correction, ranks: int = 1):
     """(loss, grad_norm, updated BF16 weights) of one step computed with plain torch.
 
     The batch is cut into the ranks' row shards and each shard into the same micro-batches, so
@@ -97,8 +98,8 @@ def model_dir(tiny_llama_dir) -> Path:
 
 
 @pytest.fixture(scope="module")
-def corr() -> CorrectionConfig:
-    return CorrectionConfig(mode=CorrectionMode.sc_mis, num_candidates=8)
+def corr() -> Correction:
+    return resolve_correction(CorrectionConfig(mode=CorrectionMode.sc_mis, num_candidates=8))
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rlmix.assembly.parts import build_trainer
+from rlmix.config.load import resolve_correction
 from rlmix.config.schema import CorrectionConfig, TrainerConfig, TrainerPrecision
 from rlmix.correction import CorrectionMode, KLEstimator, kl_estimate, token_entropy
 from rlmix.metrics import names as m
@@ -16,7 +17,7 @@ from rlmix.trainers.step import advantages_for
 from tests.test_deepspeed_trainer import fixed_batch
 
 TRAINER = TrainerConfig(lr=3e-2, micro_batch_size=4, grad_clip=1e9, precision=TrainerPrecision.fp32)
-CORRECTION = CorrectionConfig(mode=CorrectionMode.sc_mis, num_candidates=8)
+CORRECTION = resolve_correction(CorrectionConfig(mode=CorrectionMode.sc_mis, num_candidates=8))
 
 
 def test_estimators_and_their_gradients_by_hand():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rlmix.config.load import resolve_correction
 from rlmix.config.schema import CorrectionConfig, Objective
 from rlmix.correction import CorrectionMode
 from rlmix.correction.logprobs import gather_columns, loss_columns
@@ -108,7 +109,7 @@ CASES = {
 
 def _loss_and_grads(model, batch, cfg, bf16):
     adv = torch.tensor([1.0, -0.5, 0.25, 2.0, -1.0])
-    out = batch_loss(model, batch, adv, cfg, num_tokens=2 * batch.num_tokens, pad_id=0, autocast=torch.bfloat16 if bf16 else None)
+    out = batch_loss(model, batch, adv, resolve_correction(cfg), num_tokens=2 * batch.num_tokens, pad_id=0, autocast=torch.bfloat16 if bf16 else None)
     out.loss.backward()
     return out, grads(model)
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rlmix.assembly.parts import build_trainer
+from rlmix.config.load import resolve_correction
 from rlmix.config.schema import CorrectionConfig, LRSchedule, TrainerConfig, TrainerPrecision
 from rlmix.correction import CorrectionMode
 from rlmix.metrics import names as m
@@ -16,7 +17,7 @@ from rlmix.trainers.schedule import DECAYS, lr_factor
 from tests.test_deepspeed_trainer import fixed_batch
 
 TRAINER = TrainerConfig(lr=1e-2, micro_batch_size=4, precision=TrainerPrecision.fp32, lr_decay_steps=10)
-CORRECTION = CorrectionConfig(mode=CorrectionMode.sc_mis, num_candidates=8)
+CORRECTION = resolve_correction(CorrectionConfig(mode=CorrectionMode.sc_mis, num_candidates=8))
 
 
 def test_factors_by_hand():

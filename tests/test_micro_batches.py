@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rlmix.config.load import resolve_correction
 from rlmix.config.schema import CorrectionConfig
 from rlmix.correction import CorrectionMode
 from rlmix.rollout import Rollouts
@@ -69,7 +70,7 @@ def _step(model, batch, cfg, **plan):
 @pytest.mark.parametrize("mode", [CorrectionMode.sc_mis, CorrectionMode.tis])
 def test_packed_micro_batches_give_the_same_update(mode):
     model, batch = tiny_model(vocab=V), mixed_batch(12, 2, 20)
-    cfg = CorrectionConfig(mode=mode, num_candidates=K, replay_support=False)
+    cfg = resolve_correction(CorrectionConfig(mode=mode, num_candidates=K, replay_support=False))
     whole, whole_grads = _step(model, batch, cfg, micro_batch_size=12)
     blocks, blocks_grads = _step(model, batch, cfg, micro_batch_size=5)
     packed, packed_grads = _step(model, batch, cfg, micro_batch_size=12, max_tokens=40)

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from rlmix.config.schema import AdvantageNorm, CorrectionConfig, Objective, TrainerConfig, TrainerPrecision
-from rlmix.correction import CorrectionMode, OldLogprobs
+from rlmix.config.load import resolve_correction
+from rlmix.config.schema import CorrectionConfig, TrainerConfig, TrainerPrecision
+from rlmix.correction import AdvantageNorm, CorrectionMode, Objective, OldLogprobs
 
 PINNED = Path(__file__).parent / "data" / "pinned_step_metrics.json"
 CASES = {
@@ -50,7 +51,7 @@ def step_metrics_for(model_dir: Path, correction: CorrectionConfig) -> dict[str,
     from rlmix.trainers.torch_trainer import TorchTrainer
     from tests.test_deepspeed_trainer import fixed_batch
 
-    trainer = TorchTrainer(model_dir, TRAINER, correction, seed=0)
+    trainer = TorchTrainer(model_dir, TRAINER, resolve_correction(correction), seed=0)
     return trainer.train_step(fixed_batch(model_dir))
 
 

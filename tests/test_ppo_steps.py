@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from rlmix.assembly.parts import build_trainer
-from rlmix.config.schema import AdvantageNorm, CorrectionConfig, TrainerBackend, TrainerConfig, TrainerPrecision
-from rlmix.correction import CorrectionMode, Objective, OldLogprobs
+from rlmix.config.load import resolve_correction
+from rlmix.config.schema import CorrectionConfig, TrainerBackend, TrainerConfig, TrainerPrecision
+from rlmix.correction import AdvantageNorm, CorrectionMode, Objective, OldLogprobs
 from rlmix.metrics import names as m
 from tests.test_deepspeed_trainer import fixed_batch
 
@@ -24,7 +25,7 @@ GRPO = CorrectionConfig(mode=CorrectionMode.none, objective=Objective.ppo_clip, 
 
 
 def _train(model_dir, trainer: TrainerConfig, correction: CorrectionConfig, batch=None):
-    t = build_trainer(model_dir, trainer, correction, seed=0)
+    t = build_trainer(model_dir, trainer, resolve_correction(correction), seed=0)
     metrics = t.train_step(fixed_batch(model_dir) if batch is None else batch)
     params = {k: v.detach().clone() for k, v in t.model.named_parameters()}
     return metrics, params
@@ -77,9 +78,9 @@ def test_recorded_pi_old_is_the_loss_forward_at_the_same_weights(tiny_llama_dir)
     from rlmix.trainers.step import trainer_logprobs
     from rlmix.trainers.tokens import token_batch
 
-    t = build_trainer(tiny_llama_dir, TRAINER, GRPO, seed=0)
+    t = build_trainer(tiny_llama_dir, TRAINER, resolve_correction(GRPO), seed=0)
     batch = fixed_batch(tiny_llama_dir)
-    old = trainer_logprobs(t.model, batch, GRPO, pad_id=t.pad_id, micro_batch_size=2, max_tokens=None, autocast=None)
+    old = trainer_logprobs(t.model, batch, resolve_correction(GRPO), pad_id=t.pad_id, micro_batch_size=2, max_tokens=None, autocast=None)
     logits = token_batch(t.model, batch, pad_id=t.pad_id, autocast=None, replay_support=True, columns_for=None).logits
     dense = torch.log_softmax(logits, dim=-1).gather(1, batch.completion_ids[batch.mask][:, None])[:, 0]
     torch.testing.assert_close(old[batch.mask], dense, rtol=1e-5, atol=1e-5)
@@ -91,7 +92,7 @@ def test_deepspeed_takes_mini_batch_steps_against_its_recorded_pi_old(tiny_llama
     # (Its BF16 module and the torch trainer's fp32 weights part ways after a step at this lr, so
     # the second step's values are not compared; the one-step contract is tests/test_trainer_contract.py.)
     trainer = replace(TRAINER, lr=1e-1, ppo_mini_batch_size=1, precision=TrainerPrecision.bf16)
-    ds = build_trainer(tiny_llama_dir, replace(trainer, backend=TrainerBackend.deepspeed), GRPO, seed=0)
+    ds = build_trainer(tiny_llama_dir, replace(trainer, backend=TrainerBackend.deepspeed), resolve_correction(GRPO), seed=0)
     try:
         ds_metrics = ds.train_step(fixed_batch(tiny_llama_dir))
     finally:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlmix.config.load import resolve_correction
 from rlmix.config.schema import TrainerPrecision
 from rlmix.errors import ConfigError
 from rlmix.eval.probe import (
@@ -97,7 +98,7 @@ def test_teacher_forced_exact_view_matches_the_hf_model(tiny_llama_dir):
     from rlmix.samplers.torch_sampler import TorchSampler
     from rlmix.trainers.tokens import masked_logits
 
-    ctx = ProbeContext(tiny_llama_dir, 0, compose([]).correction, TrainerPrecision.fp32, seed=0)
+    ctx = ProbeContext(tiny_llama_dir, 0, resolve_correction(compose([]).correction), TrainerPrecision.fp32, seed=0)
     sampler = TorchSampler(tiny_llama_dir, PrecisionView.exact(), pool="x", pad_id=0)
     prompts = [[1, 5, 6, 7], [1, 9], [1, 4, 4, 4, 4, 4, 4]]
     batch = sampler.generate(prompts, SamplingParams(temperature=0.7, max_new_tokens=6, seed=3))

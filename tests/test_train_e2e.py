@@ -94,6 +94,7 @@ def test_max_staleness_zero_matches_a_synchronous_loop(tmp_path):
     from rlmix.models.io import load_causal_lm, load_tokenizer
     from rlmix.assembly.fleet import resolve_fleet
     from rlmix.assembly.parts import resolve_model_dir
+    from rlmix.config.load import resolve_correction
     from rlmix.orchestration.workers import SamplerWorker, TrainerWorker, derive_seed, make_request, make_task
     from rlmix.rollout import concat_rollouts
 
@@ -104,7 +105,8 @@ def test_max_staleness_zero_matches_a_synchronous_loop(tmp_path):
 
     cfg = compose_run_config(overrides)
     model_dir = resolve_model_dir(cfg)
-    [spec] = resolve_fleet(cfg, load_tokenizer(model_dir).eos_token_id)
+    correction = resolve_correction(cfg.correction)
+    [spec] = resolve_fleet(cfg, correction, load_tokenizer(model_dir).eos_token_id)
     sampler = SamplerWorker(spec, str(model_dir), cfg.task, derive_seed(cfg.seed, spec.name), cfg.loop.sampler_threads)
     task = make_task(cfg.task, cfg.seed)
     requests = cfg.loop.groups_per_step // cfg.loop.groups_per_request
@@ -112,7 +114,7 @@ def test_max_staleness_zero_matches_a_synchronous_loop(tmp_path):
         sampler.generate(make_request(task, i, cfg.loop.groups_per_request, cfg.seed), cfg.loop.group_size, None, 0)
         for i in range(requests)
     ]
-    trainer = TrainerWorker(str(model_dir), cfg.trainer, cfg.correction, cfg.seed)
+    trainer = TrainerWorker(str(model_dir), cfg.trainer, correction, cfg.seed)
     trainer.train_step(concat_rollouts(parts, trainer.trainer.pad_id))
     expected = trainer.trainer.model.state_dict()
     actual = load_causal_lm(run_dir / "checkpoints" / "step_1").state_dict()

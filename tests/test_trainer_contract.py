@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from rlmix.config.load import resolve_correction
 from rlmix.config.schema import CorrectionConfig, TrainerBackend, TrainerConfig, TrainerPrecision
 from rlmix.correction import CorrectionMode
 from rlmix.errors import ConfigError
@@ -31,7 +32,7 @@ BACKENDS = {
     # FP16 autocast with dynamic loss scaling; samplers receive fp16 weights.
     "torch_fp16": replace(BASE, precision=TrainerPrecision.fp16),
 }
-CORRECTION = CorrectionConfig(mode=CorrectionMode.sc_mis, num_candidates=8)
+CORRECTION = resolve_correction(CorrectionConfig(mode=CorrectionMode.sc_mis, num_candidates=8))
 
 
 @pytest.fixture(scope="module")

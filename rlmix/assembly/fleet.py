@@ -6,8 +6,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlmix.config.schema import CorrectionConfig, PoolConfig, RunConfig, SamplerBackend
-from rlmix.correction import MODES
+from rlmix.config.schema import PoolConfig, RunConfig, SamplerBackend
+from rlmix.correction import Correction
 from rlmix.rollout import SamplingParams
 from rlmix.samplers.accelerators import PrecisionView
 from rlmix.samplers.checks import pool_view
@@ -45,12 +45,7 @@ class SamplerSpec:
         return f"accelerator_type:{self.pool_cfg.accelerator.upper()}"
 
 
-def needs_head(correction: CorrectionConfig) -> bool:
-    """Whether samplers record their top-K head for this correction variant (``MODES``)."""
-    return MODES[correction.mode].needs_head
-
-
-def sampling_params(pool: PoolConfig, cfg: RunConfig, eos_id: int) -> SamplingParams:
+def sampling_params(pool: PoolConfig, cfg: RunConfig, correction: Correction, eos_id: int) -> SamplingParams:
     fleet, loop = cfg.fleet, cfg.loop
     top_p = fleet.top_p if pool.top_p is None else pool.top_p
     top_k = fleet.top_k if pool.top_k is None else pool.top_k
@@ -60,17 +55,17 @@ def sampling_params(pool: PoolConfig, cfg: RunConfig, eos_id: int) -> SamplingPa
         top_p=top_p,
         top_k=top_k,
         max_new_tokens=loop.max_new_tokens,
-        num_candidates=cfg.correction.num_candidates if needs_head(cfg.correction) else 0,
-        support_slots=cfg.correction.support_slots if truncates else 0,
+        num_candidates=correction.head_size,
+        support_slots=correction.support_slots if truncates else 0,
         stop_token_ids=(eos_id,),
     )
 
 
-def resolve_fleet(cfg: RunConfig, eos_id: int) -> list[SamplerSpec]:
+def resolve_fleet(cfg: RunConfig, correction: Correction, eos_id: int) -> list[SamplerSpec]:
     specs = []
     for name, pool in cfg.fleet.pools.items():
         view = pool_view(name, pool)
-        params = sampling_params(pool, cfg, eos_id)
+        params = sampling_params(pool, cfg, correction, eos_id)
         tags = view.tags() if view is not None else {"accelerator": pool.accelerator, "precision": pool.precision}
         tags = tags | {"backend": pool.backend.value}
         specs += [SamplerSpec(name, i, pool, params, view, tags) for i in range(pool.count)]

@@ -11,8 +11,9 @@ import hashlib
 from pathlib import Path
 
 from rlmix.config.dataset import ChatTemplateMode, DatasetTaskConfig
-from rlmix.config.schema import CorrectionConfig, MiniCodeTaskConfig, RunConfig, TrainerBackend, TrainerConfig
+from rlmix.config.schema import MiniCodeTaskConfig, RunConfig, TrainerBackend, TrainerConfig
 from rlmix.config.swebench import AgentEnvConfig, MiniCodeAgentConfig, SwebenchProConfig
+from rlmix.correction import Correction
 from rlmix.rollout import Rollouts
 from rlmix.tasks.base import Problem, Task
 
@@ -97,7 +98,7 @@ def decode_completions(tokenizer, out: Rollouts) -> list[str]:
     )
 
 
-def build_trainer(model_dir: str | Path, cfg: TrainerConfig, correction: CorrectionConfig, seed: int):
+def build_trainer(model_dir: str | Path, cfg: TrainerConfig, correction: Correction, seed: int):
     if cfg.backend is TrainerBackend.torch:
         from rlmix.trainers.torch_trainer import TorchTrainer
 

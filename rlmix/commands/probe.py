@@ -52,6 +52,7 @@ def probe_fleet(cfg: RunConfig, progress=print) -> tuple[list[PoolProbe], dict]:
     from rlmix.models.io import load_tokenizer
     from rlmix.assembly.fleet import fleet_manifest, resolve_fleet
     from rlmix.assembly.parts import package_versions, resolve_model_dir
+    from rlmix.config.load import resolve_correction
 
     if not cfg.fleet.pools:
         raise ConfigError("fleet.pools is empty: the probe needs at least one pool (e.g. fleet=emulated_hetero6)")
@@ -59,12 +60,13 @@ def probe_fleet(cfg: RunConfig, progress=print) -> tuple[list[PoolProbe], dict]:
     problems = probe_prompts(cfg, settings.prompts)
     model_dir = resolve_model_dir(cfg, progress=progress)
     tokenizer = load_tokenizer(model_dir)
-    specs = resolve_fleet(cfg, tokenizer.eos_token_id)
+    correction = resolve_correction(cfg.correction)
+    specs = resolve_fleet(cfg, correction, tokenizer.eos_token_id)
     firsts = [spec for spec in specs if spec.index == 0]
     from rlmix.assembly.parts import encode_prompts
 
     prompts = encode_prompts(tokenizer, tuple(problems), settings.samples_per_prompt, cfg.task.chat_template)
-    ctx = ProbeContext(model_dir, tokenizer.pad_token_id, cfg.correction, cfg.trainer.precision, cfg.seed)
+    ctx = ProbeContext(model_dir, tokenizer.pad_token_id, correction, cfg.trainer.precision, cfg.seed)
     results: list[PoolProbe] = []
     for i, spec in enumerate(firsts):
         start = time.perf_counter()

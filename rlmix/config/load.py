@@ -13,6 +13,7 @@ rules register the same way (``register_task_check``, done by ``rlmix.tasks.chec
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -22,9 +23,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlmix.config.schema import PoolConfig, RunConfig, SamplerBackend, TrainerBackend, TrainerPrecision
+from rlmix.config.schema import CorrectionConfig, PoolConfig, RunConfig, SamplerBackend, TrainerBackend, TrainerPrecision
 from rlmix.config.swebench import AgentEnvConfig, MiniCodeAgentConfig, SwebenchProConfig
-from rlmix.correction import MODES, Objective, OldLogprobs
+from rlmix.correction import Correction
 from rlmix.errors import ConfigError
 
 # A backend's rules for one pool: (pool name, pool config, the model's config.json fields or None
@@ -192,39 +193,16 @@ def check_output_dir(key: str, path: str) -> None:
 
 
 def _check_correction(cfg: RunConfig) -> None:
-    c = cfg.correction
-    spec = MODES[c.mode]
-    _require(
-        c.objective in spec.objectives,
-        f"correction.mode={c.mode.value} cannot be combined with correction.objective={c.objective.value} "
-        "(score centering cannot be substituted into PPO clipping, docs/math.md §3.2); use "
-        f"correction.objective={'|'.join(sorted(o.value for o in spec.objectives))} or correction.mode="
-        + "|".join(m.value for m, s in MODES.items() if c.objective in s.objectives),
-    )
-    _require(
-        c.level in spec.levels,
-        f"correction.level={c.level.value} cannot be combined with correction.mode={c.mode.value} (score centering "
-        "pairs each token's weight with its own head terms, docs/math.md §3.2); use correction.level=token or "
-        "correction.mode=" + "|".join(m.value for m, s in MODES.items() if c.level in s.levels),
-    )
-    _require(
-        c.objective is Objective.ppo_clip or c.old_logprobs is OldLogprobs.trainer,
-        f"correction.old_logprobs={c.old_logprobs.value} needs correction.objective=ppo_clip: REINFORCE has no "
-        "pi_old (PPO against the sampler's log-probs is +experiment=ppo_bypass)",
-    )
-    _require(0 < c.low <= 1 <= c.high, f"correction.low={c.low}, correction.high={c.high}: need 0 < low <= 1 <= high")
-    _require(c.cap >= 1, f"correction.cap={c.cap}: the TIS cap must be >= 1")
-    for key in ("kl_coef", "entropy_coef"):
-        value = getattr(c, key)
-        _require(math.isfinite(value) and value >= 0, f"correction.{key}={value}: must be >= 0 (0 = off)")
-    _require(0 < c.eps_low < 1 and c.eps_high > 0,
-             f"correction.eps_low={c.eps_low}, correction.eps_high={c.eps_high}: need 0 < eps_low < 1 and eps_high > 0")
-    _require(c.num_candidates >= 0 and c.support_slots >= 0,
-             f"correction.num_candidates={c.num_candidates}, correction.support_slots={c.support_slots}: must be >= 0")
-    _require(
-        not spec.needs_head or c.num_candidates >= 1,
-        f"correction.mode={c.mode.value} needs correction.num_candidates >= 1 (the sampler's top-K head)",
-    )
+    resolve_correction(cfg.correction)
+
+
+def resolve_correction(c: CorrectionConfig) -> Correction:
+    """``correction.*`` resolved (``Correction.resolve``: the one read of the mode's row); ConfigError if it
+    cannot be."""
+    try:
+        return Correction.resolve(**{f.name: getattr(c, f.name) for f in dataclasses.fields(CorrectionConfig)})
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _check_paths(cfg: RunConfig) -> None:

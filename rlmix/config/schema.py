@@ -19,13 +19,16 @@ from rlmix.config.deepspeed import DeepSpeedConfig
 from rlmix.config.embedded import AgentModelSpec, EmbeddedModelSpec
 from rlmix.config.monitor import MonitorConfig
 from rlmix.config.swebench import MiniCodeAgentConfig, SwebenchProConfig
-from rlmix.correction import CorrectionMode, ISLevel, KLEstimator, LossAggregation, Objective, OldLogprobs
+from rlmix.correction import (
+    AdvantageNorm,
+    CorrectionMode,
+    ISLevel,
+    KLEstimator,
+    LossAggregation,
+    Objective,
+    OldLogprobs,
+)
 from rlmix.correction.weights import MIS_HIGH, MIS_LOW, PPO_EPS_HIGH, PPO_EPS_LOW, TIS_CAP
-
-
-class AdvantageNorm(enum.Enum):
-    group_mean = "group_mean"  # reward minus its group's mean (the SC arms)
-    group_mean_std = "group_mean_std"  # ... divided by the group's std (GRPO)
 
 
 class SamplerBackend(enum.Enum):

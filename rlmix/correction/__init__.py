@@ -19,6 +19,7 @@ from rlmix.correction.logprobs import log_ratio
 from rlmix.correction.loss import LossOutput, ppo_clip_loss, token_loss
 from rlmix.correction.levels import aggregation_scale, level_log_ratio
 from rlmix.correction.regularizers import KLEstimator, kl_estimate, token_entropy
+from rlmix.correction.variant import AdvantageNorm, Correction, Variant, variant
 from rlmix.correction.weights import (
     MODES,
     WEIGHTS,
@@ -35,6 +36,10 @@ from rlmix.correction.weights import (
 __all__ = [
     "MODES",
     "WEIGHTS",
+    "AdvantageNorm",
+    "Correction",
+    "Variant",
+    "variant",
     "Centering",
     "CorrectionMode",
     "ISLevel",

@@ -25,18 +25,20 @@ from rlmix.correction.logprobs import (
     log_ratio,
     support_candidates,
 )
+from rlmix.correction.variant import Variant, variant
 from rlmix.correction.weights import (
     MIS_HIGH,
     MIS_LOW,
-    MODES,
     PPO_EPS_HIGH,
     PPO_EPS_LOW,
     TIS_CAP,
     CorrectionMode,
     ISLevel,
     LossAggregation,
+    NoWeight,
     OldLogprobs,
     Weight,
+    WeightFunction,
     make_weight,
     parse_enum,
 )
@@ -62,7 +64,7 @@ def token_loss(
     sampler_logprobs: Tensor,
     advantages: Tensor,
     *,
-    mode: CorrectionMode | str = CorrectionMode.sc_mis,
+    mode: CorrectionMode | str | Variant = CorrectionMode.sc_mis,
     head_ids: Tensor | None = None,
     head_logprobs: Tensor | None = None,
     support_ids: Tensor | None = None,
@@ -94,13 +96,12 @@ def token_loss(
     levels and aggregations); `s_t` per `aggregation_scale`, over the GLOBAL `num_tokens` /
     `num_sequences` of the optimizer step.
     """
-    mode = parse_enum(CorrectionMode, mode, "mode")
-    spec = MODES[mode]
+    spec = mode if isinstance(mode, Variant) else variant(mode, low=low, high=high, cap=cap)
     level = parse_enum(ISLevel, level, "level")
     if level not in spec.levels:
-        raise ValueError(f"mode={mode.value} takes its weight per token (score centering pairs it with the "
+        raise ValueError(f"mode={spec.mode.value} takes its weight per token (score centering pairs it with the "
                          f"token's head terms); level={level.value} is for the modes without centering")
-    weight = make_weight(spec.weight, low=low, high=high, cap=cap)
+    weight = spec.weight
     logits = _as_float(logits)
     _check_tokens(logits, sampled_ids, sampler_logprobs, advantages)
     dtype = _dtype(logits)
@@ -112,7 +113,7 @@ def token_loss(
     w = weight.sampled(level_log_ratio(lr, sequence_ids, level))
     objective = w * logp_a  # (N,)
     stats = mismatch_stats(lr)
-    if spec.weight is not Weight.none:
+    if not isinstance(weight, NoWeight):
         stats |= weight_stats(w, weight.masks)
     if spec.centered:
         assert candidates is not None and logp_h is not None  # guaranteed by _candidates
@@ -135,7 +136,7 @@ def ppo_clip_loss(
     *,
     old: OldLogprobs | str = OldLogprobs.trainer,
     old_logprobs: Tensor | None = None,
-    weight: Weight | str = Weight.none,
+    weight: Weight | str | WeightFunction = Weight.none,
     eps_low: float = PPO_EPS_LOW,
     eps_high: float = PPO_EPS_HIGH,
     support_ids: Tensor | None = None,
@@ -167,8 +168,7 @@ def ppo_clip_loss(
     """
     old = parse_enum(OldLogprobs, old, "old")
     level = parse_enum(ISLevel, level, "level")
-    weight = parse_enum(Weight, weight, "weight")
-    weight_fn = make_weight(weight, low=low, high=high, cap=cap)
+    weight_fn = make_weight(weight, low=low, high=high, cap=cap) if isinstance(weight, str) else weight
     if not (0.0 <= eps_low < 1.0 and eps_high >= 0.0):
         raise ValueError(f"PPO clip needs 0 <= eps_low < 1 and eps_high >= 0, got {eps_low}, {eps_high}")
     logits = _as_float(logits)
@@ -199,7 +199,7 @@ def ppo_clip_loss(
     took_clip = (clipped.detach() < unclipped.detach()).to(dtype)  # the clipped branch: no gradient here
     stats = mismatch_stats(lr_now) | {"clip_frac": took_clip.mean() if took_clip.numel() else took_clip.sum(),
                                       "old_sampler_gap": lr_old.abs().mean() if lr_old.numel() else lr_old.sum()}
-    if weight is not Weight.none:
+    if not isinstance(weight_fn, NoWeight):
         stats |= weight_stats(f_w, weight_fn.masks)
     token_stats = _token_stats(lr_now, f_w) | {"ppo_ratio": ratio.detach(), "clipped": took_clip}
     return LossOutput(loss, stats, token_stats)

@@ -89,7 +89,7 @@ _ANY_OBJECTIVE = frozenset(Objective)
 
 @dataclass(frozen=True)
 class ModeSpec:
-    """One correction variant: everything config checks, the trainer, the samplers and the probe read.
+    """One correction variant's row; read only by ``rlmix.correction.variant``, which binds it to its knobs.
 
     weight: `f` of §2 on the sampled token (inside PPO clip it multiplies the clipped ratio).
     centered: add the score-centering term of §3 over the sampler's head (or the replayed support).
@@ -106,11 +106,6 @@ class ModeSpec:
         """Where the weight may be taken: score centering pairs each token's weight with its own
         head terms (§3.2), so the SC variants take it per token only."""
         return frozenset({ISLevel.token}) if self.centered else frozenset(ISLevel)
-
-    @property
-    def needs_head(self) -> bool:
-        """Whether samplers must record their top-K head (``correction.num_candidates``) per token."""
-        return self.centered
 
 
 _REINFORCE = frozenset({Objective.reinforce})

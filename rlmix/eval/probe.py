@@ -43,12 +43,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from rlmix.config.schema import CorrectionConfig, RunConfig, TrainerPrecision
-from rlmix.correction import make_weight, multiplicative_error, token_mismatch
+from rlmix.config.schema import RunConfig, TrainerPrecision
+from rlmix.correction import Correction, multiplicative_error, token_mismatch
 from rlmix.correction.centering import centering_coefficients
 from rlmix.correction.diagnostics import centering_stats, mismatch_stats
 from rlmix.correction.logprobs import gather_logprobs
-from rlmix.correction.weights import MODES
 from rlmix.errors import ConfigError
 from rlmix.assembly.fleet import SamplerSpec
 from rlmix.rollout import Rollouts, sequence_input_ids
@@ -185,7 +184,7 @@ def teacher_forced_logits(sampler, batch: Rollouts, pad_id: int) -> Tensor:
 class ProbeContext:
     """What every pool's probe shares: the trainer model, the reference view and a cache of view samplers."""
 
-    def __init__(self, model_dir: Path, pad_id: int, correction: CorrectionConfig, precision: TrainerPrecision,
+    def __init__(self, model_dir: Path, pad_id: int, correction: Correction, precision: TrainerPrecision,
                  seed: int):
         from rlmix.models.io import load_causal_lm
 
@@ -244,7 +243,7 @@ def measure(ctx: ProbeContext, batch: Rollouts, spec: SamplerSpec, tokens_per_s:
     lr = token_mismatch(per_token["trainer_logprobs"], batch.sampler_logprobs[batch.mask]).log_ratio
     stats = {k: float(v) for k, v in mismatch_stats(lr).items()}
     cfg = ctx.correction
-    weight = make_weight(MODES[cfg.mode].weight, low=cfg.low, high=cfg.high, cap=cfg.cap)
+    weight = cfg.variant.weight
     exact = cfg.replay_support and batch.support_ids is not None
     centering = centering_coefficients(
         per_token["trainer_head"], per_token["sampler_head"], per_token["valid"], weight, exact=exact

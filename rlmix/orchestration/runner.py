@@ -8,8 +8,10 @@ import logging
 import time
 from pathlib import Path
 
+from rlmix.config.load import resolve_correction
 from rlmix.config.schema import RunConfig
 from rlmix.config.swebench import AgentEnvConfig
+from rlmix.correction import Correction
 from rlmix.errors import RunFailed, TrainerDied
 from rlmix.metrics.jsonl import keep_rows
 from rlmix.metrics.logger import METRICS_FILE, RunLogger
@@ -53,7 +55,8 @@ def core_plan(cfg: RunConfig, specs: list[SamplerSpec]) -> CorePlan:
                       cfg.loop.concurrent_requests, node_cpus)
 
 
-def start_actors(cfg: RunConfig, specs: list[SamplerSpec], model_dir: Path, plan: CorePlan, env_vars: dict):
+def start_actors(cfg: RunConfig, correction: Correction, specs: list[SamplerSpec], model_dir: Path, plan: CorePlan,
+                 env_vars: dict):
     """(trainer, sampler slots, readiness refs): every actor asked for at once, warm where possible.
 
     ``env_vars`` (this run's worker environment: where worker output goes) travel with each actor,
@@ -67,7 +70,7 @@ def start_actors(cfg: RunConfig, specs: list[SamplerSpec], model_dir: Path, plan
     decay = cfg.loop.steps if cfg.trainer.lr_decay_steps is None else cfg.trainer.lr_decay_steps
     trainer_cfg = dataclasses.replace(cfg.trainer, num_threads=plan.trainer_threads, lr_decay_steps=decay)
     trainer_options = {"num_cpus": 0, "resources": {TRAINER_RESOURCE: 1.0} if cfg.cluster.address is None else {}}
-    trainer_args = (str(model_dir), trainer_cfg, cfg.correction, cfg.seed)
+    trainer_args = (str(model_dir), trainer_cfg, correction, cfg.seed)
     wanted = [ActorRequest(TrainerWorker, trainer_options, trainer_args, env_vars)]
     job = SESSION.begin_job()
     for spec in specs:
@@ -102,7 +105,8 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None, label: 
     model_dir = resolve_model_dir(cfg)
     tokenizer = load_fast_tokenizer(model_dir)
     task = make_task_for(cfg.task, cfg.seed, tokenizer)  # before Ray: a prompt it cannot encode is one line
-    specs = resolve_fleet(cfg, tokenizer.eos_token_id)
+    correction = resolve_correction(cfg.correction)
+    specs = resolve_fleet(cfg, correction, tokenizer.eos_token_id)
     if isinstance(cfg.task, AgentEnvConfig):  # runtime, tasks and context: one line, before Ray starts
         from rlmix.agentic.train import check_agent_run
 
@@ -118,7 +122,7 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None, label: 
         with stop.installed():
             plan = core_plan(cfg, specs)
             log.info("%s", plan.describe())
-            trainer, slots, ready = start_actors(cfg, specs, model_dir, plan, runtime_env["env_vars"])
+            trainer, slots, ready = start_actors(cfg, correction, specs, model_dir, plan, runtime_env["env_vars"])
             # Every process up before the clock starts: an engine that takes 20 s to start would
             # otherwise sit out the first steps of a short run. All are awaited together, once.
             ray.get(ready)

@@ -18,8 +18,9 @@ import torch
 from rlmix.assembly.fleet import SamplerSpec, build_sampler
 from rlmix.assembly.parts import build_trainer, decode_completions, derive_seed, encode_prompts, make_task
 from rlmix.config.dataset import DatasetTaskConfig
-from rlmix.config.schema import CorrectionConfig, MiniCodeTaskConfig, TrainerConfig
+from rlmix.config.schema import MiniCodeTaskConfig, TrainerConfig
 from rlmix.config.swebench import AgentEnvConfig
+from rlmix.correction import Correction
 from rlmix.rollout import Rollouts, SamplingParams
 from rlmix.tasks.base import OrderedTask, Problem, Task
 
@@ -177,7 +178,7 @@ class SamplerWorker:
 class TrainerWorker:
     """The trainer process: wraps a backend and hands out versioned weights."""
 
-    def __init__(self, model_dir: str, cfg: TrainerConfig, correction: CorrectionConfig, seed: int):
+    def __init__(self, model_dir: str, cfg: TrainerConfig, correction: Correction, seed: int):
         if cfg.num_threads:  # None only outside a run (the runner always assigns a number)
             torch.set_num_threads(cfg.num_threads)
         self.trainer = build_trainer(model_dir, cfg, correction, seed)

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from rlmix.config.schema import CorrectionConfig, TrainerConfig, TrainerPrecision
+from rlmix.config.schema import TrainerConfig, TrainerPrecision
+from rlmix.correction import Correction
 from rlmix.rollout import Rollouts
 from rlmix.trainers.deepspeed_config import check_deepspeed, check_deepspeed_fp16
 from rlmix.trainers.deepspeed_rank import DeepSpeedRank, RankSetup, RankStep, comm_backend, free_port
@@ -54,7 +55,7 @@ def backward_count(shard: Rollouts | None, micro_batch_size: int, max_tokens: in
 class DeepSpeedTrainer:
     """Implements ``rlmix.trainers.base.Trainer`` on DeepSpeed (module docstring)."""
 
-    def __init__(self, model_dir: str | Path, cfg: TrainerConfig, correction: CorrectionConfig, seed: int):
+    def __init__(self, model_dir: str | Path, cfg: TrainerConfig, correction: Correction, seed: int):
         from rlmix.models.io import load_tokenizer
 
         check_deepspeed(cfg.deepspeed, bf16=cfg.precision is TrainerPrecision.bf16)

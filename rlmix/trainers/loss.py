@@ -4,8 +4,8 @@ The trainer computes its view of the batch once (``token_batch``: fp32 log-softm
 logits divided by the sampling temperature, docs/math.md §3.3) and hands it, with the sampler's
 record, to the pure correction library. The logits arrive as the few columns the loss reads plus
 the log-normaliser, computed a chunk of tokens at a time (``rlmix.trainers.lm_head``), so no
-(N, V) tensor is made. The variant comes from its row in ``MODES``; the objective picks the
-library function through ``OBJECTIVES``.
+(N, V) tensor is made. The variant arrives resolved (``Correction``: its weight function and
+whether it centres); the objective picks the library function through ``OBJECTIVES``.
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ from collections.abc import Callable
 
 import torch
 
-from rlmix.config.schema import CorrectionConfig
 from rlmix.correction import (
-    MODES,
+    Correction,
     KLEstimator,
     LossOutput,
     Objective,
@@ -31,17 +30,17 @@ from rlmix.rollout import Rollouts, sequence_input_ids  # noqa: F401 - sequence_
 from rlmix.trainers.tokens import TokenBatch, masked_logits, token_batch  # noqa: F401 - masked_logits: ditto
 
 
-def _reinforce(tokens: TokenBatch, cfg: CorrectionConfig, common: dict) -> LossOutput:
-    return token_loss(mode=cfg.mode, head_ids=tokens.head_ids, head_logprobs=tokens.head_logprobs, **common)
+def _reinforce(tokens: TokenBatch, cfg: Correction, common: dict) -> LossOutput:
+    return token_loss(mode=cfg.variant, head_ids=tokens.head_ids, head_logprobs=tokens.head_logprobs, **common)
 
 
-def _ppo_clip(tokens: TokenBatch, cfg: CorrectionConfig, common: dict) -> LossOutput:
+def _ppo_clip(tokens: TokenBatch, cfg: Correction, common: dict) -> LossOutput:
     # The variant's weight function multiplies the clipped term (IcePop for mis, §5).
-    return ppo_clip_loss(weight=MODES[cfg.mode].weight, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
+    return ppo_clip_loss(weight=cfg.variant.weight, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
                          old=cfg.old_logprobs, old_logprobs=tokens.old_logprobs, **common)
 
 
-OBJECTIVES: dict[Objective, Callable[[TokenBatch, CorrectionConfig, dict], LossOutput]] = {
+OBJECTIVES: dict[Objective, Callable[[TokenBatch, Correction, dict], LossOutput]] = {
     Objective.reinforce: _reinforce,
     Objective.ppo_clip: _ppo_clip,
 }
@@ -51,7 +50,7 @@ def batch_loss(
     model: torch.nn.Module,
     batch: Rollouts,
     advantages: torch.Tensor,  # (B,) detached sequence advantages
-    cfg: CorrectionConfig,
+    cfg: Correction,
     *,
     num_tokens: int,
     pad_id: int,
@@ -68,7 +67,7 @@ def batch_loss(
     """
     device = next(model.parameters()).device
     batch, advantages = batch.to(device), advantages.to(device)
-    centered = MODES[cfg.mode].centered and cfg.objective is Objective.reinforce
+    centered = cfg.centered
     # The entropy bonus differentiates the whole distribution: dense (N, V) logits, not the chunked columns.
     tokens = token_batch(model, batch, pad_id=pad_id, autocast=autocast, replay_support=cfg.replay_support,
                          columns_for=None if cfg.entropy_coef > 0 else centered)
@@ -80,9 +79,6 @@ def batch_loss(
         advantages=adv,
         support_ids=tokens.support_ids,
         support_probs=tokens.support_probs,
-        low=cfg.low,
-        high=cfg.high,
-        cap=cfg.cap,
         level=cfg.level,
         aggregation=cfg.aggregation,
         sequence_ids=tokens.sequence_ids,

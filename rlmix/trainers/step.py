@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from rlmix.config.schema import AdvantageNorm, CorrectionConfig, TrainerConfig
-from rlmix.correction import Objective, OldLogprobs
+from rlmix.config.schema import TrainerConfig
+from rlmix.correction import AdvantageNorm, Correction, Objective, OldLogprobs
 from rlmix.correction.advantages import group_advantages
 from rlmix.correction.diagnostics import effective_sample_size
 from rlmix.correction.logprobs import gather_logprobs, support_candidates
@@ -25,7 +25,7 @@ from rlmix.trainers.loss import batch_loss
 from rlmix.trainers.tokens import token_batch
 
 
-def advantages_for(batch: Rollouts, cfg: CorrectionConfig) -> torch.Tensor:
+def advantages_for(batch: Rollouts, cfg: Correction) -> torch.Tensor:
     """(B,) detached sequence advantages from the group rewards (docs/math.md §5)."""
     return group_advantages(
         batch.rewards, batch.group_ids, normalize_std=cfg.advantage is AdvantageNorm.group_mean_std
@@ -47,7 +47,7 @@ def optimizer_step_rows(batch: Rollouts, cfg: TrainerConfig) -> list[torch.Tenso
     return passes * cfg.ppo_epochs
 
 
-def needs_trainer_logprobs(passes: list[torch.Tensor], correction: CorrectionConfig) -> bool:
+def needs_trainer_logprobs(passes: list[torch.Tensor], correction: Correction) -> bool:
     """Whether PPO's π_old must be recorded before the first update: the trainer's own log-probs
     with more than one optimizer step (``passes``) on the batch (with one, the step's own forward
     is π_old)."""
@@ -59,7 +59,7 @@ def needs_trainer_logprobs(passes: list[torch.Tensor], correction: CorrectionCon
 def trainer_logprobs(
     model: torch.nn.Module,
     batch: Rollouts,
-    cfg: CorrectionConfig,
+    cfg: Correction,
     *,
     pad_id: int,
     micro_batch_size: int,
@@ -101,7 +101,7 @@ def checkpoint_activations(model: torch.nn.Module, on: bool) -> None:
     model.config.use_cache = False  # a KV cache under checkpointing is recomputed for nothing (and HF warns)
 
 
-def reference_model(model_dir, cfg: CorrectionConfig, device: torch.device | str,
+def reference_model(model_dir, cfg: Correction, device: torch.device | str,
                     dtype: torch.dtype = torch.float32) -> torch.nn.Module | None:
     """The frozen reference of the KL term: the start weights on ``device``, in the ``dtype`` of
     the trainer's own module (so that before the first update the two agree exactly), or None
@@ -114,7 +114,7 @@ def reference_model(model_dir, cfg: CorrectionConfig, device: torch.device | str
     return load_causal_lm(model_dir, dtype=dtype).to(device).requires_grad_(False)
 
 
-def with_ref_logprobs(reference: torch.nn.Module | None, batch: Rollouts, cfg: CorrectionConfig,
+def with_ref_logprobs(reference: torch.nn.Module | None, batch: Rollouts, cfg: Correction,
                       **micro) -> Rollouts:
     """``batch`` with ``ref_logprobs`` (B, T): log π_ref(a) of every generated token under
     ``reference`` (on its own device; renormalised over the recorded support as the loss does)."""
@@ -294,7 +294,7 @@ def forward_backward(
     model: torch.nn.Module,
     batch: Rollouts,
     advantages: torch.Tensor,  # (B,)
-    cfg: CorrectionConfig,
+    cfg: Correction,
     *,
     pad_id: int,
     micro_batch_size: int,

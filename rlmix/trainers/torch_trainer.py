@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from rlmix.config.schema import CorrectionConfig, TrainerConfig, TrainerPrecision
+from rlmix.config.schema import TrainerConfig, TrainerPrecision
+from rlmix.correction import Correction
 from rlmix.rollout import Rollouts
 from rlmix.trainers.precision import autocast_dtype, published_dtype
 from rlmix.trainers.schedule import scheduled_lr
@@ -30,7 +31,7 @@ STATE_FILE = "trainer_state.pt"
 class TorchTrainer:
     """Implements ``rlmix.trainers.base.Trainer`` in one process."""
 
-    def __init__(self, model_dir: str | Path, cfg: TrainerConfig, correction: CorrectionConfig, seed: int):
+    def __init__(self, model_dir: str | Path, cfg: TrainerConfig, correction: Correction, seed: int):
         from rlmix.models.io import load_causal_lm, load_tokenizer
 
         torch.manual_seed(seed)
