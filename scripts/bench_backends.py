@@ -97,6 +97,7 @@ def main() -> None:
     from rlmix.rollout import SamplingParams
     from rlmix.samplers.accelerators import resolve_view
     from rlmix.samplers.torch_sampler import TorchSampler
+    from rlmix.samplers.vllm_checks import VllmEngine
     from rlmix.samplers.vllm_sampler import VllmSampler
     from rlmix.trainers.deepspeed_trainer import DeepSpeedTrainer
     from rlmix.trainers.torch_trainer import TorchTrainer
@@ -120,7 +121,7 @@ def main() -> None:
     report["sampler_torch_bf16"] = time_sampler(torch_sampler, prompts, params, args.repeats)
     batch = scored_batch(torch_sampler.generate(prompts, params), group_size=8)
     torch_sampler.close()
-    vllm_sampler = VllmSampler(model_dir, pool="bench_vllm", dtype="bf16", seed=0)
+    vllm_sampler = VllmSampler(model_dir, pool="bench_vllm", engine=VllmEngine("bfloat16", None), seed=0)
     report["sampler_vllm_cpu_bf16"] = time_sampler(vllm_sampler, prompts, params, args.repeats)
     vllm_sampler.close()
     torch.set_num_threads(os.cpu_count() or 1)  # the CPU vLLM worker binds threads; undo for the trainers

@@ -111,12 +111,13 @@ def check_config_rules() -> None:
 
 
 def check_engine_settings(model_dir: Path, prompts, tp: int) -> None:
+    from rlmix.samplers.vllm_checks import VllmEngine
     from rlmix.samplers.vllm_sampler import VllmSampler
 
     wanted = dict(tensor_parallel_size=tp, gpu_memory_utilization=0.3, max_model_len=384,
                   kv_cache_dtype="fp8_e4m3", enforce_eager=False)
     try:
-        sampler = VllmSampler(model_dir, pool="gpu_engine_settings", dtype="bf16", **wanted)
+        sampler = VllmSampler(model_dir, pool="gpu_engine_settings", engine=VllmEngine("bfloat16", None, **wanted))
     except Exception as err:  # report what the engine said (fp8 KV needs compute capability >= 8.9)
         report(f"engine settings {wanted}", False, error=f"{type(err).__name__}: {str(err).splitlines()[0]}")
         return
@@ -176,10 +177,10 @@ def main() -> None:
     tok = load_tokenizer(model_dir)
     prompts = [tok(t).input_ids for t in ["def f(x):", "map (+1) [1,2,3] =", "reverse [4,5] =", "sum [1] ="]] * 4
     report("device", True, name=torch.cuda.get_device_name(), torch=torch.__version__, model=str(model_dir))
-    bf16 = VllmSampler(model_dir, pool="gpu_bf16", dtype="bf16", gpu_memory_utilization=0.3)
+    bf16 = VllmSampler(model_dir, pool="gpu_bf16", engine=VllmEngine("bfloat16", None, gpu_memory_utilization=0.3))
     batch = check_pool("vllm bf16", bf16, model_dir, prompts, tol=0.05)
     try:
-        fp8 = VllmSampler(model_dir, pool="gpu_fp8", dtype="fp8_e4m3", gpu_memory_utilization=0.3)
+        fp8 = VllmSampler(model_dir, pool="gpu_fp8", engine=VllmEngine("bfloat16", "fp8", gpu_memory_utilization=0.3))
         check_pool("vllm fp8_e4m3", fp8, model_dir, prompts, tol=0.5)
         fp8.close()
     except Exception as err:  # report what the engine said (e.g. fp8 needs compute capability >= 8.9)

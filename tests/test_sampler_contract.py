@@ -26,9 +26,10 @@ def _torch_backend(model_dir, pool: str) -> Sampler:
 
 
 def _vllm_backend(model_dir, pool: str) -> Sampler:
+    from rlmix.samplers.vllm_checks import VllmEngine
     from rlmix.samplers.vllm_sampler import VllmSampler
 
-    return VllmSampler(model_dir, pool=pool, dtype="fp32", seed=0)
+    return VllmSampler(model_dir, pool=pool, engine=VllmEngine("float32", None), seed=0)
 
 
 BACKENDS = {"torch": _torch_backend, "vllm": _vllm_backend}

@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 
 import pytest
 
 from rlmix.commands.compose import compose_run_config
 from rlmix.config.schema import PoolConfig, SamplerBackend, VllmEngineConfig
 from rlmix.errors import ConfigError
-from rlmix.samplers.vllm_checks import check_pool, engine_precision, resolve_precision
+from rlmix.samplers.vllm_checks import VllmEngine, check_pool, engine_precision, resolve_engine, resolve_precision
 
 
 def vllm_pool(accelerator: str = "H100", precision: str = "bf16", kv: str | None = None, **engine) -> PoolConfig:
@@ -19,11 +18,13 @@ def vllm_pool(accelerator: str = "H100", precision: str = "bf16", kv: str | None
                       vllm=VllmEngineConfig(**engine))
 
 
-def test_engine_settings_are_the_samplers_keyword_arguments():
-    from rlmix.samplers.vllm_sampler import VllmSampler
-
-    params = inspect.signature(VllmSampler.__init__).parameters
-    assert {f.name for f in dataclasses.fields(VllmEngineConfig)} <= set(params)
+def test_every_engine_setting_reaches_the_resolved_engine():
+    """Each ``vllm:`` field is a field of the ``VllmEngine`` the sampler is built from, and a set value arrives."""
+    assert {f.name for f in dataclasses.fields(VllmEngineConfig)} == {f.name for f in dataclasses.fields(VllmEngine)}
+    settings = dict(tensor_parallel_size=2, gpu_memory_utilization=0.5, max_model_len=384, kv_cache_dtype="fp8",
+                    enforce_eager=True, cpu_kv_cache_gib=3)
+    engine = resolve_engine("p", vllm_pool("H100", "fp8_e4m3", **settings))
+    assert engine == VllmEngine("bfloat16", "fp8", **settings)
 
 
 def test_pool_rules_follow_the_pool_accelerator():

@@ -16,6 +16,7 @@ import torch
 
 from rlmix.errors import ConfigError
 from rlmix.rollout import SamplingParams
+from rlmix.samplers.vllm_checks import VllmEngine
 from rlmix.samplers.vllm_records import kept_set
 from tests.conftest import build_char_tokenizer
 
@@ -59,7 +60,7 @@ def hf_model(model_dir):
 def sampler(model_dir):
     from rlmix.samplers.vllm_sampler import VllmSampler
 
-    s = VllmSampler(model_dir, pool="vllm_cpu_fp32", dtype="float32", seed=0)
+    s = VllmSampler(model_dir, pool="vllm_cpu_fp32", engine=VllmEngine("float32", None), seed=0)
     yield s
     s.close()
     gc.collect()
@@ -204,22 +205,23 @@ def test_kept_set_from_head_matches_full_vocabulary_rules():
 
 
 def test_cpu_refuses_fp8_and_unknown_dtypes_with_one_line(model_dir):
-    from rlmix.samplers.vllm_sampler import VllmSampler, check_platform
+    from rlmix.samplers.vllm_checks import check_platform
+    from rlmix.samplers.vllm_sampler import VllmSampler
 
     with pytest.raises(ConfigError, match="quantization='fp8' is not supported by the CPU build"):
-        VllmSampler(model_dir, pool="h100_fp8", dtype="bfloat16", quantization="fp8")
+        VllmSampler(model_dir, pool="h100_fp8", engine=VllmEngine("bfloat16", "fp8"))
     with pytest.raises(ConfigError, match="dtype='int3'"):
         check_platform("int3", None, on_cpu=True)
     check_platform("bfloat16", "fp8", on_cpu=False)  # left to the CUDA engine to accept
     with pytest.raises(ConfigError, match="no config.json"):
-        VllmSampler(model_dir / "missing", pool="p")
+        VllmSampler(model_dir / "missing", pool="p", engine=VllmEngine("bfloat16", None))
 
 
 @pytest.mark.slow
 def test_bf16_engine_is_close_to_the_fp32_oracle(model_dir, hf_model, sampler):
     from rlmix.samplers.vllm_sampler import VllmSampler
 
-    bf16 = VllmSampler(model_dir, pool="vllm_cpu_bf16", dtype="bfloat16", seed=0)
+    bf16 = VllmSampler(model_dir, pool="vllm_cpu_bf16", engine=VllmEngine("bfloat16", None), seed=0)
     try:
         r = bf16.generate(PROMPTS, SamplingParams(temperature=1.0, max_new_tokens=12, num_candidates=8, seed=2))
     finally:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -10,7 +9,8 @@ from rlmix.config.schema import PoolConfig, RunConfig, SamplerBackend
 from rlmix.correction import Correction
 from rlmix.rollout import SamplingParams
 from rlmix.samplers.accelerators import PrecisionView
-from rlmix.samplers.checks import pool_view
+from rlmix.samplers.checks import pool_engine, pool_view
+from rlmix.samplers.vllm_checks import VllmEngine
 
 
 def pool_gpus(pool: PoolConfig) -> int:
@@ -28,6 +28,7 @@ class SamplerSpec:
     pool_cfg: PoolConfig
     params: SamplingParams
     view: PrecisionView | None = None  # torch backend: its emulated precision view
+    engine: VllmEngine | None = None  # vllm backend: its engine's dtype, quantisation and settings
     tags: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -46,9 +47,8 @@ class SamplerSpec:
 
 
 def sampling_params(pool: PoolConfig, cfg: RunConfig, correction: Correction, eos_id: int) -> SamplingParams:
-    fleet, loop = cfg.fleet, cfg.loop
-    top_p = fleet.top_p if pool.top_p is None else pool.top_p
-    top_k = fleet.top_k if pool.top_k is None else pool.top_k
+    loop = cfg.loop
+    top_p, top_k = cfg.fleet.truncation(pool)
     truncates = top_p < 1.0 or top_k > 0
     return SamplingParams(
         temperature=loop.temperature,
@@ -68,7 +68,8 @@ def resolve_fleet(cfg: RunConfig, correction: Correction, eos_id: int) -> list[S
         params = sampling_params(pool, cfg, correction, eos_id)
         tags = view.tags() if view is not None else {"accelerator": pool.accelerator, "precision": pool.precision}
         tags = tags | {"backend": pool.backend.value}
-        specs += [SamplerSpec(name, i, pool, params, view, tags) for i in range(pool.count)]
+        engine = pool_engine(name, pool)
+        specs += [SamplerSpec(name, i, pool, params, view=view, engine=engine, tags=tags) for i in range(pool.count)]
     return specs
 
 
@@ -78,13 +79,9 @@ def build_sampler(spec: SamplerSpec, model_dir: str | Path, seed: int):
         from rlmix.samplers.torch_sampler import TorchSampler
 
         return TorchSampler(model_dir, spec.view, pool=spec.pool, seed=seed)
-    from rlmix.samplers.vllm_checks import engine_precision
     from rlmix.samplers.vllm_sampler import VllmSampler
 
-    engine = dataclasses.asdict(spec.pool_cfg.vllm)
-    del engine["dtype"], engine["quantization"]  # resolved with the pool's precision
-    dtype, quantization = engine_precision(spec.pool_cfg, f"fleet.pools.{spec.pool}")
-    return VllmSampler(model_dir, pool=spec.pool, dtype=dtype, quantization=quantization, seed=seed, **engine)
+    return VllmSampler(model_dir, pool=spec.pool, engine=spec.engine, seed=seed)
 
 
 def fleet_manifest(specs: list[SamplerSpec]) -> dict[str, dict]:

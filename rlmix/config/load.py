@@ -246,8 +246,7 @@ def _check_fleet(cfg: RunConfig) -> None:
     for name, pool in fleet.pools.items():
         key = f"fleet.pools.{name}"
         _require(pool.count >= 1, f"{key}.count={pool.count}: must be >= 1")
-        top_p = fleet.top_p if pool.top_p is None else pool.top_p
-        top_k = fleet.top_k if pool.top_k is None else pool.top_k
+        top_p, top_k = fleet.truncation(pool)
         _require(0 < top_p <= 1, f"{key}: top_p={top_p} must be in (0, 1]")
         _require(top_k >= 0, f"{key}: top_k={top_k} must be >= 0 (0 = off)")
         if top_p < 1 or top_k > 0:

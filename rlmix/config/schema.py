@@ -113,6 +113,11 @@ class FleetConfig:
     # trainer.precision=fp16: the FP16 remedy for the train/sample mismatch). null: per pool.
     precision: Optional[str] = None
 
+    def truncation(self, pool: PoolConfig) -> tuple[float, int]:
+        """(top_p, top_k) ``pool`` samples with: its own where set, else the fleet's."""
+        return (self.top_p if pool.top_p is None else pool.top_p,
+                self.top_k if pool.top_k is None else pool.top_k)
+
 
 @dataclass
 class CorrectionConfig:

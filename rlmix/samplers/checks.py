@@ -15,6 +15,7 @@ from rlmix.config.schema import PoolConfig, SamplerBackend, VllmEngineConfig
 from rlmix.errors import ConfigError
 from rlmix.samplers import architectures, vllm_checks
 from rlmix.samplers.accelerators import PrecisionView, resolve_view
+from rlmix.samplers.vllm_checks import VllmEngine
 
 
 def pool_view(name: str, pool: PoolConfig) -> PrecisionView | None:
@@ -25,6 +26,13 @@ def pool_view(name: str, pool: PoolConfig) -> PrecisionView | None:
         return resolve_view(pool.accelerator, pool.precision, pool.kv_precision, pool.allow_emulation)
     except ConfigError as err:
         raise ConfigError(f"fleet.pools.{name}: {err}") from None
+
+
+def pool_engine(name: str, pool: PoolConfig, model: Mapping | None = None) -> VllmEngine | None:
+    """The vllm backend's engine for a pool (``vllm_checks.resolve_engine``); ConfigError names the pool's keys."""
+    if pool.backend is not SamplerBackend.vllm:
+        return None
+    return vllm_checks.resolve_engine(name, pool, model)
 
 
 def check_torch_pool(name: str, pool: PoolConfig, model: Mapping | None) -> None:
@@ -39,7 +47,7 @@ def check_torch_pool(name: str, pool: PoolConfig, model: Mapping | None) -> None
 
 
 def check_vllm_pool(name: str, pool: PoolConfig, model: Mapping | None) -> None:
-    vllm_checks.check_pool(name, pool, model)
+    pool_engine(name, pool, model)
 
 
 register_pool_check(SamplerBackend.torch, check_torch_pool)

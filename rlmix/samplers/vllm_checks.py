@@ -1,6 +1,8 @@
 """Load-time rules for ``backend: vllm`` pools, and how a pool's settings become engine arguments.
 
-Checked before any process starts (no vLLM or torch import here). The platform is the pool's
+``resolve_engine`` is the one place a vLLM pool's precision and engine block are read: it returns
+the ``VllmEngine`` the sampler is built from, and config validation is that call. Checked before
+any process starts (no vLLM or torch import here). The platform is the pool's
 accelerator, not the machine that loads the config: a CPU head node may launch GPU pools, and
 ``accelerator: CPU`` means the CPU build of vLLM.
 """
@@ -8,6 +10,7 @@ accelerator, not the machine that loads the config: a CPU head node may launch G
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from rlmix.errors import ConfigError
 
@@ -79,6 +82,22 @@ def _check_engine(key: str, engine, on_cpu: bool, model: Mapping | None) -> None
     _require(engine.cpu_kv_cache_gib >= 1, f"{key}.vllm.cpu_kv_cache_gib={engine.cpu_kv_cache_gib}: must be >= 1")
 
 
+@dataclass(frozen=True)
+class VllmEngine:
+    """What one vLLM engine is built with: vLLM's dtype and quantisation names, resolved from the
+    pool's precision and ``vllm:`` block. None: the platform's default, picked by the sampler on the
+    machine it runs on (``DEFAULT_MEMORY_UTILIZATION``; eager on the CPU, CUDA graphs on GPUs)."""
+
+    dtype: str  # bfloat16 | float16 | float32
+    quantization: str | None
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float | None = None
+    max_model_len: int | None = None
+    kv_cache_dtype: str = "auto"
+    enforce_eager: bool | None = None
+    cpu_kv_cache_gib: int = 1
+
+
 def engine_precision(pool, key: str) -> tuple[str, str | None]:
     """(dtype, quantization) a pool's engine runs: ``vllm.dtype``/``vllm.quantization`` where set,
     else what ``precision`` implies."""
@@ -89,8 +108,13 @@ def engine_precision(pool, key: str) -> tuple[str, str | None]:
 
 
 def check_pool(name: str, pool, model: Mapping | None = None) -> None:
-    """Load-time rules for a ``backend: vllm`` pool (``rlmix.config.schema.PoolConfig``);
-    ``model`` is the model's config.json when known (tensor-parallel head split)."""
+    """Load-time rules for a ``backend: vllm`` pool: it resolves (``resolve_engine``)."""
+    resolve_engine(name, pool, model)
+
+
+def resolve_engine(name: str, pool, model: Mapping | None = None) -> VllmEngine:
+    """The engine of a ``backend: vllm`` pool (``rlmix.config.schema.PoolConfig``), or ConfigError
+    naming the pool's keys; ``model`` is the model's config.json when known (tensor-parallel head split)."""
     key = f"fleet.pools.{name}"
     on_cpu = pool.accelerator.upper() == "CPU"
     dtype, quantization = engine_precision(pool, key)
@@ -106,3 +130,8 @@ def check_pool(name: str, pool, model: Mapping | None = None) -> None:
                           f"{key}.vllm.kv_cache_dtype; set kv_precision to null")
     _check_engine(key, pool.vllm, on_cpu, model)
     check_platform(dtype, quantization, on_cpu)
+    e = pool.vllm
+    return VllmEngine(dtype, quantization, tensor_parallel_size=e.tensor_parallel_size,
+                      gpu_memory_utilization=e.gpu_memory_utilization, max_model_len=e.max_model_len,
+                      kv_cache_dtype=e.kv_cache_dtype, enforce_eager=e.enforce_eager,
+                      cpu_kv_cache_gib=e.cpu_kv_cache_gib)

@@ -25,15 +25,8 @@ import torch
 
 from rlmix.errors import ConfigError
 from rlmix.rollout import FINISH_LENGTH, FINISH_STOP, Rollouts, SamplingParams
-from rlmix.samplers.vllm_checks import (
-    DEFAULT_MEMORY_UTILIZATION,
-    check_platform,
-    check_pool,
-    resolve_precision,
-)
+from rlmix.samplers.vllm_checks import DEFAULT_MEMORY_UTILIZATION, VllmEngine, check_platform
 from rlmix.samplers.vllm_records import FlatPositions, flat_positions, kept_set, pad_slots, support_record
-
-__all__ = ["VllmSampler", "check_platform", "check_pool", "resolve_precision"]
 
 log = logging.getLogger(__name__)
 
@@ -72,30 +65,26 @@ def _skip_rank_compile() -> None:
 class VllmSampler:
     """Implements ``rlmix.samplers.base.Sampler`` with one vLLM engine.
 
-    ``dtype`` takes an rlmix precision (``bf16``, ``fp32``, ``fp16``, ``fp8_e4m3``) or a vLLM dtype
-    name; ``quantization`` overrides the method a precision implies (``fp8_e4m3`` -> ``fp8``). The
-    engine keywords are ``rlmix.config.schema.VllmEngineConfig``'s fields (a test keeps them in
-    step); None picks the platform default (memory: ``vllm_checks.DEFAULT_MEMORY_UTILIZATION``; eager on
-    the CPU, CUDA graphs on GPUs).
+    ``engine`` is the pool's resolved engine (``vllm_checks.resolve_engine``: vLLM's dtype and
+    quantisation names, the engine settings). What only the machine it runs on can answer is decided
+    here: whether this platform has the kernels (``check_platform``), and the settings left at None
+    (memory: ``vllm_checks.DEFAULT_MEMORY_UTILIZATION``; eager on the CPU, CUDA graphs on GPUs).
     """
 
-    def __init__(self, model_dir: str | Path, pool: str, dtype: str = "bf16", quantization: str | None = None,
-                 seed: int = 0, max_logprobs: int = 128, pad_id: int | None = None,
-                 tags: Mapping[str, str] | None = None, *, tensor_parallel_size: int = 1,
-                 gpu_memory_utilization: float | None = None, max_model_len: int | None = None,
-                 kv_cache_dtype: str = "auto", enforce_eager: bool | None = None, cpu_kv_cache_gib: int = 1) -> None:
+    def __init__(self, model_dir: str | Path, pool: str, engine: VllmEngine, seed: int = 0,
+                 max_logprobs: int = 128, pad_id: int | None = None,
+                 tags: Mapping[str, str] | None = None) -> None:
         model_dir = Path(model_dir)
         if not (model_dir / "config.json").is_file():
             raise ConfigError(f"model dir {model_dir} has no config.json; point model.path at a Hugging Face model directory")
         # Read by vLLM when the engine is built, so they must be set before it.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kv_cache_gib))
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(engine.cpu_kv_cache_gib))
         from vllm import LLM
         from vllm.platforms import current_platform
 
         on_cpu = current_platform.is_cpu()
-        dtype, implied = resolve_precision(dtype, f"pool {pool} dtype")
-        quantization = quantization or implied
+        dtype, quantization = engine.dtype, engine.quantization
         check_platform(dtype, quantization, on_cpu)
         if on_cpu:
             _skip_rank_compile()
@@ -104,21 +93,22 @@ class VllmSampler:
         self.max_logprobs = max_logprobs
         self._version = 0
         self._scale: float | None = None
-        engine = dict(
-            tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len, kv_cache_dtype=kv_cache_dtype,
-            gpu_memory_utilization=DEFAULT_MEMORY_UTILIZATION[on_cpu] if gpu_memory_utilization is None
-            else gpu_memory_utilization,
-            enforce_eager=on_cpu if enforce_eager is None else enforce_eager,  # CUDA graphs on GPUs
+        memory = engine.gpu_memory_utilization
+        settings = dict(
+            tensor_parallel_size=engine.tensor_parallel_size, max_model_len=engine.max_model_len,
+            kv_cache_dtype=engine.kv_cache_dtype,
+            gpu_memory_utilization=DEFAULT_MEMORY_UTILIZATION[on_cpu] if memory is None else memory,
+            enforce_eager=on_cpu if engine.enforce_eager is None else engine.enforce_eager,  # CUDA graphs on GPUs
         )
-        if tensor_parallel_size > 1:
+        if engine.tensor_parallel_size > 1:
             # Worker processes on the GPUs Ray gave this actor; vLLM's Ray executor would ask Ray
             # for a second set of GPUs from inside an actor that already holds them.
-            engine["distributed_executor_backend"] = "mp"
+            settings["distributed_executor_backend"] = "mp"
         set_num_threads = torch.set_num_threads  # the CPU worker replaces it process-wide
         try:
             # vLLM takes a 32-bit engine seed; run seeds are derived 63-bit hashes.
             self.llm = LLM(model=str(model_dir), dtype=dtype, quantization=quantization, seed=seed % 2**32,
-                           logprobs_mode="raw_logprobs", max_logprobs=max_logprobs, **engine)
+                           logprobs_mode="raw_logprobs", max_logprobs=max_logprobs, **settings)
         except (ValueError, NotImplementedError) as err:
             raise ConfigError(f"vllm pool {pool} (dtype={dtype}, quantization={quantization}): the engine did not "
                               f"start: {str(err).splitlines()[0]}") from None
