@@ -157,6 +157,8 @@ BAD = [
     (["trainer.lrr=1e-3"], "trainer.lrr"),
     (["trainer.lr=fast"], "trainer.lr"),
     (["loop.max_staleness=soon"], "loop.max_staleness"),
+    (["loop.lag=-1"], "loop.lag"),
+    (["loop.lag=2", "loop.max_staleness=1"], "loop.max_staleness"),
     (["fleet.pools.a100_bf16.precision=fp8_e4m3"], "fleet.pools.a100_bf16"),
     (["fleet.pools.a100_bf16.accelerator=Z80"], "Z80"),
     (["correction=sc_mis", "correction.objective=ppo_clip"], "correction.objective=ppo_clip"),

@@ -117,6 +117,12 @@ def _check_loop(cfg: RunConfig) -> None:
         loop.max_staleness is None or loop.max_staleness >= 0,
         f"loop.max_staleness={loop.max_staleness}: must be null (unbounded) or >= 0",
     )
+    _require(loop.lag is None or loop.lag >= 0, f"loop.lag={loop.lag}: must be null (free-running) or >= 0")
+    _require(
+        loop.lag is None or loop.max_staleness is None or loop.max_staleness >= loop.lag,
+        f"loop.lag={loop.lag} with loop.max_staleness={loop.max_staleness}: every batch would be dropped as too "
+        "stale; set loop.max_staleness=null or >= loop.lag",
+    )
     capacity = loop.buffer_groups
     _require(
         capacity is None or capacity >= loop.groups_per_step,

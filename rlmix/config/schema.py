@@ -225,6 +225,10 @@ class LoopConfig:
     group_size: int = 8  # samples per prompt
     groups_per_request: int = 2  # prompts per sampler request
     max_staleness: Optional[int] = None  # trainer version − generating version; None = unbounded
+    # Controlled lag (rlmix/orchestration/lag.py): null, the free-running asynchronous loop, where a
+    # sample's version depends on process speed. s >= 0: the batch trained at version k is generated
+    # from version k − s, request i by sampler i mod n, so one seed gives one run (s = 0: synchronous).
+    lag: Optional[int] = None
     buffer_groups: Optional[int] = None  # finished + in-flight groups held ahead; None = 2 × groups_per_step
     weight_sync_every: int = 1  # publish weights every N trainer steps
     temperature: float = 1.0

@@ -11,6 +11,9 @@ Staleness of a sequence = (trainer version when it is trained) − (version that
 too late, and groups that became too stale anyway are dropped (and counted), never trained on.
 ``max_staleness=0`` therefore reproduces synchronous on-policy training.
 
+``loop.lag`` replaces this timing-dependent schedule by one fixed in the config (rlmix.orchestration.lag):
+each request's weights version and sampler follow from its id, so one seed gives one run.
+
 A trainer that dies is replaced (``restart``, rlmix.orchestration.runner.TrainerRestarts) by a new
 process at the run's newest checkpoint; the loop goes back to that checkpoint's version and data
 position and drops what was generated since, as a resumed run would.
@@ -18,6 +21,7 @@ position and drops what was generated since, as a resumed run would.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import time
@@ -35,6 +39,7 @@ from rlmix.metrics.names import (
     TRAINER_IDLE_FRAC, TRAINER_RESTARTS, UNIFORM_DROPPED_FRAC,
 )
 from rlmix.orchestration.filters import filter_part, take_groups
+from rlmix.orchestration.lag import LagSchedule, request_of
 from rlmix.orchestration.workers import NotHeld, Request, make_request
 from rlmix.rollout import Rollouts, concat_rollouts
 from rlmix.tasks.base import Task
@@ -149,7 +154,16 @@ class AsyncLoop:
         # generate then (a request already running when the trainer starts finishes on its own).
         self.generating, self.idle_lanes = generating, idle_lanes
         self.turn = 0
-        if start_version > 0:  # resume: samplers start from the model dir, so send the checkpoint
+        # loop.lag: each request's version and sampler fixed by its id, and the weights of every
+        # version some request still needs (a restarted sampler holds none of them).
+        self.schedule: LagSchedule | None = None
+        self.versions: dict[int, ray.ObjectRef] = {}
+        if cfg.lag is not None:
+            self.schedule = LagSchedule(cfg.lag, cfg.groups_per_step // cfg.groups_per_request,
+                                        cfg.weight_sync_every, floor=start_version)
+            self.weights_ref = trainer.published_weights.remote()
+            self.versions[start_version] = self.weights_ref
+        elif start_version > 0:  # resume: samplers start from the model dir, so send the checkpoint
             self.weights_ref = trainer.published_weights.remote()
 
     # -- request bookkeeping -------------------------------------------------------------
@@ -186,15 +200,18 @@ class AsyncLoop:
     def _count_busy(self, slot: SamplerSlot, now: float) -> None:
         self.window.sampler_busy_s += now - max(slot.started, self.window.start)
 
-    def _submit(self, slot: SamplerSlot, request: Request) -> ray.ObjectRef:
-        stale = slot.version != self.published
+    def _submit(self, slot: SamplerSlot, request: Request, version: int | None = None) -> ray.ObjectRef:
+        """Send ``request`` to ``slot`` at weights ``version`` (default: the newest published),
+        with those weights when the sampler holds another version."""
+        version = self.published if version is None else version
+        ref = self.versions.get(version) if self.schedule is not None else self.weights_ref
+        weights = ref if slot.version != version else None
         slot.started = time.perf_counter()
         self.turn = (self.samplers.index(slot) + 1) % len(self.samplers)
-        weights = self.weights_ref if stale and self.weights_ref is not None else None
         slot.inflight = request
         if weights is not None:
-            slot.version = self.published
-        return slot.actor.generate.remote(request, self.cfg.group_size, weights, self.published, slot.job)
+            slot.version = version
+        return slot.actor.generate.remote(request, self.cfg.group_size, weights, version, slot.job)
 
     def _next_request(self, training: bool) -> Request | None:
         if self.orphans:  # already counted in _groups_ahead: re-issue without asking again
@@ -224,8 +241,25 @@ class AsyncLoop:
         if sum(len(b) for b in self.buffer) < need:
             return None
         # Oldest requests first; sorting by request id makes a batch independent of arrival order.
-        self.buffer.sort(key=lambda b: int(b.group_ids.min()))
+        self.buffer.sort(key=self._request_of)
+        if self.schedule is not None and not self._prefix_back():
+            return None
         return concat_rollouts(take_groups(self.buffer, self.cfg.groups_per_step, self.cfg.group_size), self.pad_id)
+
+    def _request_of(self, part: Rollouts) -> int:
+        return request_of(part, self.cfg.group_size, self.cfg.groups_per_request)
+
+    def _prefix_back(self) -> bool:
+        """loop.lag: every request before the batch's last group is back (none still out could
+        belong in front of it), so the batch is the same whichever request finished first."""
+        count, last = 0, -1
+        for part in self.buffer:
+            count += len(part) // self.cfg.group_size
+            if count >= self.cfg.groups_per_step:
+                last = self._request_of(part)
+                break
+        out = [s.inflight.request_id for s in self.samplers if s.inflight is not None]
+        return all(r > last for r in out + [r.request_id for r in self.orphans])
 
     # -- the loop ------------------------------------------------------------------------
     def run(self, steps: int, on_step: Callable[[StepReport], bool], stop: Callable[[], bool] = lambda: False) -> None:
@@ -275,12 +309,48 @@ class AsyncLoop:
 
     def _fill(self, inflight: dict, training: bool) -> None:
         """Give idle samplers requests, in turn, as far as the cores, the buffer and staleness allow."""
+        if self.schedule is not None:
+            self._fill_scheduled(inflight, training)
+            return
         for slot in self._in_turn():
             if slot.state is SlotState.ready and slot.inflight is None and self._lane_free(slot, training):
                 request = self._next_request(training)
                 if request is None:
                     return
                 inflight[self._submit(slot, request)] = slot
+
+    def _free(self, slot: SamplerSlot, training: bool) -> bool:
+        return slot.state is SlotState.ready and slot.inflight is None and self._lane_free(slot, training)
+
+    def _fill_scheduled(self, inflight: dict, training: bool) -> None:
+        """loop.lag: request i to sampler i mod n at its scheduled version, once that version is
+        published; requests go out in order. A re-issued request (its sampler died) goes to its own
+        sampler if that is free, else to any free one: a run with faults is not reproducible."""
+        alive = [s for s in self.samplers if s.state is not SlotState.dropped]
+        while self.orphans:
+            request = self.orphans[0]
+            own = alive[self.schedule.sampler(request.request_id, len(alive))]
+            slot = next((s for s in [own, *self._in_turn()] if self._free(s, training)), None)
+            if slot is None:
+                break
+            self.orphans.popleft()
+            self.requests_reissued += 1
+            inflight[self._submit(slot, request, self.schedule.version(request.request_id))] = slot
+        while True:
+            i = self.next_request
+            version = self.schedule.version(i)
+            slot = alive[self.schedule.sampler(i, len(alive))]
+            if version > self.published or not self._free(slot, training):
+                return
+            request = make_request(self.task, i, self.cfg.groups_per_request, self.seed)
+            self.next_request += 1
+            inflight[self._submit(slot, request, version)] = slot
+
+    def _keep_versions(self) -> None:
+        """loop.lag: forget the weights no request still out or to come is scheduled at."""
+        pending = [s.inflight.request_id for s in self.samplers if s.inflight is not None]
+        oldest = min(self.schedule.version(i) for i in [self.next_request, *pending, *(r.request_id for r in self.orphans)])
+        self.versions = {v: ref for v, ref in self.versions.items() if v >= oldest or v == self.published}
 
     def _start_step(self) -> ray.ObjectRef | None:
         batch = self._take_batch()
@@ -413,6 +483,9 @@ class AsyncLoop:
         for slot in self.samplers:
             slot.version = -1
         self.weights_ref = self.trainer.published_weights.remote()
+        if self.schedule is not None:  # nothing older than the checkpoint exists any more
+            self.schedule = dataclasses.replace(self.schedule, floor=state.step)
+            self.versions = {state.step: self.weights_ref}
         self.window = _Window()
         self.idle_since, self.last_step_at = time.perf_counter(), time.monotonic()
 
@@ -429,6 +502,9 @@ class AsyncLoop:
                                 f"{self.cfg.step_timeout_s:.0f} s (loop.step_timeout_s); waiting on the trainer")
             self.published = self.version
             self.weight_sync_s = time.perf_counter() - start
+            if self.schedule is not None:
+                self.versions[self.version] = self.weights_ref
+                self._keep_versions()
         now = time.perf_counter()
         elapsed = max(now - self.window.start, 1e-9)
         metrics[STEP_S] = elapsed
