@@ -38,6 +38,7 @@ VARIANTS = {
     "sliding_null": {"sliding_window": None},
     "layer_types_set": {"use_sliding_window": True, "sliding_window": 5, "num_hidden_layers": 3,
                         "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]},
+    "layer_types_legacy": {"num_hidden_layers": 2, "layer_types": ["attention", "full_attention"]},
 }
 
 # Files transformers refuses outright (MistralConfig types num_key_value_heads as int, not None).

@@ -86,6 +86,8 @@ def complete(raw: Mapping, where: str = "model") -> dict:
         out["num_key_value_heads"] = out["num_attention_heads"]
     if "head_dim" in out and out["head_dim"] is None:
         out["head_dim"] = out["hidden_size"] // out["num_attention_heads"]
+    if out.get("layer_types") is not None:  # ``remap_legacy_layer_types``: the old name of full attention
+        out["layer_types"] = ["full_attention" if t == "attention" else t for t in out["layer_types"]]
     if "use_sliding_window" in row:  # Qwen: the window only with use_sliding_window, on layers past max_window_layers
         if not out["use_sliding_window"]:
             out["sliding_window"] = None
