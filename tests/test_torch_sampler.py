@@ -214,11 +214,11 @@ def test_bad_model_dir_and_unsupported_rope(tmp_path):
 
     cfg = LlamaConfig(rope_parameters={"rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0})
     with pytest.raises(ConfigError, match="rope_type"):
-        DecoderShape.from_hf_config(cfg)
+        DecoderShape.from_fields(cfg.to_dict())
     from transformers import GPT2Config
 
     with pytest.raises(ConfigError, match="model_type='gpt2'.*backend: vllm"):
-        DecoderShape.from_hf_config(GPT2Config())
+        DecoderShape.from_fields(GPT2Config().to_dict())
 
 
 # --- attention kernels -------------------------------------------------------------------

@@ -2,9 +2,9 @@
 
 Llama, Mistral, Qwen2 and Qwen3 share one forward pass (RMSNorm, rotary embeddings,
 grouped-query attention, SiLU-gated MLP); a row says only what differs. ``describe`` reads a
-``config.json`` as a plain mapping — the raw file before any run starts, or
-``PretrainedConfig.to_dict()`` inside the sampler — so the run's pre-flight check and the model
-build apply the same rules. Nothing here imports torch or transformers: the check answers in
+``config.json`` as a plain mapping, completed with the architecture's defaults
+(``model_config.complete``) both in the run's pre-flight check and in the model build, so the two
+apply the same rules. Nothing here imports torch or transformers: the check answers in
 milliseconds, before Ray starts.
 """
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from rlmix.config.load import register_pool_check
 from rlmix.config.schema import PoolConfig, SamplerBackend, VllmEngineConfig
 from rlmix.errors import ConfigError
-from rlmix.samplers import architectures, vllm_checks
+from rlmix.samplers import architectures, model_config, vllm_checks
 from rlmix.samplers.accelerators import PrecisionView, resolve_view
 from rlmix.samplers.vllm_checks import VllmEngine
 
@@ -42,8 +42,9 @@ def check_torch_pool(name: str, pool: PoolConfig, model: Mapping | None) -> None
     if pool.vllm != VllmEngineConfig():
         raise ConfigError(f"fleet.pools.{name}.vllm is set but the pool has backend: torch; "
                           "set backend: vllm or drop the vllm settings")
-    if model is not None:
-        architectures.describe(model, f"model.path (pool {name}, backend torch)")
+    if model is not None:  # completed as the sampler will read it, so both apply the same defaults
+        where = f"model.path (pool {name}, backend torch)"
+        architectures.describe(model_config.complete(model, where), where)
 
 
 def check_vllm_pool(name: str, pool: PoolConfig, model: Mapping | None) -> None:

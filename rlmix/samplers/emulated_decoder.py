@@ -47,9 +47,9 @@ class DecoderShape:
     tie_embeddings: bool
 
     @classmethod
-    def from_hf_config(cls, cfg) -> DecoderShape:
-        """Read a ``transformers`` config of a supported architecture; ConfigError otherwise."""
-        fields = cfg.to_dict()  # complete: the class defaults filled in
+    def from_fields(cls, fields: Mapping) -> DecoderShape:
+        """Read a complete config mapping (``model_config.complete``: the class defaults filled in)
+        of a supported architecture; ConfigError otherwise."""
         spec = describe(fields)  # first: an unsupported config may lack the fields read below
         heads = fields["num_attention_heads"]
         return cls(

@@ -24,29 +24,27 @@ from rlmix.errors import ConfigError
 from rlmix.rollout import FINISH_LENGTH, FINISH_STOP, Rollouts, SamplingParams, concat_rollouts
 from rlmix.samplers.accelerators import PrecisionView
 from rlmix.samplers.emulated_decoder import DecoderShape, EmulatedDecoder
+from rlmix.samplers.model_config import read_config
 from rlmix.samplers.sampling import draw
 
 log = logging.getLogger(__name__)
 
 
-def read_model_dir(model_dir: Path) -> tuple[object, dict[str, torch.Tensor]]:
-    """The HF config and the safetensors state dict of ``model_dir``; ConfigError when unreadable."""
+def read_model_dir(model_dir: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The completed config fields (``model_config``) and the safetensors state dict of
+    ``model_dir``; ConfigError when unreadable."""
     from safetensors.torch import load_file
-    from transformers import AutoConfig
 
     if not model_dir.is_dir():
         raise ConfigError(f"model dir {model_dir} does not exist; point model.path at a Hugging Face model directory")
-    try:
-        cfg = AutoConfig.from_pretrained(model_dir)
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"model dir {model_dir} has no readable config.json ({err.__class__.__name__})") from None
+    fields = read_config(model_dir)
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise ConfigError(f"model dir {model_dir} has no *.safetensors weights")
     weights: dict[str, torch.Tensor] = {}
     for f in files:
         weights.update(load_file(f))
-    return cfg, weights
+    return fields, weights
 
 
 class TorchSampler:
@@ -54,13 +52,14 @@ class TorchSampler:
 
     def __init__(self, model_dir: str | Path, view: PrecisionView, pool: str, seed: int = 0,
                  max_batch: int = 256, pad_id: int | None = None) -> None:
-        cfg, weights = read_model_dir(Path(model_dir))
+        fields, weights = read_model_dir(Path(model_dir))
         self.pool = pool
         self.view = view
         self.max_batch = max_batch
-        self.model = EmulatedDecoder(DecoderShape.from_hf_config(cfg), view)
-        fallback = cfg.eos_token_id if isinstance(cfg.eos_token_id, int) else 0
-        self.pad_id = pad_id if pad_id is not None else (cfg.pad_token_id if cfg.pad_token_id is not None else fallback)
+        self.model = EmulatedDecoder(DecoderShape.from_fields(fields), view)
+        eos, pad = fields.get("eos_token_id"), fields.get("pad_token_id")
+        fallback = eos if isinstance(eos, int) else 0
+        self.pad_id = pad_id if pad_id is not None else (pad if pad is not None else fallback)
         self._generator = torch.Generator().manual_seed(seed)
         self._version = 0
         try:
