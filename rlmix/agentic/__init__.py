@@ -7,8 +7,8 @@ subsets), ``sandbox`` (runtime interface, git snapshot/patch), ``local`` / ``doc
 """
 
 from rlmix.agentic.config import RuntimeKind, SwebenchProConfig
-from rlmix.agentic.policy import AgentPolicy, ChatFormat, ModelPolicy, PolicyTurn, Transcript
+from rlmix.agentic.policy import AgentPolicy, ModelPolicy, PolicyTurn, Transcript
 from rlmix.agentic.run import run_swebench_eval
 
-__all__ = ["AgentPolicy", "ChatFormat", "ModelPolicy", "PolicyTurn", "RuntimeKind", "SwebenchProConfig",
+__all__ = ["AgentPolicy", "ModelPolicy", "PolicyTurn", "RuntimeKind", "SwebenchProConfig",
            "Transcript", "run_swebench_eval"]

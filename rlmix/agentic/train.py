@@ -178,7 +178,7 @@ def check_agent_run(cfg: AgentEnvConfig, tokenizer, max_positions: int | None, s
     the runtime (bwrap, Docker), the tasks (directory missing or malformed, not runnable here), and a
     model without room for one turn: the first prompt plus one token must fit ``task.max_total_tokens``,
     which must fit the model's context."""
-    from rlmix.agentic.chat import chat_renderer
+    from rlmix.tasks.chat import chat_renderer
     from rlmix.agentic.policy import Message
     from rlmix.agentic.run import system_prompt
     from rlmix.errors import ConfigError

@@ -56,7 +56,7 @@ def agent_spec_key(spec: AgentModelSpec) -> str:
     """Hash of the spec and of the code the weights depend on: problems, tool, scripted episodes,
     observation text, incremental rendering, tokenizer and training (not the rest of the package)."""
     from rlmix.agentic.actions import observation_text
-    from rlmix.agentic.chat import TemplateFormat
+    from rlmix.tasks.chat import TemplateFormat
     from rlmix.agentic.minicode_agent import answer_action, scripted, tool, try_action
     from rlmix.agentic.minicode_agent import warmstart as agent_warmstart
     from rlmix.tasks import minicode, minicode_lang

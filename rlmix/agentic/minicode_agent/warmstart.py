@@ -1,7 +1,7 @@
 """The agent model's warm start: supervised training on scripted minicode_agent episodes.
 
 Each batch is fresh problems (levels ``spec.levels``) played by ``scripted_episode``, tokenised
-exactly as an episode is at run time (``rlmix.agentic.chat.TemplateFormat``: the environment's text
+exactly as an episode is at run time (``rlmix.tasks.chat.TemplateFormat``: the environment's text
 is the template's suffix, the policy's turn is its text plus ``</s>``), so the warm-started model
 sees the same tokens it will produce. Loss: cross-entropy on the policy tokens only.
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rlmix.agentic.chat import TemplateFormat
+from rlmix.tasks.chat import TemplateFormat
 from rlmix.agentic.minicode_agent.scripted import scripted_episode
 from rlmix.agentic.policy import Message
 from rlmix.tasks.minicode import MiniCode
