@@ -128,7 +128,8 @@ def test_token_budget_ends_the_episode(tmp_path):
 
 
 def test_model_policy_through_the_entry_point(tmp_path):
-    from rlmix.agentic import SwebenchProConfig, run_swebench_eval
+    from rlmix.agentic import run_swebench_eval
+    from rlmix.config.swebench import SwebenchProConfig
     from tests.test_agentic_fixtures import WRONG_FIX
 
     make_task(tmp_path / "tasks", "calc")

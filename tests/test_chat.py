@@ -4,17 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from rlmix.models.chartok import build_char_tokenizer
+from rlmix.embedded.chartok import build_char_tokenizer
 from rlmix.assembly.parts import encode_prompts
-from rlmix.tasks.chat import (
-    ChatTemplateMode,
-    append_completion,
-    append_message,
-    prompt_messages,
-    render_ids,
-    start,
-)
-from rlmix.tasks.minicode import ALPHABET, MiniCode
+from rlmix.config.dataset import ChatTemplateMode
+from rlmix.tasks.chat import append_completion, append_message, prompt_messages, render_ids, start
+from rlmix.embedded.minicode import ALPHABET, MiniCode
 from tests.byo_model import train_bpe_tokenizer
 
 

@@ -204,7 +204,8 @@ def test_kept_set_from_head_matches_full_vocabulary_rules():
 
 
 def test_cpu_refuses_fp8_and_unknown_dtypes_with_one_line(model_dir):
-    from rlmix.samplers.vllm_sampler import VllmSampler, check_platform
+    from rlmix.samplers.vllm_sampler import VllmSampler
+    from rlmix.samplers.vllm_checks import check_platform
 
     with pytest.raises(ConfigError, match="quantization='fp8' is not supported by the CPU build"):
         VllmSampler(model_dir, pool="h100_fp8", dtype="bfloat16", quantization="fp8")
@@ -249,8 +250,8 @@ def test_cli_mixed_fleet_vllm_and_torch_pools_with_deepspeed(tmp_path):
 
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from rlmix.models.chartok import build_char_tokenizer
-    from rlmix.tasks.minicode import ALPHABET
+    from rlmix.embedded.chartok import build_char_tokenizer
+    from rlmix.embedded.minicode import ALPHABET
 
     tok = build_char_tokenizer(ALPHABET)
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
