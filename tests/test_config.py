@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from rlmix.commands.compose import compose_run_config, expand_jobs, split_args
-from rlmix.config.schema import AdvantageNorm, CorrectionConfig, Objective, TrainerPrecision
+from rlmix.config.schema import AdvantageNorm, CorrectionConfig, TrainerPrecision
+from rlmix.correction.weights import Objective
 from rlmix.correction import CorrectionMode, ISLevel, LossAggregation, OldLogprobs, ppo_clip_loss, token_loss
 from rlmix.errors import ConfigError
 from rlmix.samplers.accelerators import KernelFamily

@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlmix.config.schema import CorrectionConfig, Objective
+from rlmix.config.schema import CorrectionConfig
+from rlmix.correction.weights import Objective
 from rlmix.correction import CorrectionMode
 from rlmix.correction.logprobs import gather_columns, loss_columns
 from rlmix.rollout import Rollouts

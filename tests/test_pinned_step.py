@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from rlmix.config.schema import AdvantageNorm, CorrectionConfig, Objective, TrainerConfig, TrainerPrecision
+from rlmix.config.schema import AdvantageNorm, CorrectionConfig, TrainerConfig, TrainerPrecision
+from rlmix.correction.weights import Objective
 from rlmix.correction import CorrectionMode, OldLogprobs
 
 PINNED = Path(__file__).parent / "data" / "pinned_step_metrics.json"

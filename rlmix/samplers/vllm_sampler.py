@@ -25,15 +25,10 @@ import torch
 
 from rlmix.errors import ConfigError
 from rlmix.rollout import FINISH_LENGTH, FINISH_STOP, Rollouts, SamplingParams
-from rlmix.samplers.vllm_checks import (
-    DEFAULT_MEMORY_UTILIZATION,
-    check_platform,
-    check_pool,
-    resolve_precision,
-)
+from rlmix.samplers.vllm_checks import DEFAULT_MEMORY_UTILIZATION, check_platform, resolve_precision
 from rlmix.samplers.vllm_records import FlatPositions, flat_positions, kept_set, pad_slots, support_record
 
-__all__ = ["VllmSampler", "check_platform", "check_pool", "resolve_precision"]
+__all__ = ["VllmSampler"]
 
 log = logging.getLogger(__name__)
 
