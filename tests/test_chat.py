@@ -66,6 +66,23 @@ def test_a_template_that_rewrites_history_is_refused(bpe):
         append_message(bpe, conv, {"role": "user", "content": "c"})
 
 
+@pytest.mark.parametrize("make_tok", [train_bpe_tokenizer, lambda: build_char_tokenizer(ALPHABET + "ust")])
+def test_the_plain_fallback_is_the_text_its_template_renders(make_tok):
+    """A tokenizer without a template: render_text's own rendering equals Jinja's of PLAIN_TEMPLATE."""
+    from rlmix.tasks.chat import PLAIN_TEMPLATE, render_text
+
+    tok = make_tok()
+    tok.chat_template = None
+    conversations = [prompt_messages("7 pens?"), prompt_messages("add 3?", system_prompt="be brief"),
+                     [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                      {"role": "tool", "content": "c"}]]
+    for messages in conversations:
+        for generation_prompt in (True, False):
+            jinja = tok.apply_chat_template(messages, chat_template=PLAIN_TEMPLATE, tokenize=False,
+                                            add_generation_prompt=generation_prompt)
+            assert render_text(tok, messages, generation_prompt) == jinja
+
+
 @pytest.mark.parametrize("make_tok, gap", [(train_bpe_tokenizer, "\n"), (lambda: build_char_tokenizer(ALPHABET + "ust"), "")])
 def test_a_task_conversation_and_an_episode_render_the_same_text(make_tok, gap):
     """Single-turn tasks (``Conversation``) and agentic episodes (``TemplateFormat.suffix``) go through

@@ -44,15 +44,19 @@ def prompt_messages(prompt: str, system_prompt: str | None = None) -> list[Messa
     return system + [{"role": "user", "content": prompt}]
 
 
-def template_of(tokenizer) -> str:
-    return getattr(tokenizer, "chat_template", None) or PLAIN_TEMPLATE
-
-
 def render_text(tokenizer, messages: Sequence[Message], add_generation_prompt: bool) -> str:
-    """The template's text for ``messages`` (auto mode)."""
+    """The template's text for ``messages`` (auto mode).
+
+    ``PLAIN_TEMPLATE`` is rendered here, in Python, to exactly the text its Jinja gives (tests/test_chat.py
+    checks): a sampler's transformers-free tokenizer (``rlmix.models.tokenizer_file``) then never needs
+    a template engine, and need not know this template.
+    """
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
+        bos, eos = tokenizer.bos_token or "", tokenizer.eos_token or ""  # an unset token renders as ""
+        return bos + "".join(m["content"] + (eos if m["role"] == "assistant" else "") for m in messages)
     return tokenizer.apply_chat_template(
-        list(messages), chat_template=template_of(tokenizer), tokenize=False,
-        add_generation_prompt=add_generation_prompt,
+        list(messages), chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt,
     )
 
 
