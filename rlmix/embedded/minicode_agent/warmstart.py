@@ -76,8 +76,9 @@ def agent_warm_start(model, tokenizer, spec, progress: Callable[[str], None]) ->
         return False  # the scripted data is unlimited: the schedule sets the length
 
     ramp = max(1, spec.warmup_steps // 10)
-    # Linear ramp, then cosine decay to 10%.
+
     def lr_factor(s: int) -> float:
+        """Linear ramp, then cosine decay to 10%."""
         return min(1.0, (s + 1) / ramp) * (
             0.1 + 0.45 * (1 + torch.cos(torch.tensor(torch.pi * s / spec.warmup_steps)).item()))
 
