@@ -27,9 +27,10 @@ def throughput(concurrency: int, episodes: int, group_size: int, seed: int) -> d
     import torch
 
     from rlmix.agentic.batching import TurnBatcher
-    from rlmix.agentic.config import MiniCodeAgentConfig
-    from rlmix.agentic.minicode_agent.model import build_agent_model
-    from rlmix.agentic.train import EpisodeRollouts, make_agent_task
+    from rlmix.config.swebench import MiniCodeAgentConfig
+    from rlmix.embedded.minicode_agent.model import build_agent_model
+    from rlmix.agentic.train import EpisodeRollouts
+    from rlmix.assembly.parts import make_task
     from rlmix.config.embedded import AgentModelSpec
     from rlmix.models.io import load_tokenizer
     from rlmix.rollout import EPISODE_STATS, SamplingParams
@@ -41,7 +42,7 @@ def throughput(concurrency: int, episodes: int, group_size: int, seed: int) -> d
     tokenizer = load_tokenizer(model_dir)
     sampler = TorchSampler(model_dir, resolve_view("CPU", "bf16"), pool="bench")
     cfg = replace(MiniCodeAgentConfig(), concurrent_episodes=concurrency)
-    task = make_agent_task(cfg, seed)
+    task = make_task(cfg, seed)
     sizes: list[int] = []
     original = TurnBatcher.close
 

@@ -29,9 +29,10 @@ def untrained_embedded(out: Path) -> Path:
     """The embedded model as initialised from its seed, before the warm start."""
     from transformers import LlamaForCausalLM
 
-    from rlmix.models.chartok import build_char_tokenizer
-    from rlmix.models.embedded import EmbeddedModelSpec, llama_config
-    from rlmix.tasks.minicode import ALPHABET
+    from rlmix.embedded.chartok import build_char_tokenizer
+    from rlmix.config.embedded import EmbeddedModelSpec
+    from rlmix.embedded.model import llama_config
+    from rlmix.embedded.minicode import ALPHABET
 
     spec, tok = EmbeddedModelSpec(), build_char_tokenizer(ALPHABET)
     torch.manual_seed(spec.seed)
@@ -43,7 +44,7 @@ def untrained_embedded(out: Path) -> Path:
 
 def build_prompts(model_dir, n: int, seed: int) -> list[list[int]]:
     from rlmix.models.io import load_tokenizer
-    from rlmix.tasks.minicode import MiniCode
+    from rlmix.embedded.minicode import MiniCode
 
     tok = load_tokenizer(model_dir)
     problems = MiniCode(levels=(1, 2, 3), seed=seed).sample(n, seed=seed)
@@ -93,7 +94,8 @@ def main() -> None:
 
     from rlmix.config.load import resolve_correction
     from rlmix.config.schema import CorrectionConfig, TrainerBackend, TrainerConfig
-    from rlmix.models.embedded import EmbeddedModelSpec, build_embedded_model
+    from rlmix.config.embedded import EmbeddedModelSpec
+    from rlmix.embedded.model import build_embedded_model
     from rlmix.rollout import SamplingParams
     from rlmix.samplers.accelerators import resolve_view
     from rlmix.samplers.torch_sampler import TorchSampler

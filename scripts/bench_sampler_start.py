@@ -55,7 +55,7 @@ def main() -> None:
     model_dir = args.model_dir
     if model_dir is None:  # here, not in the child: resolving it imports more than an actor does
         from rlmix.config.embedded import EmbeddedModelSpec
-        from rlmix.models.embedded import build_embedded_model
+        from rlmix.embedded.model import build_embedded_model
 
         model_dir = str(build_embedded_model(EmbeddedModelSpec()))
     for _ in range(args.repeats):

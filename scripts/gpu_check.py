@@ -44,8 +44,8 @@ def report(check: str, ok: bool, **seen) -> None:
 def random_llama(path: Path) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from rlmix.models.chartok import build_char_tokenizer  # the embedded model's tokenizer
-    from rlmix.tasks.minicode import ALPHABET
+    from rlmix.embedded.chartok import build_char_tokenizer  # the embedded model's tokenizer
+    from rlmix.embedded.minicode import ALPHABET
 
     tok = build_char_tokenizer(ALPHABET)
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=256, intermediate_size=512, num_hidden_layers=4,
@@ -134,7 +134,7 @@ def check_engine_settings(model_dir: Path, prompts, tp: int) -> None:
 def check_deepspeed(model_dir: Path, batch, steps: int, ranks: int):
     from rlmix.config.load import resolve_correction
     from rlmix.config.schema import CorrectionConfig, TrainerBackend, TrainerConfig
-    from rlmix.trainers.deepspeed_config import DeepSpeedConfig
+    from rlmix.config.deepspeed import DeepSpeedConfig
     from rlmix.trainers.deepspeed_trainer import DeepSpeedTrainer
 
     g = torch.Generator().manual_seed(0)

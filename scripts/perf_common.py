@@ -88,7 +88,8 @@ def isolated_step(cfg, model_dir: Path, *, stop: bool = True, random_rewards: bo
     from rlmix.assembly.fleet import resolve_fleet
     from rlmix.config.load import resolve_correction
     from rlmix.models.tokenizer_file import load_fast_tokenizer
-    from rlmix.orchestration.workers import SamplerWorker, TrainerWorker, derive_seed, make_request, make_task
+    from rlmix.orchestration.workers import SamplerWorker, TrainerWorker, make_request
+    from rlmix.assembly.parts import derive_seed, make_task
     from rlmix.rollout import concat_rollouts
 
     torch.set_num_threads(1)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
-from rlmix.agentic.minicode_agent.model import build_agent_tokenizer
+from rlmix.embedded.minicode_agent.model import build_agent_tokenizer
 from rlmix.config.embedded import EmbeddedModelSpec
-from rlmix.models.embedded import llama_config
+from rlmix.embedded.model import llama_config
 
 
 def tiny_agent_model(out: Path, seed: int = 0) -> Path:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rlmix.agentic.config import SwebenchProConfig
+from rlmix.config.swebench import SwebenchProConfig
 from rlmix.agentic.grading import grade_patch
 from rlmix.agentic.harbor import load_tasks
 from rlmix.agentic.local import LocalRuntime

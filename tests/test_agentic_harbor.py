@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from rlmix.agentic.config import SwebenchProConfig
+from rlmix.config.swebench import SwebenchProConfig
 from rlmix.agentic.harbor import DEFAULT_WORKDIR, load_tasks, read_subset_file, select_subset
 from rlmix.agentic.run import check_ks, resolve_tasks
 from rlmix.errors import ConfigError

@@ -9,7 +9,8 @@ from rlmix.agentic.actions import SYSTEM_PROMPT
 from rlmix.agentic.episode import EpisodeLimits, run_episode
 from rlmix.agentic.harbor import load_tasks
 from rlmix.agentic.local import LocalRuntime
-from rlmix.agentic.policy import ChatFormat, Message, ModelPolicy
+from rlmix.agentic.policy import Message, ModelPolicy
+from rlmix.tasks.chat import HeaderFormat
 from rlmix.agentic.records import episodes_to_rollouts
 from rlmix.agentic.sandbox import snapshot_baseline
 from rlmix.rollout import FINISH_LENGTH, FINISH_STOP, Rollouts, SamplingParams, concat_rollouts
@@ -81,7 +82,7 @@ def test_fake_sampler_satisfies_the_protocol():
 def test_token_record_masks_policy_tokens_and_is_never_retokenised(tmp_path):
     episode, sampler, task = _episode(tmp_path, [f"I will patch it. {FIX}", SUBMIT], max_total_tokens=10_000)
     assert episode.end_reason == "submit" and len(sampler.prompts) == 2
-    chat, t = ChatFormat(), episode.tokens
+    chat, t = HeaderFormat(), episode.tokens
     first = chat.render([Message("system", SYSTEM_PROMPT), Message("user", task.instruction)]) + "<|assistant|>\n"
     assert sampler.prompts[0] == [ord(c) for c in first] and t.prompt_len == len(first)
     # The second prompt extends the first by exactly the generated tokens plus the rendered observation.
@@ -112,7 +113,7 @@ def test_episodes_become_rollouts(tmp_path):
 
 def test_token_budget_ends_the_episode(tmp_path):
     make_task(tmp_path / "probe", "calc")
-    chat = ChatFormat()
+    chat = HeaderFormat()
     prompt_len = len(chat.render([Message("system", SYSTEM_PROMPT),
                                   Message("user", load_tasks(tmp_path / "probe")["calc"].instruction)])
                      + "<|assistant|>\n")
@@ -127,7 +128,8 @@ def test_token_budget_ends_the_episode(tmp_path):
 
 
 def test_model_policy_through_the_entry_point(tmp_path):
-    from rlmix.agentic import SwebenchProConfig, run_swebench_eval
+    from rlmix.agentic import run_swebench_eval
+    from rlmix.config.swebench import SwebenchProConfig
     from tests.test_agentic_fixtures import WRONG_FIX
 
     make_task(tmp_path / "tasks", "calc")

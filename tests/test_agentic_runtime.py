@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlmix.agentic.config import RuntimeKind, SwebenchProConfig
+from rlmix.config.swebench import RuntimeKind, SwebenchProConfig
 from rlmix.agentic.docker import DockerRuntime, docker_available
 from rlmix.agentic.grading import grade_patch
 from rlmix.agentic.harbor import load_tasks

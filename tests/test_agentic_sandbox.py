@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from rlmix.agentic.config import SwebenchProConfig
+from rlmix.config.swebench import SwebenchProConfig
 from rlmix.agentic.harbor import load_tasks
 from rlmix.isolation.bwrap import isolation_problem
 from rlmix.agentic.local import LocalRuntime

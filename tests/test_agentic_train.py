@@ -8,14 +8,16 @@ import random
 import pytest
 import torch
 
-from rlmix.agentic.config import MiniCodeAgentConfig
-from rlmix.agentic.minicode_agent import tool
-from rlmix.agentic.train import EpisodeRollouts, make_agent_task
+from rlmix.config.swebench import MiniCodeAgentConfig
+from rlmix.embedded.minicode_agent import tool
+from rlmix.agentic.train import EpisodeRollouts
+from rlmix.assembly.parts import make_task
 from rlmix.config.load import resolve_correction
-from rlmix.config.schema import CorrectionConfig, Objective
+from rlmix.config.schema import CorrectionConfig
+from rlmix.correction.weights import Objective
 from rlmix.correction import MODES, CorrectionMode
 from rlmix.rollout import END_REASONS, EPISODE_STATS, SamplingParams
-from rlmix.tasks.minicode_lang import all_programs, run, show, unparse
+from rlmix.embedded.minicode_lang import all_programs, run, show, unparse
 from tests.agentic_models import tiny_agent_model
 
 
@@ -42,7 +44,7 @@ def episode_batch(tmp_path_factory):
     tokenizer = load_tokenizer(model_dir)
     sampler = TorchSampler(model_dir, resolve_view("CPU", "bf16"), pool="cpu")
     cfg = MiniCodeAgentConfig(max_turns=3)
-    task = make_agent_task(cfg, seed=0)
+    task = make_task(cfg, seed=0)
     params = SamplingParams(top_p=0.9, num_candidates=16, support_slots=128,
                             stop_token_ids=(tokenizer.eos_token_id,), seed=1)
     try:

@@ -4,17 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from rlmix.models.chartok import build_char_tokenizer
+from rlmix.embedded.chartok import build_char_tokenizer
 from rlmix.assembly.parts import encode_prompts
-from rlmix.tasks.chat import (
-    ChatTemplateMode,
-    append_completion,
-    append_message,
-    prompt_messages,
-    render_ids,
-    start,
-)
-from rlmix.tasks.minicode import ALPHABET, MiniCode
+from rlmix.config.dataset import ChatTemplateMode
+from rlmix.tasks.chat import append_completion, append_message, prompt_messages, render_ids, start
+from rlmix.embedded.minicode import ALPHABET, MiniCode
 from tests.byo_model import train_bpe_tokenizer
 
 
@@ -70,3 +64,45 @@ def test_a_template_that_rewrites_history_is_refused(bpe):
     conv = append_completion(bpe, conv, bpe("b", add_special_tokens=False).input_ids)
     with pytest.raises(ValueError, match="incrementally"):
         append_message(bpe, conv, {"role": "user", "content": "c"})
+
+
+@pytest.mark.parametrize("make_tok", [train_bpe_tokenizer, lambda: build_char_tokenizer(ALPHABET + "ust")])
+def test_the_plain_fallback_is_the_text_its_template_renders(make_tok):
+    """A tokenizer without a template: render_text's own rendering equals Jinja's of PLAIN_TEMPLATE."""
+    from rlmix.tasks.chat import PLAIN_TEMPLATE, render_text
+
+    tok = make_tok()
+    tok.chat_template = None
+    conversations = [prompt_messages("7 pens?"), prompt_messages("add 3?", system_prompt="be brief"),
+                     [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                      {"role": "tool", "content": "c"}]]
+    for messages in conversations:
+        for generation_prompt in (True, False):
+            jinja = tok.apply_chat_template(messages, chat_template=PLAIN_TEMPLATE, tokenize=False,
+                                            add_generation_prompt=generation_prompt)
+            assert render_text(tok, messages, generation_prompt) == jinja
+
+
+@pytest.mark.parametrize("make_tok, gap", [(train_bpe_tokenizer, "\n"), (lambda: build_char_tokenizer(ALPHABET + "ust"), "")])
+def test_a_task_conversation_and_an_episode_render_the_same_text(make_tok, gap):
+    """Single-turn tasks (``Conversation``) and agentic episodes (``TemplateFormat.suffix``) go through
+    one renderer: the same messages give the same text, turn by turn. One known difference: text a
+    template puts after its end-of-turn token (ChatML's newline, ``gap``) follows a sampled turn in a
+    conversation but not in an episode, whose policy turn ends with the sampled stop token."""
+    from rlmix.agentic.policy import Message
+    from rlmix.tasks.chat import PLAIN_TEMPLATE, TemplateFormat, appended_text
+
+    tok = make_tok()
+    if not tok.chat_template:
+        tok.chat_template = PLAIN_TEMPLATE  # what a task falls back to
+    episode = [Message("user", "7 pens add 5 pens?")]
+    chat = TemplateFormat(tok)
+    conv = start(tok, [{"role": m.role, "content": m.text} for m in episode])
+    assert chat.suffix(episode, 0) == conv.text
+    sampled = tok("<p>12</p>", add_special_tokens=False).input_ids + [tok.eos_token_id]
+    conv = append_completion(tok, conv, sampled)
+    episode.append(Message("assistant", conv.messages[-1]["content"]))
+    before = conv.text
+    conv = append_message(tok, conv, {"role": "user", "content": "add 3 to 5?"})
+    episode.append(Message("user", "add 3 to 5?"))
+    assert appended_text(before, conv.text) == gap + chat.suffix(episode, 2)

@@ -7,7 +7,7 @@ import pytest
 from rlmix.config.schema import LoopConfig
 from rlmix.orchestration.cores import plan_cores
 from rlmix.orchestration.loop import AsyncLoop, SamplerSlot
-from rlmix.tasks.minicode import MiniCode
+from rlmix.embedded.minicode import MiniCode
 
 
 @pytest.mark.parametrize("cpus,samplers,expected", [

@@ -14,12 +14,12 @@ import torch
 from rlmix.correction.advantages import group_advantages
 from rlmix.errors import ConfigError
 from rlmix.metrics.aggregate import reward_metrics
-from rlmix.models.chartok import build_char_tokenizer
+from rlmix.embedded.chartok import build_char_tokenizer
 from rlmix.orchestration.workers import ERROR_GROUP_BASE, make_request, score_rollouts
 from rlmix.rollout import Rollouts
 from rlmix.tasks.dataset import DatasetTask, check_config, check_encodable
 from rlmix.config.dataset import DatasetTaskConfig
-from rlmix.tasks.minicode import ALPHABET
+from rlmix.embedded.minicode import ALPHABET
 from rlmix.tasks.python_tests import run_python_tests, sandbox_problem
 from rlmix.tasks.rewards import math_answer, parse_number
 

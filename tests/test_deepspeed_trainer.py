@@ -18,7 +18,8 @@ from rlmix.config.schema import CorrectionConfig, TrainerConfig, TrainerPrecisio
 from rlmix.correction import Correction, CorrectionMode
 from rlmix.errors import ConfigError
 from rlmix.rollout import Rollouts
-from rlmix.trainers.deepspeed_config import DeepSpeedConfig, GradAccumDtype, check_deepspeed, deepspeed_json
+from rlmix.config.deepspeed import DeepSpeedConfig, GradAccumDtype, check_deepspeed
+from rlmix.trainers.deepspeed_config import deepspeed_json
 from rlmix.trainers.step import advantages_for, forward_backward
 
 pytest.importorskip("deepspeed")

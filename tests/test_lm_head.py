@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from rlmix.config.load import resolve_correction
-from rlmix.config.schema import CorrectionConfig, Objective
+from rlmix.config.schema import CorrectionConfig
+from rlmix.correction.weights import Objective
 from rlmix.correction import CorrectionMode
 from rlmix.correction.logprobs import gather_columns, loss_columns
 from rlmix.rollout import Rollouts

@@ -6,8 +6,8 @@ import pytest
 
 from rlmix.errors import ConfigError
 from rlmix.tasks.base import Problem, Score, Task
-from rlmix.tasks.minicode import ALPHABET, MiniCode, catalog, extract_program
-from rlmix.tasks.minicode_lang import ProgramSyntaxError, all_ops, parse, run, show, unparse
+from rlmix.embedded.minicode import ALPHABET, MiniCode, catalog, extract_program
+from rlmix.embedded.minicode_lang import ProgramSyntaxError, all_ops, parse, run, show, unparse
 
 
 @pytest.mark.parametrize(
@@ -117,7 +117,7 @@ def test_unknown_split_and_bad_levels_are_config_errors():
 
 def _problem(program: str, inputs: list[tuple[int, ...]]) -> Problem:
     """A hand-made problem: first three inputs shown, the rest hidden."""
-    from rlmix.tasks.minicode import MiniCodePayload
+    from rlmix.embedded.minicode import MiniCodePayload
 
     p = parse(program)
     cases = tuple((xs, run(p, xs)) for xs in inputs)

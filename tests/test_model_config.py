@@ -84,7 +84,7 @@ def test_every_field_matches_transformers(model_type, variant, tmp_path):
 
 def test_the_embedded_models_config_matches_transformers(tmp_path):
     from rlmix.config.embedded import EmbeddedModelSpec
-    from rlmix.models.embedded import llama_config
+    from rlmix.embedded.model import llama_config
 
     llama_config(EmbeddedModelSpec(), 40, {"pad": 0, "bos": 1, "eos": 2}).save_pretrained(tmp_path)
     assert read_config(tmp_path) == _hf_fields(tmp_path)

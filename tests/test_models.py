@@ -5,18 +5,21 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+import rlmix.embedded.model as embedded_model
+from rlmix.config.embedded import EmbeddedModelSpec
+from rlmix.embedded.chartok import build_char_tokenizer
+from rlmix.embedded.minicode import ALPHABET, MiniCode
+from rlmix.embedded.model import BUILD_INFO, KEY_MODULES, build_embedded_model, spec_key
+from rlmix.embedded.sample import _until_eos
+from rlmix.embedded.warmstart import example_output_mask, sft_batch
 from rlmix.errors import ConfigError
-from rlmix.models._sample import _until_eos
-from rlmix.models.chartok import build_char_tokenizer
-from rlmix.models.embedded import BUILD_INFO, EmbeddedModelSpec, build_embedded_model, spec_key
 from rlmix.models.io import load_causal_lm, load_tokenizer
-from rlmix.models.warmstart import example_output_mask, sft_batch
-from rlmix.tasks.minicode import ALPHABET, MiniCode
 
 TINY = EmbeddedModelSpec(
     hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_position_embeddings=96,
@@ -91,6 +94,37 @@ def test_key_changes_with_the_spec():
             spec_key(dataclasses.replace(TINY, warmup_lr=1e-3)), spec_key(EmbeddedModelSpec())}  # fmt: skip
     assert len(keys) == 4
     assert spec_key(dataclasses.replace(TINY)) == spec_key(TINY)
+
+
+def test_the_key_hashes_every_module_the_build_depends_on():
+    """Every module of rlmix/embedded/ but the cache plumbing (model.py, whose llama_config is hashed
+    on its own) and the agent's subpackage (its own key) is in the key: a module added to the package
+    or moved into it cannot be missed."""
+    package = Path(embedded_model.__file__).parent
+    toy = {f"rlmix.embedded.{p.stem}" for p in package.glob("*.py") if p.stem not in ("__init__", "model")}
+    assert set(KEY_MODULES) == toy
+
+
+def _change_source(monkeypatch, module: str) -> None:
+    source = embedded_model.module_source
+    monkeypatch.setattr(embedded_model, "module_source",
+                        lambda name: source(name) + ("# changed\n" if name == module else ""))
+
+
+@pytest.mark.parametrize("module", KEY_MODULES)
+def test_a_changed_toy_source_changes_the_key(module, monkeypatch):
+    before = spec_key(TINY)
+    _change_source(monkeypatch, module)
+    assert spec_key(TINY) != before
+
+
+def test_a_changed_toy_source_rebuilds_the_cached_model(monkeypatch, tmp_path):
+    spec = dataclasses.replace(TINY, warmup_steps=1, eval_every=1)
+    cached = build_embedded_model(spec, tmp_path)
+    _change_source(monkeypatch, "rlmix.embedded.warmstart")
+    messages: list[str] = []
+    rebuilt = build_embedded_model(spec, tmp_path, messages.append)
+    assert rebuilt != cached and any(m.startswith("building") for m in messages)
 
 
 def test_build_is_deterministic_in_the_seed(tiny_dir, tmp_path):

@@ -20,15 +20,9 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlmix.errors import ConfigError
-from rlmix.metrics.monitor import (
-    CollapseMonitor,
-    CollapseRule,
-    Episode,
-    MonitorAction,
-    MonitorConfig,
-    MonitorVerdict,
-    MonitorWarning,
-)
+from rlmix.metrics.monitor import CollapseMonitor
+from rlmix.metrics.verdict import CollapseRule, Episode, MonitorVerdict, MonitorWarning
+from rlmix.config.monitor import MonitorAction, MonitorConfig
 
 CFG = MonitorConfig()
 ALPHA = 2.0 / (CFG.ema_span + 1)
@@ -335,7 +329,7 @@ def test_noise_floor_keeps_a_flat_noisy_low_reward_run_quiet():
 
 
 def test_consecutive_skipped_steps_latch_a_nonfinite_verdict_from_the_first_step():
-    from rlmix.metrics.monitor import CollapseRule
+    from rlmix.metrics.verdict import CollapseRule
 
     monitor = CollapseMonitor(MonitorConfig())  # warm-up and baseline do not delay this rule
     skipped = [0, 1, 1, 2, 3]  # cumulative train/skipped_steps: step 2 skipped, 3 not, then 4 and 5
@@ -347,7 +341,7 @@ def test_consecutive_skipped_steps_latch_a_nonfinite_verdict_from_the_first_step
 
 
 def test_a_run_that_skips_its_very_first_steps_is_caught():
-    from rlmix.metrics.monitor import CollapseRule
+    from rlmix.metrics.verdict import CollapseRule
 
     monitor = CollapseMonitor(MonitorConfig())
     for step in (1, 2, 3):

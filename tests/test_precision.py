@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from rlmix.errors import ConfigError
-from rlmix.samplers.accelerators import CATALOG, KernelFamily, Precision, PrecisionView, resolve_view
+from rlmix.samplers.accelerators import CATALOG, KernelFamily, PrecisionView, resolve_view
+from rlmix.samplers.precision import Precision
 from rlmix.samplers.precision import (
     e2m1_round,
     nvfp4_qdq,

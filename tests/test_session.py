@@ -34,7 +34,8 @@ def _job(overrides: list[str], run_dir):
 def _train_one_step(cfg, trainer, slots) -> int:
     import ray
 
-    from rlmix.orchestration.workers import make_request, make_task
+    from rlmix.orchestration.workers import make_request
+    from rlmix.assembly.parts import make_task
     from rlmix.rollout import concat_rollouts
 
     task = make_task(cfg.task, cfg.seed)
@@ -152,7 +153,8 @@ def test_a_sampler_ray_restarted_while_idle_is_sent_the_weights_again(tmp_path):
 
     from rlmix.orchestration.loop import AsyncLoop
     from rlmix.orchestration.session import SESSION
-    from rlmix.orchestration.workers import make_request, make_task
+    from rlmix.orchestration.workers import make_request
+    from rlmix.assembly.parts import make_task
 
     try:
         cfg, trainer, slots, _ = _job([], tmp_path / "run")
@@ -191,7 +193,8 @@ def test_a_reused_sampler_ray_restarts_from_an_earlier_job_is_reset_to_this_jobs
     from rlmix.assembly.parts import derive_seed
     from rlmix.orchestration.loop import AsyncLoop
     from rlmix.orchestration.session import SESSION
-    from rlmix.orchestration.workers import make_request, make_task
+    from rlmix.orchestration.workers import make_request
+    from rlmix.assembly.parts import make_task
 
     try:
         first, _, slots, _ = _job([], tmp_path / "1")
@@ -229,7 +232,8 @@ def test_weights_that_died_with_the_trainer_are_its_death_not_the_samplers(tmp_p
     from rlmix.errors import TrainerDied
     from rlmix.orchestration.loop import AsyncLoop, SlotState
     from rlmix.orchestration.session import SESSION
-    from rlmix.orchestration.workers import make_request, make_task
+    from rlmix.orchestration.workers import make_request
+    from rlmix.assembly.parts import make_task
 
     try:
         cfg, trainer, slots, _ = _job([], tmp_path / "run")

@@ -16,8 +16,8 @@ TEXTS = ["", "def f(x):", "return x + 1", "abc xyz 019", "(1,2)=[3]", "é not in
 @pytest.fixture(scope="module")
 def char_model_dir(tmp_path_factory) -> Path:
     """The embedded model's tokenizer (BOS post-processor, four special tokens) beside a Llama config."""
-    from rlmix.models.chartok import build_char_tokenizer
-    from rlmix.tasks.minicode import ALPHABET
+    from rlmix.embedded.chartok import build_char_tokenizer
+    from rlmix.embedded.minicode import ALPHABET
 
     out = tmp_path_factory.mktemp("chartok")
     build_char_tokenizer(ALPHABET).save_pretrained(out)

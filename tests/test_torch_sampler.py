@@ -10,7 +10,8 @@ import torch
 
 from rlmix.errors import ConfigError
 from rlmix.rollout import SamplingParams
-from rlmix.samplers.accelerators import KernelFamily, Precision, PrecisionView, resolve_view
+from rlmix.samplers.accelerators import KernelFamily, PrecisionView, resolve_view
+from rlmix.samplers.precision import Precision
 from rlmix.samplers.attention import attend
 from rlmix.samplers.emulated_decoder import DecoderShape
 from rlmix.samplers.sampling import draw, keep_mask

@@ -19,7 +19,7 @@ from rlmix.errors import ConfigError
 from rlmix.assembly.parts import build_trainer
 from rlmix.trainers.base import Trainer
 from rlmix.trainers.precision import published_dtype
-from rlmix.trainers.deepspeed_config import DeepSpeedConfig
+from rlmix.config.deepspeed import DeepSpeedConfig
 from tests.test_deepspeed_trainer import fixed_batch
 
 pytestmark = pytest.mark.slow

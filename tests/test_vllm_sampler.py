@@ -251,8 +251,8 @@ def test_cli_mixed_fleet_vllm_and_torch_pools_with_deepspeed(tmp_path):
 
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from rlmix.models.chartok import build_char_tokenizer
-    from rlmix.tasks.minicode import ALPHABET
+    from rlmix.embedded.chartok import build_char_tokenizer
+    from rlmix.embedded.minicode import ALPHABET
 
     tok = build_char_tokenizer(ALPHABET)
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,

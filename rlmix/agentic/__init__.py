@@ -6,9 +6,7 @@ subsets), ``sandbox`` (runtime interface, git snapshot/patch), ``local`` / ``doc
 ``grading``, ``results``, ``records`` (episodes as Rollouts). See docs/hard51.md.
 """
 
-from rlmix.agentic.config import RuntimeKind, SwebenchProConfig
-from rlmix.agentic.policy import AgentPolicy, ChatFormat, ModelPolicy, PolicyTurn, Transcript
+from rlmix.agentic.policy import AgentPolicy, ModelPolicy, PolicyTurn, Transcript
 from rlmix.agentic.run import run_swebench_eval
 
-__all__ = ["AgentPolicy", "ChatFormat", "ModelPolicy", "PolicyTurn", "RuntimeKind", "SwebenchProConfig",
-           "Transcript", "run_swebench_eval"]
+__all__ = ["AgentPolicy", "ModelPolicy", "PolicyTurn", "Transcript", "run_swebench_eval"]

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
-from rlmix.agentic.chat import ChatRenderer, HeaderFormat, chat_renderer
+from rlmix.tasks.chat import ChatRenderer, chat_renderer
 
 if TYPE_CHECKING:  # torch-free at import time
     from rlmix.rollout import Rollouts, SamplingParams
@@ -67,7 +67,6 @@ class Tokenizer(Protocol):
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = ...) -> str: ...
 
 
-ChatFormat = HeaderFormat  # the fallback renderer (rlmix.agentic.chat)
 
 
 class ModelPolicy:
@@ -75,7 +74,7 @@ class ModelPolicy:
 
     ``sampler`` only needs ``generate``: a ``TurnBatcher`` (rlmix.agentic.batching) in its place
     serves the turns of many concurrent episodes with one sampler. ``chat=None`` renders with the
-    tokenizer's chat template when it has one, else the fixed headers (rlmix.agentic.chat).
+    tokenizer's chat template when it has one, else the fixed headers (rlmix.tasks.chat).
     """
 
     def __init__(self, tokenizer: Tokenizer, sampler: Sampler, params: SamplingParams,

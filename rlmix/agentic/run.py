@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlmix.agentic.actions import SYSTEM_PROMPT
-from rlmix.agentic.config import AgentEnvConfig, RuntimeKind, SwebenchProConfig
+from rlmix.config.swebench import AgentEnvConfig, RuntimeKind, SwebenchProConfig
 from rlmix.agentic.docker import DockerRuntime
 from rlmix.agentic.episode import Episode, EpisodeLimits, run_episode
 from rlmix.agentic.grading import grade_patch

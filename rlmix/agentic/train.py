@@ -2,8 +2,9 @@
 
 An agentic task (``AgentTask``) hands out problems like a single-turn ``rlmix.tasks.base.Task``
 (``sample``, ``split``) and turns each into a Harbor task for the sandbox (``harbor_task``):
-``MiniCodeAgentTask`` writes generated minicode problems as task directories, ``HarborTaskSet``
-serves a directory of Harbor tasks (SWE-bench Pro).
+``HarborTaskSet`` serves a directory of Harbor tasks (SWE-bench Pro); the built-in
+``rlmix.embedded.minicode_agent.task.MiniCodeAgentTask`` writes generated minicode problems as task
+directories. ``rlmix.assembly.parts.make_task`` picks one from the config.
 
 ``EpisodeRollouts`` is what a sampler process runs for one request: ``group_size`` episodes of
 each problem, up to ``concurrent_episodes`` at once in threads (the environment side: sandbox
@@ -17,20 +18,16 @@ from __future__ import annotations
 
 import logging
 import random
-import shutil
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Protocol
 
 from rlmix.agentic.batching import TurnBatcher
-from rlmix.agentic.config import AgentEnvConfig, MiniCodeAgentConfig, SwebenchProConfig
 from rlmix.agentic.harbor import HarborTask
 from rlmix.agentic.policy import ModelPolicy
 from rlmix.agentic.records import episode_stat_row, episodes_to_rollouts
 from rlmix.agentic.run import SampleResult, check_runtime, resolve_tasks, run_sample
-from rlmix.isolation.scratch import scratch_dir
+from rlmix.config.swebench import AgentEnvConfig, SwebenchProConfig
 from rlmix.rollout import Rollouts, SamplingParams
 from rlmix.tasks.base import Problem
 
@@ -51,43 +48,6 @@ class AgentTask(Protocol):
 
     def release(self, task: HarborTask) -> None:
         """``task``'s episodes are graded: drop whatever ``harbor_task`` made for it."""
-
-
-class MiniCodeAgentTask:
-    """minicode problems as sandboxed agent tasks (``rlmix.agentic.minicode_agent``)."""
-
-    name = "minicode_agent"
-
-    def __init__(self, levels: tuple[int, ...], seed: int, root: Path | None = None):
-        from rlmix.tasks.minicode import MiniCode
-
-        self.minicode = MiniCode(levels=levels, seed=seed)
-        self._root = Path(root) if root is not None else None
-
-    @property
-    def root(self) -> Path:
-        """Where the task directories go; a temporary directory made on first use (in the sampler process)."""
-        if self._root is None:
-            self._root = Path(tempfile.mkdtemp(prefix="rlmix-minicode-agent-", dir=scratch_dir()))
-        return self._root
-
-    def sample(self, n: int, seed: int) -> list[Problem]:
-        return self.minicode.sample(n, seed)
-
-    def split(self, name: str) -> list[Problem]:
-        return self.minicode.split(name)
-
-    def harbor_task(self, problem: Problem) -> HarborTask:
-        from rlmix.agentic.minicode_agent import write_task
-
-        return write_task(self.root, problem)
-
-    def release(self, task: HarborTask) -> None:
-        shutil.rmtree(task.path, ignore_errors=True)  # a long run would otherwise fill the temporary directory
-
-    def close(self) -> None:
-        if self._root is not None:
-            shutil.rmtree(self._root, ignore_errors=True)
 
 
 class HarborTaskSet:
@@ -116,12 +76,6 @@ class HarborTaskSet:
 
     def release(self, task: HarborTask) -> None:
         pass  # the user's task directories stay as they are
-
-
-def make_agent_task(cfg: AgentEnvConfig, seed: int) -> AgentTask:
-    if isinstance(cfg, MiniCodeAgentConfig):
-        return MiniCodeAgentTask(tuple(cfg.levels), seed)
-    return HarborTaskSet(cfg, seed)
 
 
 @dataclass(frozen=True)
@@ -173,18 +127,17 @@ class EpisodeRollouts:
         return out.replace(infra_errors=infra, gen_time_s=sum(p.generate_s for _, _, p in kept))
 
 
-def check_agent_run(cfg: AgentEnvConfig, tokenizer, max_positions: int | None, seed: int) -> None:
+def check_agent_run(cfg: AgentEnvConfig, task: AgentTask, tokenizer, max_positions: int | None) -> None:
     """Everything about an agentic run that can be wrong before a process starts, as one-line ConfigErrors:
     the runtime (bwrap, Docker), the tasks (directory missing or malformed, not runnable here), and a
     model without room for one turn: the first prompt plus one token must fit ``task.max_total_tokens``,
     which must fit the model's context."""
-    from rlmix.agentic.chat import chat_renderer
     from rlmix.agentic.policy import Message
     from rlmix.agentic.run import system_prompt
     from rlmix.errors import ConfigError
+    from rlmix.tasks.chat import chat_renderer
 
     runtime = check_runtime(cfg)
-    task = make_agent_task(cfg, seed)
     problems = task.split("all") if isinstance(task, HarborTaskSet) else task.sample(4, seed=0)
     if isinstance(task, HarborTaskSet):
         bad = [p for p in (runtime.check(t) for t in task.tasks.values()) if p]
@@ -200,15 +153,3 @@ def check_agent_run(cfg: AgentEnvConfig, tokenizer, max_positions: int | None, s
     if n + 1 > cfg.max_total_tokens:
         raise ConfigError(f"task.max_total_tokens={cfg.max_total_tokens} leaves no room for one turn: the first "
                           f"prompt of {longest.task_id} alone has {n} tokens")
-
-
-def minicode_agent_eval_config(cfg: MiniCodeAgentConfig, root: Path) -> SwebenchProConfig:
-    """``rlmix eval task=minicode_agent``: the split's problems written as Harbor tasks under ``root``,
-    evaluated by the same episode code as training (``run_swebench_eval``) with the same limits."""
-    import dataclasses
-
-    task = MiniCodeAgentTask(tuple(cfg.levels), seed=0, root=root)
-    for problem in task.split(cfg.split):
-        task.harbor_task(problem)
-    shared = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(AgentEnvConfig) if f.name != "name"}
-    return SwebenchProConfig(**shared, tasks_dir=str(root), subset="all", expected_subset_size=None)

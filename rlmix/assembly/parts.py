@@ -29,10 +29,10 @@ def resolve_model_dir(cfg: RunConfig, progress=print) -> Path:
         load_fast_tokenizer(cfg.model.path)  # ConfigError with one line if it is not a model dir
         return Path(cfg.model.path)
     if isinstance(cfg.task, AgentEnvConfig):
-        from rlmix.agentic.minicode_agent.model import build_agent_model
+        from rlmix.embedded.minicode_agent.model import build_agent_model
 
         return build_agent_model(cfg.model.embedded_agent, progress=progress)
-    from rlmix.models.embedded import build_embedded_model
+    from rlmix.embedded.model import build_embedded_model
 
     return build_embedded_model(cfg.model.embedded, progress=progress)
 
@@ -44,7 +44,7 @@ def derive_seed(*parts: object) -> int:
 
 
 def _minicode(cfg: MiniCodeTaskConfig, seed: int) -> Task:
-    from rlmix.tasks.minicode import MiniCode
+    from rlmix.embedded.minicode import MiniCode
 
     return MiniCode(levels=tuple(cfg.levels), seed=seed)
 
@@ -55,16 +55,23 @@ def _dataset(cfg: DatasetTaskConfig, seed: int) -> Task:
     return DatasetTask(cfg, seed)
 
 
-def _agentic(cfg: AgentEnvConfig, seed: int):
+def _minicode_agent(cfg: MiniCodeAgentConfig, seed: int):
     """An agentic task (``rlmix.agentic.train.AgentTask``): problems for sandboxed episodes."""
-    from rlmix.agentic.train import make_agent_task
+    from rlmix.embedded.minicode_agent.task import MiniCodeAgentTask
 
-    return make_agent_task(cfg, seed)
+    return MiniCodeAgentTask(tuple(cfg.levels), seed)
+
+
+def _swebench(cfg: SwebenchProConfig, seed: int):
+    """An agentic task over a directory of Harbor tasks."""
+    from rlmix.agentic.train import HarborTaskSet
+
+    return HarborTaskSet(cfg, seed)
 
 
 # task config type -> constructor
-TASKS = {MiniCodeTaskConfig: _minicode, DatasetTaskConfig: _dataset, MiniCodeAgentConfig: _agentic,
-         SwebenchProConfig: _agentic}
+TASKS = {MiniCodeTaskConfig: _minicode, DatasetTaskConfig: _dataset, MiniCodeAgentConfig: _minicode_agent,
+         SwebenchProConfig: _swebench}
 
 
 def make_task(cfg: MiniCodeTaskConfig | DatasetTaskConfig | AgentEnvConfig, seed: int) -> Task:

@@ -131,10 +131,10 @@ def evaluate_agentic(cfg: RunConfig, model_dir: Path, ks: list[int], progress) -
     (rlmix.agentic), with the episode code training uses; a policy turn may generate task.max_turn_tokens."""
     import tempfile
 
-    from rlmix.agentic.config import MiniCodeAgentConfig
     from rlmix.agentic.policy import ModelPolicy
     from rlmix.agentic.run import run_swebench_eval
-    from rlmix.agentic.train import minicode_agent_eval_config
+    from rlmix.config.swebench import MiniCodeAgentConfig
+    from rlmix.embedded.minicode_agent.task import minicode_agent_eval_config
     from rlmix.models.io import load_tokenizer
 
     tokenizer = load_tokenizer(model_dir)

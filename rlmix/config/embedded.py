@@ -1,6 +1,6 @@
 """Schemas of the embedded default models (the Hydra ``model`` group's defaults): single-turn and agent.
 
-The builder (``rlmix.models.embedded``) hashes these fields into its cache key.
+The builder (``rlmix.embedded.model``) hashes these fields into its cache key.
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ class SwebenchProConfig(AgentEnvConfig):
 
 @dataclass
 class MiniCodeAgentConfig(AgentEnvConfig):
-    """``task=minicode_agent``: minicode problems solved with a tool in a sandbox (rlmix.agentic.minicode_agent)."""
+    """``task=minicode_agent``: minicode problems solved with a tool in a sandbox (rlmix.embedded.minicode_agent)."""
 
     name: str = "minicode_agent"
     levels: list[int] = field(default_factory=lambda: [1, 2])

@@ -42,17 +42,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from rlmix.config.monitor import (  # noqa: F401 - the schema, importable beside the monitor
-    FormatErrorRule,
-    GradSpikeRule,
-    KLGrowthRule,
-    LastingRule,
-    MonitorAction,
-    MonitorConfig,
-    NonFiniteRule,
-    RewardDropRule,
-    check_monitor,
-)
+from rlmix.config.monitor import MonitorConfig, check_monitor
 from rlmix.metrics.lasting import lasting, still_down, window_mean
 from rlmix.metrics.names import FORMAT_KEY, GRAD_NORM_KEY, KL_KEY, REWARD_KEY, SKIPPED_STEPS
 from rlmix.metrics.verdict import NO_COLLAPSE, CollapseRule, Episode, MonitorVerdict, MonitorWarning

@@ -69,21 +69,14 @@ class FileTokenizer:
 
     def apply_chat_template(self, messages: list[dict], chat_template: str | None = None, tokenize: bool = True,
                             add_generation_prompt: bool = False):
-        """``PLAIN_TEMPLATE`` (rlmix.tasks.chat: what a template-less tokenizer gets) rendered
-        directly; any other template by transformers' own renderer, loaded on first use."""
-        from rlmix.tasks.chat import PLAIN_TEMPLATE
+        """transformers' own renderer, loaded on first use. Prompt rendering never comes here: this
+        tokenizer has no template, and ``rlmix.tasks.chat`` renders its template-less fallback itself."""
+        if self._hf is None:
+            from rlmix.models.io import load_tokenizer
 
-        if chat_template != PLAIN_TEMPLATE or tokenize:
-            if self._hf is None:
-                from rlmix.models.io import load_tokenizer
-
-                self._hf = load_tokenizer(self._path)
-            return self._hf.apply_chat_template(messages, chat_template=chat_template, tokenize=tokenize,
-                                                add_generation_prompt=add_generation_prompt)
-        parts = [self.bos_token or ""]
-        for m in messages:
-            parts.append(m["content"] + ((self.eos_token or "") if m["role"] == "assistant" else ""))
-        return "".join(parts)
+            self._hf = load_tokenizer(self._path)
+        return self._hf.apply_chat_template(messages, chat_template=chat_template, tokenize=tokenize,
+                                            add_generation_prompt=add_generation_prompt)
 
     def __len__(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)

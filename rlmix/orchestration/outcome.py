@@ -63,7 +63,7 @@ class StopRequest:
 def finish(loop, steps, stop: StopRequest, facts: dict) -> dict:
     """Run the loop to its end, then write the checkpoint and summary the outcome calls for."""
     from rlmix.assembly.checkpoints import latest_checkpoint
-    from rlmix.metrics.monitor import CollapseRule
+    from rlmix.metrics.verdict import CollapseRule
 
     try:
         loop.run(steps.cfg.loop.steps, steps, stop)

@@ -14,7 +14,8 @@ from rlmix.config.swebench import AgentEnvConfig
 from rlmix.correction import Correction
 from rlmix.errors import RunFailed, TrainerDied
 from rlmix.metrics.jsonl import keep_rows
-from rlmix.metrics.logger import METRICS_FILE, RunLogger
+from rlmix.metrics.jsonl import METRICS_FILE
+from rlmix.metrics.logger import RunLogger
 from rlmix.assembly import checkpoints
 from rlmix.assembly.checkpoints import RunState
 from rlmix.assembly.fleet import SamplerSpec, fleet_manifest, resolve_fleet
@@ -65,7 +66,8 @@ def start_actors(cfg: RunConfig, correction: Correction, specs: list[SamplerSpec
     re-created from an earlier job's (rlmix.orchestration.session).
     """
     from rlmix.orchestration.loop import SamplerSlot
-    from rlmix.orchestration.workers import SamplerWorker, TrainerWorker, derive_seed
+    from rlmix.orchestration.workers import SamplerWorker, TrainerWorker
+    from rlmix.assembly.parts import derive_seed
 
     decay = cfg.loop.steps if cfg.trainer.lr_decay_steps is None else cfg.trainer.lr_decay_steps
     trainer_cfg = dataclasses.replace(cfg.trainer, num_threads=plan.trainer_threads, lr_decay_steps=decay)
@@ -110,7 +112,7 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None, label: 
     if isinstance(cfg.task, AgentEnvConfig):  # runtime, tasks and context: one line, before Ray starts
         from rlmix.agentic.train import check_agent_run
 
-        check_agent_run(cfg.task, tokenizer, model_max_positions(model_dir), cfg.seed)
+        check_agent_run(cfg.task, task, tokenizer, model_max_positions(model_dir))
     manifest = fleet_manifest(specs)
     for pool, entry in manifest.items():
         log.info("pool %s: %d x %s", pool, entry["count"], entry["label"])
@@ -168,7 +170,7 @@ class StepHandler:
 
     def __call__(self, report) -> bool:
         from rlmix.config.monitor import MonitorAction
-        from rlmix.metrics.monitor import CollapseRule
+        from rlmix.metrics.verdict import CollapseRule
 
         verdict = self.monitor.update(report.step, report.metrics)
         self.last = report.metrics | verdict.as_metrics()

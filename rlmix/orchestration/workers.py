@@ -114,9 +114,9 @@ class Episodes:
     """One sandboxed multi-turn episode per row (``rlmix.agentic.train.EpisodeRollouts``)."""
 
     def __init__(self, task_cfg: AgentEnvConfig, seed: int, tokenizer, pool: str):
-        from rlmix.agentic.train import EpisodeRollouts, make_agent_task
+        from rlmix.agentic.train import EpisodeRollouts
 
-        self.run = EpisodeRollouts(task_cfg, make_agent_task(task_cfg, seed), tokenizer, pool)
+        self.run = EpisodeRollouts(task_cfg, make_task(task_cfg, seed), tokenizer, pool)
 
     def __call__(self, sampler, request: Request, group_size: int, params: SamplingParams) -> Rollouts:
         return self.run(sampler, request.problems, request.group_ids, group_size, params)

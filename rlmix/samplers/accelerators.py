@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from rlmix.errors import ConfigError
 from rlmix.samplers.precision import Precision
 
-__all__ = ["CATALOG", "AcceleratorSpec", "KernelFamily", "Precision", "PrecisionView", "resolve_view"]
+__all__ = ["CATALOG", "AcceleratorSpec", "KernelFamily", "PrecisionView", "resolve_view"]
 
 
 class KernelFamily(enum.Enum):

@@ -53,9 +53,10 @@ def _safe_scale(amax: torch.Tensor, qmax: float) -> torch.Tensor:
     return torch.where(scale > 0, scale, torch.ones_like(scale))
 
 
-def cast_round_trip(x: torch.Tensor, fmt: Precision) -> torch.Tensor:
-    """Round fp32 values to bf16/fp16 (nearest even) and back."""
-    return x.to(_CAST_DTYPES[fmt]).float()
+def round_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The fp32 values ``x`` holds once stored in ``dtype`` (a cast there and back; nearest even for
+    bf16/fp16). The one rounding both the samplers' formats and the trainer's fp16 emulation use."""
+    return x.to(dtype).float()
 
 
 def fp8_qdq(x: torch.Tensor, fmt: Precision) -> torch.Tensor:
@@ -131,7 +132,7 @@ def quantize_dequantize(w: torch.Tensor, fmt: Precision, block_size: int | None 
     if fmt is Precision.fp32:
         return w.clone()
     if fmt in _CAST_DTYPES:
-        return cast_round_trip(w, fmt)
+        return round_to(w, _CAST_DTYPES[fmt])
     if fmt in _FP8_DTYPES:
         return fp8_qdq(w, fmt)
     if fmt is Precision.int8:
@@ -153,7 +154,7 @@ def round_activation(x: torch.Tensor, fmt: Precision) -> torch.Tensor:
     if fmt is Precision.fp32:
         return x
     if fmt in _CAST_DTYPES:
-        return cast_round_trip(x, fmt)
+        return round_to(x, _CAST_DTYPES[fmt])
     if fmt in _FP8_DTYPES:
         return fp8_qdq(x, fmt)
     if fmt is Precision.int8:
@@ -168,7 +169,7 @@ def round_kv(x: torch.Tensor, fmt: Precision) -> torch.Tensor:
     if fmt is Precision.fp32:
         return x
     if fmt in _CAST_DTYPES:
-        return cast_round_trip(x, fmt)
+        return round_to(x, _CAST_DTYPES[fmt])
     if fmt in _FP8_DTYPES:
         return fp8_cast(x, fmt)
     raise ValueError(f"{fmt.name} is not a KV-cache format (fp32, bf16, fp16, fp8_e4m3, fp8_e5m2)")

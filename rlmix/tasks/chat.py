@@ -16,12 +16,17 @@ Multi-turn: ``Conversation`` holds the ids rendered so far and the text they sta
 and ``append_completion`` appends the sampler's own ids verbatim, so the trainer scores exactly the
 tokens that were sampled. A template that rewrites earlier turns when a new one arrives (some strip
 reasoning from past assistant turns) cannot be extended incrementally: ``append_message`` says so.
+
+Agentic episodes render through the same template text (``TemplateFormat``: the suffix the
+environment adds between two policy turns), or, for a tokenizer without a template, fixed
+``<|role|>`` headers (``HeaderFormat``); ``chat_renderer`` picks one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from rlmix.config.dataset import ChatTemplateMode
 
@@ -39,15 +44,19 @@ def prompt_messages(prompt: str, system_prompt: str | None = None) -> list[Messa
     return system + [{"role": "user", "content": prompt}]
 
 
-def template_of(tokenizer) -> str:
-    return getattr(tokenizer, "chat_template", None) or PLAIN_TEMPLATE
-
-
 def render_text(tokenizer, messages: Sequence[Message], add_generation_prompt: bool) -> str:
-    """The template's text for ``messages`` (auto mode)."""
+    """The template's text for ``messages`` (auto mode).
+
+    ``PLAIN_TEMPLATE`` is rendered here, in Python, to exactly the text its Jinja gives (tests/test_chat.py
+    checks): a sampler's transformers-free tokenizer (``rlmix.models.tokenizer_file``) then never needs
+    a template engine, and need not know this template.
+    """
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
+        bos, eos = tokenizer.bos_token or "", tokenizer.eos_token or ""  # an unset token renders as ""
+        return bos + "".join(m["content"] + (eos if m["role"] == "assistant" else "") for m in messages)
     return tokenizer.apply_chat_template(
-        list(messages), chat_template=template_of(tokenizer), tokenize=False,
-        add_generation_prompt=add_generation_prompt,
+        list(messages), chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt,
     )
 
 
@@ -94,10 +103,66 @@ def append_message(
     """Append a user/tool turn: only the text the template adds after ``conv.text`` is tokenised."""
     messages = conv.messages + [message]
     text = render_text(tokenizer, messages, add_generation_prompt=add_generation_prompt)
-    if not text.startswith(conv.text):
-        raise ValueError(
-            "the chat template renders earlier turns differently once a new turn is added; "
-            "it cannot be extended incrementally (use task.chat_template=raw or a template without history rewriting)"
-        )
-    delta = list(tokenizer(text[len(conv.text):], add_special_tokens=False).input_ids)
+    delta = list(tokenizer(appended_text(conv.text, text), add_special_tokens=False).input_ids)
     return Conversation(messages, conv.ids + delta, text, list(conv.prompt_lens))
+
+
+def appended_text(before: str, after: str) -> str:
+    """What ``after`` adds to ``before``; ValueError if the template rewrote ``before`` meanwhile."""
+    if not after.startswith(before):
+        raise ValueError(
+            "the chat template renders earlier turns differently once a new turn is added; it cannot be "
+            "extended incrementally (use task.chat_template=raw or a template without history rewriting)"
+        )
+    return after[len(before):]
+
+
+class ChatMessage(Protocol):
+    role: str
+    text: str
+
+
+@dataclass(frozen=True)
+class HeaderFormat:
+    """An episode's fallback for a tokenizer without a template: role headers and a turn terminator."""
+
+    headers: tuple[tuple[str, str], ...] = (("system", "<|system|>\n"), ("user", "<|user|>\n"),
+                                            ("assistant", "<|assistant|>\n"), ("tool", "<|tool|>\n"))
+    end: str = "\n"
+
+    def header(self, role: str) -> str:
+        return dict(self.headers)[role]
+
+    def render(self, messages: Sequence[ChatMessage]) -> str:
+        return "".join(f"{self.header(m.role)}{m.text}{self.end}" for m in messages)
+
+    def suffix(self, messages: Sequence[ChatMessage], rendered: int) -> str:
+        # The policy's own turns are already tokens (and end with its stop token): render the rest.
+        new = [m for m in messages[rendered:] if m.role != "assistant"]
+        return self.render(new) + self.header("assistant")
+
+
+class TemplateFormat:
+    """An episode's messages through the tokenizer's template (``render_text``), one suffix at a time:
+    the text of all messages (with the generation prompt) minus that of the first ``rendered``, which
+    are already in the token stream, so the policy's own tokens stay exactly as sampled."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def _render(self, messages: Sequence[ChatMessage], generation_prompt: bool) -> str:
+        if not messages:
+            return ""
+        return render_text(self.tokenizer, [{"role": m.role, "content": m.text} for m in messages], generation_prompt)
+
+    def suffix(self, messages: Sequence[ChatMessage], rendered: int) -> str:
+        before = self._render(messages[:rendered], generation_prompt=False)
+        return appended_text(before, self._render(messages, generation_prompt=True))
+
+
+ChatRenderer = HeaderFormat | TemplateFormat
+
+
+def chat_renderer(tokenizer) -> ChatRenderer:
+    """The tokenizer's own template when it has one, else the fixed headers."""
+    return TemplateFormat(tokenizer) if getattr(tokenizer, "chat_template", None) else HeaderFormat()

@@ -14,13 +14,7 @@ built once per rank by ``deepspeed_json``; its fixed parts encode how rlmix driv
 from __future__ import annotations
 
 from rlmix.config.schema import TrainerPrecision
-from rlmix.config.deepspeed import (  # noqa: F401 - the schema, importable beside its JSON
-    CommBackend,
-    DeepSpeedConfig,
-    GradAccumDtype,
-    check_deepspeed,
-    check_deepspeed_fp16,
-)
+from rlmix.config.deepspeed import DeepSpeedConfig, check_deepspeed
 
 
 def deepspeed_json(ds: DeepSpeedConfig, *, precision: TrainerPrecision, grad_clip: float) -> dict:

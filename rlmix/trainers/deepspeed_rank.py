@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 from rlmix.rollout import Rollouts
-from rlmix.trainers.deepspeed_config import CommBackend, deepspeed_json
+from rlmix.config.deepspeed import CommBackend
+from rlmix.trainers.deepspeed_config import deepspeed_json
 from rlmix.metrics.aggregate import StepResult
 from rlmix.trainers.precision import autocast_dtype, published_dtype
 from rlmix.trainers.step import (

@@ -21,7 +21,7 @@ import torch
 from rlmix.config.schema import TrainerConfig, TrainerPrecision
 from rlmix.correction import Correction
 from rlmix.rollout import Rollouts
-from rlmix.trainers.deepspeed_config import check_deepspeed, check_deepspeed_fp16
+from rlmix.config.deepspeed import check_deepspeed, check_deepspeed_fp16
 from rlmix.trainers.deepspeed_rank import DeepSpeedRank, RankSetup, RankStep, comm_backend, free_port
 from rlmix.trainers.step import (
     advantages_for,

@@ -26,8 +26,8 @@ from rlmix.correction import (
     token_loss,
 )
 from rlmix.correction.logprobs import GatheredLogits, gather_logprobs
-from rlmix.rollout import Rollouts, sequence_input_ids  # noqa: F401 - sequence_input_ids: public here too
-from rlmix.trainers.tokens import TokenBatch, masked_logits, token_batch  # noqa: F401 - masked_logits: ditto
+from rlmix.rollout import Rollouts
+from rlmix.trainers.tokens import TokenBatch, token_batch
 
 
 def _reinforce(tokens: TokenBatch, cfg: Correction, common: dict) -> LossOutput:

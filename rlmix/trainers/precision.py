@@ -19,6 +19,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from rlmix.config.schema import TrainerPrecision
+from rlmix.samplers.precision import round_to
 
 AUTOCAST = {TrainerPrecision.bf16: torch.bfloat16, TrainerPrecision.fp16: torch.float16, TrainerPrecision.fp32: None}
 
@@ -38,8 +39,9 @@ def emulated(dtype: torch.dtype | None, device_type: str) -> bool:
     return dtype is torch.float16 and device_type == "cpu"
 
 
-def _round(x, dtype: torch.dtype):
-    return x.to(dtype).float() if isinstance(x, torch.Tensor) and x.dtype == torch.float32 else x
+def _round_fp32(x, dtype: torch.dtype):
+    """``round_to`` for an fp32 tensor argument; anything else (ints, flags, None) passes as is."""
+    return round_to(x, dtype) if isinstance(x, torch.Tensor) and x.dtype == torch.float32 else x
 
 
 class EmulatedLowPrecisionProducts(TorchFunctionMode):
@@ -59,9 +61,9 @@ class EmulatedLowPrecisionProducts(TorchFunctionMode):
         kwargs = kwargs or {}
         if func not in self.OPS:
             return func(*args, **kwargs)
-        args = tuple(_round(a, self.dtype) for a in args)
-        kwargs = {k: _round(v, self.dtype) for k, v in kwargs.items()}
-        return _round(func(*args, **kwargs), self.dtype)
+        args = tuple(_round_fp32(a, self.dtype) for a in args)
+        kwargs = {k: _round_fp32(v, self.dtype) for k, v in kwargs.items()}
+        return _round_fp32(func(*args, **kwargs), self.dtype)
 
 
 def autocast_context(device_type: str, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
@@ -76,5 +78,5 @@ def autocast_context(device_type: str, dtype: torch.dtype | None) -> contextlib.
 def product(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``a @ b`` with operands and result in ``dtype`` (fp16 on a CPU: emulated, result fp16)."""
     if emulated(dtype, a.device.type):
-        return (a.to(dtype).float() @ b.to(dtype).float()).to(dtype)
+        return (round_to(a, dtype) @ round_to(b, dtype)).to(dtype)
     return a.to(dtype) @ b.to(dtype)

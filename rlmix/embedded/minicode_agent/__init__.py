@@ -22,8 +22,8 @@ from pathlib import Path
 from rlmix.agentic.harbor import HarborTask, load_task
 from rlmix.errors import ConfigError
 from rlmix.tasks.base import Problem
-from rlmix.tasks.minicode import MiniCodePayload
-from rlmix.tasks.minicode_lang import show
+from rlmix.embedded.minicode import MiniCodePayload
+from rlmix.embedded.minicode_lang import show
 
 HERE = Path(__file__).resolve().parent
 TOOL, ANSWER_FILE = "mc", "answer"

@@ -1,12 +1,17 @@
-"""The warm start: a short supervised phase on minicode so RL starts from a reward in (0, 1).
+"""The warm starts: a short supervised phase so RL starts from a reward in (0, 1).
 
-Loss: token-level cross-entropy on the answer ``<p>PROGRAM</p></s>`` given the prompt (prompt
-tokens are not trained). Every ``eval_every`` steps the reward of sampled completions (temperature
-1.0, the RL sampling temperature) is measured on a held set of problems, and training stops as soon
-as it is at least ``target_reward_low`` — the policy then solves easy problems often and hard ones
-rarely, leaving room for RL — or after ``warmup_steps``. The reward it reports is then measured
-afresh on new problems. Deterministic in the seed on one machine
-(problem draws, initial weights and sampling all derive from it).
+``supervised_steps`` is the one optimiser loop, shared by the single-turn model (``warm_start``
+here) and the agent model (``rlmix.embedded.minicode_agent.warmstart``): AdamW, gradients clipped
+to norm 1, a schedule per step; what differs (the batches, the schedule, what happens after a
+step and when to stop) is passed in.
+
+The single-turn warm start on minicode. Loss: token-level cross-entropy on the answer
+``<p>PROGRAM</p></s>`` given the prompt (prompt tokens are not trained). Every ``eval_every``
+steps the reward of sampled completions (temperature 1.0, the RL sampling temperature) is measured
+on a held set of problems, and training stops as soon as it is at least ``target_reward_low`` —
+the policy then solves easy problems often and hard ones rarely, leaving room for RL — or after
+``warmup_steps``. The reward it reports is then measured afresh on new problems. Deterministic in
+the seed on one machine (problem draws, initial weights and sampling all derive from it).
 """
 
 from __future__ import annotations
@@ -14,17 +19,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
 from typing import TYPE_CHECKING
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-from rlmix.models._sample import sample_completions
+from rlmix.config.embedded import EmbeddedModelSpec
+from rlmix.embedded.minicode import MiniCode
+from rlmix.embedded.sample import sample_completions
 from rlmix.tasks.base import Problem
-from rlmix.tasks.minicode import MiniCode
 
-if TYPE_CHECKING:
-    from rlmix.models.embedded import EmbeddedModelSpec
+if TYPE_CHECKING:  # types only: transformers takes seconds to import, a cache hit never needs it
+    from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 MAX_ANSWER_TOKENS = 28  # longest reference answer (24 chars) + EOS, with a little slack
 _HELD_SEED = -1  # training batches use seeds 1, 2, ...; held sets never collide with them
@@ -45,8 +51,41 @@ class WarmStartResult:
     steps: int
     seconds: float
     final_loss: float
-    report: RewardReport
-    history: list[dict[str, float]] = field(default_factory=list)  # one row per evaluation
+    history: list[dict[str, float]] = field(default_factory=list)  # one row per evaluation or log line
+    report: RewardReport | None = None  # the single-turn warm start's fresh measurement
+
+
+def supervised_steps(
+    model: PreTrainedModel,
+    steps: int,
+    lr: float,
+    lr_factor: Callable[[int], float],
+    batch: Callable[[int], dict[str, torch.Tensor]],
+    after_step: Callable[[int, float], bool],
+) -> tuple[int, float]:
+    """Train ``model`` in place on ``batch(step)`` for steps 1..``steps``; returns (last step, its loss).
+
+    AdamW (betas 0.9/0.98, no weight decay) at ``lr * lr_factor(i)`` for optimiser step i (from 0),
+    gradients clipped to norm 1. ``after_step(step, loss)`` may evaluate (it may leave the model in
+    eval mode: each step sets train mode again) and returns True to stop early. The model is left in
+    eval mode. The order of the calls is fixed: the warm-started weights depend on it.
+    """
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
+    step, loss = 0, float("nan")
+    for step in range(1, steps + 1):
+        model.train()
+        out = model(**batch(step))
+        opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        loss = out.loss.item()
+        if after_step(step, loss):
+            break
+    model.eval()
+    return step, loss
 
 
 def example_output_mask(prompt: str) -> list[bool]:
@@ -115,37 +154,31 @@ def warm_start(
     task = MiniCode(levels=(1, 2, 3), seed=spec.seed)
     easy = MiniCode(levels=(1,), seed=spec.seed)
     held = task.sample(spec.eval_problems, seed=_HELD_SEED)
-    opt = torch.optim.AdamW(model.parameters(), lr=spec.warmup_lr, betas=(0.9, 0.98), weight_decay=0.0)
-    ramp = max(1, spec.warmup_steps // 10)  # linear LR ramp, then constant: stopping is by reward
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / ramp))
-    start, loss, history = time.monotonic(), float("nan"), []
-    report = RewardReport(reward=0.0, format_error_rate=1.0)
-    for step in range(1, spec.warmup_steps + 1):
-        model.train()
+    start, history = time.monotonic(), []
+
+    def batch(step: int) -> dict[str, torch.Tensor]:
         # half of each batch is level 1: single ops are learnt first and carry the early reward
         half = spec.warmup_batch_size // 2
         problems = easy.sample(half, seed=step) + task.sample(spec.warmup_batch_size - half, seed=step)
-        batch = sft_batch(tokenizer, [p.prompt for p in problems], [task.reference_answer(p) for p in problems])
-        out = model(**batch)
-        opt.zero_grad(set_to_none=True)
-        out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        loss = out.loss.item()
+        return sft_batch(tokenizer, [p.prompt for p in problems], [task.reference_answer(p) for p in problems])
+
+    def evaluate(step: int, loss: float) -> bool:
         if step % spec.eval_every and step != spec.warmup_steps:
-            continue
+            return False
         model.eval()
         report = measure_reward(model, tokenizer, task, held, seed=spec.seed * 7919 + step)
         history.append({"step": step, "loss": loss, "reward": report.reward, "seconds": time.monotonic() - start})
         levels = " ".join(f"L{lv}={r:.2f}" for lv, r in report.reward_by_level.items())
         progress(f"warm start step {step}: loss {loss:.3f}, reward {report.reward:.3f} ({levels}), "
                  f"format errors {report.format_error_rate:.2f}")
-        if report.reward >= spec.target_reward_low:
-            break
+        return report.reward >= spec.target_reward_low
+
+    ramp = max(1, spec.warmup_steps // 10)  # linear LR ramp, then constant: stopping is by reward
+    step, loss = supervised_steps(model, spec.warmup_steps, spec.warmup_lr, lambda s: min(1.0, (s + 1) / ramp),
+                                  batch, evaluate)
     # The stopping measurement is biased upwards (training stops on a lucky draw): report a fresh
     # one on twice as many new problems.
     final_set = task.sample(2 * spec.eval_problems, seed=_FINAL_SEED)
     report = measure_reward(model, tokenizer, task, final_set, seed=spec.seed * 7919 - 1)
     progress(f"warm start done after {step} steps: reward {report.reward:.3f} on {len(final_set)} fresh problems")
-    return WarmStartResult(step, time.monotonic() - start, loss, report, history)
+    return WarmStartResult(step, time.monotonic() - start, loss, history, report)

@@ -4,7 +4,8 @@
 model.safetensors, tokenizer files, ``rlmix_build.json``) that ``rlmix.models.io`` loads like any
 other HF causal LM. Nothing is downloaded. The directory is cached under
 ``<cache_dir>/embedded/<key>`` where ``key`` hashes the spec, the vocabulary and the source of the
-modules that define the task, tokenizer and build, so any change to them builds afresh.
+modules that define the task, tokenizer, sampling and warm start (``KEY_MODULES``: every module of
+this package but this one and the agent's), so any change to them builds afresh.
 
 Concurrency and crashes: the build holds an exclusive file lock ``<key>.lock`` (a second process
 waits, then finds the finished directory), writes into a temporary directory and renames it into
@@ -41,23 +42,24 @@ def default_cache_dir() -> Path:
 def spec_key(spec: EmbeddedModelSpec) -> str:
     """Hash of everything the built weights depend on: the spec, the alphabet, and the source
     code of the task, tokenizer, sampling and build modules."""
-    from rlmix.tasks import minicode
+    from rlmix.embedded import minicode
 
     h = hashlib.sha256(json.dumps(dataclasses.asdict(spec), sort_keys=True).encode())
     h.update(minicode.ALPHABET.encode())
     h.update(_llama_config_source().encode())
-    for name in _KEY_MODULES:
-        h.update(_module_source(name).encode())
+    for name in KEY_MODULES:
+        h.update(module_source(name).encode())
     return h.hexdigest()[:16]
 
 
-# Read as files, not imported: chartok, _sample and warmstart import transformers, which a run
-# that finds its model in the cache never needs (about 3.5 core-seconds of its start-up).
-_KEY_MODULES = ("rlmix.tasks.minicode", "rlmix.tasks.minicode_lang", "rlmix.models.chartok",
-                "rlmix.models._sample", "rlmix.models.warmstart")
+# Read as files, not imported: chartok imports transformers, which a run that finds its model in
+# the cache never needs (about 3.5 core-seconds of its start-up).
+# tests/test_models.py checks that these are every module of the package the build can depend on.
+KEY_MODULES = ("rlmix.embedded.minicode", "rlmix.embedded.minicode_lang", "rlmix.embedded.chartok",
+               "rlmix.embedded.sample", "rlmix.embedded.warmstart")
 
 
-def _module_source(name: str) -> str:
+def module_source(name: str) -> str:
     """The text ``inspect.getsource`` returns for module ``name``, without importing it."""
     import importlib.util
     import tokenize
@@ -147,9 +149,9 @@ def _init_train_save(spec: EmbeddedModelSpec, out: Path, key: str, say: Callable
     """The build proper (see ``_build_into``); ``start`` is when the build began."""
     from transformers import LlamaForCausalLM
 
-    from rlmix.models.chartok import build_char_tokenizer
-    from rlmix.models.warmstart import warm_start
-    from rlmix.tasks.minicode import ALPHABET
+    from rlmix.embedded.chartok import build_char_tokenizer
+    from rlmix.embedded.minicode import ALPHABET
+    from rlmix.embedded.warmstart import warm_start
 
     tokenizer = build_char_tokenizer(ALPHABET)
     special = {"pad": tokenizer.pad_token_id, "bos": tokenizer.bos_token_id, "eos": tokenizer.eos_token_id}

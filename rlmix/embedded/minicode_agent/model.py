@@ -1,13 +1,13 @@
 """The embedded agent model: the embedded Llama recipe, warm-started on scripted minicode_agent episodes.
 
 What agentic tasks start from when ``model.path`` is null. It differs from the single-turn embedded
-model (``embedded.py``) in three ways, each needed for multi-turn episodes:
+model (``rlmix.embedded.model``) in three ways, each needed for multi-turn episodes:
 
 * the tokenizer: one token per printable ASCII character and newline (observations are free text),
   plus role tokens ``<|system|>``, ``<|user|>``, ``<|assistant|>``, ``<|tool|>``;
 * its own chat template (``CHAT_TEMPLATE``): ``<s>``, then per message ``<|role|>TEXT</s>``, then
   ``<|assistant|>`` as the generation prompt, so a policy turn ends with the stop token ``</s>``;
-* a longer context (512) and the warm start of ``agent_warmstart.py``.
+* a longer context (512) and the warm start of ``warmstart.py`` (scripted episodes).
 
 It has its own cache key (``agent_spec_key``: the spec, and the source of everything the weights
 depend on), so building it never changes the single-turn model's key.
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rlmix.config.embedded import AgentModelSpec
-from rlmix.models.embedded import BUILD_INFO, cached_build, llama_config
+from rlmix.embedded.model import BUILD_INFO, cached_build, llama_config
 
 ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|tool|>")
 CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}"
@@ -38,7 +38,7 @@ def build_agent_tokenizer():
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    from rlmix.models.chartok import BOS, EOS, PAD, SPECIAL_TOKENS, UNK
+    from rlmix.embedded.chartok import BOS, EOS, PAD, SPECIAL_TOKENS, UNK
 
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + ROLE_TOKENS + tuple(sorted(set(ALPHABET))))}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
@@ -54,16 +54,19 @@ def build_agent_tokenizer():
 
 def agent_spec_key(spec: AgentModelSpec) -> str:
     """Hash of the spec and of the code the weights depend on: problems, tool, scripted episodes,
-    observation text, incremental rendering, tokenizer and training (not the rest of the package)."""
+    observation text, incremental rendering, tokenizer and training, the shared optimiser loop
+    included (not the rest of the package)."""
     from rlmix.agentic.actions import observation_text
-    from rlmix.agentic.chat import TemplateFormat
-    from rlmix.agentic.minicode_agent import answer_action, scripted, tool, try_action
-    from rlmix.agentic.minicode_agent import warmstart as agent_warmstart
-    from rlmix.tasks import minicode, minicode_lang
+    from rlmix.embedded import minicode, minicode_lang
+    from rlmix.embedded.minicode_agent import answer_action, scripted, tool, try_action
+    from rlmix.embedded.minicode_agent import warmstart as agent_warmstart
+    from rlmix.embedded.warmstart import supervised_steps
+    from rlmix.tasks.chat import TemplateFormat, appended_text, render_text
 
     h = hashlib.sha256(b"agent:" + json.dumps(dataclasses.asdict(spec), sort_keys=True).encode())
-    sources = (llama_config, observation_text, TemplateFormat, answer_action, try_action, build_agent_tokenizer,
-               scripted, tool, agent_warmstart, minicode, minicode_lang)
+    sources = (llama_config, observation_text, TemplateFormat, render_text, appended_text, answer_action,
+               try_action, build_agent_tokenizer, scripted, tool, agent_warmstart, supervised_steps, minicode,
+               minicode_lang)
     for obj in sources:
         h.update(inspect.getsource(obj).encode())
     h.update(CHAT_TEMPLATE.encode() + ALPHABET.encode())
@@ -81,11 +84,11 @@ def _build(spec: AgentModelSpec, out: Path, key: str, say: Callable[[str], None]
     import torch
     from transformers import LlamaForCausalLM
 
-    from rlmix.agentic.minicode_agent.warmstart import agent_warm_start
-    from rlmix.models.embedded import EmbeddedModelSpec
+    from rlmix.config.embedded import EmbeddedModelSpec
+    from rlmix.embedded.minicode_agent.warmstart import agent_warm_start
 
     start, threads = time.monotonic(), torch.get_num_threads()
-    torch.set_num_threads(1)  # see embedded._build_into: one thread is fastest on a busy machine
+    torch.set_num_threads(1)  # see rlmix.embedded.model._build_into: one thread is fastest on a busy machine
     try:
         tokenizer = build_agent_tokenizer()
         shape = EmbeddedModelSpec(hidden_size=spec.hidden_size, num_layers=spec.num_layers, num_heads=spec.num_heads,

@@ -11,12 +11,12 @@ from __future__ import annotations
 import random
 
 from rlmix.agentic.actions import SUBMIT_ACTION, observation_text
-from rlmix.agentic.minicode_agent import answer_action, try_action
-from rlmix.agentic.minicode_agent import tool
+from rlmix.embedded.minicode_agent import answer_action, try_action
+from rlmix.embedded.minicode_agent import tool
 from rlmix.agentic.policy import Message
 from rlmix.tasks.base import Problem
-from rlmix.tasks.minicode import MiniCodePayload, catalog
-from rlmix.tasks.minicode_lang import show, unparse
+from rlmix.embedded.minicode import MiniCodePayload, catalog
+from rlmix.embedded.minicode_lang import show, unparse
 
 MAX_WRONG = 2
 P_WRONG = (0.5, 0.3)  # chance the first / second try is wrong

@@ -3,7 +3,7 @@
 
 Standalone on purpose (standard library only): it is copied into each task's repository as ``mc``
 and into its hidden tests as ``mc.py``, where nothing of rlmix can be imported. The language is
-``rlmix.tasks.minicode_lang``'s; a test checks the two agree on every program of up to two ops.
+``rlmix.embedded.minicode_lang``'s; a test checks the two agree on every program of up to two ops.
 
 Without inputs it runs PROGRAM on the shown examples (file ``examples``, lines ``IN>OUT``) and
 prints one line per example, the output and whether it matches: ``43215 ok`` / ``43215 no``.

@@ -34,7 +34,7 @@ from functools import lru_cache
 
 from rlmix.errors import ConfigError
 from rlmix.tasks.base import Problem, Score
-from rlmix.tasks.minicode_lang import (
+from rlmix.embedded.minicode_lang import (
     Digits,
     Program,
     ProgramSyntaxError,

@@ -1,9 +1,10 @@
 """The agent model's warm start: supervised training on scripted minicode_agent episodes.
 
 Each batch is fresh problems (levels ``spec.levels``) played by ``scripted_episode``, tokenised
-exactly as an episode is at run time (``rlmix.agentic.chat.TemplateFormat``: the environment's text
+exactly as an episode is at run time (``rlmix.tasks.chat.TemplateFormat``: the environment's text
 is the template's suffix, the policy's turn is its text plus ``</s>``), so the warm-started model
-sees the same tokens it will produce. Loss: cross-entropy on the policy tokens only.
+sees the same tokens it will produce. Loss: cross-entropy on the policy tokens only. The optimiser
+loop is the single-turn warm start's (``rlmix.embedded.warmstart.supervised_steps``).
 """
 
 from __future__ import annotations
@@ -11,24 +12,16 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
-from rlmix.agentic.chat import TemplateFormat
-from rlmix.agentic.minicode_agent.scripted import scripted_episode
 from rlmix.agentic.policy import Message
-from rlmix.tasks.minicode import MiniCode
+from rlmix.embedded.minicode import MiniCode
+from rlmix.embedded.minicode_agent.scripted import scripted_episode
+from rlmix.embedded.warmstart import WarmStartResult, supervised_steps
+from rlmix.tasks.chat import TemplateFormat
 
 LOG_EVERY = 50
-
-
-@dataclass
-class AgentWarmStartResult:
-    steps: int
-    seconds: float
-    final_loss: float
-    history: list[dict[str, float]] = field(default_factory=list)
 
 
 def episode_tokens(tokenizer, messages: list[Message]) -> tuple[list[int], list[bool]]:
@@ -65,30 +58,29 @@ def sft_batch(tokenizer, episodes: list[list[Message]]) -> dict[str, torch.Tenso
     return {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
 
 
-def agent_warm_start(model, tokenizer, spec, progress: Callable[[str], None]) -> AgentWarmStartResult:
+def agent_warm_start(model, tokenizer, spec, progress: Callable[[str], None]) -> WarmStartResult:
     """Train ``model`` in place for ``spec.warmup_steps`` steps (deterministic in ``spec.seed``)."""
     levels = tuple(spec.levels)
     task = MiniCode(levels=levels, seed=spec.seed)
-    rng = random.Random(f"agent-warmstart:{spec.seed}")
-    opt = torch.optim.AdamW(model.parameters(), lr=spec.warmup_lr, betas=(0.9, 0.98), weight_decay=0.0)
-    ramp = max(1, spec.warmup_steps // 10)
-    # Linear ramp, then cosine decay to 10%: the scripted data is unlimited, the schedule sets the length.
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / ramp) * (
-        0.1 + 0.45 * (1 + torch.cos(torch.tensor(torch.pi * s / spec.warmup_steps)).item())))
-    start, loss, history = time.monotonic(), float("nan"), []
-    model.train()
-    for step in range(1, spec.warmup_steps + 1):
+    rng = random.Random(f"agent-warmstart:{spec.seed}")  # drawn from in step order: batch(1), batch(2), ...
+    start, history = time.monotonic(), []
+
+    def batch(step: int) -> dict[str, torch.Tensor]:
         problems = task.sample(spec.warmup_batch_size, seed=step)
-        batch = sft_batch(tokenizer, [scripted_episode(p, levels, rng) for p in problems])
-        out = model(**batch)
-        opt.zero_grad(set_to_none=True)
-        out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        loss = out.loss.item()
+        return sft_batch(tokenizer, [scripted_episode(p, levels, rng) for p in problems])
+
+    def log(step: int, loss: float) -> bool:
         if step % LOG_EVERY == 0 or step == spec.warmup_steps:
             history.append({"step": step, "loss": loss, "seconds": time.monotonic() - start})
             progress(f"agent warm start step {step}/{spec.warmup_steps}: loss {loss:.3f}")
-    model.eval()
-    return AgentWarmStartResult(spec.warmup_steps, time.monotonic() - start, loss, history)
+        return False  # the scripted data is unlimited: the schedule sets the length
+
+    ramp = max(1, spec.warmup_steps // 10)
+
+    def lr_factor(s: int) -> float:
+        """Linear ramp, then cosine decay to 10%."""
+        return min(1.0, (s + 1) / ramp) * (
+            0.1 + 0.45 * (1 + torch.cos(torch.tensor(torch.pi * s / spec.warmup_steps)).item()))
+
+    steps, loss = supervised_steps(model, spec.warmup_steps, spec.warmup_lr, lr_factor, batch, log)
+    return WarmStartResult(steps, time.monotonic() - start, loss, history)

@@ -7,8 +7,12 @@ deliberately minimal: full-vocabulary sampling at a temperature, no top-p/top-k,
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+if TYPE_CHECKING:  # types only: transformers takes seconds to import, a cache hit never needs it
+    from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 
 @torch.no_grad()
