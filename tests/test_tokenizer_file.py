@@ -89,6 +89,7 @@ def test_bad_tokenizer_file_and_non_model_dir_are_config_errors(char_model_dir, 
         load_fast_tokenizer(broken)
 
 
+@pytest.mark.slow  # a fresh interpreter builds a sampler worker: ~14 s
 def test_a_sampler_worker_never_loads_the_transformers_tokenizer(tiny_llama_dir):
     """Start-up cost: each sampler actor would pay ~3.5 core-seconds for AutoTokenizer (docs/performance.md)."""
     script = f"""
