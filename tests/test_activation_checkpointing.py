@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import pytest
 import torch
 
 from rlmix.assembly.parts import build_trainer
@@ -32,7 +31,6 @@ def _grads_after_loss(trainer, batch) -> dict[str, torch.Tensor]:
     return {k: p.grad.clone() for k, p in trainer.model.named_parameters()}
 
 
-@pytest.mark.slow  # ~10 s of model builds and backward passes
 def test_the_same_gradients_with_each_layer_run_twice(tiny_llama_dir):
     batch = fixed_batch(tiny_llama_dir)
     plain = build_trainer(tiny_llama_dir, TRAINER, CORRECTION, seed=0)
@@ -44,7 +42,6 @@ def test_the_same_gradients_with_each_layer_run_twice(tiny_llama_dir):
     assert all(torch.allclose(grads[k], reference[k], rtol=0, atol=1e-7) for k in reference)
 
 
-@pytest.mark.slow  # two trainers built and stepped: ~15 s
 def test_the_same_update_through_the_trainer(tiny_llama_dir):
     batch = fixed_batch(tiny_llama_dir)
     runs = {}
