@@ -1,6 +1,8 @@
-# Two entry points, each doing its own set-up on a fresh machine:
+# Entry points, each doing its own set-up on a fresh machine:
 #   make train   set-up, then `rlmix train +experiment=sc_mis` on the embedded default
 #   make test    set-up, then the whole test suite
+#   make test-fast   set-up, then the tests not marked slow (no Ray, no subprocess, no model build of
+#                seconds): the tier to run on every change
 # Set-up builds .venv/ from the lock of the machine's target and installs rlmix into it in
 # editable mode (docs/install.md):
 #   TARGET=cpu   requirements/cpu.lock, installed without resolution (--no-deps) so the CPU builds
@@ -28,7 +30,7 @@ PIP_FLAGS := --quiet --no-input
 # a CPU wheel folder configured there must not stand in for the CUDA torch.
 INDEX_URL ?= https://pypi.org/simple
 
-.PHONY: setup train test bench bench-perf reproduce reproduce-quick clean
+.PHONY: setup train test test-fast bench bench-perf reproduce reproduce-quick clean
 
 ifneq ($(filter-out cpu gpu,$(TARGET)),)
 $(error TARGET=$(TARGET): use TARGET=cpu or TARGET=gpu)
@@ -60,6 +62,9 @@ train: setup
 
 test: setup
 	$(BIN)/python -m pytest -q tests
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow" tests
 
 bench: setup
 	$(BIN)/python scripts/bench_correction.py

@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny random decoder checkpoints (Llama and its relatives) in Hugging Face format."""
+"""Shared fixtures: tiny random decoder checkpoints (Llama and its relatives) in Hugging Face format,
+and the fast tier's guard: a test not marked ``slow`` that starts Ray fails."""
 
 from __future__ import annotations
 
@@ -79,3 +80,17 @@ def save_tiny_decoder(path: Path, model_type: str, seed: int = 0, **overrides) -
 def tiny_llama_dir(tmp_path_factory) -> Path:
     """A random tiny Llama (hidden 64, 2 layers, 2 heads / 1 KV head, char vocab) saved with save_pretrained."""
     return save_tiny_llama(tmp_path_factory.mktemp("tiny_llama"))
+
+
+def _ray_in_the_fast_tier(*args, **kwargs):
+    raise AssertionError("this test starts Ray: mark it @pytest.mark.slow (make test-fast leaves Ray out)")
+
+
+@pytest.fixture(autouse=True)
+def no_ray_in_the_fast_tier(request, monkeypatch):
+    """``make test-fast`` is run on every change and kept under 2 minutes: Ray's start-up alone takes
+    seconds, so a test that needs it belongs to the ``slow`` marker."""
+    if request.node.get_closest_marker("slow") is None:
+        import ray  # imported by rlmix.orchestration anyway; once per session
+
+        monkeypatch.setattr(ray, "init", _ray_in_the_fast_tier)

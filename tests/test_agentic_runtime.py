@@ -141,6 +141,7 @@ def fake_docker(tmp_path, monkeypatch):
     return lambda: [json.loads(x) for x in log.read_text().splitlines()]
 
 
+@pytest.mark.slow  # a fake docker script run per command: ~25 s
 def test_docker_commands_limits_and_engine_failures(task, fake_docker, monkeypatch):
     runtime = DockerRuntime("pfx")
     sb = runtime.start(task, network=False)

@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.cli import rlmix_refusing
 from tests.test_agentic_fixtures import make_task
 from tests.test_scratch import left_behind, own_temp_dir
 
@@ -26,6 +27,7 @@ def rlmix_train(*args: str, cwd: Path, timeout: int = 300, env: dict | None = No
     return subprocess.run([RLMIX, "train", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
+@pytest.mark.slow  # checked against the embedded agent model, which a cold cache builds first (minutes)
 @pytest.mark.parametrize("args,expected", [
     (["task=swebench_pro", "task.tasks_dir=/nonexistent/tasks"], "/nonexistent/tasks"),
     (["task=minicode_agent", "task.max_total_tokens=8"], "leaves no room for one turn"),
@@ -38,7 +40,7 @@ def test_bad_agentic_input_is_one_line_and_exit_2_before_ray(tmp_path, args, exp
             pytest.skip("a Docker engine answers here")
         make_task(tmp_path / "tasks", "calc")
         args = [a if a != "TASKS" else f"task.tasks_dir={tmp_path / 'tasks'}" for a in args]
-    out = rlmix_train(*args, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    out = rlmix_refusing("train", *args, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert out.returncode == 2, out.stderr[-2000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and expected in errors[0], out.stderr[-2000:]

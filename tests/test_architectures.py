@@ -4,8 +4,6 @@ random weights; and the one-line refusal of everything else, before any process 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,7 @@ from rlmix.rollout import SamplingParams
 from rlmix.samplers.accelerators import PrecisionView, resolve_view
 from rlmix.samplers.architectures import ARCHITECTURES, describe
 from rlmix.samplers.torch_sampler import TorchSampler
+from tests.cli import rlmix_refusing
 from tests.conftest import build_char_tokenizer, save_tiny_decoder
 
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
@@ -128,7 +127,7 @@ def test_both_rope_spellings_read_alike():
 
 
 def test_cli_refuses_an_unsupported_architecture_before_ray(tmp_path):
-    """The real CLI: exit 2, one line naming the architecture and the vllm way out, no run dir."""
+    """The CLI's own app: exit 2, one line naming the architecture and the vllm way out, no run dir."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     tokenizer = build_char_tokenizer()
@@ -138,8 +137,7 @@ def test_cli_refuses_an_unsupported_architecture_before_ray(tmp_path):
     tokenizer.save_pretrained(model_dir)
     work = tmp_path / "work"
     work.mkdir()
-    proc = subprocess.run([str(Path(sys.executable).parent / "rlmix"), "train", "+experiment=smoke",
-                           f"model.path={model_dir}"], cwd=work, capture_output=True, text=True, timeout=120)
+    proc = rlmix_refusing("train", "+experiment=smoke", f"model.path={model_dir}", cwd=work)
     assert proc.returncode == 2, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr

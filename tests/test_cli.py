@@ -5,40 +5,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-RLMIX = str(Path(sys.executable).with_name("rlmix"))
+from tests.cli import rlmix, rlmix_refusing
 
 
-def rlmix(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([RLMIX, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
-
-
-def rlmix_refusing(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """``rlmix *args`` in this process, through the command's own Typer app, for input that is refused
-    before Ray or a run directory: a subprocess would spend ~3 s importing for each refusal. An
-    exception that would have reached the console as a traceback is raised here."""
-    import os
-
-    from typer.testing import CliRunner
-
-    from rlmix.cli import app
-
-    argv, here = sys.argv[:], os.getcwd()
-    os.chdir(cwd)
-    try:
-        result = CliRunner().invoke(app, list(args), prog_name="rlmix")
-    finally:
-        os.chdir(here)
-        sys.argv[:] = argv
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return subprocess.CompletedProcess(["rlmix", *args], result.exit_code, result.stdout, result.stderr)
-
-
-def test_help_imports_nothing_heavy():
+def test_help_imports_nothing_heavy():  # a bare interpreter importing rlmix.cli: ~0.3 s, kept fast
     code = (
         "import sys, rlmix.cli\n"
         "heavy = [m for m in ('torch', 'ray', 'hydra', 'vllm', 'deepspeed', 'wandb', 'transformers') if m in sys.modules]\n"
@@ -47,6 +20,7 @@ def test_help_imports_nothing_heavy():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+@pytest.mark.slow
 def test_help_lists_the_commands(tmp_path):
     out = rlmix("--help", cwd=tmp_path)
     assert out.returncode == 0
@@ -54,6 +28,7 @@ def test_help_lists_the_commands(tmp_path):
         assert command in out.stdout
 
 
+@pytest.mark.slow
 def test_train_help_is_hydras_and_lists_the_groups(tmp_path):
     out = rlmix("train", "--help", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
@@ -62,11 +37,24 @@ def test_train_help_is_hydras_and_lists_the_groups(tmp_path):
     assert "sc_mis_topp" in out.stdout
 
 
+@pytest.mark.slow
 def test_cfg_job_prints_the_composed_config(tmp_path):
     out = rlmix("train", "--cfg", "job", "+experiment=icepop", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "mode: mis" in out.stdout and "objective: ppo_clip" in out.stdout
     assert not (tmp_path / "outputs").exists()
+
+
+@pytest.mark.slow
+def test_the_console_script_refuses_in_one_line_without_a_traceback(tmp_path):
+    """The one refusal through the installed script: its exit code, its stderr, and its own imports
+    (every other refusal test drives the same Typer app in-process)."""
+    out = rlmix("train", "fleet=nope", cwd=tmp_path)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "fleet" in lines[0], out.stderr
+    assert "Traceback" not in out.stdout + out.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize(

@@ -73,15 +73,15 @@ def session_pids(sid: int) -> list[int]:
 
 def actor_pids(sid: int, actor: str) -> list[int]:
     """Processes of this session whose title is Ray's ``ray::<actor>...``."""
-    found = []
-    for pid in session_pids(sid):
-        try:
-            title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
-        except OSError:
-            continue
-        if title.startswith(f"ray::{actor}"):
-            found.append(pid)
-    return found
+    return [pid for pid in session_pids(sid) if title(pid).startswith(f"ray::{actor}")]
+
+
+def title(pid: int) -> str:
+    """A process's title (Ray's ``ray::<Actor>[.<method>]``); "" once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+    except OSError:
+        return ""
 
 
 def rows(run_dir: Path) -> list[dict]:
@@ -119,6 +119,47 @@ def test_a_killed_sampler_is_restarted_and_every_step_is_trained_once(tmp_path):
     assert summary(run_dir)["fault"]["requests_reissued"] >= 1  # the dead actor's request was served again
     assert summary(run_dir)["status"] in ("completed", "collapsed")  # the smoke toy may collapse: not a fault
     assert "sampler " in run.text() and " died " in run.text()  # the warning (logged to the console)
+
+
+def test_a_sampler_killed_while_idle_is_restarted_and_costs_no_request(tmp_path):
+    """Synchronous training (max_staleness=0) starts no request while the trainer trains, so a sampler
+    is idle for as long as the trainer is held inside a step (SIGSTOP). Killed then, after step 2 (so
+    it holds published weights, which the process Ray re-creates lacks), its death costs no request:
+    the re-created process refuses the next one before generating, and the driver counts a restart."""
+    run_dir = tmp_path / "run"
+    run = Run(tmp_path, *SMOKE, "loop.steps=8", "loop.max_staleness=0", f"hydra.run.dir={run_dir}")
+    stopped: list[int] = []
+
+    def trainer_stopped_inside_a_step() -> bool:
+        if len(rows(run_dir)) < 2:
+            return False
+        for pid in actor_pids(run.proc.pid, "TrainerWorker.train_step"):
+            os.kill(pid, signal.SIGSTOP)
+            if title(pid) == "ray::TrainerWorker.train_step":  # not the step that just ended
+                stopped.append(pid)
+                return True
+            os.kill(pid, signal.SIGCONT)
+        return False
+
+    run.wait_for(trainer_stopped_inside_a_step, "the trainer stopped inside step 3 or later")
+    try:
+        samplers = actor_pids(run.proc.pid, "SamplerWorker")
+        assert len(samplers) == 2 and all(title(p) == "ray::SamplerWorker" for p in samplers), samplers
+        os.kill(samplers[0], signal.SIGKILL)
+
+        # Ray re-creates it before the step ends, so the next request meets the new process.
+        def restarted() -> bool:
+            now = actor_pids(run.proc.pid, "SamplerWorker")
+            return samplers[0] not in now and len(now) == 2 and all(title(p) == "ray::SamplerWorker" for p in now)
+
+        run.wait_for(restarted, "Ray restarting the sampler")
+    finally:
+        os.kill(stopped[0], signal.SIGCONT)
+    assert run.finish() == 0, run.text()
+    assert [r["step"] for r in rows(run_dir)] == list(range(1, 9))
+    fault = summary(run_dir)["fault"]
+    assert fault == {"sampler_restarts": 1, "requests_reissued": 0, "trainer_restarts": 0}, fault
+    assert "was restarted by Ray while idle" in run.text()
 
 
 def test_a_killed_driver_resumes_from_the_newest_complete_checkpoint(tmp_path):

@@ -20,9 +20,9 @@ from packaging.version import Version
 from rlmix.commands.compose import compose_run_config
 from rlmix.errors import ConfigError
 from rlmix.orchestration.hardware import check_gpus, gpu_demand, visible_gpus
+from tests.cli import rlmix_refusing
 
 ROOT = Path(__file__).resolve().parents[1]
-RLMIX = str(Path(sys.executable).with_name("rlmix"))
 PIN = re.compile(r"^([A-Za-z0-9._-]+)==([^\s#;]+)")
 
 
@@ -182,8 +182,7 @@ def test_visible_gpus_follows_cuda_visible_devices(monkeypatch):
 @pytest.mark.skipif(visible_gpus() > 0, reason="checks the refusal on a machine without GPUs")
 @pytest.mark.parametrize("command", ["train", "probe"])
 def test_gpu_fleet_on_this_machine_is_one_line(tmp_path, command):
-    out = subprocess.run([RLMIX, command, "fleet=vllm_gpu_mixed"], cwd=tmp_path, capture_output=True, text=True,
-                         timeout=300)
+    out = rlmix_refusing(command, "fleet=vllm_gpu_mixed", cwd=tmp_path)
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: fleet vllm_gpu_mixed needs"), out.stderr

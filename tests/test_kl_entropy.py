@@ -57,6 +57,7 @@ def test_defaults_build_no_reference_and_log_no_terms(tiny_llama_dir):
     assert m.KL_REF not in metrics and m.ENTROPY_BONUS not in metrics
 
 
+@pytest.mark.slow  # builds trainers and steps them: ~19 s
 def test_k3_at_the_start_weights_is_zero_and_leaves_the_first_update_alone(tiny_llama_dir):
     """The first batch is trained at the reference's own weights: d = 0, so k3 and its gradient
     vanish and the update is bit-identical; the second batch's weights moved, and the KL acts."""

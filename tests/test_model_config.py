@@ -132,6 +132,7 @@ def test_unreadable_config_is_a_config_error(tmp_path):
         read_config(tmp_path)
 
 
+@pytest.mark.slow  # a fresh interpreter builds a sampler worker: ~14 s
 def test_a_sampler_worker_never_imports_transformers(tiny_llama_dir):
     """Start-up cost: ``transformers`` is ~2.4 core-seconds per sampler process (docs/performance.md);
     the actor's whole path — worker, torch sampler, tokenizer, task, one request — runs without it."""

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_cli import rlmix_refusing
+from tests.cli import rlmix_refusing
 
 
 def refused(out, key: str) -> None:

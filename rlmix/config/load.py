@@ -95,6 +95,8 @@ def _check_agent_task(task: AgentEnvConfig, for_training: bool) -> None:
     if isinstance(task, SwebenchProConfig) and for_training:
         _require(task.tasks_dir_set(), "task.tasks_dir is not set: point it at a directory of Harbor task "
                  "directories (docs/agentic.md, \"Bringing Harbor tasks\")")
+        # Before the model is resolved: a typo must not cost a first run the embedded agent's build.
+        _require(Path(task.tasks_dir).is_dir(), f"task.tasks_dir={task.tasks_dir} is not a directory")
 
 
 def _require(ok: bool, message: str) -> None:

@@ -76,7 +76,7 @@ BUFFERED_GROUPS = "loop/buffered_groups"  # finished groups waiting when the ste
 
 # fault/: cumulative over the run (docs/reliability.md)
 SAMPLER_RESTARTS = "fault/sampler_restarts"  # sampler actors Ray restarted that came back
-REQUESTS_REISSUED = "fault/requests_reissued"  # requests of dead samplers served again
+REQUESTS_REISSUED = "fault/requests_reissued"  # requests a sampler died generating, served again
 TRAINER_RESTARTS = "fault/trainer_restarts"  # trainer processes replaced after a death (trainer.max_restarts)
 
 # Correction-library stat name -> metric name. The library's own per-micro-batch ESS is not

@@ -137,6 +137,7 @@ class AsyncLoop:
         self.weights_ref: ray.ObjectRef | None = None
         self.next_request = start_request
         self.orphans: deque[Request] = deque()  # requests of samplers that died, served first
+        self.refused: set[int] = set()  # of them, ids a restarted sampler refused before generating
         self.buffer: list[Rollouts] = []
         self.capacity = loop_capacity(cfg)
         self.window = _Window()
@@ -208,19 +209,28 @@ class AsyncLoop:
         weights = ref if slot.version != version else None
         slot.started = time.perf_counter()
         self.turn = (self.samplers.index(slot) + 1) % len(self.samplers)
+        held = slot.version if weights is not None and slot.version >= 0 else None
         slot.inflight = request
         if weights is not None:
             slot.version = version
-        return slot.actor.generate.remote(request, self.cfg.group_size, weights, version, slot.job)
+        return slot.actor.generate.remote(request, self.cfg.group_size, weights, version, slot.job, held)
 
     def _next_request(self, training: bool) -> Request | None:
         if self.orphans:  # already counted in _groups_ahead: re-issue without asking again
-            self.requests_reissued += 1
-            return self.orphans.popleft()
+            return self._reissue()
         if not self._may_start_request(training):
             return None
         request = make_request(self.task, self.next_request, self.cfg.groups_per_request, self.seed)
         self.next_request += 1
+        return request
+
+    def _reissue(self) -> Request:
+        """The next request a dead sampler left behind, counted unless it was refused before generating."""
+        request = self.orphans.popleft()
+        if request.request_id in self.refused:  # nothing of it was generated: not a re-issue
+            self.refused.discard(request.request_id)
+        else:
+            self.requests_reissued += 1
         return request
 
     # -- batches -------------------------------------------------------------------------
@@ -333,8 +343,7 @@ class AsyncLoop:
             slot = next((s for s in [own, *self._in_turn()] if self._free(s, training)), None)
             if slot is None:
                 break
-            self.orphans.popleft()
-            self.requests_reissued += 1
+            self._reissue()
             inflight[self._submit(slot, request, self.schedule.version(request.request_id))] = slot
         while True:
             i = self.next_request
@@ -394,6 +403,8 @@ class AsyncLoop:
         except ray.exceptions.RayError as err:  # the sampler raised: a bug or bad input, not a fault to retry
             cause = getattr(err, "cause", None) or err
             if isinstance(cause, NotHeld):  # Ray re-created it while idle: a death seen late
+                if not dropped:
+                    self.refused.add(request.request_id)
                 again()
                 self._died(slot, cause)
                 return
@@ -478,7 +489,7 @@ class AsyncLoop:
         self.trainer_restarts += 1
         self.version = self.published = state.step
         self.next_request = state.next_request
-        self.buffer, self.orphans = [], deque()
+        self.buffer, self.orphans, self.refused = [], deque(), set()
         self.discard.update(inflight)
         for slot in self.samplers:
             slot.version = -1

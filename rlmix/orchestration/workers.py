@@ -147,11 +147,16 @@ class SamplerWorker:
 
     def generate(
         self, request: Request, group_size: int, weights: Mapping[str, torch.Tensor] | None, version: int,
-        job: int = 0,
+        job: int = 0, held: int | None = None,
     ) -> Rollouts:
+        """``held``: the version the driver believes this process holds (None: it does not know)."""
         # Checked before loading: weights loaded into another job's sampler would be served wrongly.
         if job != self._job:
             raise NotHeld(f"holds job {self._job}'s arguments, asked to sample for job {job}")
+        # A process Ray re-created since its last request would serve the weights sent with this one
+        # rightly, but its death would go uncounted: it refuses, and the driver counts the restart.
+        if held is not None and self.sampler.version != held:
+            raise NotHeld(f"holds weight version {self.sampler.version}, last sent version {held}")
         if weights is not None:
             self.sampler.load_weights(weights, version)
         elif self.sampler.version != version:
