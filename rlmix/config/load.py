@@ -65,7 +65,7 @@ def validate(cfg: RunConfig, for_training: bool = True) -> RunConfig:
     """Every cross-field rule, checked before any process starts. Returns ``cfg`` unchanged."""
     _check_loop(cfg)
     _check_trainer(cfg)
-    _check_correction(cfg)
+    resolve_correction(cfg.correction)  # the correction resolves, or ConfigError naming its keys
     _check_run(cfg)
     _check_paths(cfg)  # first: the pools' checks read the model's config.json
     _check_fleet(cfg)
@@ -198,10 +198,6 @@ def check_output_dir(key: str, path: str) -> None:
     existing = next(p for p in (target, *target.parents) if p.exists())
     _require(existing.is_dir(), f"{key}={path}: {existing} is a file, not a directory")
     _require(os.access(existing, os.W_OK | os.X_OK), f"{key}={path}: {existing} is not writable")
-
-
-def _check_correction(cfg: RunConfig) -> None:
-    resolve_correction(cfg.correction)
 
 
 def resolve_correction(c: CorrectionConfig) -> Correction:

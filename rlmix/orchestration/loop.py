@@ -268,8 +268,12 @@ class AsyncLoop:
             if count >= self.cfg.groups_per_step:
                 last = self._request_of(part)
                 break
-        out = [s.inflight.request_id for s in self.samplers if s.inflight is not None]
-        return all(r > last for r in out + [r.request_id for r in self.orphans])
+        return all(r > last for r in self._outstanding())
+
+    def _outstanding(self) -> list[int]:
+        """Ids of the requests given out and not yet back: in flight, or queued after a sampler died."""
+        return [s.inflight.request_id for s in self.samplers if s.inflight is not None] + \
+            [r.request_id for r in self.orphans]
 
     # -- the loop ------------------------------------------------------------------------
     def run(self, steps: int, on_step: Callable[[StepReport], bool], stop: Callable[[], bool] = lambda: False) -> None:
@@ -323,7 +327,7 @@ class AsyncLoop:
             self._fill_scheduled(inflight, training)
             return
         for slot in self._in_turn():
-            if slot.state is SlotState.ready and slot.inflight is None and self._lane_free(slot, training):
+            if self._free(slot, training):
                 request = self._next_request(training)
                 if request is None:
                     return
@@ -357,8 +361,7 @@ class AsyncLoop:
 
     def _keep_versions(self) -> None:
         """loop.lag: forget the weights no request still out or to come is scheduled at."""
-        pending = [s.inflight.request_id for s in self.samplers if s.inflight is not None]
-        oldest = min(self.schedule.version(i) for i in [self.next_request, *pending, *(r.request_id for r in self.orphans)])
+        oldest = min(self.schedule.version(i) for i in [self.next_request, *self._outstanding()])
         self.versions = {v: ref for v, ref in self.versions.items() if v >= oldest or v == self.published}
 
     def _start_step(self) -> ray.ObjectRef | None:
