@@ -6,7 +6,10 @@ from the code as it stood before the package was re-layered; a change that moves
 changing behaviour must reproduce them. The step runs in fp32: a CPU's BF16 GEMM rounds by its
 kernel (with or without AVX512-BF16), so BF16 values pinned on one CPU miss on another; these were
 regenerated in fp32 from the code as it stood before PPO's pi_old became a choice (the PPO cases
-pin that code's sampler-as-pi_old, today's bypass). Regenerate only for a deliberate change of the math:
+pin that code's sampler-as-pi_old, today's bypass). fp32 is not bit-stable across CPUs either: AVX-512
+and AVX2 GEMM kernels sum in different orders, and a statistic that is a difference of near-equal
+probabilities (``correction/sc_coef_l1`` in the SC case) moved 2.7e-5 relative between the two
+(grad norms 2e-6), so the comparison allows 1e-4 relative. Regenerate only for a deliberate change of the math:
 ``python -m tests.test_pinned_step <tiny model dir>``.
 """
 
@@ -63,7 +66,7 @@ def test_step_matches_pinned_values(case, tiny_llama_dir):
     assert set(got) == set(expected) | added, f"metric names changed: {set(got) ^ (set(expected) | added)}"
     assert got["train/optimizer_steps"] == 1.0 and got["train/lr"] == TRAINER.lr
     for key, value in expected.items():
-        assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+        assert got[key] == pytest.approx(value, rel=1e-4, abs=1e-7), key
 
 
 if __name__ == "__main__":
