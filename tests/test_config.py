@@ -218,6 +218,28 @@ def test_sweeps_expand_to_one_job_per_combination():
     )
 
 
+def test_each_sweep_job_is_planned_once_and_hydras_job_finds_its_plan(tmp_path):
+    """The preflight returns one plan per job, keyed so that the job Hydra composes (its task
+    overrides: the job's own, without ``hydra.*``) finds its plan instead of resolving again."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    from rlmix.commands.compose import CONFIG_MODULE, CONFIG_NAME, job_key, preflight
+
+    args = ["-m", "+experiment=smoke", "correction=mis,sc_mis", "seed=0,1", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    plans = preflight(args)
+    assert len(plans) == 4
+    overrides, _, _ = split_args(args)
+    for job in expand_jobs(overrides, multirun=True):
+        GlobalHydra.instance().clear()
+        with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
+            hydra_job = compose(config_name=CONFIG_NAME, overrides=job, return_hydra_config=True)
+        GlobalHydra.instance().clear()
+        plan = plans[job_key(list(hydra_job.hydra.overrides.task))]
+        assert plan.cfg.correction.mode.value == hydra_job.correction.mode and plan.cfg.seed == hydra_job.seed
+    assert preflight([*args, "--help"]) == {}
+
+
 def test_a_sweep_jobs_directory_is_a_path_hydra_accepts(tmp_path):
     """Sweep job directories carry their overrides (``=``, ``,``) in their names; as ``checkpoint=`` or
     ``resume=`` values they are quoted for Hydra, so the commands a run prints work as printed."""

@@ -140,15 +140,16 @@ def test_a_sampler_worker_never_imports_transformers(tiny_llama_dir):
 import sys
 from rlmix.assembly.fleet import SamplerSpec, sampling_params
 from rlmix.assembly.parts import make_task
+from rlmix.assembly.plan import plan_pool
 from rlmix.config.load import resolve_correction
 from rlmix.config.schema import MiniCodeTaskConfig, PoolConfig, RunConfig
 from rlmix.orchestration.workers import SamplerWorker, make_request
-from rlmix.samplers.checks import pool_view
 
 pool = PoolConfig(accelerator="H100", precision="fp8_e4m3")
 cfg = RunConfig(task=MiniCodeTaskConfig())
 cfg.loop.max_new_tokens = 4
-spec = SamplerSpec("h100", 0, pool, sampling_params(pool, cfg, resolve_correction(cfg.correction), 2), pool_view("h100", pool))
+planned = plan_pool("h100", pool, cfg, None)
+spec = SamplerSpec("h100", 0, pool, sampling_params(planned, cfg, resolve_correction(cfg.correction), 2), planned.view)
 worker = SamplerWorker(spec, {str(tiny_llama_dir)!r}, cfg.task, seed=0, threads=1)
 out = worker.generate(make_request(make_task(cfg.task, 0), 0, 1, 0), 2, None, 0)
 assert len(out) == 2, len(out)

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlmix.config.load import resolve_correction
-from rlmix.config.schema import TrainerPrecision
+from rlmix.config.schema import TrainerConfig, TrainerPrecision
 from rlmix.errors import ConfigError
 from rlmix.eval.probe import (
     FACTORS,
@@ -24,9 +23,10 @@ from rlmix.eval.probe import (
     exact_kl,
     factor_views,
     reference_view,
+    probe_fleet,
     teacher_forced_logits,
 )
-from rlmix.commands.probe import PROBE_FILE, probe_fleet, probe_table, run_probe
+from rlmix.commands.probe import PROBE_FILE, probe_table, run_probe
 from rlmix.samplers.accelerators import PrecisionView, resolve_view
 
 RLMIX = str(Path(sys.executable).with_name("rlmix"))
@@ -40,9 +40,10 @@ FACTOR_FIELDS = {"weights": {"weights", "activations", "linear_inputs", "int4_gr
 
 
 def compose(overrides: list[str]):
-    from rlmix.commands.compose import compose_run_config
+    """The resolved plan of ``rlmix probe overrides``."""
+    from rlmix.commands.compose import compose_plan
 
-    return compose_run_config(overrides, for_training=False)
+    return compose_plan(overrides, for_training=False)
 
 
 # -- pure math ---------------------------------------------------------------------------------
@@ -98,12 +99,12 @@ def test_teacher_forced_exact_view_matches_the_hf_model(tiny_llama_dir):
     from rlmix.samplers.torch_sampler import TorchSampler
     from rlmix.trainers.tokens import masked_logits
 
-    ctx = ProbeContext(tiny_llama_dir, 0, resolve_correction(compose([]).correction), TrainerPrecision.fp32, seed=0)
+    ctx = ProbeContext(tiny_llama_dir, 0, compose([]).correction, TrainerConfig(precision=TrainerPrecision.fp32), seed=0)
     sampler = TorchSampler(tiny_llama_dir, PrecisionView.exact(), pool="x", pad_id=0)
     prompts = [[1, 5, 6, 7], [1, 9], [1, 4, 4, 4, 4, 4, 4]]
     batch = sampler.generate(prompts, SamplingParams(temperature=0.7, max_new_tokens=6, seed=3))
     tf = teacher_forced_logits(ctx.view_sampler(PrecisionView.exact()), batch, pad_id=0)
-    hf = masked_logits(ctx.trainer, batch, 0, autocast=None).detach()
+    hf = masked_logits(ctx.trainer.model, batch, 0, autocast=None).detach()
     assert tf.shape == hf.shape == (batch.num_tokens, 52)
     torch.testing.assert_close(tf, hf, atol=2e-4, rtol=1e-4)
     # ... and both reproduce the sampler's own recorded log-probs of the sampled tokens.

@@ -16,16 +16,15 @@ def _job(overrides: list[str], run_dir):
 
     from rlmix.assembly.fleet import resolve_fleet
     from rlmix.assembly.parts import resolve_model_dir
-    from rlmix.commands.compose import compose_run_config
-    from rlmix.config.load import resolve_correction
+    from rlmix.commands.compose import compose_plan
     from rlmix.models.tokenizer_file import load_fast_tokenizer
     from rlmix.orchestration.runner import core_plan, start_actors, start_ray
 
     run_dir.mkdir(parents=True)
-    cfg = compose_run_config(["+experiment=smoke", "logger=disabled", *overrides])
+    plan = compose_plan(["+experiment=smoke", "logger=disabled", *overrides])
+    cfg, correction = plan.cfg, plan.correction
     model_dir = resolve_model_dir(cfg)
-    correction = resolve_correction(cfg.correction)
-    specs = resolve_fleet(cfg, correction, load_fast_tokenizer(model_dir).eos_token_id)
+    specs = resolve_fleet(plan, load_fast_tokenizer(model_dir).eos_token_id)
     runtime_env = start_ray(cfg, specs, log_dir=run_dir)
     trainer, slots, ready = start_actors(cfg, correction, specs, model_dir, core_plan(cfg, specs), runtime_env["env_vars"])
     return cfg, trainer, slots, ray.get(ready)

@@ -90,11 +90,10 @@ def test_multirun_over_two_correction_modes(tmp_path):
 
 def test_max_staleness_zero_matches_a_synchronous_loop(tmp_path):
     """max_staleness=0 is on-policy: the first update equals sampling then training in one process."""
-    from rlmix.commands.compose import compose_run_config
+    from rlmix.commands.compose import compose_plan
     from rlmix.models.io import load_causal_lm, load_tokenizer
     from rlmix.assembly.fleet import resolve_fleet
     from rlmix.assembly.parts import resolve_model_dir
-    from rlmix.config.load import resolve_correction
     from rlmix.orchestration.workers import SamplerWorker, TrainerWorker, make_request
     from rlmix.assembly.parts import derive_seed, make_task
     from rlmix.rollout import concat_rollouts
@@ -104,10 +103,10 @@ def test_max_staleness_zero_matches_a_synchronous_loop(tmp_path):
     run_dir = tmp_path / "run"
     rlmix_train(*overrides, f"hydra.run.dir={run_dir}", cwd=tmp_path)
 
-    cfg = compose_run_config(overrides)
+    plan = compose_plan(overrides)
+    cfg, correction = plan.cfg, plan.correction
     model_dir = resolve_model_dir(cfg)
-    correction = resolve_correction(cfg.correction)
-    [spec] = resolve_fleet(cfg, correction, load_tokenizer(model_dir).eos_token_id)
+    [spec] = resolve_fleet(plan, load_tokenizer(model_dir).eos_token_id)
     sampler = SamplerWorker(spec, str(model_dir), cfg.task, derive_seed(cfg.seed, spec.name), cfg.loop.sampler_threads)
     task = make_task(cfg.task, cfg.seed)
     requests = cfg.loop.groups_per_step // cfg.loop.groups_per_request

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlmix.assembly.plan import PoolPlan, RunPlan
 from rlmix.config.schema import PoolConfig, RunConfig, SamplerBackend
 from rlmix.correction import Correction
 from rlmix.rollout import SamplingParams
 from rlmix.samplers.accelerators import PrecisionView
-from rlmix.samplers.checks import pool_engine, pool_view
 from rlmix.samplers.vllm_checks import VllmEngine
 
 
@@ -46,14 +46,13 @@ class SamplerSpec:
         return f"accelerator_type:{self.pool_cfg.accelerator.upper()}"
 
 
-def sampling_params(pool: PoolConfig, cfg: RunConfig, correction: Correction, eos_id: int) -> SamplingParams:
+def sampling_params(pool: PoolPlan, cfg: RunConfig, correction: Correction, eos_id: int) -> SamplingParams:
     loop = cfg.loop
-    top_p, top_k = cfg.fleet.truncation(pool)
-    truncates = top_p < 1.0 or top_k > 0
+    truncates = pool.top_p < 1.0 or pool.top_k > 0
     return SamplingParams(
         temperature=loop.temperature,
-        top_p=top_p,
-        top_k=top_k,
+        top_p=pool.top_p,
+        top_k=pool.top_k,
         max_new_tokens=loop.max_new_tokens,
         num_candidates=correction.head_size,
         support_slots=correction.support_slots if truncates else 0,
@@ -61,15 +60,15 @@ def sampling_params(pool: PoolConfig, cfg: RunConfig, correction: Correction, eo
     )
 
 
-def resolve_fleet(cfg: RunConfig, correction: Correction, eos_id: int) -> list[SamplerSpec]:
+def resolve_fleet(plan: RunPlan, eos_id: int) -> list[SamplerSpec]:
+    """One spec per sampler instance, from the plan's resolved pools."""
     specs = []
-    for name, pool in cfg.fleet.pools.items():
-        view = pool_view(name, pool)
-        params = sampling_params(pool, cfg, correction, eos_id)
-        tags = view.tags() if view is not None else {"accelerator": pool.accelerator, "precision": pool.precision}
-        tags = tags | {"backend": pool.backend.value}
-        engine = pool_engine(name, pool)
-        specs += [SamplerSpec(name, i, pool, params, view=view, engine=engine, tags=tags) for i in range(pool.count)]
+    for name, pool in plan.pools.items():
+        params = sampling_params(pool, plan.cfg, plan.correction, eos_id)
+        cfg, view = pool.config, pool.view
+        tags = view.tags() if view is not None else {"accelerator": cfg.accelerator, "precision": cfg.precision}
+        tags = tags | {"backend": cfg.backend.value}
+        specs += [SamplerSpec(name, i, cfg, params, view=view, engine=pool.engine, tags=tags) for i in range(cfg.count)]
     return specs
 
 
@@ -82,6 +81,13 @@ def build_sampler(spec: SamplerSpec, model_dir: str | Path, seed: int):
     from rlmix.samplers.vllm_sampler import VllmSampler
 
     return VllmSampler(model_dir, pool=spec.pool, engine=spec.engine, seed=seed)
+
+
+def view_sampler(model_dir: str | Path, view: PrecisionView, pool: str, seed: int, pad_id: int | None = None):
+    """A torch sampler computing with ``view`` outside any pool (probes, evaluation's reference)."""
+    from rlmix.samplers.torch_sampler import TorchSampler
+
+    return TorchSampler(model_dir, view, pool=pool, seed=seed, pad_id=pad_id)
 
 
 def fleet_manifest(specs: list[SamplerSpec]) -> dict[str, dict]:

@@ -115,6 +115,13 @@ def build_trainer(model_dir: str | Path, cfg: TrainerConfig, correction: Correct
     return DeepSpeedTrainer(model_dir, cfg, correction, seed)
 
 
+def trainer_view(model_dir: str | Path, cfg: TrainerConfig, correction: Correction, pad_id: int):
+    """The trainer's logits on sampled tokens without a trainer (``rlmix.trainers.view.TrainerView``)."""
+    from rlmix.trainers.view import TrainerView
+
+    return TrainerView(model_dir, cfg.precision, pad_id, correction.replay_support)
+
+
 def package_versions() -> dict[str, str | None]:
     from importlib.metadata import PackageNotFoundError, version
 

@@ -1,9 +1,11 @@
-"""Composing ``train.yaml`` into a validated ``RunConfig``: shared by every command.
+"""Composing ``train.yaml`` into a resolved ``RunPlan`` (``rlmix.assembly.plan``): shared by every command.
 
-Before ``rlmix train`` hands over to Hydra, a preflight composes and validates EVERY job of the requested run or sweep
+Before ``rlmix train`` hands over to Hydra, a preflight composes and plans EVERY job of the requested run or sweep
 with the Compose API, so a typo in the fifth job of a sweep fails in a second with one line —
 not after four runs, and not with a traceback or a half-written run directory. The same preflight
 checks that a local run's GPU pools fit the GPUs of this machine (rlmix/orchestration/hardware.py).
+It returns the plans, keyed by ``job_key``, so Hydra's job runs the plan already made instead of
+resolving its config a second time.
 """
 
 from __future__ import annotations
@@ -78,7 +80,13 @@ def expand_jobs(overrides: list[str], multirun: bool) -> list[list[str]]:
 
 def compose_run_config(overrides: list[str], for_training: bool = True, output_dir_key: str | None = None,
                        run=None):
-    """Compose ``train.yaml`` with ``overrides`` into a validated ``RunConfig`` (ConfigError on bad input).
+    """``compose_plan(...).cfg``: the validated ``RunConfig`` alone."""
+    return compose_plan(overrides, for_training, output_dir_key, run).cfg
+
+
+def compose_plan(overrides: list[str], for_training: bool = True, output_dir_key: str | None = None, run=None):
+    """Compose ``train.yaml`` with ``overrides`` and resolve it (``rlmix.assembly.plan.plan_run``) into a
+    ``RunPlan`` (ConfigError on bad input).
 
     ``output_dir_key`` (``hydra.run.dir`` or ``hydra.sweep.dir``): also check that this directory
     can be created and written, before Hydra creates it. ``run`` (``run_settings.RunSettings``):
@@ -88,9 +96,8 @@ def compose_run_config(overrides: list[str], for_training: bool = True, output_d
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf, open_dict
 
-    import rlmix.samplers.checks  # noqa: F401 - registers each backend's pool rules with validation
-    import rlmix.tasks.checks  # noqa: F401 - registers each task's own rules with validation
-    from rlmix.config.load import check_output_dir, one_line, to_run_config, validate
+    from rlmix.assembly.plan import plan_run
+    from rlmix.config.load import check_output_dir, one_line, to_run_config
     from rlmix.config.schema import register_configs
 
     from rlmix.commands.run_settings import apply_run_settings, group_overrides
@@ -113,16 +120,24 @@ def compose_run_config(overrides: list[str], for_training: bool = True, output_d
         raise ConfigError(one_line(err)) from None
     finally:
         GlobalHydra.instance().clear()
-    run = validate(to_run_config(cfg), for_training=for_training)
+    plan = plan_run(to_run_config(cfg), for_training=for_training)
     if output_dir_key is not None:
         check_output_dir(output_dir_key, out_dir)
-    return run
+    return plan
 
 
-def preflight(args: list[str]) -> None:
+def job_key(overrides: list[str]) -> tuple[str, ...]:
+    """A job's identity: its config overrides, without Hydra's own (``hydra.run.dir=`` and the like,
+    which Hydra keeps apart from the job's task overrides)."""
+    return tuple(o for o in overrides if not o.lstrip("+~").startswith("hydra."))
+
+
+def preflight(args: list[str]) -> dict[tuple[str, ...], object]:
+    """Every job of ``args`` composed, planned and checked against this machine: ``{job_key: RunPlan}``
+    (empty for ``--help`` and the like); ConfigError on the first job that fails."""
     overrides, multirun, info = split_args(args)
     if info:
-        return
+        return {}
     try:
         jobs = expand_jobs(overrides, multirun)
     except Exception as err:
@@ -132,10 +147,13 @@ def preflight(args: list[str]) -> None:
     from rlmix.assembly.checkpoints import check_resume
     from rlmix.orchestration.hardware import check_machine
 
+    plans = {}
     for job in jobs:
-        cfg = compose_run_config(job, output_dir_key="hydra.sweep.dir" if multirun else "hydra.run.dir")
-        check_machine(cfg)  # GPUs asked for exist here, before Ray or a run dir
-        check_resume(cfg.resume)
+        plan = compose_plan(job, output_dir_key="hydra.sweep.dir" if multirun else "hydra.run.dir")
+        check_machine(plan.cfg)  # GPUs asked for exist here, before Ray or a run dir
+        check_resume(plan.cfg.resume)
+        plans[job_key(job)] = plan
+    return plans
 
 
 def resume_in_place(args: list[str]) -> list[str]:

@@ -1,7 +1,7 @@
 """``rlmix train`` is real Hydra: ``@hydra.main`` behind the Typer command, arguments passed through.
 
-Every job of the run or sweep is composed and validated first (``compose.preflight``); then Hydra
-runs each job, which assembles the parts and calls ``rlmix.orchestration.runner.train``, then
+Every job of the run or sweep is composed and planned first (``compose.preflight``); then Hydra
+runs each job, which takes its plan and calls ``rlmix.orchestration.runner.train``, then
 prints the block that ends the run (and, after a sweep's last job, one line per job). How the run
 ended becomes one line and the exit status here (docs/reliability.md):
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from rlmix.commands.compose import CONFIG_MODULE, CONFIG_NAME, command_line, preflight, resume_in_place
+from rlmix.commands.compose import CONFIG_MODULE, CONFIG_NAME, command_line, job_key, preflight, resume_in_place
 from rlmix.commands.naming import job_label, register_resolver, sweep_name
 from rlmix.errors import ConfigError
 
@@ -27,6 +27,7 @@ _FAILED: list[str] = []  # run dirs of the failed jobs of this process's sweep
 
 _finished: list[tuple[str, dict, Path]] = []  # (label, summary, run dir) of each job of this command
 _sweep_dir: list[Path] = []  # the multirun directory, once a sweep's first job has run
+_planned: dict[tuple[str, ...], object] = {}  # the preflight's RunPlan of each job, by compose.job_key
 
 
 @hydra.main(version_base="1.3", config_path="pkg://" + CONFIG_MODULE, config_name=CONFIG_NAME)
@@ -34,18 +35,20 @@ def _hydra_train(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    import rlmix.samplers.checks  # noqa: F401 - registers each backend's pool rules with validation
-    import rlmix.tasks.checks  # noqa: F401 - registers each task's own rules with validation
-    from rlmix.config.load import to_run_config, validate
+    from rlmix.assembly.plan import plan_run
+    from rlmix.config.load import to_run_config
     from rlmix.orchestration.runner import train
 
     hc = HydraConfig.get()
-    run_cfg = validate(to_run_config(cfg))
     overrides = list(hc.overrides.task)
+    # The preflight planned this job from the same overrides; a job it did not see (Hydra called
+    # another way) is planned here.
+    plan = _planned.pop(job_key(overrides), None) or plan_run(to_run_config(cfg))
+    run_cfg = plan.cfg
     sweep = hc.mode is RunMode.MULTIRUN
     label = job_label(overrides, run_cfg.name, run_cfg.seed) if sweep else run_cfg.name
     try:
-        summary = train(run_cfg, run_dir=hc.runtime.output_dir, label=label,
+        summary = train(plan, run_dir=hc.runtime.output_dir, label=label,
                         sweep_group=sweep_name(hc.sweep.dir) if sweep else None)
     except ConfigError as err:  # e.g. a model path that is not a model: one line, no traceback
         print(f"error: {err}", file=sys.stderr)
@@ -113,7 +116,8 @@ def run_train(args: list[str]) -> None:
     register_configs()
     register_resolver()
     args = resume_in_place(args)
-    preflight(args)
+    _planned.clear()
+    _planned.update(preflight(args))
     from rlmix.orchestration.session import SESSION
 
     sys.argv = ["rlmix train", *args]
@@ -128,4 +132,5 @@ def run_train(args: list[str]) -> None:
             print(f"error: {len(_FAILED)} job(s) of the sweep failed: {', '.join(_FAILED)}", file=sys.stderr)
             sys.exit(1)
     finally:
+        _planned.clear()
         SESSION.close()  # a sweep kept Ray and its processes warm between jobs

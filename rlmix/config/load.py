@@ -5,10 +5,9 @@ applies the cross-field rules (docs/math.md §4, accelerator support, batch shap
 ``ConfigError`` naming the keys to change. ``one_line`` turns any composition error into the
 single line the CLI prints.
 
-This package imports no backend: a sampler backend's own platform rules live beside it and
-register here (``register_pool_check``, done by ``rlmix.samplers.checks``); ``validate`` refuses
-to pass a pool whose backend registered none, so a check cannot be skipped silently. A task's own
-rules register the same way (``register_task_check``, done by ``rlmix.tasks.checks``).
+This package imports no backend and no task: what only a backend or a task can answer (can this
+pool's format be served, does this dataset load) is resolved above it, by
+``rlmix.assembly.plan.plan_run``, which calls ``validate`` first.
 """
 
 from __future__ import annotations
@@ -18,37 +17,14 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlmix.config.schema import CorrectionConfig, PoolConfig, RunConfig, SamplerBackend, TrainerBackend, TrainerPrecision
-from rlmix.config.swebench import AgentEnvConfig, MiniCodeAgentConfig, SwebenchProConfig
+from rlmix.config.schema import CorrectionConfig, RunConfig, TrainerBackend, TrainerPrecision
 from rlmix.correction import Correction
 from rlmix.errors import ConfigError
-
-# A backend's rules for one pool: (pool name, pool config, the model's config.json fields or None
-# for the embedded model) -> None or ConfigError. The model is read as a plain mapping, so a
-# backend can refuse an architecture it cannot serve without building anything.
-PoolCheck = Callable[[str, PoolConfig, Mapping | None], None]
-_POOL_CHECKS: dict[SamplerBackend, PoolCheck] = {}
-
-
-def register_pool_check(backend: SamplerBackend, check: PoolCheck) -> None:
-    """Install ``backend``'s platform rules; ``validate`` runs them for every pool of that backend."""
-    _POOL_CHECKS[backend] = check
-
-
-# A task's own rules (files exist, fields present, reward imports): (run config, training?) -> None.
-TaskCheck = Callable[[RunConfig, bool], None]
-_TASK_CHECKS: dict[type, TaskCheck] = {}
-
-
-def register_task_check(config_type: type, check: TaskCheck) -> None:
-    """Install the rules of the task whose config is ``config_type`` (done by ``rlmix.tasks.checks``)."""
-    _TASK_CHECKS[config_type] = check
-
 
 def to_run_config(cfg: DictConfig) -> RunConfig:
     try:
@@ -67,36 +43,9 @@ def validate(cfg: RunConfig, for_training: bool = True) -> RunConfig:
     _check_trainer(cfg)
     resolve_correction(cfg.correction)  # the correction resolves, or ConfigError naming its keys
     _check_run(cfg)
-    _check_paths(cfg)  # first: the pools' checks read the model's config.json
+    _check_paths(cfg)  # first: the fleet's checks read the model's config.json
     _check_fleet(cfg)
-    if isinstance(cfg.task, AgentEnvConfig):
-        _check_agent_task(cfg.task, for_training)
-        return cfg
-    if not _TASK_CHECKS:  # a programming error, not bad input: the entry point forgot to register
-        raise RuntimeError("no task checks registered; import rlmix.tasks.checks before validating")
-    check = _TASK_CHECKS.get(type(cfg.task))
-    if check is not None:
-        check(cfg, for_training)
     return cfg
-
-
-def _check_agent_task(task: AgentEnvConfig, for_training: bool) -> None:
-    """The agent task's own fields; the runtime, the tasks and the model's room are checked by
-    ``rlmix.assembly.agentic.check_agent_run`` before any process starts."""
-    _require(task.max_turns >= 1, f"task.max_turns={task.max_turns}: must be >= 1")
-    _require(task.max_turn_tokens >= 1, f"task.max_turn_tokens={task.max_turn_tokens}: must be >= 1")
-    _require(task.max_total_tokens >= 2, f"task.max_total_tokens={task.max_total_tokens}: must be >= 2")
-    _require(task.concurrent_episodes >= 0,
-             f"task.concurrent_episodes={task.concurrent_episodes}: must be >= 0 (0 = all of a request at once)")
-    _require(task.max_format_errors >= 1, f"task.max_format_errors={task.max_format_errors}: must be >= 1")
-    if isinstance(task, MiniCodeAgentConfig):
-        bad = [lv for lv in task.levels if lv not in (1, 2, 3)]
-        _require(bool(task.levels) and not bad, f"task.levels={list(task.levels)}: each level must be in 1..3")
-    if isinstance(task, SwebenchProConfig) and for_training:
-        _require(task.tasks_dir_set(), "task.tasks_dir is not set: point it at a directory of Harbor task "
-                 "directories (docs/agentic.md, \"Bringing Harbor tasks\")")
-        # Before the model is resolved: a typo must not cost a first run the embedded agent's build.
-        _require(Path(task.tasks_dir).is_dir(), f"task.tasks_dir={task.tasks_dir} is not a directory")
 
 
 def _require(ok: bool, message: str) -> None:
@@ -219,7 +168,7 @@ def _check_paths(cfg: RunConfig) -> None:
         )
 
 
-def _model_fields(cfg: RunConfig) -> Mapping | None:
+def model_fields(cfg: RunConfig) -> Mapping | None:
     """``model.path``'s config.json as a mapping (None: the embedded model, a Llama every backend serves)."""
     if cfg.model.path is None:
         return None
@@ -245,7 +194,7 @@ def _check_activation_checkpointing(cfg: RunConfig, model: Mapping | None) -> No
 def _check_fleet(cfg: RunConfig) -> None:
     fleet, c = cfg.fleet, cfg.correction
     _require(bool(fleet.pools), "fleet.pools is empty: a run needs at least one sampler pool")
-    model = _model_fields(cfg)
+    model = model_fields(cfg)
     _check_activation_checkpointing(cfg, model)
     for name, pool in fleet.pools.items():
         key = f"fleet.pools.{name}"
@@ -263,11 +212,6 @@ def _check_fleet(cfg: RunConfig) -> None:
                 top_k == 0 or c.support_slots >= top_k,
                 f"correction.support_slots={c.support_slots} < top_k={top_k} of {key}: the support would not fit",
             )
-        check = _POOL_CHECKS.get(pool.backend)
-        if check is None:  # a programming error, not bad input: the entry point forgot to register
-            raise RuntimeError(f"no platform check registered for sampler backend {pool.backend.value}; "
-                               "import rlmix.samplers.checks before validating")
-        check(name, pool, model)  # ConfigError for an unknown accelerator, precision or architecture
 
 
 def one_line(err: BaseException) -> str:

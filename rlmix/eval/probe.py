@@ -4,7 +4,7 @@ For one pool the probe
 
 1. samples completions of a fixed prompt set with the pool's own sampler (its precision view,
    its sampling params, K top candidates recorded) and times the generation (tokens/s);
-2. recomputes the trainer's logits on exactly those tokens with ``rlmix.trainers.tokens.token_batch`` — the fp32 HF
+2. recomputes the trainer's logits on exactly those tokens (``rlmix.trainers.view.TrainerView``) — the fp32 HF
    model under BF16 autocast, as ``rlmix train`` computes them — and reports the docs/math.md
    §6 diagnostics of the sampled tokens: k3, k1, mean |Δ log-prob|, multiplicative error, ratio
    tail fraction, and the §3.2 SC tail ratio ρ and head mass P_H over the pool's head;
@@ -43,17 +43,19 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from rlmix.config.schema import RunConfig, TrainerPrecision
+from rlmix.config.dataset import DatasetTaskConfig
+from rlmix.config.schema import MiniCodeTaskConfig, RunConfig, TrainerConfig, TrainerPrecision
 from rlmix.correction import Correction, multiplicative_error, token_mismatch
 from rlmix.correction.centering import centering_coefficients
 from rlmix.correction.diagnostics import centering_stats, mismatch_stats
 from rlmix.correction.logprobs import gather_logprobs
 from rlmix.errors import ConfigError
-from rlmix.assembly.fleet import SamplerSpec
+from rlmix.assembly.fleet import SamplerSpec, build_sampler, fleet_manifest, resolve_fleet, view_sampler
+from rlmix.assembly.parts import (derive_seed, encode_prompts, make_task, package_versions, resolve_model_dir,
+                                  trainer_view)
+from rlmix.assembly.plan import RunPlan
 from rlmix.rollout import Rollouts, sequence_input_ids
 from rlmix.samplers.accelerators import PrecisionView, resolve_view
-from rlmix.trainers.precision import autocast_dtype
-from rlmix.trainers.tokens import TokenBatch, token_batch
 
 FACTORS = ("weights", "kv", "kernel")
 # Defaults that have no RunConfig field yet (the one place they live).
@@ -182,36 +184,24 @@ def teacher_forced_logits(sampler, batch: Rollouts, pad_id: int) -> Tensor:
 
 
 class ProbeContext:
-    """What every pool's probe shares: the trainer model, the reference view and a cache of view samplers."""
+    """What every pool's probe shares: the trainer's view, the reference view and a cache of view samplers."""
 
-    def __init__(self, model_dir: Path, pad_id: int, correction: Correction, precision: TrainerPrecision,
-                 seed: int):
-        from rlmix.models.io import load_causal_lm
-
+    def __init__(self, model_dir: Path, pad_id: int, correction: Correction, trainer: TrainerConfig, seed: int):
         self.model_dir, self.pad_id, self.correction, self.seed = model_dir, pad_id, correction, seed
-        self.autocast = autocast_dtype(precision)
-        self.trainer = load_causal_lm(model_dir, dtype=torch.float32).eval()
-        self.reference = reference_view(precision)
+        self.trainer = trainer_view(model_dir, trainer, correction, pad_id)
+        self.reference = reference_view(trainer.precision)
         self._samplers: dict[PrecisionView, object] = {}
 
     def view_sampler(self, view: PrecisionView):
         """A torch sampler computing with ``view`` (built once per distinct view)."""
-        from rlmix.samplers.torch_sampler import TorchSampler
-
         if view not in self._samplers:
-            self._samplers[view] = TorchSampler(self.model_dir, view, pool="probe", seed=self.seed, pad_id=self.pad_id)
+            self._samplers[view] = view_sampler(self.model_dir, view, pool="probe", seed=self.seed, pad_id=self.pad_id)
         return self._samplers[view]
-
-    @torch.no_grad()
-    def trainer_tokens(self, batch: Rollouts) -> TokenBatch:
-        """The batch's tokens with the trainer's logits, exactly as training computes them."""
-        return token_batch(self.trainer, batch, pad_id=self.pad_id, autocast=self.autocast,
-                           replay_support=self.correction.replay_support)
 
 
 def _chunk_measure(ctx: ProbeContext, chunk: Rollouts, view: PrecisionView | None) -> dict[str, Tensor]:
     """Per-token tensors of one chunk: trainer log-probs of the sampled tokens and candidates, and KLs."""
-    tokens = ctx.trainer_tokens(chunk)
+    tokens = ctx.trainer.tokens(chunk)
     trainer = tokens.logits  # (n, V)
     cand = tokens.candidates()
     logp_a, logp_h = gather_logprobs(trainer, tokens.sampled_ids, cand)
@@ -283,9 +273,6 @@ def probe_pool(ctx: ProbeContext, spec: SamplerSpec, prompts: list[list[int]], s
     Every pool draws with the same seed (common random numbers), so pools differ by their
     arithmetic, not by their luck.
     """
-    from rlmix.assembly.fleet import build_sampler
-    from rlmix.assembly.parts import derive_seed
-
     sampler = build_sampler(spec, ctx.model_dir, derive_seed(settings.seed, "probe", spec.pool))
     params = dataclasses.replace(
         spec.params, num_candidates=settings.num_candidates, seed=derive_seed(settings.seed, "probe")
@@ -296,3 +283,68 @@ def probe_pool(ctx: ProbeContext, spec: SamplerSpec, prompts: list[list[int]], s
     elapsed = time.perf_counter() - start
     sampler.close()
     return measure(ctx, batch, spec, batch.num_tokens / max(elapsed, 1e-9))
+
+
+REFERENCE_DEFINITION = (
+    "trainer-like precision view: weights, activations, linear inputs and KV cache in the trainer's "
+    "autocast format (bf16 by default; trainer.precision), "
+    "exact fp32-softmax attention kernel. Factors switch one at a time to the pool's value: "
+    "weights (weight format with the activation dtype / W8A8 inputs / int4 group it implies), "
+    "kv (KV-cache format), kernel (attention-kernel family). Factor KLs are exact full-vocabulary "
+    "KL(q_factor || p_ref) per token, teacher-forced on the pool's sampled sequences, averaged over tokens."
+)
+
+
+def probe_prompts(cfg: RunConfig, count: int) -> list:
+    """``count`` problems of the task's test split, evenly spaced so every difficulty level is present."""
+    if not isinstance(cfg.task, (MiniCodeTaskConfig, DatasetTaskConfig)):
+        raise ConfigError("rlmix probe needs task=minicode or task=dataset (its test split is the probe's prompt set)")
+    problems = make_task(cfg.task, cfg.seed).split("test")
+    if not 1 <= count <= len(problems):
+        raise ConfigError(
+            f"probe.prompts={count}: the probe samples that many prompts from the test split, "
+            f"which has {len(problems)}; use 1..{len(problems)}"
+        )
+    return [problems[i * len(problems) // count] for i in range(count)]
+
+
+def probe_fleet(plan: RunPlan, progress=print) -> tuple[list[PoolProbe], dict]:
+    """Probe every pool of the plan's fleet (one instance each): (per-pool results, what ``probe.json`` holds)."""
+    from rlmix.models.io import load_tokenizer
+
+    cfg = plan.cfg
+    if not cfg.fleet.pools:
+        raise ConfigError("fleet.pools is empty: the probe needs at least one pool (e.g. fleet=emulated_hetero6)")
+    settings = ProbeSettings.from_run_config(cfg)
+    problems = probe_prompts(cfg, settings.prompts)
+    model_dir = resolve_model_dir(cfg, progress=progress)
+    tokenizer = load_tokenizer(model_dir)
+    specs = resolve_fleet(plan, tokenizer.eos_token_id)
+    firsts = [spec for spec in specs if spec.index == 0]
+    prompts = encode_prompts(tokenizer, tuple(problems), settings.samples_per_prompt, cfg.task.chat_template)
+    ctx = ProbeContext(model_dir, tokenizer.pad_token_id, plan.correction, cfg.trainer, cfg.seed)
+    results: list[PoolProbe] = []
+    for i, spec in enumerate(firsts):
+        start = time.perf_counter()
+        result = probe_pool(ctx, spec, prompts, settings)
+        results.append(result)
+        progress(
+            f"[{i + 1}/{len(firsts)}] {spec.pool} ({result.label}): kl_k3={result.kl_k3:.3g} "
+            f"|dlogp|={result.logprob_abs_diff:.3g} {result.tokens_per_s:.0f} tok/s "
+            f"({time.perf_counter() - start:.1f} s)"
+        )
+    return results, {
+        "fleet": fleet_manifest(specs),
+        "reference": {"definition": REFERENCE_DEFINITION, "view": ctx.reference.tags(),
+                      "label": ctx.reference.label},
+        "trainer": {"model_dir": str(model_dir), "autocast": cfg.trainer.precision.value, "dtype": "fp32"},
+        "settings": dataclasses.asdict(settings) | {
+            "temperature": cfg.loop.temperature,
+            "max_new_tokens": cfg.loop.max_new_tokens,
+            "correction": cfg.correction.mode.value,
+            "prompt_set": "test",
+            "task_ids": [p.task_id for p in problems],
+        },
+        "pools": {r.pool: dataclasses.asdict(r) for r in results},
+        "versions": package_versions(),
+    }

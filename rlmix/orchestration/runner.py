@@ -1,4 +1,4 @@
-"""``rlmix train``: one run from a validated config to a finished run directory."""
+"""``rlmix train``: one run from a resolved config (``RunPlan``) to a finished run directory."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import logging
 import time
 from pathlib import Path
 
-from rlmix.config.load import resolve_correction
 from rlmix.config.schema import RunConfig
 from rlmix.config.swebench import AgentEnvConfig
 from rlmix.correction import Correction
@@ -19,6 +18,7 @@ from rlmix.metrics.logger import RunLogger
 from rlmix.assembly import checkpoints
 from rlmix.assembly.checkpoints import RunState
 from rlmix.assembly.fleet import SamplerSpec, fleet_manifest, resolve_fleet
+from rlmix.assembly.plan import RunPlan
 from rlmix.assembly.parts import package_versions, resolve_model_dir
 from rlmix.orchestration.cores import CorePlan, plan_cores
 from rlmix.orchestration.session import SESSION, TRAINER_RESOURCE, ActorRequest
@@ -88,8 +88,8 @@ def start_actors(cfg: RunConfig, correction: Correction, specs: list[SamplerSpec
     return handles[0], slots, ready
 
 
-def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None, label: str | None = None) -> dict:
-    """Run ``cfg`` in ``run_dir``; returns the summary written to summary.json (its ``status``:
+def train(plan: RunPlan, run_dir: Path, sweep_group: str | None = None, label: str | None = None) -> dict:
+    """Run ``plan`` (``rlmix.assembly.plan.plan_run``: a validated, resolved config) in ``run_dir``; returns the summary written to summary.json (its ``status``:
     rlmix.orchestration.outcome).
 
     ``label`` names the W&B run (a sweep job's swept overrides; default ``cfg.name``) and
@@ -103,12 +103,12 @@ def train(cfg: RunConfig, run_dir: Path, sweep_group: str | None = None, label: 
     from rlmix.orchestration.outcome import StopRequest, finish
     from rlmix.assembly.parts import make_task_for
 
+    cfg, correction = plan.cfg, plan.correction
     run_dir = Path(run_dir)
     model_dir = resolve_model_dir(cfg)
     tokenizer = load_fast_tokenizer(model_dir)
     task = make_task_for(cfg.task, cfg.seed, tokenizer)  # before Ray: a prompt it cannot encode is one line
-    correction = resolve_correction(cfg.correction)
-    specs = resolve_fleet(cfg, correction, tokenizer.eos_token_id)
+    specs = resolve_fleet(plan, tokenizer.eos_token_id)
     if isinstance(cfg.task, AgentEnvConfig):  # runtime, tasks and context: one line, before Ray starts
         from rlmix.agentic.train import check_agent_run
 

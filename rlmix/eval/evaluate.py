@@ -1,0 +1,183 @@
+"""Evaluation of a checkpoint: pass@k on a task split, on one fixed reference backend and precision.
+
+Every checkpoint is sampled by the same reference view (``eval.accelerator``/``eval.precision``,
+recorded in ``eval.json``) so that sampler differences never leak into the score (docs/math.md §7).
+``rlmix eval`` (``rlmix.commands.eval``) composes the config and calls ``evaluate``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from rlmix.config.schema import EvalConfig, RunConfig
+from rlmix.config.swebench import AgentEnvConfig
+from rlmix.errors import ConfigError
+from rlmix.isolation.scratch import scratch_dir
+from rlmix.metrics.passk import PassAtK, mean_pass_at_k
+from rlmix.rollout import SamplingParams
+
+EVAL_FILE = "eval.json"
+
+
+def resolve_checkpoint(cfg: RunConfig) -> Path:
+    """A run directory (its newest checkpoint), an HF model dir, or the embedded base model."""
+    from rlmix.assembly.checkpoints import latest_checkpoint
+    from rlmix.assembly.parts import resolve_model_dir
+
+    if cfg.checkpoint is None:
+        return resolve_model_dir(cfg)
+    path = Path(cfg.checkpoint)
+    if not path.is_dir():
+        raise ConfigError(f"checkpoint={cfg.checkpoint}: no such directory (give a run directory or an HF model dir)")
+    if (path / "config.json").is_file():
+        return path
+    newest = latest_checkpoint(path)
+    if newest is None:
+        raise ConfigError(f"checkpoint={cfg.checkpoint}: neither an HF model dir nor a run dir with a complete checkpoints/step_*")
+    return newest
+
+
+def reference_sampler(cfg: EvalConfig, model_dir: Path, seed: int):
+    from rlmix.assembly.fleet import view_sampler
+    from rlmix.samplers.accelerators import resolve_view
+
+    try:
+        view = resolve_view(cfg.accelerator, cfg.precision)
+    except ConfigError as err:
+        raise ConfigError(f"eval: {err}") from None
+    return view_sampler(model_dir, view, pool="eval_reference", seed=seed), view.label
+
+
+def task_counts(cfg: RunConfig, model_dir: Path, progress) -> tuple[list[dict], str]:
+    """Sample ``eval.samples`` completions per problem of ``task.split``; (per-task rows, reference label)."""
+    from rlmix.models.io import load_tokenizer
+    from rlmix.assembly.parts import decode_completions, derive_seed, encode_prompts, make_task_for
+
+    tokenizer = load_tokenizer(model_dir)
+    task = make_task_for(cfg.task, cfg.seed, tokenizer)
+    problems = task.split(cfg.task.split)
+    sampler, label = reference_sampler(cfg.eval, model_dir, cfg.seed)
+    n = cfg.eval.samples
+    rows = []
+    for i, problem in enumerate(problems):
+        params = SamplingParams(
+            temperature=cfg.eval.temperature,
+            max_new_tokens=cfg.eval.max_new_tokens,
+            stop_token_ids=(tokenizer.eos_token_id,),
+            seed=derive_seed(cfg.seed, "eval", problem.task_id),
+        )
+        out = sampler.generate(encode_prompts(tokenizer, (problem,), n, cfg.task.chat_template), params)
+        scores = [task.score(problem, text) for text in decode_completions(tokenizer, out)]
+        rows.append({
+            "task_id": problem.task_id,
+            "difficulty": problem.difficulty,
+            "n": n,
+            "c": sum(s.reward >= 1.0 for s in scores),
+            "format_errors": sum(not s.format_ok for s in scores),
+            "reward_errors": sum(s.error is not None for s in scores),
+            "exploit_suspected": sum(s.exploit_suspected for s in scores),
+        })
+        progress(f"[{i + 1}/{len(problems)}] {problem.task_id}: {rows[-1]['c']}/{n} correct")
+    return rows, label
+
+
+def pass_table(results: dict[int, PassAtK]) -> str:
+    lines = ["   k   pass@k   stderr   tasks"]
+    lines += [f"{k:>4}   {r.mean:.4f}   {r.stderr:.4f}   {r.num_tasks:>5}" for k, r in sorted(results.items())]
+    return "\n".join(lines)
+
+
+def default_out_dir(cfg: RunConfig, split: str) -> Path:
+    if cfg.checkpoint is not None and not (Path(cfg.checkpoint) / "config.json").is_file():
+        return Path(cfg.checkpoint) / f"eval_{split}"
+    return Path("outputs") / "eval" / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{split}"
+
+
+def evaluate(cfg: RunConfig, progress=print) -> dict:
+    """Run the evaluation ``cfg`` describes; writes eval.json and returns its content."""
+    samples, ks = cfg.eval.samples, sorted(set(cfg.eval.k))
+    if not ks or ks[0] < 1 or ks[-1] > samples:
+        raise ConfigError(f"eval.k={cfg.eval.k}: every k must be in 1..eval.samples={samples}")
+    model_dir = resolve_checkpoint(cfg)
+    if isinstance(cfg.task, AgentEnvConfig):
+        return evaluate_agentic(cfg, model_dir, ks, progress)
+    # minicode's default split names its training stream; evaluation means its test split
+    split = "test" if cfg.task.name == "minicode" and cfg.task.split == "train" else cfg.task.split
+    cfg.task.split = split
+    out_dir = Path(cfg.eval.out_dir) if cfg.eval.out_dir else default_out_dir(cfg, split)
+    rows, label = task_counts(cfg, model_dir, progress)
+    results = {k: mean_pass_at_k([(r["n"], r["c"]) for r in rows], k) for k in ks}
+    summary = {
+        "checkpoint": str(model_dir),
+        "task": cfg.task.name,
+        "split": split,
+        "samples": samples,
+        "reference": label,
+        "pass_at_k": {str(k): {"mean": r.mean, "stderr": r.stderr, "tasks": r.num_tasks} for k, r in results.items()},
+        "format_error_rate": sum(r["format_errors"] for r in rows) / max(len(rows) * samples, 1),
+        "tasks": rows,
+    }
+    write_eval(out_dir, summary, cfg)
+    progress(pass_table(results))
+    progress(f"wrote {out_dir / EVAL_FILE}")
+    return summary
+
+
+def evaluate_agentic(cfg: RunConfig, model_dir: Path, ks: list[int], progress) -> dict:
+    """task=swebench_pro or minicode_agent: multi-turn episodes in sandboxes, graded in fresh ones
+    (rlmix.agentic), with the episode code training uses; a policy turn may generate task.max_turn_tokens."""
+    import tempfile
+
+    from rlmix.agentic.policy import ModelPolicy
+    from rlmix.agentic.run import run_swebench_eval
+    from rlmix.config.swebench import MiniCodeAgentConfig
+    from rlmix.embedded.minicode_agent.task import minicode_agent_eval_config
+    from rlmix.models.io import load_tokenizer
+
+    tokenizer = load_tokenizer(model_dir)
+    sampler, label = reference_sampler(cfg.eval, model_dir, cfg.seed)
+    params = SamplingParams(
+        temperature=cfg.eval.temperature,
+        max_new_tokens=cfg.task.max_turn_tokens,
+        stop_token_ids=(tokenizer.eos_token_id,),
+        seed=cfg.seed,
+    )
+    minicode = isinstance(cfg.task, MiniCodeAgentConfig)
+    split = cfg.task.split if minicode else cfg.task.subset
+    out_dir = Path(cfg.eval.out_dir) if cfg.eval.out_dir else default_out_dir(cfg, split)
+    policy = ModelPolicy(tokenizer, sampler, params)
+    run = _wandb_run(cfg, out_dir)
+    with tempfile.TemporaryDirectory(prefix="rlmix-minicode-agent-eval-", dir=scratch_dir()) as tmp:
+        task_cfg = minicode_agent_eval_config(cfg.task, Path(tmp)) if minicode else cfg.task
+        summary = run_swebench_eval(task_cfg, policy, ks, cfg.eval.samples, out_dir, progress=progress,
+                                    wandb_run=run)
+    if run is not None:
+        run.finish()
+    progress(f"reference {label}; wrote {out_dir / EVAL_FILE}")
+    return summary
+
+
+def write_eval(out_dir: Path, summary: dict, cfg: RunConfig) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / (EVAL_FILE + ".tmp")
+    tmp.write_text(json.dumps(summary, indent=2))
+    tmp.replace(out_dir / EVAL_FILE)
+    run = _wandb_run(cfg, out_dir)
+    if run is not None:
+        run.log({f"eval/pass@{k}": v["mean"] for k, v in summary["pass_at_k"].items()})
+        import wandb
+
+        table = wandb.Table(columns=["task_id", "difficulty", "n", "c"])
+        for r in summary["tasks"]:
+            table.add_data(r["task_id"], r["difficulty"], r["n"], r["c"])
+        run.log({"eval/tasks": table})
+        run.finish()
+
+
+def _wandb_run(cfg: RunConfig, out_dir: Path):
+    from rlmix.metrics.logger import start_wandb
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return start_wandb(cfg.logger.wandb, out_dir, f"eval-{cfg.name}", {"eval": str(cfg.eval)}, None)

@@ -1,0 +1,82 @@
+"""The run plan: a config resolved once (rlmix.assembly.plan), and the parts below read it, not the config."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from rlmix.assembly.fleet import resolve_fleet
+from rlmix.assembly.parts import TASKS
+from rlmix.assembly.plan import plan_run
+from rlmix.commands.compose import compose_plan
+from rlmix.config.schema import SamplerBackend
+from rlmix.config.swebench import AgentEnvConfig
+from rlmix.errors import ConfigError
+from rlmix.samplers.accelerators import PrecisionView, resolve_view
+from rlmix.samplers.checks import POOL_CHECKS
+from rlmix.tasks.checks import TASK_CHECKS, task_check
+
+
+def test_every_backend_and_every_task_has_its_rules():
+    assert set(POOL_CHECKS) == set(SamplerBackend)
+    assert set(TASKS) <= set(TASK_CHECKS)
+    assert AgentEnvConfig in TASK_CHECKS  # an agent task never goes unchecked, whatever its subclass
+
+
+def test_a_task_config_without_rules_is_a_programming_error_not_a_pass():
+    @dataclasses.dataclass
+    class Unknown:
+        name: str = "unknown"
+
+    with pytest.raises(KeyError, match="TASK_CHECKS"):
+        task_check(Unknown())
+
+
+def test_each_pool_is_resolved_by_its_backend():
+    plan = compose_plan(["fleet=emulated_hetero6"])
+    assert set(plan.pools) == set(plan.cfg.fleet.pools)
+    for name, pool in plan.pools.items():
+        cfg = plan.cfg.fleet.pools[name]
+        assert pool.config is cfg and pool.engine is None
+        assert pool.view == resolve_view(cfg.accelerator, cfg.precision, cfg.kv_precision, cfg.allow_emulation)
+        assert (pool.top_p, pool.top_k) == plan.cfg.fleet.truncation(cfg)
+    assert plan.correction.variant.mode is plan.cfg.correction.mode
+
+
+def test_a_vllm_pool_is_resolved_to_its_engine():
+    plan = compose_plan(["fleet=vllm_cpu_smoke"])
+    vllm, torch_pool = plan.pools["cpu_vllm_bf16"], plan.pools["a100_bf16"]
+    assert vllm.view is None and vllm.engine.dtype == "bfloat16" and vllm.engine.quantization is None
+    assert torch_pool.engine is None and torch_pool.view.label == resolve_view("A100", "bf16").label
+
+
+def test_sampler_specs_take_the_plans_views_and_never_parse_a_precision_again():
+    """Swap one pool's resolved view in the plan: the specs carry the swapped view, so nothing
+    below the plan re-reads the pool's precision string."""
+    plan = compose_plan(["fleet=smoke"])
+    name = next(iter(plan.pools))
+    exact = PrecisionView.exact()
+    swapped = dataclasses.replace(plan, pools={**plan.pools, name: dataclasses.replace(plan.pools[name], view=exact)})
+    specs = resolve_fleet(swapped, eos_id=2)
+    assert {s.view for s in specs if s.pool == name} == {exact}
+    assert all(s.params.num_candidates == plan.correction.head_size for s in specs)
+
+
+def test_a_pool_the_backend_cannot_serve_is_refused_by_the_plan(tmp_path):
+    model = tmp_path / "moe"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
+    with pytest.raises(ConfigError, match="model_type='gpt2'.*not supported by the torch sampler"):
+        compose_plan(["fleet=smoke", f"model.path={model}"])
+
+
+def test_validation_is_the_plan(tmp_path):
+    """The config's own rules and the plan fail the same way: compose_plan is plan_run on the composed config."""
+    plan = compose_plan(["+experiment=smoke"])
+    assert plan_run(plan.cfg).pools.keys() == plan.pools.keys()
+    with pytest.raises(ConfigError, match="loop.steps=0"):
+        compose_plan(["+experiment=smoke", "loop.steps=0"])
+    with pytest.raises(ConfigError, match="task.max_turns=0"):
+        compose_plan(["task=minicode_agent", "task.max_turns=0"])
