@@ -11,9 +11,10 @@ import hashlib
 from pathlib import Path
 
 from rlmix.config.dataset import ChatTemplateMode, DatasetTaskConfig
-from rlmix.config.schema import MiniCodeTaskConfig, RunConfig, TrainerBackend, TrainerConfig
+from rlmix.config.schema import MiniCodeTaskConfig, MiniCodeTraceTaskConfig, RunConfig, TrainerBackend, TrainerConfig
 from rlmix.config.swebench import AgentEnvConfig, MiniCodeAgentConfig, SwebenchProConfig
 from rlmix.correction import Correction
+from rlmix.errors import ConfigError
 from rlmix.rollout import Rollouts
 from rlmix.tasks.base import Problem, Task
 
@@ -49,6 +50,12 @@ def _minicode(cfg: MiniCodeTaskConfig, seed: int) -> Task:
     return MiniCode(levels=tuple(cfg.levels), seed=seed)
 
 
+def _minicode_trace(cfg: MiniCodeTraceTaskConfig, seed: int) -> Task:
+    from rlmix.embedded.minicode_trace import MiniCodeTrace
+
+    return MiniCodeTrace(levels=tuple(cfg.levels), seed=seed, tries=tuple(cfg.trace_tries))
+
+
 def _dataset(cfg: DatasetTaskConfig, seed: int) -> Task:
     from rlmix.tasks.dataset import DatasetTask
 
@@ -70,21 +77,29 @@ def _swebench(cfg: SwebenchProConfig, seed: int):
 
 
 # task config type -> constructor
-TASKS = {MiniCodeTaskConfig: _minicode, DatasetTaskConfig: _dataset, MiniCodeAgentConfig: _minicode_agent,
-         SwebenchProConfig: _swebench}
+TASKS = {MiniCodeTaskConfig: _minicode, MiniCodeTraceTaskConfig: _minicode_trace, DatasetTaskConfig: _dataset,
+         MiniCodeAgentConfig: _minicode_agent, SwebenchProConfig: _swebench}
 
 
 def make_task(cfg: MiniCodeTaskConfig | DatasetTaskConfig | AgentEnvConfig, seed: int) -> Task:
     return TASKS[type(cfg)](cfg, seed)
 
 
-def make_task_for(cfg: MiniCodeTaskConfig | DatasetTaskConfig, seed: int, tokenizer) -> Task:
-    """``make_task``, then ConfigError if the model's tokenizer cannot encode a dataset's prompts."""
+def make_task_for(cfg: MiniCodeTaskConfig | DatasetTaskConfig, seed: int, tokenizer, max_new_tokens: int | None = None,
+                  key: str = "loop.max_new_tokens") -> Task:
+    """``make_task``, then ConfigError if the model's tokenizer cannot encode a dataset's prompts, or
+    if ``max_new_tokens`` (the setting ``key``) would cut off a worked answer the task's reference holds."""
     task = make_task(cfg, seed)
     if isinstance(cfg, DatasetTaskConfig):
         from rlmix.tasks.dataset import check_encodable
 
         check_encodable(task, tokenizer)
+    if isinstance(cfg, MiniCodeTraceTaskConfig) and max_new_tokens is not None:
+        longest = max(len(tokenizer.encode(task.reference_answer(p), add_special_tokens=False))
+                      for p in task.split("test")) + 1  # and the end of sequence
+        if max_new_tokens < longest:
+            raise ConfigError(f"{key}={max_new_tokens}: the longest reference trace of task={cfg.name}'s test split "
+                              f"takes {longest} tokens with this model's tokenizer; set {key}>={longest}")
     return task
 
 

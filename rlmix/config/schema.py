@@ -202,6 +202,15 @@ class MiniCodeTaskConfig:
 
 
 @dataclass
+class MiniCodeTraceTaskConfig(MiniCodeTaskConfig):
+    """minicode answered with a worked trace of tries (rlmix/embedded/minicode_trace.py): long answers."""
+
+    name: str = "minicode_trace"
+    trace_tries: list[int] = field(default_factory=lambda: [8, 16])
+    """[min, max] wrong tries before the right one in a reference trace (the warm start's target)."""
+
+
+@dataclass
 class WandbConfig:
     mode: WandbMode = WandbMode.offline
     project: str = "rlmix"
@@ -284,7 +293,7 @@ class RunConfig:
     correction: CorrectionConfig = field(default_factory=CorrectionConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    task: Any = MISSING  # a group option: MiniCodeTaskConfig, DatasetTaskConfig, MiniCodeAgentConfig or SwebenchProConfig
+    task: Any = MISSING  # a group option: MiniCodeTaskConfig (or its trace form), DatasetTaskConfig, MiniCodeAgentConfig or SwebenchProConfig
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -306,6 +315,7 @@ def register_configs() -> None:
     cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
     cs.store(group="model", name="model_schema", node=ModelConfig)
     cs.store(group="task", name="minicode_schema", node=MiniCodeTaskConfig)
+    cs.store(group="task", name="minicode_trace_schema", node=MiniCodeTraceTaskConfig)
     cs.store(group="task", name="swebench_pro_schema", node=SwebenchProConfig)
     cs.store(group="task", name="dataset_schema", node=DatasetTaskConfig)
     cs.store(group="task", name="minicode_agent_schema", node=MiniCodeAgentConfig)

@@ -11,7 +11,7 @@ import json
 import time
 from pathlib import Path
 
-from rlmix.config.schema import EvalConfig, RunConfig
+from rlmix.config.schema import EvalConfig, MiniCodeTaskConfig, RunConfig
 from rlmix.config.swebench import AgentEnvConfig
 from rlmix.errors import ConfigError
 from rlmix.isolation.scratch import scratch_dir
@@ -56,7 +56,7 @@ def task_counts(cfg: RunConfig, model_dir: Path, progress) -> tuple[list[dict], 
     from rlmix.assembly.parts import decode_completions, derive_seed, encode_prompts, make_task_for
 
     tokenizer = load_tokenizer(model_dir)
-    task = make_task_for(cfg.task, cfg.seed, tokenizer)
+    task = make_task_for(cfg.task, cfg.seed, tokenizer, cfg.eval.max_new_tokens, key="eval.max_new_tokens")
     problems = task.split(cfg.task.split)
     sampler, label = reference_sampler(cfg.eval, model_dir, cfg.seed)
     n = cfg.eval.samples
@@ -104,7 +104,7 @@ def evaluate(cfg: RunConfig, progress=print) -> dict:
     if isinstance(cfg.task, AgentEnvConfig):
         return evaluate_agentic(cfg, model_dir, ks, progress)
     # minicode's default split names its training stream; evaluation means its test split
-    split = "test" if cfg.task.name == "minicode" and cfg.task.split == "train" else cfg.task.split
+    split = "test" if isinstance(cfg.task, MiniCodeTaskConfig) and cfg.task.split == "train" else cfg.task.split
     cfg.task.split = split
     out_dir = Path(cfg.eval.out_dir) if cfg.eval.out_dir else default_out_dir(cfg, split)
     rows, label = task_counts(cfg, model_dir, progress)

@@ -107,7 +107,8 @@ def train(plan: RunPlan, run_dir: Path, sweep_group: str | None = None, label: s
     run_dir = Path(run_dir)
     model_dir = resolve_model_dir(cfg)
     tokenizer = load_fast_tokenizer(model_dir)
-    task = make_task_for(cfg.task, cfg.seed, tokenizer)  # before Ray: a prompt it cannot encode is one line
+    # Before Ray: a prompt it cannot encode, or an answer the budget would cut, is one line.
+    task = make_task_for(cfg.task, cfg.seed, tokenizer, cfg.loop.max_new_tokens)
     specs = resolve_fleet(plan, tokenizer.eos_token_id)
     if isinstance(cfg.task, AgentEnvConfig):  # runtime, tasks and context: one line, before Ray starts
         from rlmix.agentic.train import check_agent_run
