@@ -220,3 +220,28 @@ def test_sparse_layers_follow_decoder_sparse_step_and_mlp_only_layers():
                      "num_experts_per_tok": 2, "decoder_sparse_step": 2, "mlp_only_layers": [3]}).moe
     assert spec.sparse == (False, True, False, False, False, True) and spec.layers == (1, 5)
     assert describe({"model_type": "qwen3", "num_hidden_layers": 2}).moe is None
+
+
+@pytest.mark.parametrize("case", ["qwen3_moe", "mixtral_window"])
+def test_generation_records_the_experts_a_fresh_forward_chooses(case, model_dirs):
+    """``routed_experts`` (B, P + T, M, k) int16: at every prompt and fed-back completion position, the
+    experts a teacher-forced forward over prompt + completion chooses there; -1 past the last fed token."""
+    sampler = TorchSampler(model_dirs[case], resolve_view("H100", "fp8_e4m3"), "x", max_batch=2)
+    prompts = [[1, 5, 6, 7, 8, 9, 10, 11, 12], [1, 11], [1, 20, 21, 22, 23]]
+    r = sampler.generate(prompts, SamplingParams(max_new_tokens=10, stop_token_ids=(3, 4, 5), seed=0))
+    moe = sampler.model.shape.spec.moe
+    assert r.routed_experts.dtype == torch.int16
+    assert r.routed_experts.shape == (3, r.prompt_ids.shape[1] + r.mask.shape[1], len(moe.layers), moe.top_k)
+    for i, prompt in enumerate(prompts):
+        n = int(r.mask[i].sum())
+        seq = torch.tensor(prompt + r.completion_ids[i, :n].tolist())[None]
+        fed = len(prompt) + n - 1  # the last generated token is never fed back
+        routes: list[torch.Tensor] = []
+        model = sampler.model
+        model.forward(seq, torch.arange(seq.shape[1])[None], torch.ones_like(seq, dtype=torch.bool),
+                      model.new_cache(1, seq.shape[1]), 0, routes=routes)
+        expected = torch.stack(routes, dim=2)[0, :fed].to(torch.int16)
+        assert torch.equal(r.routed_experts[i, :fed], expected)
+        assert bool((r.routed_experts[i, fed:] == -1).all())
+    dense = TorchSampler(model_dirs["qwen3"], PrecisionView.exact(), "x")
+    assert dense.generate(prompts, SamplingParams(max_new_tokens=3, seed=0)).routed_experts is None
