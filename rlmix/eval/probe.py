@@ -206,7 +206,8 @@ class ProbeContext:
     def trainer_tokens(self, batch: Rollouts) -> TokenBatch:
         """The batch's tokens with the trainer's logits, exactly as training computes them."""
         return token_batch(self.trainer, batch, pad_id=self.pad_id, autocast=self.autocast,
-                           replay_support=self.correction.replay_support)
+                           replay_support=self.correction.replay_support,
+                           replay_routes=self.correction.routing_replay)
 
 
 def _chunk_measure(ctx: ProbeContext, chunk: Rollouts, view: PrecisionView | None) -> dict[str, Tensor]:
