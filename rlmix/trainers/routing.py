@@ -7,11 +7,13 @@ done here, on the trainer's own forward, through a forward hook on each sparse l
 (transformers' ``TopKRouter`` at ``mlp.gate``, which returns ``(logits, weights, indices)``):
 
 - **flip rate**: the share of (token, sparse layer) whose top-k set differs from the sampler's,
-  at the position whose logits give the token's log-prob (``mismatch/router_flip``);
+  at the position whose logits give the token's log-prob (``mismatch/router_flip``); under
+  replay it is still the trainer's own top-k, on the replayed forward's hidden states;
 - **routing replay** (``correction.routing_replay``): the forward uses the sampler's experts at
   every recorded position, each weighted by the trainer's own router probability — renormalised
   over the k experts where the model renormalises (Mixtral, Qwen3-MoE's ``norm_topk_prob``),
-  the plain softmax probability where it does not — so the gradient still reaches the router.
+  the plain softmax probability where it does not — so the gradient still reaches the router
+  (docs/math.md §4.1).
   Positions without a record (the last generated token, padding, a pool that records none) keep
   the trainer's own choice.
 """
