@@ -98,7 +98,7 @@ INV_FREQ = {"default": _default_inv_freq, "linear": _linear_inv_freq, "llama3": 
 
 
 @dataclass
-class Experts:
+class ExpertWeights:
     """A sparse MLP's parameters: E experts of intermediate size I."""
 
     router: torch.Tensor  # (E, hidden), in the activation dtype, never quantised
@@ -116,7 +116,7 @@ class Layer:
     ln_mlp: torch.Tensor  # (hidden,)
     w_gate_up: torch.Tensor | None  # (2·I, hidden); None in a sparse layer
     w_down: torch.Tensor | None  # (hidden, I)
-    experts: Experts | None = None  # a sparse layer's experts
+    experts: ExpertWeights | None = None  # a sparse layer's experts
     b_qkv: torch.Tensor | None = None  # ((H + 2·Hkv)·D,)
     b_o: torch.Tensor | None = None  # (hidden,)
     q_norm: torch.Tensor | None = None  # (D,)
@@ -177,7 +177,7 @@ class EmulatedDecoder:
                 k_norm=a(p + "self_attn.k_norm.weight") if spec.arch.qk_norm else None,
             ))
 
-    def _experts(self, weights: Mapping[str, torch.Tensor], p: str, a) -> Experts:
+    def _experts(self, weights: Mapping[str, torch.Tensor], p: str, a) -> ExpertWeights:
         """Layer ``p``'s experts from either layout: fused (E, 2·I, hidden) / (E, hidden, I) tensors as
         transformers 5 holds them in memory (a trainer's published weights), or one matrix per
         expert as checkpoints store them (module, gate, up, down names: ``EXPERT_NAMES``)."""
@@ -199,7 +199,7 @@ class EmulatedDecoder:
             router = f"{p}{module}.gate.weight"
         # Real fp8/int/nvfp4 engines keep the router (gate) weight unquantised, in the activation
         # dtype (bf16): only its input and its logits carry the pool's precision.
-        return Experts(a(router), gate_up, downs)
+        return ExpertWeights(a(router), gate_up, downs)
 
     def _required_names(self, weights: Mapping[str, torch.Tensor]) -> list[str]:
         """The names ``load`` reads; experts in the layout ``weights`` has (``_experts``)."""
@@ -293,7 +293,7 @@ class EmulatedDecoder:
         gate, up = self._linear(x, layer.w_gate_up).chunk(2, dim=-1)
         return self._linear(self._act(F.silu(gate) * up), layer.w_down)
 
-    def _moe(self, x: torch.Tensor, experts: Experts) -> tuple[torch.Tensor, torch.Tensor]:
+    def _moe(self, x: torch.Tensor, experts: ExpertWeights) -> tuple[torch.Tensor, torch.Tensor]:
         """A top-k mixture of SiLU-gated experts over ``x`` (B, L, hidden): its output (B, L, hidden)
         and the experts each position chose (B, L, k) int64, in descending router probability.
 
