@@ -8,6 +8,7 @@ candidates per token as objects is what makes some systems 3x slower). Shapes:
     T  longest completion        (completions right-padded; ``mask`` marks real tokens)
     K  top-K candidate slots     (-1 / -inf padding)
     S  recorded sampling-support slots (-1 / 0.0 padding)
+    M  sparse (mixture-of-experts) layers of the model, k experts chosen per token
 
 Log-prob semantics (docs/math.md §4): ``sampler_logprobs[b, t]`` is log q(a) under the
 distribution the token was actually drawn from (temperature applied, and renormalised over
@@ -75,6 +76,12 @@ class Rollouts:
     head_logprobs: torch.Tensor | None = None  # (B, T, K) float32, -inf padding
     support_ids: torch.Tensor | None = None  # (B, T, S) int64, -1 padding
     support_probs: torch.Tensor | None = None  # (B, T, S) float32, 0 padding
+    # Mixture-of-experts models only: (B, P + T, M, k) int16, -1 padding. The experts each sparse
+    # layer chose at each position of the row's sequence, indexed as ``sequence_input_ids`` lays it
+    # out (prompt tokens at 0..prompt_len-1, completion token t at prompt_len + t); the last generated
+    # token, never fed back, has none. Completion token t's log-prob was drawn from position
+    # prompt_len + t - 1.
+    routed_experts: torch.Tensor | None = None
     # Filled in by the task after scoring; the sampler leaves the defaults.
     task_ids: tuple[str, ...] = ()
     group_ids: torch.Tensor | None = None  # (B,) int64: samples of one prompt share a group
@@ -165,6 +172,19 @@ def _pad_cat(tensors: list[torch.Tensor | None], value: float | int) -> torch.Te
     return torch.cat(out)
 
 
+def _routes_or_none(parts: list[Rollouts]) -> list[torch.Tensor | None]:
+    """Each part's ``routed_experts``; a part from a pool that records none (vLLM) gets an all -1 one,
+    so a mixed fleet's batch still carries the torch pools' records."""
+    shapes = [p.routed_experts.shape[2:] for p in parts if p.routed_experts is not None]
+    if not shapes:
+        return [None] * len(parts)
+    return [
+        p.routed_experts if p.routed_experts is not None else torch.full(
+            (len(p), p.prompt_ids.shape[1] + p.completion_ids.shape[1], *shapes[0]), -1, dtype=torch.int16)
+        for p in parts
+    ]
+
+
 def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
     """Concatenate rollouts from several requests (and pools) into one training batch."""
     if not parts:
@@ -190,6 +210,7 @@ def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
         head_logprobs=cat("head_logprobs", float("-inf")),
         support_ids=cat("support_ids", -1),
         support_probs=cat("support_probs", 0.0),
+        routed_experts=_pad_cat(_routes_or_none(parts), -1),
         task_ids=sum((p.task_ids for p in parts), ()),
         group_ids=cat("group_ids", 0),
         rewards=cat("rewards", 0.0),

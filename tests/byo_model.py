@@ -42,8 +42,9 @@ LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "lo
 
 
 def save_model(path: Path, arch: str = "llama", seed: int = 0) -> Path:
-    """A random tiny causal LM of ``arch`` (llama | llama3 | qwen2) with the BPE tokenizer, saved to ``path``."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+    """A random tiny causal LM of ``arch`` (llama | llama3 | qwen2 | qwen3_moe) with the BPE tokenizer, saved
+    to ``path``. qwen3_moe: 4 experts of size 32, top-2 renormalised, on both layers."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3MoeConfig
 
     tok = train_bpe_tokenizer()
     common = dict(
@@ -53,6 +54,9 @@ def save_model(path: Path, arch: str = "llama", seed: int = 0) -> Path:
     )
     if arch == "llama3":
         config = LlamaConfig(**common, rope_parameters=LLAMA3_ROPE)
+    elif arch == "qwen3_moe":
+        config = Qwen3MoeConfig(**common, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                norm_topk_prob=True)
     else:
         config = {"llama": LlamaConfig, "qwen2": Qwen2Config}[arch](**common)
     torch.manual_seed(seed)

@@ -77,6 +77,13 @@ def save_tiny_decoder(path: Path, model_type: str, seed: int = 0, **overrides) -
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen3_moe_dir(tmp_path_factory) -> Path:
+    """A random tiny Qwen3-MoE: save_tiny_decoder's shapes, 4 experts of size 32, top-2 renormalised."""
+    return save_tiny_decoder(tmp_path_factory.mktemp("tiny_qwen3_moe"), "qwen3_moe", num_experts=4,
+                             num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
+
+
+@pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory) -> Path:
     """A random tiny Llama (hidden 64, 2 layers, 2 heads / 1 KV head, char vocab) saved with save_pretrained."""
     return save_tiny_llama(tmp_path_factory.mktemp("tiny_llama"))

@@ -32,6 +32,14 @@ CASES = {
     "qwen3": ("qwen3", {}),
     "qwen3_tied_bias": ("qwen3", {"tie_word_embeddings": True, "attention_bias": True}),
     "mistral_window": ("mistral", {"sliding_window": 6}),
+    # mixtures of experts: 2 layers, one dense by mlp_only_layers; top-2 (unnormalised) or top-3 of
+    # 4 (renormalised); Mixtral with a window
+    "qwen3_moe": ("qwen3_moe", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                                "mlp_only_layers": [1]}),
+    "qwen3_moe_norm_bias": ("qwen3_moe", {"num_experts": 4, "num_experts_per_tok": 3, "norm_topk_prob": True,
+                                          "moe_intermediate_size": 32, "attention_bias": True,
+                                          "tie_word_embeddings": True}),
+    "mixtral_window": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 6}),
 }
 
 
@@ -69,7 +77,8 @@ def test_exact_view_matches_hf_fp32(case, model_dirs):
     torch.testing.assert_close(mine[real], ref[real], atol=3e-5, rtol=0)
 
 
-@pytest.mark.parametrize("case", ["qwen2_sliding_tied", "qwen3_tied_bias", "mistral_window", "llama3_rope"])
+@pytest.mark.parametrize("case", ["qwen2_sliding_tied", "qwen3_tied_bias", "mistral_window", "llama3_rope", "qwen3_moe",
+                                  "qwen3_moe_norm_bias", "mixtral_window"])
 def test_kv_cache_generation_matches_teacher_forcing(case, model_dirs):
     """Left-padded batched generation records the log-probs a fresh forward over prompt + completion gives
     (cache columns, RoPE positions and sliding windows agree)."""
@@ -82,7 +91,10 @@ def test_kv_cache_generation_matches_teacher_forcing(case, model_dirs):
         seq = torch.tensor(prompt + r.completion_ids[i, :n].tolist())[None]
         logits = sampler.logits(seq, torch.ones_like(seq))[0, len(prompt) - 1 : -1]
         full = torch.full((n, vocab), float("-inf")).scatter(1, r.head_ids[i, :n], r.head_logprobs[i, :n])
-        torch.testing.assert_close(full, torch.log_softmax(logits, -1), atol=3e-5, rtol=0)
+        # an expert's fp32 GEMM runs over other token subsets in the two passes (sums in another
+        # order): ~1e-5 relative on log-probs of magnitude ~5; a flipped expert would be ~1e-1
+        rtol = 3e-5 if sampler.model.shape.spec.moe else 0
+        torch.testing.assert_close(full, torch.log_softmax(logits, -1), atol=3e-5, rtol=rtol)
 
 
 @pytest.mark.parametrize("model_type", list(ARCHITECTURES))
@@ -153,3 +165,83 @@ def test_torch_pool_with_vllm_settings_is_refused(tmp_path):
     qwen = save_tiny_decoder(tmp_path / "qwen2", "qwen2")
     cfg = compose_run_config(["+experiment=smoke", f"model.path={qwen}"])
     assert json.loads((qwen / "config.json").read_text())["model_type"] == "qwen2" and cfg.model.path == str(qwen)
+
+
+# --- mixtures of experts -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", ["qwen3_moe", "mixtral_window"])
+def test_fused_experts_as_a_trainer_publishes_them_serve_alike(case, model_dirs):
+    """transformers 5 holds experts fused (mlp.experts.gate_up_proj) where checkpoints store one
+    matrix per expert (block_sparse_moe.experts.{e}.w1 for Mixtral): both layouts give one forward."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model_dirs[case], dtype=torch.float32)
+    fused = {k: v.detach() for k, v in hf.state_dict().items()}
+    assert any(k.endswith("mlp.experts.gate_up_proj") for k in fused)
+    sampler = TorchSampler(model_dirs[case], PrecisionView.exact(), "x")
+    ids, mask = _teacher_batch()
+    from_file = sampler.logits(ids, mask)
+    sampler.load_weights(fused, 1)
+    assert torch.equal(sampler.logits(ids, mask), from_file)
+    with pytest.raises(ValueError, match=r"weights lack \d+ (qwen3_moe|mixtral) parameters.*experts.down_proj"):
+        sampler.load_weights({k: v for k, v in fused.items() if "experts.down_proj" not in k}, 2)
+
+
+def test_quantised_pools_route_some_tokens_to_other_experts(model_dirs):
+    """The router sees each pool's rounded hidden state: nvfp4 flips more top-k sets than bf16, and
+    the exact view none against itself."""
+    ids, mask = _teacher_batch()
+    real = mask.bool()
+
+    def routes(view: PrecisionView) -> torch.Tensor:
+        model = TorchSampler(model_dirs["qwen3_moe_norm_bias"], view, "x").model
+        out: list[torch.Tensor] = []
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        model.forward(ids, positions, real, model.new_cache(*ids.shape), 0, routes=out)
+        return torch.stack(out, dim=2).sort(dim=-1).values[real]  # (N, layers, k) as sets
+
+    exact = routes(PrecisionView.exact())
+    flips = {name: float((routes(resolve_view("B200", name)) != exact).any(-1).float().mean())
+             for name in ("bf16", "nvfp4")}
+    assert torch.equal(routes(PrecisionView.exact()), exact)
+    assert 0 <= flips["bf16"] < flips["nvfp4"] and flips["nvfp4"] > 0.01, flips
+
+
+def test_router_jitter_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match=r"mixtral with router_jitter_noise=0.1 .*allowed: 0.0") as err:
+        describe({"model_type": "mixtral", "num_hidden_layers": 2, "num_local_experts": 4, "num_experts_per_tok": 2,
+                  "router_jitter_noise": 0.1})
+    assert "\n" not in str(err.value)
+
+
+def test_sparse_layers_follow_decoder_sparse_step_and_mlp_only_layers():
+    spec = describe({"model_type": "qwen3_moe", "num_hidden_layers": 6, "num_local_experts": 4,
+                     "num_experts_per_tok": 2, "decoder_sparse_step": 2, "mlp_only_layers": [3]}).moe
+    assert spec.sparse == (False, True, False, False, False, True) and spec.layers == (1, 5)
+    assert describe({"model_type": "qwen3", "num_hidden_layers": 2}).moe is None
+
+
+@pytest.mark.parametrize("case", ["qwen3_moe", "mixtral_window"])
+def test_generation_records_the_experts_a_fresh_forward_chooses(case, model_dirs):
+    """``routed_experts`` (B, P + T, M, k) int16: at every prompt and fed-back completion position, the
+    experts a teacher-forced forward over prompt + completion chooses there; -1 past the last fed token."""
+    sampler = TorchSampler(model_dirs[case], resolve_view("H100", "fp8_e4m3"), "x", max_batch=2)
+    prompts = [[1, 5, 6, 7, 8, 9, 10, 11, 12], [1, 11], [1, 20, 21, 22, 23]]
+    r = sampler.generate(prompts, SamplingParams(max_new_tokens=10, stop_token_ids=(3, 4, 5), seed=0))
+    moe = sampler.model.shape.spec.moe
+    assert r.routed_experts.dtype == torch.int16
+    assert r.routed_experts.shape == (3, r.prompt_ids.shape[1] + r.mask.shape[1], len(moe.layers), moe.top_k)
+    for i, prompt in enumerate(prompts):
+        n = int(r.mask[i].sum())
+        seq = torch.tensor(prompt + r.completion_ids[i, :n].tolist())[None]
+        fed = len(prompt) + n - 1  # the last generated token is never fed back
+        routes: list[torch.Tensor] = []
+        model = sampler.model
+        model.forward(seq, torch.arange(seq.shape[1])[None], torch.ones_like(seq, dtype=torch.bool),
+                      model.new_cache(1, seq.shape[1]), 0, routes=routes)
+        expected = torch.stack(routes, dim=2)[0, :fed].to(torch.int16)
+        assert torch.equal(r.routed_experts[i, :fed], expected)
+        assert bool((r.routed_experts[i, fed:] == -1).all())
+    dense = TorchSampler(model_dirs["qwen3"], PrecisionView.exact(), "x")
+    assert dense.generate(prompts, SamplingParams(max_new_tokens=3, seed=0)).routed_experts is None

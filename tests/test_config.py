@@ -28,18 +28,19 @@ OPTIONS = sorted(p.relative_to(CONF) for p in CONF.rglob("*.yaml") if p.parent !
 
 
 def test_every_option_is_seen():
-    # 5 fleets + 6 corrections + 2 trainers + 1 model + 5 tasks + 2 loggers + 12 experiments
-    assert len(OPTIONS) == 33, OPTIONS
+    # 5 fleets + 6 corrections + 2 trainers + 1 model + 5 tasks + 2 loggers + 13 experiments
+    assert len(OPTIONS) == 34, OPTIONS
 
 
 @pytest.mark.parametrize("option", OPTIONS, ids=str)
-def test_every_option_composes(option: Path):
+def test_every_option_composes(option: Path, request):
     group, name = option.parent.as_posix(), option.stem
     override = f"+{group}={name}" if group == "experiment" else f"{group}={name}"
     extra = {
-        "swebench_pro": ["task.tasks_dir=/nonexistent"],
-        "dataset": [f"task.train_files={CONF.parent / 'examples/arith/train.jsonl'}", "task.prompt_key=question"],
-    }.get(name, [])
+        "swebench_pro": lambda: ["task.tasks_dir=/nonexistent"],
+        "dataset": lambda: [f"task.train_files={CONF.parent / 'examples/arith/train.jsonl'}", "task.prompt_key=question"],
+        "sc_mis_replay": lambda: [f"model.path={request.getfixturevalue('tiny_qwen3_moe_dir')}"],  # experts to replay
+    }.get(name, list)()
     cfg = compose_run_config([override, *extra], for_training=group != "task")
     if group == "experiment":
         assert cfg.name == name

@@ -105,3 +105,27 @@ def test_the_eval_command_a_dataset_run_prints_scores_its_rows_with_its_reward(t
     assert (result["task"], result["split"]) == ("dataset", "test")
     assert [r["task_id"] for r in result["tasks"]] == ["dataset/test/0", "dataset/test/1", "dataset/test/2"]
     assert all(r["c"] == 2 for r in result["tasks"]) and result["pass_at_k"]["1"]["mean"] == 1.0
+
+
+def test_a_user_qwen3_moe_model_trains_on_the_default_emulated_fleet_with_routing_replay(tmp_path):
+    """A random tiny Qwen3-MoE on the six emulated pools (fp8, nvfp4, bf16), the routing-replay arm:
+    every pool serves it, the trainer logs each pool's router-flip rate, and the checkpoint is an
+    HF qwen3_moe directory the torch sampler serves again."""
+    from rlmix.samplers.accelerators import resolve_view
+    from rlmix.samplers.torch_sampler import TorchSampler
+
+    model = save_model(tmp_path / "model", "qwen3_moe")
+    run_dir = tmp_path / "run"
+    # lag mode: request i goes to sampler i mod 6, so 3 steps of 2 requests reach every pool once
+    rlmix("train", "+experiment=sc_mis_replay", f"model.path={model}", "task=dataset",
+          f"task.train_files={ARITH / 'train.jsonl'}", "task.prompt_key=question", "task.reward=math",
+          "loop.groups_per_step=4", "loop.group_size=4", "loop.groups_per_request=2", "loop.lag=1",
+          "logger=disabled", "loop.steps=3", "loop.max_new_tokens=8", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    rows = metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    flips = {k.split("/")[-1]: v for r in rows for k, v in r.items() if k.startswith("mismatch/router_flip/")}
+    assert set(flips) == {"h100_fp8", "h200_fp8", "b200_nvfp4", "b300_nvfp4", "a100_bf16", "rtxpro6000_bf16"}
+    assert all(0 <= v <= 1 for v in flips.values()) and all(0 <= r["mismatch/router_flip"] <= 1 for r in rows)
+    checkpoint = run_dir / "checkpoints" / "step_3"
+    assert json.loads((checkpoint / "config.json").read_text())["model_type"] == "qwen3_moe"
+    TorchSampler(checkpoint, resolve_view("B200", "nvfp4"), "again")

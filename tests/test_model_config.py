@@ -39,10 +39,15 @@ VARIANTS = {
     "layer_types_set": {"use_sliding_window": True, "sliding_window": 5, "num_hidden_layers": 3,
                         "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]},
     "layer_types_legacy": {"num_hidden_layers": 2, "layer_types": ["attention", "full_attention"]},
+    # mixtures of experts: the 4.x name num_experts (Qwen3-MoE files), the class's num_local_experts
+    "experts": {"num_experts": 6, "num_experts_per_tok": 3, "norm_topk_prob": True, "decoder_sparse_step": 2,
+                "mlp_only_layers": [0], "moe_intermediate_size": 24, "router_jitter_noise": 0.0},
+    "experts_local": {"num_local_experts": 5, "num_experts_per_tok": 1, "mlp_only_layers": None},
 }
 
-# Files transformers refuses outright (MistralConfig types num_key_value_heads as int, not None).
-REFUSED_BY_TRANSFORMERS = {("mistral", "kv_heads_null")}
+# Files transformers refuses outright (MistralConfig, Qwen3MoeConfig and MixtralConfig type
+# num_key_value_heads as int, not None).
+REFUSED_BY_TRANSFORMERS = {("mistral", "kv_heads_null"), ("qwen3_moe", "kv_heads_null"), ("mixtral", "kv_heads_null")}
 
 
 def _hf_fields(model_dir: Path) -> dict:

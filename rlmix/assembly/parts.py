@@ -134,7 +134,7 @@ def trainer_view(model_dir: str | Path, cfg: TrainerConfig, correction: Correcti
     """The trainer's logits on sampled tokens without a trainer (``rlmix.trainers.view.TrainerView``)."""
     from rlmix.trainers.view import TrainerView
 
-    return TrainerView(model_dir, cfg.precision, pad_id, correction.replay_support)
+    return TrainerView(model_dir, cfg.precision, pad_id, correction.replay_support, correction.routing_replay)
 
 
 def package_versions() -> dict[str, str | None]:

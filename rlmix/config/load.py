@@ -22,9 +22,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlmix.config.schema import CorrectionConfig, RunConfig, TrainerBackend, TrainerPrecision
+from rlmix.config.schema import CorrectionConfig, RunConfig, SamplerBackend, TrainerBackend, TrainerPrecision
+from rlmix.config.swebench import AgentEnvConfig
 from rlmix.correction import Correction
 from rlmix.errors import ConfigError
+
 
 def to_run_config(cfg: DictConfig) -> RunConfig:
     try:
@@ -191,11 +193,32 @@ def _check_activation_checkpointing(cfg: RunConfig, model: Mapping | None) -> No
                  "checkpointing; set it to false")
 
 
+def _check_routing_replay(cfg: RunConfig, model: Mapping | None) -> None:
+    """``correction.routing_replay`` needs experts to replay and a record of the sampler's choices."""
+    if not cfg.correction.routing_replay:
+        return
+    key = "correction.routing_replay=true"
+    experts = model is not None and (model.get("num_local_experts") or model.get("num_experts"))
+    what = "the embedded model" if model is None else f"model.path={cfg.model.path} (model_type={model.get('model_type')!r})"
+    _require(bool(experts), f"{key} needs a mixture-of-experts model (model_type qwen3_moe or mixtral); "
+             f"{what} is dense: set it to false")
+    _require(not cfg.trainer.activation_checkpointing,
+             f"{key} cannot be combined with trainer.activation_checkpointing=true (the recomputed layers would "
+             "route by the trainer's own choice); set one of them to false")
+    _require(not isinstance(cfg.task, AgentEnvConfig),
+             f"{key}: episode tasks (task={type(cfg.task).__name__}) record no expert choices; set it to false")
+    for name, pool in cfg.fleet.pools.items():
+        _require(pool.backend is SamplerBackend.torch,
+                 f"{key}: fleet.pools.{name} has backend: {pool.backend.value}, which records no expert choices; "
+                 "use torch pools or set it to false")
+
+
 def _check_fleet(cfg: RunConfig) -> None:
     fleet, c = cfg.fleet, cfg.correction
     _require(bool(fleet.pools), "fleet.pools is empty: a run needs at least one sampler pool")
     model = model_fields(cfg)
     _check_activation_checkpointing(cfg, model)
+    _check_routing_replay(cfg, model)
     for name, pool in fleet.pools.items():
         key = f"fleet.pools.{name}"
         _require(pool.count >= 1, f"{key}.count={pool.count}: must be >= 1")

@@ -140,6 +140,9 @@ class CorrectionConfig:
     num_candidates: int = 128  # K: top-K candidates recorded per token
     support_slots: int = 128  # slots recorded for the top-p/top-k support
     replay_support: bool = True  # renormalise the trainer over the recorded support (§4)
+    # Mixture-of-experts models: the trainer's forward uses the experts the sampler chose for each
+    # token (rlmix/trainers/routing.py), weighted by its own router; needs a model with experts.
+    routing_replay: bool = False
     # Terms beside the objective (rlmix/correction/regularizers.py), 0 in the study: kl_coef x
     # KL(pi || pi_ref) to a frozen copy of the start weights (built only when kl_coef > 0;
     # trainer.ref_on_cpu keeps it in host memory), estimated per token by kl_estimator; and

@@ -81,6 +81,7 @@ class Correction:
     head_size: int
     support_slots: int
     replay_support: bool
+    routing_replay: bool
     kl_coef: float
     kl_estimator: KLEstimator
     entropy_coef: float
@@ -112,6 +113,7 @@ class Correction:
         num_candidates: int,
         support_slots: int,
         replay_support: bool,
+        routing_replay: bool,
         kl_coef: float,
         kl_estimator: KLEstimator | str,
         entropy_coef: float,
@@ -166,6 +168,7 @@ class Correction:
             head_size=num_candidates if v.centered else 0,
             support_slots=support_slots,
             replay_support=replay_support,
+            routing_replay=routing_replay,
             kl_coef=kl_coef,
             kl_estimator=parse_enum(KLEstimator, kl_estimator, "correction.kl_estimator"),
             entropy_coef=entropy_coef,

@@ -122,11 +122,29 @@ def mismatch_metrics(
     weights = token_stats.get("weight")
     if weights is not None and weights.numel():  # over the whole step, not a mean of micro-batch ESS
         out[m.ESS] = float(effective_sample_size(weights))
+    out.update(_router_flips(batch, token_stats.get("router_flip"), counts))
     if k3 is None or not k3.numel():
         return out
     out.update(_mean_by_label(k3, batch.pool, counts, f"{m.KL_KEY}/"))
     lags = [lag_bucket_name(int(s)) for s in staleness]
     out.update(_mean_by_label(k3, lags, counts, f"{m.KL_KEY}/"))
+    return out
+
+
+def _router_flips(batch: Rollouts, flips: torch.Tensor | None, counts: torch.Tensor) -> dict[str, float]:
+    """``mismatch/router_flip`` overall and per pool, over the tokens whose sampler recorded its experts."""
+    if flips is None or not flips.numel():
+        return {}
+    known = ~flips.isnan()
+    if not bool(known.any()):
+        return {}
+    labels = [p for p in batch.pool]
+    per_pool = _mean_by_label(torch.where(known, flips, 0.0), labels, counts, f"{m.ROUTER_FLIP}/")
+    recorded = _mean_by_label(known.float(), labels, counts, "")
+    out = {m.ROUTER_FLIP: float(flips[known].mean())}
+    for pool, share in recorded.items():  # the mean over a pool's recorded tokens only
+        if share > 0:
+            out[f"{m.ROUTER_FLIP}/{pool}"] = per_pool[f"{m.ROUTER_FLIP}/{pool}"] / share
     return out
 
 

@@ -45,6 +45,9 @@ KL_K1 = "mismatch/kl_k1"
 LOGPROB_ABS_DIFF = "mismatch/logprob_abs_diff"
 RATIO_TAIL_FRAC = "mismatch/ratio_tail_frac"
 MULT_ERROR = "mismatch/mult_error"
+# mixture-of-experts models: share of (generated token, sparse layer) whose top-k experts differ
+# between the trainer's router and the sampler's record (+ /<pool>; rlmix/trainers/routing.py)
+ROUTER_FLIP = "mismatch/router_flip"
 
 # correction/: what the correction did (docs/math.md §2, §3.2)
 WEIGHT_MEAN = "correction/weight_mean"

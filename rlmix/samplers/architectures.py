@@ -1,7 +1,8 @@
 """The decoder architectures the torch sampler emulates: one table row per Hugging Face ``model_type``.
 
-Llama, Mistral, Qwen2 and Qwen3 share one forward pass (RMSNorm, rotary embeddings,
-grouped-query attention, SiLU-gated MLP); a row says only what differs. ``describe`` reads a
+Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE and Mixtral share one forward pass (RMSNorm, rotary
+embeddings, grouped-query attention, SiLU-gated MLP or a sparse mixture of SiLU-gated experts); a
+row says only what differs. ``describe`` reads a
 ``config.json`` as a plain mapping, completed with the architecture's defaults
 (``model_config.complete``) both in the run's pre-flight check and in the model build, so the two
 apply the same rules. Nothing here imports torch or transformers: the check answers in
@@ -33,6 +34,26 @@ class Window(enum.Enum):
     layer_types = "layer_types"  # ``sliding_window`` on the layers ``layer_types`` marks "sliding_attention" (Qwen)
 
 
+class Experts(enum.Enum):
+    """Whether the MLP is a sparse mixture of experts, and how its checkpoint names and routes them."""
+
+    none = "none"
+    # mlp.gate, mlp.experts.{e}.{gate,up,down}_proj; sparse layers by decoder_sparse_step and
+    # mlp_only_layers; the top-k weights renormalised only with norm_topk_prob (Qwen3-MoE)
+    qwen = "qwen"
+    # block_sparse_moe.gate, block_sparse_moe.experts.{e}.w1/w3/w2 (gate/up/down); every layer
+    # sparse; the top-k weights always renormalised (Mixtral)
+    mixtral = "mixtral"
+
+
+# Saved (per-expert) checkpoint names: (module prefix, gate, up, down). transformers 5 holds the
+# experts fused in memory (mlp.experts.gate_up_proj / down_proj), which is what a trainer publishes.
+EXPERT_NAMES = {
+    Experts.qwen: ("mlp", "gate_proj", "up_proj", "down_proj"),
+    Experts.mixtral: ("block_sparse_moe", "w1", "w3", "w2"),
+}
+
+
 @dataclass(frozen=True)
 class Architecture:
     """What one architecture changes in the shared decoder forward."""
@@ -40,6 +61,7 @@ class Architecture:
     bias: Bias
     qk_norm: bool  # RMSNorm over each head's q and k before the rotation (Qwen3)
     window: Window
+    experts: Experts = Experts.none
 
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -47,10 +69,28 @@ ARCHITECTURES: dict[str, Architecture] = {
     "mistral": Architecture(Bias.none, qk_norm=False, window=Window.every_layer),
     "qwen2": Architecture(Bias.qkv, qk_norm=False, window=Window.layer_types),
     "qwen3": Architecture(Bias.config, qk_norm=True, window=Window.layer_types),
+    # the window (only with use_sliding_window, model_config.complete) on every layer
+    "qwen3_moe": Architecture(Bias.config, qk_norm=True, window=Window.every_layer, experts=Experts.qwen),
+    "mixtral": Architecture(Bias.none, qk_norm=False, window=Window.every_layer, experts=Experts.mixtral),
 }
 # Rotary variants whose frequencies are fixed at load (a length-dependent one, e.g. dynamic NTK,
 # would change the logits of a prefix as the sequence grows); the tables are in emulated_decoder.py.
 ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True)
+class MoeSpec:
+    """A sparse MLP's routing: softmax over ``experts`` router logits, the ``top_k`` largest kept."""
+
+    experts: int
+    top_k: int
+    renormalize: bool  # the kept probabilities divided by their sum (Mixtral; Qwen3-MoE's norm_topk_prob)
+    sparse: tuple[bool, ...]  # per layer: a mixture of experts (else a dense SiLU-gated MLP)
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        """Indices of the sparse layers: the order of a rollout's ``routed_experts`` axis."""
+        return tuple(i for i, s in enumerate(self.sparse) if s)
 
 
 @dataclass(frozen=True)
@@ -64,6 +104,7 @@ class ModelSpec:
     attention_bias: bool  # projections q, k, v carry a bias
     o_bias: bool  # the output projection carries one
     windows: tuple[int | None, ...]  # per layer: the sliding window, None for full attention
+    moe: MoeSpec | None = None  # None: a dense model
 
 
 def _rope(fields: Mapping) -> tuple[str, dict]:
@@ -82,6 +123,22 @@ def _windows(fields: Mapping, arch: Architecture, layers: int) -> tuple[int | No
         types = fields.get("layer_types") or ["full_attention"] * layers
         return tuple(window if t == "sliding_attention" else None for t in types)
     return (None,) * layers
+
+
+def _moe(fields: Mapping, arch: Architecture, layers: int, where: str) -> MoeSpec | None:
+    if arch.experts is Experts.none:
+        return None
+    model_type = fields.get("model_type")
+    jitter = fields.get("router_jitter_noise") or 0.0
+    if jitter:  # the trainer's train-mode forward would scale its router input by random noise
+        raise ConfigError(f"{where}: {model_type} with router_jitter_noise={jitter!r} is not supported by the "
+                          "torch sampler (allowed: 0.0); pools with `backend: vllm` serve it")
+    experts = int(fields.get("num_local_experts") or 0)
+    if arch.experts is Experts.mixtral:
+        return MoeSpec(experts, int(fields["num_experts_per_tok"]), True, (True,) * layers)
+    step, dense = int(fields.get("decoder_sparse_step") or 1), set(fields.get("mlp_only_layers") or ())
+    sparse = tuple(i not in dense and experts > 0 and (i + 1) % step == 0 for i in range(layers))
+    return MoeSpec(experts, int(fields["num_experts_per_tok"]), bool(fields.get("norm_topk_prob")), sparse)
 
 
 def describe(fields: Mapping, where: str = "model") -> ModelSpec:
@@ -109,4 +166,4 @@ def describe(fields: Mapping, where: str = "model") -> ModelSpec:
     config_bias = arch.bias is Bias.config and bool(fields.get("attention_bias", False))
     layers = int(fields.get("num_hidden_layers", 0))
     return ModelSpec(model_type, arch, rope_type, rope, attention_bias=arch.bias is Bias.qkv or config_bias,
-                     o_bias=config_bias, windows=_windows(fields, arch, layers))
+                     o_bias=config_bias, windows=_windows(fields, arch, layers), moe=_moe(fields, arch, layers, where))

@@ -2,13 +2,16 @@
 
 Same math as Hugging Face ``LlamaForCausalLM`` and the architectures that differ from it only in
 the ways ``rlmix.samplers.architectures`` tabulates (Mistral's sliding window, Qwen2's q/k/v bias,
-Qwen3's per-head q/k RMSNorm): RMSNorm, RoPE (default, linear or Llama-3 scaled frequencies),
-grouped-query attention, SiLU-gated MLP, tied or untied lm_head. Under ``PrecisionView.exact()``
+Qwen3's per-head q/k RMSNorm, Qwen3-MoE's and Mixtral's sparse experts): RMSNorm, RoPE (default,
+linear or Llama-3 scaled frequencies), grouped-query attention, SiLU-gated MLP or a top-k mixture
+of SiLU-gated experts, tied or untied lm_head. Under ``PrecisionView.exact()``
 its log-probs match HF fp32 to ~1e-5 for each architecture. Under other views it computes with
 the values the emulated hardware would: decoder linear weights quantise-dequantised once per
 weight version, every activation rounded after each matmul / norm / residual add, linear-layer
 inputs quantised (W8A8), the KV cache stored in its format, and attention by the view's kernel
 family. Biases and norm weights are kept in the activation dtype, as serving recipes keep them.
+Experts are quantised like the other linear weights; the router is not (``_moe``), so a pool
+routes by its own rounded hidden states and may pick other experts than the trainer.
 
 Shapes: B batch, L new positions, C cache columns, H query heads, Hkv KV heads, G = H / Hkv,
 D head dim, V vocabulary. Everything is computed in fp32 tensors holding the rounded values.
@@ -24,12 +27,12 @@ import torch
 import torch.nn.functional as F
 
 from rlmix.samplers.accelerators import PrecisionView
-from rlmix.samplers.architectures import ModelSpec, describe
+from rlmix.samplers.architectures import EXPERT_NAMES, ModelSpec, describe
 from rlmix.samplers.attention import attend
 from rlmix.samplers.precision import quantize_dequantize, round_activation, round_kv
 
-_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+_ATTENTION = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
+_MLP = ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,15 @@ INV_FREQ = {"default": _default_inv_freq, "linear": _linear_inv_freq, "llama3": 
 
 
 @dataclass
+class ExpertWeights:
+    """A sparse MLP's parameters: E experts of intermediate size I."""
+
+    router: torch.Tensor  # (E, hidden), in the activation dtype, never quantised
+    gate_up: torch.Tensor  # (E, 2·I, hidden), each expert quantised as its own matrix
+    down: torch.Tensor  # (E, hidden, I)
+
+
+@dataclass
 class Layer:
     """One decoder block's parameters after this view's quantisation (fp32 tensors)."""
 
@@ -102,8 +114,9 @@ class Layer:
     w_qkv: torch.Tensor  # ((H + 2·Hkv)·D, hidden): q, k, v stacked (scales are per row, so stacking is exact)
     w_o: torch.Tensor  # (hidden, H·D)
     ln_mlp: torch.Tensor  # (hidden,)
-    w_gate_up: torch.Tensor  # (2·I, hidden)
-    w_down: torch.Tensor  # (hidden, I)
+    w_gate_up: torch.Tensor | None  # (2·I, hidden); None in a sparse layer
+    w_down: torch.Tensor | None  # (hidden, I)
+    experts: ExpertWeights | None = None  # a sparse layer's experts
     b_qkv: torch.Tensor | None = None  # ((H + 2·Hkv)·D,)
     b_o: torch.Tensor | None = None  # (hidden,)
     q_norm: torch.Tensor | None = None  # (D,)
@@ -131,7 +144,7 @@ class EmulatedDecoder:
     def load(self, weights: Mapping[str, torch.Tensor]) -> None:
         """Apply the view to a HF-named state dict: decoder linears in the weight format, embeddings,
         norms, biases and lm_head in the activation dtype (as fp8/int/fp4 serving recipes keep them)."""
-        missing = [n for n in self._required_names() if n not in weights]
+        missing = [n for n in self._required_names(weights) if n not in weights]
         if missing:
             raise ValueError(f"weights lack {len(missing)} {self.shape.spec.model_type} parameters, e.g. {missing[:3]}")
         act, view, spec = self.view.activations, self.view, self.shape.spec
@@ -142,6 +155,7 @@ class EmulatedDecoder:
         def a(name: str) -> torch.Tensor:
             return round_activation(weights[name].float(), act)
 
+        moe = spec.moe
         self.embed = a("model.embed_tokens.weight")
         self.lm_head = self.embed if self.shape.tie_embeddings else a("lm_head.weight")
         self.norm = a("model.norm.weight")
@@ -149,29 +163,69 @@ class EmulatedDecoder:
         for i in range(self.shape.layers):
             p = f"model.layers.{i}."
             qkv = [w(p + f"self_attn.{n}_proj.weight") for n in "qkv"]
-            gate_up = [w(p + f"mlp.{n}_proj.weight") for n in ("gate", "up")]
+            sparse = moe is not None and moe.sparse[i]
+            experts = self._experts(weights, p, a) if sparse else None
             self.layers.append(Layer(
                 a(p + "input_layernorm.weight"), torch.cat(qkv), w(p + "self_attn.o_proj.weight"),
-                a(p + "post_attention_layernorm.weight"), torch.cat(gate_up), w(p + "mlp.down_proj.weight"),
+                a(p + "post_attention_layernorm.weight"),
+                None if sparse else torch.cat([w(p + f"mlp.{n}_proj.weight") for n in ("gate", "up")]),
+                None if sparse else w(p + "mlp.down_proj.weight"),
+                experts=experts,
                 b_qkv=torch.cat([a(p + f"self_attn.{n}_proj.bias") for n in "qkv"]) if spec.attention_bias else None,
                 b_o=a(p + "self_attn.o_proj.bias") if spec.o_bias else None,
                 q_norm=a(p + "self_attn.q_norm.weight") if spec.arch.qk_norm else None,
                 k_norm=a(p + "self_attn.k_norm.weight") if spec.arch.qk_norm else None,
             ))
 
-    def _required_names(self) -> list[str]:
+    def _experts(self, weights: Mapping[str, torch.Tensor], p: str, a) -> ExpertWeights:
+        """Layer ``p``'s experts from either layout: fused (E, 2·I, hidden) / (E, hidden, I) tensors as
+        transformers 5 holds them in memory (a trainer's published weights), or one matrix per
+        expert as checkpoints store them (module, gate, up, down names: ``EXPERT_NAMES``)."""
+        view, moe = self.view, self.shape.spec.moe
+        module, gate, up, down = EXPERT_NAMES[self.shape.spec.arch.experts]
+
+        def w(t: torch.Tensor) -> torch.Tensor:
+            return quantize_dequantize(t, view.weights, view.int4_group)
+
+        if p + "mlp.experts.gate_up_proj" in weights:
+            gate_up = torch.stack([w(t) for t in weights[p + "mlp.experts.gate_up_proj"]])
+            downs = torch.stack([w(t) for t in weights[p + "mlp.experts.down_proj"]])
+            router = p + "mlp.gate.weight"
+        else:
+            e = f"{p}{module}.experts."
+            gate_up = torch.stack([torch.cat([w(weights[f"{e}{j}.{gate}.weight"]), w(weights[f"{e}{j}.{up}.weight"])])
+                                   for j in range(moe.experts)])
+            downs = torch.stack([w(weights[f"{e}{j}.{down}.weight"]) for j in range(moe.experts)])
+            router = f"{p}{module}.gate.weight"
+        # Real fp8/int/nvfp4 engines keep the router (gate) weight unquantised, in the activation
+        # dtype (bf16): only its input and its logits carry the pool's precision.
+        return ExpertWeights(a(router), gate_up, downs)
+
+    def _required_names(self, weights: Mapping[str, torch.Tensor]) -> list[str]:
+        """The names ``load`` reads; experts in the layout ``weights`` has (``_experts``)."""
         spec = self.shape.spec
         names = ["model.embed_tokens.weight", "model.norm.weight"]
         if not self.shape.tie_embeddings:
             names.append("lm_head.weight")
-        per_layer = [f"{n}.weight" for n in _LINEARS] + ["input_layernorm.weight", "post_attention_layernorm.weight"]
+        per_layer = [f"{n}.weight" for n in _ATTENTION] + ["input_layernorm.weight", "post_attention_layernorm.weight"]
         if spec.attention_bias:
             per_layer += [f"self_attn.{n}_proj.bias" for n in "qkv"]
         if spec.o_bias:
             per_layer.append("self_attn.o_proj.bias")
         if spec.arch.qk_norm:
             per_layer += ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
-        return names + [f"model.layers.{i}.{n}" for i in range(self.shape.layers) for n in per_layer]
+        names += [f"model.layers.{i}.{n}" for i in range(self.shape.layers) for n in per_layer]
+        for i in range(self.shape.layers):
+            p = f"model.layers.{i}."
+            if spec.moe is None or not spec.moe.sparse[i]:
+                names += [f"{p}{n}.weight" for n in _MLP]
+            elif p + "mlp.experts.gate_up_proj" in weights:
+                names += [p + "mlp.experts.down_proj", p + "mlp.gate.weight"]
+            else:
+                module, *projections = EXPERT_NAMES[spec.arch.experts]
+                names.append(f"{p}{module}.gate.weight")
+                names += [f"{p}{module}.experts.{j}.{n}.weight" for j in range(spec.moe.experts) for n in projections]
+        return names
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         return KVCache(self.shape, batch, max_len)
@@ -239,6 +293,31 @@ class EmulatedDecoder:
         gate, up = self._linear(x, layer.w_gate_up).chunk(2, dim=-1)
         return self._linear(self._act(F.silu(gate) * up), layer.w_down)
 
+    def _moe(self, x: torch.Tensor, experts: ExpertWeights) -> tuple[torch.Tensor, torch.Tensor]:
+        """A top-k mixture of SiLU-gated experts over ``x`` (B, L, hidden): its output (B, L, hidden)
+        and the experts each position chose (B, L, k) int64, in descending router probability.
+
+        The router GEMM runs in the activation dtype on the rounded hidden state with its bf16
+        weight (no W8A8 input: engines keep the gate out of the quantised GEMMs), its logits rounded
+        to the activation dtype; softmax and top-k in fp32 (HF's ``TopKRouter``). Each expert is a
+        quantised linear pair; its output scaled by the routing weight, summed over the k experts.
+        """
+        moe = self.shape.spec.moe
+        b, n, hidden = x.shape
+        flat = x.reshape(-1, hidden)
+        logits = self._act(F.linear(flat, experts.router))  # (N, E)
+        weights, chosen = torch.softmax(logits, dim=-1).topk(moe.top_k, dim=-1)  # (N, k)
+        if moe.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights = self._act(weights)
+        out = torch.zeros_like(flat)
+        for e in chosen.unique().tolist():
+            token, slot = (chosen == e).nonzero(as_tuple=True)
+            gate, up = self._linear(flat[token], experts.gate_up[e]).chunk(2, dim=-1)
+            y = self._linear(self._act(F.silu(gate) * up), experts.down[e])
+            out.index_add_(0, token, self._act(y * weights[token, slot, None]))
+        return self._act(out).view(b, n, hidden), chosen.view(b, n, moe.top_k)
+
     def _masks(self, key_valid: torch.Tensor, start: int, n: int) -> dict[int | None, torch.Tensor]:
         """Per distinct sliding window (None: full attention): allowed (B, 1, G·L, C) bool.
 
@@ -260,12 +339,14 @@ class EmulatedDecoder:
 
     # -- forward ----------------------------------------------------------------------------
 
-    def forward(self, ids, positions, key_valid, cache: KVCache, start: int, last_only: bool = False):
+    def forward(self, ids, positions, key_valid, cache: KVCache, start: int, last_only: bool = False,
+                routes: list[torch.Tensor] | None = None):
         """Logits (B, L, V) — or (B, 1, V) with ``last_only`` — fp32, for ``ids`` (B, L) written at
         cache columns [start, start + L).
 
         ``positions`` (B, L): RoPE positions. ``key_valid`` (B, start + L) bool: columns holding
-        real tokens (False for left padding); see ``_masks`` for who attends to what.
+        real tokens (False for left padding); see ``_masks`` for who attends to what. ``routes``, a
+        list, receives each sparse layer's chosen experts (B, L, k) in layer order.
         """
         masks = self._masks(key_valid, start, ids.shape[1])
         rope = self._rope_tables(positions)
@@ -273,7 +354,14 @@ class EmulatedDecoder:
         for i, layer in enumerate(self.layers):
             allowed = masks[self.shape.spec.windows[i]]
             h = self._act(h + self._attention(self._rms_norm(h, layer.ln_attn), layer, i, rope, cache, start, allowed))
-            h = self._act(h + self._mlp(self._rms_norm(h, layer.ln_mlp), layer))
+            normed = self._rms_norm(h, layer.ln_mlp)
+            if layer.experts is None:
+                h = self._act(h + self._mlp(normed, layer))
+                continue
+            mlp, chosen = self._moe(normed, layer.experts)
+            h = self._act(h + mlp)
+            if routes is not None:
+                routes.append(chosen)
         if last_only:
             h = h[:, -1:]
         return self._act(F.linear(self._rms_norm(h, self.norm), self.lm_head))

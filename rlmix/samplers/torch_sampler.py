@@ -126,7 +126,10 @@ class TorchSampler:
         key_valid[:, :width] = torch.arange(width)[None] >= pad[:, None]
         positions = (torch.arange(width)[None] - pad[:, None]).clamp(min=0)
         cache = self.model.new_cache(b, width + steps)
-        logits = self.model.forward(left, positions, key_valid[:, :width], cache, 0, last_only=True)[:, 0]
+        moe = self.model.shape.spec.moe
+        routes = _Routes(pad, width, steps, moe) if moe is not None else None
+        logits = self.model.forward(left, positions, key_valid[:, :width], cache, 0, last_only=True,
+                                    routes=routes.prefill() if routes else None)[:, 0]
         rec = _Recorder(b, steps, params, self.pad_id)
         for t in range(steps):
             step = draw(logits, uniforms[:, t], params.temperature, params.top_k, params.top_p,
@@ -135,8 +138,56 @@ class TorchSampler:
             if t == steps - 1 or bool(rec.done.all()):
                 break
             logits = self.model.forward(step.tokens[:, None], (lens + t)[:, None], key_valid[:, : width + t + 1],
-                                        cache, width + t, last_only=True)[:, 0]
-        return rec.rollouts(right, lens, self._version, self.pool, params)
+                                        cache, width + t, last_only=True,
+                                        routes=routes.step(t, ~rec.done) if routes else None)[:, 0]
+        out = rec.rollouts(right, lens, self._version, self.pool, params)
+        return out if routes is None else out.replace(routed_experts=routes.record(lens, rec.steps))
+
+
+class _Routes:
+    """The experts each sparse layer chose, per row and sequence position (``Rollouts.routed_experts``).
+
+    The forward appends one (B, L, k) tensor per sparse layer to the list it is given; ``record``
+    moves them from cache columns (left-padded prompts) to sequence positions (prompt from 0).
+    """
+
+    def __init__(self, pad: torch.Tensor, width: int, steps: int, moe) -> None:
+        if moe.experts > torch.iinfo(torch.int16).max:
+            raise ValueError(f"{moe.experts} experts do not fit the int16 record")
+        self.pad, self.width = pad, width
+        b, m = len(pad), len(moe.layers)
+        self.columns = torch.full((b, width + steps, m, moe.top_k), -1, dtype=torch.int16)  # by cache column
+        self._pending: tuple[list[torch.Tensor], int, torch.Tensor | None] | None = None
+
+    def _flush(self) -> None:
+        if self._pending is None:
+            return
+        layers, start, active = self._pending
+        chosen = torch.stack(layers, dim=2).to(torch.int16)  # (B, L, M, k)
+        if active is not None:  # rows that had finished fed padding: no route
+            chosen = torch.where(active[:, None, None, None], chosen, -1)
+        self.columns[:, start : start + chosen.shape[1]] = chosen
+        self._pending = None
+
+    def prefill(self) -> list[torch.Tensor]:
+        self._pending = ([], 0, None)
+        return self._pending[0]
+
+    def step(self, t: int, active: torch.Tensor) -> list[torch.Tensor]:
+        """The list for the forward that feeds completion token ``t``; rows not ``active`` (finished:
+        padding, or a stop token that predicts nothing) record none."""
+        self._flush()
+        self._pending = ([], self.width + t, active.clone())
+        return self._pending[0]
+
+    def record(self, lens: torch.Tensor, steps: int) -> torch.Tensor:
+        """(B, width + steps, M, k): row i's columns shifted left by its padding."""
+        self._flush()
+        b, n = self.columns.shape[:2]
+        total = self.width + steps
+        source = (torch.arange(total)[None] + self.pad[:, None]).clamp(max=n - 1)  # (B, total)
+        out = self.columns.gather(1, source[:, :, None, None].expand(-1, -1, *self.columns.shape[2:]))
+        return out.masked_fill((torch.arange(total)[None] + self.pad[:, None] >= n)[:, :, None, None], -1)
 
 
 class _Recorder:

@@ -70,7 +70,7 @@ def batch_loss(
     centered = cfg.centered
     # The entropy bonus differentiates the whole distribution: dense (N, V) logits, not the chunked columns.
     tokens = token_batch(model, batch, pad_id=pad_id, autocast=autocast, replay_support=cfg.replay_support,
-                         columns_for=None if cfg.entropy_coef > 0 else centered)
+                         columns_for=None if cfg.entropy_coef > 0 else centered, replay_routes=cfg.routing_replay)
     adv = advantages[:, None].expand_as(batch.mask)[batch.mask]  # (N,) sequence advantage on each token
     common = dict(
         logits=tokens.logits,
@@ -86,6 +86,8 @@ def batch_loss(
         num_sequences=num_sequences,
     )
     out = OBJECTIVES[cfg.objective](tokens, cfg, common)
+    if tokens.router_flip is not None:  # a mixture-of-experts model: its routing against the sampler's
+        out = LossOutput(out.loss, out.stats, out.token_stats | {"router_flip": tokens.router_flip})
     if cfg.kl_coef == 0 and cfg.entropy_coef == 0:  # the study's loss, untouched
         return LossOutput(out.loss, out.stats, out.token_stats | {"entropy": tokens.entropy})
     scale = aggregation_scale(cfg.aggregation, tokens.sequence_ids, tokens.num_tokens, num_tokens=num_tokens,

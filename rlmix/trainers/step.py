@@ -74,7 +74,7 @@ def trainer_logprobs(
         if not micro.mask.any():
             continue
         tokens = token_batch(model, micro, pad_id=pad_id, autocast=autocast, replay_support=cfg.replay_support,
-                             columns_for=False)
+                             columns_for=False, replay_routes=cfg.routing_replay)
         candidates = None
         if tokens.support_ids is not None:
             candidates = support_candidates(tokens.support_ids, tokens.support_probs, torch.float32)

@@ -9,6 +9,7 @@ which the chunked lm-head pass computes without an (N, V) tensor (``rlmix.traine
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +19,7 @@ from rlmix.correction.logprobs import Candidates, GatheredLogits, head_candidate
 from rlmix.rollout import Rollouts, sequence_input_ids
 from rlmix.trainers import lm_head
 from rlmix.trainers.precision import autocast_context
+from rlmix.trainers.routing import routing
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,9 @@ class TokenBatch:
     old_logprobs: (N,) PPO's π_old when the trainer recorded it before the batch's first update
     (``Rollouts.trainer_logprobs``), else None. sequence_ids: (N,) each token's row in the batch.
     ref_logprobs: (N,) log π_ref(a) under the frozen reference when the KL term is on, else None.
+    router_flip: (N,) for a mixture-of-experts model, the share of its sparse layers whose top-k
+    experts at the position predicting the token differ from the sampler's (NaN: none recorded);
+    None for a dense model (``rlmix.trainers.routing``).
     """
 
     logits: Tensor | GatheredLogits
@@ -45,6 +50,7 @@ class TokenBatch:
     old_logprobs: Tensor | None = None
     sequence_ids: Tensor | None = None
     ref_logprobs: Tensor | None = None
+    router_flip: Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -75,6 +81,7 @@ def token_batch(
     autocast: torch.dtype | None,
     replay_support: bool,
     columns_for: bool | None = None,
+    replay_routes: bool = False,
 ) -> TokenBatch:
     """``batch``'s generated tokens with the trainer's logits (differentiable when grad is on).
 
@@ -82,7 +89,20 @@ def token_batch(
     loss with (True) or without (False) score centering reads — the support when replayed, else
     the head when centered, else the sampled token alone — with the entropy, from the chunked
     lm-head pass, or dense where the output layer cannot be chunked (``lm_head.head_path``).
+    ``replay_routes``: a mixture-of-experts forward uses the sampler's recorded experts
+    (``rlmix.trainers.routing``); either way its router flips against them come back per token.
     """
+    mask = batch.mask
+    _, target_pos = sequence_input_ids(batch, pad_id)
+    with routing(model, batch, int(batch.prompt_lens.max()) + mask.shape[1], replay=replay_routes) as seen:
+        tokens = _token_batch(model, batch, pad_id=pad_id, autocast=autocast, replay_support=replay_support,
+                              columns_for=columns_for)
+    flips = seen.flips(batch.routed_experts, target_pos, mask)
+    return tokens if flips is None else dataclasses.replace(tokens, router_flip=flips)
+
+
+def _token_batch(model: torch.nn.Module, batch: Rollouts, *, pad_id: int, autocast: torch.dtype | None,
+                 replay_support: bool, columns_for: bool | None) -> TokenBatch:
     mask = batch.mask
 
     def per_token(x: Tensor | None) -> Tensor | None:

@@ -21,8 +21,9 @@ from rlmix.trainers.tokens import TokenBatch, token_batch
 class TrainerView:
     """The trainer's fp32 model under its ``trainer.precision`` autocast, read-only."""
 
-    def __init__(self, model_dir: str | Path, precision: TrainerPrecision, pad_id: int, replay_support: bool):
-        self.pad_id, self.replay_support = pad_id, replay_support
+    def __init__(self, model_dir: str | Path, precision: TrainerPrecision, pad_id: int, replay_support: bool,
+                 replay_routes: bool = False):
+        self.pad_id, self.replay_support, self.replay_routes = pad_id, replay_support, replay_routes
         self.autocast = autocast_dtype(precision)
         self.model = load_causal_lm(model_dir, dtype=torch.float32).eval()
 
@@ -30,4 +31,4 @@ class TrainerView:
     def tokens(self, batch: Rollouts) -> TokenBatch:
         """The batch's generated tokens with the trainer's dense logits, exactly as training computes them."""
         return token_batch(self.model, batch, pad_id=self.pad_id, autocast=self.autocast,
-                           replay_support=self.replay_support)
+                           replay_support=self.replay_support, replay_routes=self.replay_routes)
