@@ -28,8 +28,8 @@ OPTIONS = sorted(p.relative_to(CONF) for p in CONF.rglob("*.yaml") if p.parent !
 
 
 def test_every_option_is_seen():
-    # 5 fleets + 6 corrections + 2 trainers + 1 model + 4 tasks + 2 loggers + 12 experiments
-    assert len(OPTIONS) == 32, OPTIONS
+    # 5 fleets + 6 corrections + 2 trainers + 2 models + 4 tasks + 2 loggers + 12 experiments
+    assert len(OPTIONS) == 33, OPTIONS
 
 
 @pytest.mark.parametrize("option", OPTIONS, ids=str)
@@ -39,6 +39,7 @@ def test_every_option_composes(option: Path):
     extra = {
         "swebench_pro": ["task.tasks_dir=/nonexistent"],
         "dataset": [f"task.train_files={CONF.parent / 'examples/arith/train.jsonl'}", "task.prompt_key=question"],
+        "embedded_v2": ["fleet=vllm_gpu_mixed"],  # the torch sampler does not emulate qwen3_moe yet
     }.get(name, [])
     cfg = compose_run_config([override, *extra], for_training=group != "task")
     if group == "experiment":

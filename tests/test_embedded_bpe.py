@@ -62,9 +62,10 @@ def test_vocabulary_size_specials_and_digits(hf_tok):
     assert len(hf_tok) == VOCAB  # the corpus supports the full vocabulary, above score centering's K=128
     assert [hf_tok.convert_tokens_to_ids(t) for t in (PAD, IM_START, IM_END)] == [0, 1, 2]
     assert (hf_tok.pad_token_id, hf_tok.eos_token_id, hf_tok.bos_token_id, hf_tok.unk_token_id) == (0, 2, None, None)
-    # every digit is one token: a minicode prompt is one token per character, as for the char model
+    # every digit and symbol is one token: a minicode prompt is one token per character, as for v1
     prompt = "51234>43215;90412>21409;77001>10077?"
     assert len(hf_tok(prompt, add_special_tokens=False).input_ids) == len(prompt)
+    assert len(hf_tok("12345>;54321>?", add_special_tokens=False).input_ids) == 14  # empty outputs too
     # the special tokens are atomic in text, and no BOS/EOS is added to plain text
     assert hf_tok(f"ab{IM_END}", add_special_tokens=True).input_ids[-1] == hf_tok.eos_token_id
     assert hf_tok("ab").input_ids == hf_tok("ab", add_special_tokens=False).input_ids

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from rlmix.config.embedded import EmbeddedVersion, check_moe_spec
 from rlmix.config.schema import CorrectionConfig, PoolConfig, RunConfig, SamplerBackend, TrainerBackend, TrainerPrecision
 from rlmix.config.swebench import AgentEnvConfig, MiniCodeAgentConfig, SwebenchProConfig
 from rlmix.correction import Correction
@@ -212,6 +213,8 @@ def resolve_correction(c: CorrectionConfig) -> Correction:
 def _check_paths(cfg: RunConfig) -> None:
     for key, value in (("model.path", cfg.model.path), ("resume", cfg.resume)):
         _require(value is None or Path(value).is_dir(), f"{key}={value}: no such directory")
+    if cfg.model.path is None and cfg.model.embedded_version is EmbeddedVersion.v2:
+        check_moe_spec(cfg.model.embedded_v2)
     if cfg.model.path is not None:
         _require(
             (Path(cfg.model.path) / "config.json").is_file(),
@@ -220,8 +223,11 @@ def _check_paths(cfg: RunConfig) -> None:
 
 
 def _model_fields(cfg: RunConfig) -> Mapping | None:
-    """``model.path``'s config.json as a mapping (None: the embedded model, a Llama every backend serves)."""
+    """``model.path``'s config.json as a mapping; for the embedded v2 model the fields its build
+    writes (None: the embedded v1 model, a Llama every backend serves)."""
     if cfg.model.path is None:
+        if cfg.model.embedded_version is EmbeddedVersion.v2 and not isinstance(cfg.task, AgentEnvConfig):
+            return cfg.model.embedded_v2.hf_config()
         return None
     try:
         return json.loads((Path(cfg.model.path) / "config.json").read_text())

@@ -4,10 +4,12 @@ Trained with the ``tokenizers`` library's ``BpeTrainer`` on two texts: the minic
 reference answers of ``CORPUS_PROBLEMS`` training problems (a fixed draw), and the plain English of
 ``corpus/*.txt`` shipped in this package. Nothing is downloaded.
 
-* Pre-tokenisation splits text with ``SPLIT_PATTERN`` (Qwen2's: letters with at most one leading
-  non-letter, every digit alone, punctuation runs, whitespace), then maps bytes to the byte-level
-  alphabet. Every digit is one token, so in a minicode prompt output digit i still sits at a fixed
-  distance from the input digit it comes from, as it does for the character model.
+* Pre-tokenisation splits text with ``SPLIT_PATTERN`` (Qwen2's, except that punctuation is split
+  one character at a time: letters with at most one leading non-letter, every digit alone, every
+  other symbol alone, whitespace), then maps bytes to the byte-level alphabet. A minicode prompt
+  (digits and ``>;?``) is then one token per character, as for the character model: output digit i
+  sits at a fixed distance from the input digit it comes from, and an empty example output
+  (``>;``) is not fused into one token.
 * The 256 byte symbols are all in the vocabulary, so every text encodes (no unknown token) and
   decodes back to itself.
 * Special tokens (ids 0..2): ``<|endoftext|>`` (padding), ``<|im_start|>``, ``<|im_end|>`` (end of
@@ -28,7 +30,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 
 PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, IM_START, IM_END)  # ids 0..2 in this order
-SPLIT_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+SPLIT_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]"
                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
