@@ -15,7 +15,8 @@ from rlmix.embedded.v2 import model as v2_model
 from rlmix.embedded.v2.model import KEY_MODULES, v2_spec_key
 from rlmix.errors import ConfigError
 
-TINY = EmbeddedMoeSpec(vocab_size=300, hidden_size=32, num_layers=1, num_heads=2, num_experts=4,
+# head size 32: the smallest vLLM's CPU attention kernels take
+TINY = EmbeddedMoeSpec(vocab_size=300, hidden_size=64, num_layers=1, num_heads=2, num_experts=4,
                        moe_intermediate_size=32, warmup_steps=4, eval_every=2, eval_problems=8, warmup_batch_size=8)
 VLLM_ONLY = "fleet=vllm_gpu_mixed"  # the torch pools do not serve qwen3_moe (yet): validation refuses them
 
@@ -166,3 +167,29 @@ def test_a_tiny_v2_build_is_an_hf_directory_cached_under_its_key(tmp_path, monke
     assert tok.chat_template and tok.eos_token_id == model.config.eos_token_id == 2
     messages.clear()
     assert resolve_model_dir(cfg, progress=messages.append) == path and messages == []  # from the cache
+
+
+@pytest.mark.slow  # the real CLI: Ray, a vLLM CPU engine, the trainer
+def test_an_english_jsonl_task_trains_on_v2_with_no_model_path(tmp_path):
+    """The issue's check: a newcomer's English rows, the embedded v2 model, no ``model.path``. The
+    pool is the CPU build of vLLM (the torch pools do not emulate qwen3_moe yet)."""
+    import os
+    import subprocess
+    import sys
+
+    rows = [{"question": f"What is {a} plus {b}? Put the number inside <p></p>.", "answer": str(a + b)}
+            for a in range(1, 5) for b in range(1, 5)]
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tiny = [f"model.embedded_v2.{f.name}={getattr(TINY, f.name)}" for f in dataclasses.fields(TINY)]
+    args = ["+experiment=smoke", "fleet=vllm_cpu_smoke", "~fleet.pools.a100_bf16", "model=embedded_v2", *tiny,
+            "task=dataset", f"task.train_files={data}", "task.prompt_key=question", "task.reward=math",
+            "loop.steps=2", "logger=disabled", f"hydra.run.dir={tmp_path / 'run'}"]
+    env = {**os.environ, "RLMIX_CACHE": str(tmp_path / "cache")}
+    out = subprocess.run([str(Path(sys.executable).with_name("rlmix")), "train", *args], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert (tmp_path / "cache" / "embedded" / v2_spec_key(TINY) / "rlmix_build.json").is_file()
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "completed"
