@@ -169,6 +169,26 @@ def test_a_tiny_v2_build_is_an_hf_directory_cached_under_its_key(tmp_path, monke
     assert resolve_model_dir(cfg, progress=messages.append) == path and messages == []  # from the cache
 
 
+@pytest.mark.slow  # builds (a tiny) model twice: seconds
+def test_the_build_is_deterministic_in_the_seed(tmp_path):
+    from safetensors.torch import load_file
+
+    from rlmix.embedded.v2.model import build_v2_model
+
+    a, b = build_v2_model(TINY, tmp_path / "a"), build_v2_model(TINY, tmp_path / "b")
+    c = build_v2_model(dataclasses.replace(TINY, seed=1), tmp_path / "a")
+    wa, wb, wc = (load_file(d / "model.safetensors") for d in (a, b, c))
+    assert wa.keys() == wb.keys() and all(torch_equal(wa[k], wb[k]) for k in wa)
+    assert not all(torch_equal(wa[k], wc[k]) for k in wa)
+    assert (a / "tokenizer.json").read_bytes() == (b / "tokenizer.json").read_bytes()
+
+
+def torch_equal(x, y) -> bool:
+    import torch
+
+    return bool(torch.equal(x, y))
+
+
 @pytest.mark.slow  # the real CLI: Ray, a vLLM CPU engine, the trainer
 def test_an_english_jsonl_task_trains_on_v2_with_no_model_path(tmp_path):
     """The issue's check: a newcomer's English rows, the embedded v2 model, no ``model.path``. The
