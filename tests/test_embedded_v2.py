@@ -39,7 +39,8 @@ def test_the_key_lists_every_module_of_the_v2_package():
 def test_a_changed_source_changes_the_key(module, monkeypatch):
     before = v2_spec_key(TINY)
     source = v2_model.module_source
-    monkeypatch.setattr(v2_model, "module_source", lambda name: source(name) + ("# changed\n" if name == module else ""))
+    monkeypatch.setattr(v2_model, "module_source",
+                        lambda name: source(name) + ("# changed\n" if name == module else ""))
     assert v2_spec_key(TINY) != before
 
 

@@ -146,7 +146,8 @@ def check_moe_spec(spec: EmbeddedMoeSpec) -> None:
     """ConfigError naming the ``model.embedded_v2`` field a spec cannot be built with."""
     key = "model.embedded_v2"
     rules = (
-        (spec.vocab_size >= 3 + 256, f"{key}.vocab_size={spec.vocab_size}: must be >= 259 (3 special tokens and 256 bytes)"),
+        (spec.vocab_size >= 3 + 256,
+         f"{key}.vocab_size={spec.vocab_size}: must be >= 259 (3 special tokens and 256 bytes)"),
         (spec.num_heads >= 1 and spec.hidden_size % spec.num_heads == 0,
          f"{key}.num_heads={spec.num_heads}: must divide hidden_size={spec.hidden_size}"),
         (spec.num_layers >= 1, f"{key}.num_layers={spec.num_layers}: must be >= 1"),

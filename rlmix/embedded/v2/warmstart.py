@@ -43,7 +43,9 @@ def chat_prompt(tokenizer: PreTrainedTokenizerFast, prompt: str) -> str:
     return render_text(tokenizer, prompt_messages(prompt), add_generation_prompt=True)
 
 
-def chat_sft_batch(tokenizer: PreTrainedTokenizerFast, prompts: list[str], answers: list[str]) -> dict[str, torch.Tensor]:
+def chat_sft_batch(
+    tokenizer: PreTrainedTokenizerFast, prompts: list[str], answers: list[str]
+) -> dict[str, torch.Tensor]:
     """Right-padded ``input_ids``/``attention_mask``/``labels`` (B, L): labels on the answer and its
     ``<|im_end|>``, and on the prompt tokens that lie wholly inside an example output; -100 elsewhere."""
     rows, label_rows = [], []
