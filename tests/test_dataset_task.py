@@ -140,6 +140,23 @@ def test_text_the_embedded_tokenizer_cannot_encode_is_named(tmp_path):
                     build_char_tokenizer(ALPHABET))
 
 
+def test_text_a_vocabulary_without_unknown_token_would_drop_is_named(tmp_path):
+    """A BPE with no unknown token silently drops a character it lacks: that is refused too."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "a": 1, "b": 2, " ": 3, "?": 4}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="isolated")
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>")
+    assert hf.unk_token_id is None and hf("abc", add_special_tokens=False).input_ids == [1, 2]  # "c" dropped
+    rows = [{"prompt": "ab ba?", "answer": "1"}, {"prompt": "a cab?", "answer": "2"}]
+    cfg = DatasetTaskConfig(train_files=str(write_jsonl(tmp_path / "d.jsonl", rows)))
+    with pytest.raises(ConfigError, match=r"row 1: the model's tokenizer cannot encode 'c'; use model=embedded_v2"):
+        check_encodable(DatasetTask(cfg), hf)
+    check_encodable(DatasetTask(DatasetTaskConfig(train_files=str(write_jsonl(tmp_path / "ok.jsonl", rows[:1])))), hf)
+
+
 def test_epochs_bound_the_run_length(tmp_path):
     cfg = DatasetTaskConfig(train_files=str(write_jsonl(tmp_path / "d.jsonl", numbers(10))), epochs=2)
     check_config(cfg, seed=0, trained_prompts=20)

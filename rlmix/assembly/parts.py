@@ -11,18 +11,20 @@ import hashlib
 from pathlib import Path
 
 from rlmix.config.dataset import ChatTemplateMode, DatasetTaskConfig
-from rlmix.config.schema import MiniCodeTaskConfig, MiniCodeTraceTaskConfig, RunConfig, TrainerBackend, TrainerConfig
+from rlmix.config.embedded import EmbeddedVersion
+from rlmix.config.schema import MiniCodeTaskConfig, MiniCodeTraceTaskConfig, ModelConfig, RunConfig, TrainerBackend, TrainerConfig
 from rlmix.config.swebench import AgentEnvConfig, MiniCodeAgentConfig, SwebenchProConfig
 from rlmix.correction import Correction
 from rlmix.errors import ConfigError
 from rlmix.rollout import Rollouts
 from rlmix.tasks.base import Problem, Task
 
+
 def resolve_model_dir(cfg: RunConfig, progress=print) -> Path:
     """The HF model directory a run starts from: ``model.path`` or the embedded model (built once, cached).
 
     Agentic tasks start from the embedded agent model (``model.embedded_agent``), which knows the
-    action format; single-turn tasks from ``model.embedded``.
+    action format; single-turn tasks from the embedded model ``model.embedded_version`` names.
     """
     if cfg.model.path is not None:
         from rlmix.models.tokenizer_file import load_fast_tokenizer
@@ -33,9 +35,23 @@ def resolve_model_dir(cfg: RunConfig, progress=print) -> Path:
         from rlmix.embedded.minicode_agent.model import build_agent_model
 
         return build_agent_model(cfg.model.embedded_agent, progress=progress)
+    return EMBEDDED_MODELS[cfg.model.embedded_version](cfg.model, progress)
+
+
+def _embedded_v1(cfg: ModelConfig, progress) -> Path:
     from rlmix.embedded.model import build_embedded_model
 
-    return build_embedded_model(cfg.model.embedded, progress=progress)
+    return build_embedded_model(cfg.embedded, progress=progress)
+
+
+def _embedded_v2(cfg: ModelConfig, progress) -> Path:
+    from rlmix.embedded.v2.model import build_v2_model
+
+    return build_v2_model(cfg.embedded_v2, progress=progress)
+
+
+# model.embedded_version -> the builder of that embedded model (cached)
+EMBEDDED_MODELS = {EmbeddedVersion.v1: _embedded_v1, EmbeddedVersion.v2: _embedded_v2}
 
 
 def derive_seed(*parts: object) -> int:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from rlmix.config.embedded import EmbeddedVersion, check_moe_spec
 from rlmix.config.schema import CorrectionConfig, RunConfig, SamplerBackend, TrainerBackend, TrainerPrecision
 from rlmix.config.swebench import AgentEnvConfig
 from rlmix.correction import Correction
@@ -163,6 +164,11 @@ def resolve_correction(c: CorrectionConfig) -> Correction:
 def _check_paths(cfg: RunConfig) -> None:
     for key, value in (("model.path", cfg.model.path), ("resume", cfg.resume)):
         _require(value is None or Path(value).is_dir(), f"{key}={value}: no such directory")
+    if cfg.model.path is None and cfg.model.embedded_version is EmbeddedVersion.v2:
+        _require(not isinstance(cfg.task, AgentEnvConfig),
+                 "model.embedded_version=v2: agentic tasks start from the embedded agent model "
+                 "(model.embedded_agent); drop model=embedded_v2 or set model.path")
+        check_moe_spec(cfg.model.embedded_v2)
     if cfg.model.path is not None:
         _require(
             (Path(cfg.model.path) / "config.json").is_file(),
@@ -171,8 +177,11 @@ def _check_paths(cfg: RunConfig) -> None:
 
 
 def model_fields(cfg: RunConfig) -> Mapping | None:
-    """``model.path``'s config.json as a mapping (None: the embedded model, a Llama every backend serves)."""
+    """``model.path``'s config.json as a mapping; for the embedded v2 model the fields its build
+    writes (None: the embedded v1 model, a Llama every backend serves)."""
     if cfg.model.path is None:
+        if cfg.model.embedded_version is EmbeddedVersion.v2:  # single-turn only (_check_paths)
+            return cfg.model.embedded_v2.hf_config()
         return None
     try:
         return json.loads((Path(cfg.model.path) / "config.json").read_text())

@@ -16,7 +16,7 @@ from omegaconf import MISSING
 
 from rlmix.config.dataset import ChatTemplateMode, DatasetTaskConfig
 from rlmix.config.deepspeed import DeepSpeedConfig
-from rlmix.config.embedded import AgentModelSpec, EmbeddedModelSpec
+from rlmix.config.embedded import AgentModelSpec, EmbeddedModelSpec, EmbeddedMoeSpec, EmbeddedVersion
 from rlmix.config.monitor import MonitorConfig
 from rlmix.config.swebench import MiniCodeAgentConfig, SwebenchProConfig
 from rlmix.correction import (
@@ -191,7 +191,10 @@ class TrainerConfig:
 @dataclass
 class ModelConfig:
     path: Optional[str] = None  # any Hugging Face causal-LM directory; None builds the embedded model
+    # Which embedded model a single-turn task starts from when path is None: v1 (embedded) or v2 (embedded_v2).
+    embedded_version: EmbeddedVersion = EmbeddedVersion.v1
     embedded: EmbeddedModelSpec = field(default_factory=EmbeddedModelSpec)
+    embedded_v2: EmbeddedMoeSpec = field(default_factory=EmbeddedMoeSpec)
     # What agentic tasks (task=minicode_agent, task=swebench_pro) start from when path is None.
     embedded_agent: AgentModelSpec = field(default_factory=AgentModelSpec)
 

@@ -243,17 +243,27 @@ def check_config(cfg: DatasetTaskConfig, seed: int, trained_prompts: int) -> Non
 
 
 def check_encodable(task: DatasetTask, tokenizer, limit: int = 2000) -> None:
-    """ConfigError if the tokenizer maps text of the first ``limit`` prompts to its unknown token."""
+    """ConfigError if the tokenizer cannot encode a character of the first ``limit`` prompts.
+
+    The tokenizer is asked, character by character (each distinct one once): a character it maps to
+    its unknown token, or, not being whitespace, to no token at all (a vocabulary without an unknown
+    token drops what it lacks), does not encode. A byte-level vocabulary encodes every character.
+    """
     unk = tokenizer.unk_token_id
-    if unk is None:
-        return  # byte-level vocabularies encode any text
+    verdicts: dict[str, bool] = {}
+
+    def encodes(ch: str) -> bool:
+        if ch not in verdicts:
+            ids = tokenizer(ch, add_special_tokens=False).input_ids
+            verdicts[ch] = (unk is None or unk not in ids) and (bool(ids) or ch.isspace())
+        return verdicts[ch]
+
     for index in range(min(len(task), limit)):
         problem = to_problem(task.rows[index], task.cfg, f"row {index}")
         for message in problem.messages:
-            ids = tokenizer(message["content"], add_special_tokens=False).input_ids
-            if unk in ids:
-                bad = sorted({ch for ch in message["content"] if unk in tokenizer(ch, add_special_tokens=False).input_ids})
+            bad = sorted({ch for ch in message["content"] if not encodes(ch)})
+            if bad:
                 raise ConfigError(
-                    f"task.train_files row {index}: the model's tokenizer cannot encode {''.join(bad)!r} "
-                    "(the embedded model knows digits, a few letters and <>;?|/ only); use model.path=<an HF model>"
+                    f"task.train_files row {index}: the model's tokenizer cannot encode {''.join(bad)!r}; "
+                    "use model=embedded_v2 (byte-level BPE: any text) or model.path=<an HF model>"
                 )

@@ -1,0 +1,112 @@
+"""The v2 model's warm start: minicode, single-turn, rendered through the chat template.
+
+The same recipe as the v1 warm start (``rlmix.embedded.warmstart.warm_start``: the one optimiser
+loop ``supervised_steps``, half of each batch level 1, loss on the answer and on the prompt's
+example outputs, stop on the sampled reward, a fresh final measurement), with two differences a
+BPE vocabulary and a chat template bring:
+
+* the prompt is the text a run's sampler continues: ``render_text`` of one user turn with the
+  generation prompt (``rlmix.tasks.chat``, the renderer of ``task.chat_template=auto``), and the
+  answer ends with the end-of-turn token ``<|im_end|>``;
+* tokens are not characters, so the example-output labels are chosen by token offsets: a prompt
+  token is trained iff every character it spans is an example output (digits, ``;`` and ``>`` are
+  single tokens, so this keeps exactly v1's characters).
+
+v1's functions are reused as they are, not generalised: their source is part of the v1 model's
+cache key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+from rlmix.config.embedded import EmbeddedMoeSpec
+from rlmix.embedded.minicode import MiniCode
+from rlmix.embedded.warmstart import WarmStartResult, example_output_mask, measure_reward, supervised_steps
+from rlmix.tasks.base import Problem
+from rlmix.tasks.chat import prompt_messages, render_text
+
+if TYPE_CHECKING:  # types only: transformers takes seconds to import
+    from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+_HELD_SEED = -1  # training batches use seeds 1, 2, ...; held sets never collide with them
+_FINAL_SEED = -2
+
+
+def chat_prompt(tokenizer: PreTrainedTokenizerFast, prompt: str) -> str:
+    """The text a sampler continues for a single-turn ``prompt`` (template and generation prompt)."""
+    return render_text(tokenizer, prompt_messages(prompt), add_generation_prompt=True)
+
+
+def chat_sft_batch(
+    tokenizer: PreTrainedTokenizerFast, prompts: list[str], answers: list[str]
+) -> dict[str, torch.Tensor]:
+    """Right-padded ``input_ids``/``attention_mask``/``labels`` (B, L): labels on the answer and its
+    ``<|im_end|>``, and on the prompt tokens that lie wholly inside an example output; -100 elsewhere."""
+    rows, label_rows = [], []
+    for prompt, answer in zip(prompts, answers, strict=True):
+        text = chat_prompt(tokenizer, prompt)
+        base = text.index(prompt)  # the user content; the template around it has no digits
+        wanted = [False] * base + example_output_mask(prompt) + [False] * (len(text) - base - len(prompt))
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        keep = [end > start and all(wanted[start:end]) for start, end in enc["offset_mapping"]]
+        p = enc["input_ids"]
+        a = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        rows.append(p + a)
+        label_rows.append([t if k else -100 for t, k in zip(p, keep, strict=True)] + a)
+    width = max(len(r) for r in rows)
+    pad = tokenizer.pad_token_id
+    return {
+        "input_ids": torch.tensor([r + [pad] * (width - len(r)) for r in rows]),
+        "attention_mask": torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows]),
+        "labels": torch.tensor([r + [-100] * (width - len(r)) for r in label_rows]),
+    }
+
+
+def as_chat(tokenizer: PreTrainedTokenizerFast, problems: list[Problem]) -> list[Problem]:
+    """``problems`` with each prompt replaced by its rendered chat text, for ``measure_reward``
+    (which samples a continuation of ``prompt``; the tokenizer adds no special tokens to it)."""
+    return [dataclasses.replace(p, prompt=chat_prompt(tokenizer, p.prompt)) for p in problems]
+
+
+def warm_start_v2(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerFast,
+    spec: EmbeddedMoeSpec,
+    progress: Callable[[str], None],
+) -> WarmStartResult:
+    """Train ``model`` in place until the held-set reward reaches ``spec.target_reward_low`` or
+    ``spec.warmup_steps`` have run; then measure the reward afresh on 2 x ``eval_problems`` problems."""
+    task = MiniCode(levels=(1, 2, 3), seed=spec.seed)
+    easy = MiniCode(levels=(1,), seed=spec.seed)
+    held = as_chat(tokenizer, task.sample(spec.eval_problems, seed=_HELD_SEED))
+    start, history = time.monotonic(), []
+
+    def batch(step: int) -> dict[str, torch.Tensor]:
+        half = spec.warmup_batch_size // 2
+        problems = easy.sample(half, seed=step) + task.sample(spec.warmup_batch_size - half, seed=step)
+        return chat_sft_batch(tokenizer, [p.prompt for p in problems], [task.reference_answer(p) for p in problems])
+
+    def evaluate(step: int, loss: float) -> bool:
+        if step % spec.eval_every and step != spec.warmup_steps:
+            return False
+        model.eval()
+        report = measure_reward(model, tokenizer, task, held, seed=spec.seed * 7919 + step)
+        history.append({"step": step, "loss": loss, "reward": report.reward, "seconds": time.monotonic() - start})
+        levels = " ".join(f"L{lv}={r:.2f}" for lv, r in report.reward_by_level.items())
+        progress(f"warm start step {step}/{spec.warmup_steps}: loss {loss:.3f}, reward {report.reward:.3f} "
+                 f"({levels}), format errors {report.format_error_rate:.2f}, {time.monotonic() - start:.0f}s")
+        return report.reward >= spec.target_reward_low
+
+    ramp = max(1, spec.warmup_steps // 10)
+    step, loss = supervised_steps(model, spec.warmup_steps, spec.warmup_lr, lambda s: min(1.0, (s + 1) / ramp),
+                                  batch, evaluate)
+    final_set = as_chat(tokenizer, task.sample(2 * spec.eval_problems, seed=_FINAL_SEED))
+    report = measure_reward(model, tokenizer, task, final_set, seed=spec.seed * 7919 - 1)
+    progress(f"warm start done after {step} steps: reward {report.reward:.3f} on {len(final_set)} fresh problems")
+    return WarmStartResult(step, time.monotonic() - start, loss, history, report)
