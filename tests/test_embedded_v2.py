@@ -31,7 +31,8 @@ def test_the_key_lists_every_module_of_the_v2_package():
     package = Path(v2_model.__file__).parent
     own = {f"rlmix.embedded.v2.{p.stem}" for p in package.glob("*.py") if p.stem != "__init__"}
     assert own <= set(KEY_MODULES)
-    assert {"rlmix.embedded.minicode", "rlmix.embedded.warmstart", "rlmix.tasks.chat"} <= set(KEY_MODULES)
+    assert {"rlmix.embedded.minicode", "rlmix.embedded.minicode_trace", "rlmix.embedded.warmstart",
+            "rlmix.tasks.chat"} <= set(KEY_MODULES)
 
 
 @pytest.mark.parametrize("module", KEY_MODULES)

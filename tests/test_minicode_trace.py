@@ -98,6 +98,33 @@ def test_the_option_composes_and_builds_the_trace_task():
     from rlmix.assembly.parts import make_task
     from rlmix.commands.compose import compose_run_config
 
-    cfg = compose_run_config(["task=minicode_trace", "task.trace_tries=[2,4]", "loop.max_new_tokens=320"])
+    cfg = compose_run_config(["task=minicode_trace", "task.trace_tries=[2,4]", "model=embedded_v2_trace"])
     task = make_task(cfg.task, 0)
     assert isinstance(task, MiniCodeTrace) and task.tries == (2, 4)
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["task=minicode_trace"], r"task=minicode_trace: the embedded model \(model.embedded_version=v1\) was warm-started "
+                              r"to answer with the program alone; use model=embedded_v2_trace"),
+    (["task=minicode_trace", "model=embedded_v2"], r"model.embedded_version=v2\) was warm-started"),
+    (["model=embedded_v2_trace"], r"model.embedded_v2.answer=trace: the model answers with a worked trace; "
+                                  r"use task=minicode_trace"),
+])
+def test_the_embedded_model_and_the_task_must_ask_for_the_same_answer_form(overrides, message):
+    from rlmix.commands.compose import compose_run_config
+
+    with pytest.raises(ConfigError, match=message):
+        compose_run_config(overrides)
+
+
+def test_the_trace_model_is_warm_started_on_traces_with_room_for_them():
+    from rlmix.config.embedded import EmbeddedMoeSpec, MiniCodeAnswer
+    from rlmix.embedded.v2.warmstart import answer_budget, answer_task
+
+    spec = EmbeddedMoeSpec(answer=MiniCodeAnswer.trace, trace_tries=[3, 5])
+    task = answer_task(spec, (1, 2, 3))
+    assert isinstance(task, MiniCodeTrace) and task.tries == (3, 5)
+    tokenizer = build_char_tokenizer(ALPHABET)
+    longest = max(len(task.reference_answer(p)) for p in task.split("test"))
+    assert answer_budget(tokenizer, task) == longest + 8  # one token per character here
+    assert type(answer_task(EmbeddedMoeSpec(), (1,))) is MiniCode

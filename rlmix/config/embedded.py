@@ -71,6 +71,13 @@ class AgentModelSpec:
     """minicode levels of the scripted episodes (and of their wrong tries)."""
 
 
+class MiniCodeAnswer(str, Enum):
+    """What the v2 warm start teaches the model to answer a minicode prompt with."""
+
+    program = "program"  # <p>PROGRAM</p>: task=minicode
+    trace = "trace"  # a worked search, then the program: task=minicode_trace (long answers)
+
+
 @dataclass
 class EmbeddedMoeSpec:
     """The v2 embedded model (``model=embedded_v2``): a small Qwen3-MoE, its byte-level BPE tokenizer
@@ -109,6 +116,11 @@ class EmbeddedMoeSpec:
     """The warm start stops once the sampled reward (temperature 1.0) reaches this."""
     target_reward_high: float = 0.6
     """Upper end of the intended band; a build that overshoots it says so in rlmix_build.json."""
+    answer: MiniCodeAnswer = MiniCodeAnswer.program
+    """The warm start's answers: the program alone (task=minicode) or a worked trace of tries and
+    then the program (task=minicode_trace; ``model=embedded_v2_trace``)."""
+    trace_tries: list[int] = field(default_factory=lambda: [12, 24])
+    """answer=trace: [min, max] wrong tries before the right one in the warm start's traces."""
 
     def hf_config(self) -> dict:
         """The ``config.json`` fields of the built model (``Qwen3MoeConfig``); special-token ids are
@@ -156,6 +168,8 @@ def check_moe_spec(spec: EmbeddedMoeSpec) -> None:
          f"{key}.experts_per_token={spec.experts_per_token}: must be in 1..num_experts={spec.num_experts}"),
         (spec.warmup_steps >= 1, f"{key}.warmup_steps={spec.warmup_steps}: must be >= 1"),
         (spec.eval_every >= 1, f"{key}.eval_every={spec.eval_every}: must be >= 1"),
+        (len(spec.trace_tries) == 2 and 0 <= spec.trace_tries[0] <= spec.trace_tries[1],
+         f"{key}.trace_tries={list(spec.trace_tries)}: need [min, max] with 0 <= min <= max"),
     )
     for ok, message in rules:
         if not ok:

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlmix.config.embedded import EmbeddedVersion, check_moe_spec
-from rlmix.config.schema import CorrectionConfig, RunConfig, SamplerBackend, TrainerBackend, TrainerPrecision
+from rlmix.config.embedded import EmbeddedVersion, MiniCodeAnswer, check_moe_spec
+from rlmix.config.schema import CorrectionConfig, MiniCodeTaskConfig, MiniCodeTraceTaskConfig, RunConfig, SamplerBackend, TrainerBackend, TrainerPrecision
 from rlmix.config.swebench import AgentEnvConfig
 from rlmix.correction import Correction
 from rlmix.errors import ConfigError
@@ -169,11 +169,27 @@ def _check_paths(cfg: RunConfig) -> None:
                  "model.embedded_version=v2: agentic tasks start from the embedded agent model "
                  "(model.embedded_agent); drop model=embedded_v2 or set model.path")
         check_moe_spec(cfg.model.embedded_v2)
+    _check_embedded_answer(cfg)
     if cfg.model.path is not None:
         _require(
             (Path(cfg.model.path) / "config.json").is_file(),
             f"model.path={cfg.model.path}: not a Hugging Face model directory (no config.json)",
         )
+
+
+def _check_embedded_answer(cfg: RunConfig) -> None:
+    """The embedded model answers minicode in the form its warm start taught (the program, or a
+    worked trace then the program): the task must ask for that form."""
+    if cfg.model.path is not None or not isinstance(cfg.task, MiniCodeTaskConfig):
+        return
+    v2 = cfg.model.embedded_version is EmbeddedVersion.v2
+    traces = v2 and cfg.model.embedded_v2.answer is MiniCodeAnswer.trace
+    if isinstance(cfg.task, MiniCodeTraceTaskConfig):
+        _require(traces, f"task=minicode_trace: the embedded model (model.embedded_version={cfg.model.embedded_version.value}) "
+                 "was warm-started to answer with the program alone; use model=embedded_v2_trace, or a model.path")
+    else:
+        _require(not traces, "model.embedded_v2.answer=trace: the model answers with a worked trace; use "
+                 "task=minicode_trace, or model=embedded_v2 for task=minicode")
 
 
 def model_fields(cfg: RunConfig) -> Mapping | None:

@@ -128,10 +128,11 @@ def measure_reward(
     problems: list[Problem],
     seed: int,
     temperature: float = 1.0,
+    max_new_tokens: int = MAX_ANSWER_TOKENS,
 ) -> RewardReport:
-    """Mean reward of one sampled completion per problem."""
+    """Mean reward of one sampled completion (at most ``max_new_tokens``) per problem."""
     completions = sample_completions(
-        model, tokenizer, [p.prompt for p in problems], MAX_ANSWER_TOKENS, temperature, seed
+        model, tokenizer, [p.prompt for p in problems], max_new_tokens, temperature, seed
     )
     scores = [task.score(p, c) for p, c in zip(problems, completions, strict=True)]
     by_level: dict[int, list[float]] = {}

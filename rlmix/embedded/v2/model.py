@@ -26,7 +26,7 @@ from rlmix.errors import ConfigError
 
 # tests/test_embedded_v2.py checks that every module of rlmix.embedded.v2 is listed.
 KEY_MODULES = ("rlmix.config.embedded", "rlmix.embedded.minicode", "rlmix.embedded.minicode_lang",
-               "rlmix.embedded.sample", "rlmix.embedded.warmstart", "rlmix.tasks.chat",
+               "rlmix.embedded.minicode_trace", "rlmix.embedded.sample", "rlmix.embedded.warmstart", "rlmix.tasks.chat",
                "rlmix.embedded.v2.bpe", "rlmix.embedded.v2.model", "rlmix.embedded.v2.warmstart")
 
 

@@ -12,8 +12,11 @@ BPE vocabulary and a chat template bring:
   token is trained iff every character it spans is an example output (digits, ``;`` and ``>`` are
   single tokens, so this keeps exactly v1's characters).
 
-v1's functions are reused as they are, not generalised: their source is part of the v1 model's
-cache key.
+``answer=trace`` (``model=embedded_v2_trace``) teaches the long-answer form instead
+(``rlmix.embedded.minicode_trace``: a worked search, then the program), with the reward measured on
+samples as long as the longest reference trace.
+
+v1's functions are reused; their source is part of the v1 model's cache key.
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rlmix.config.embedded import EmbeddedMoeSpec
+from rlmix.config.embedded import EmbeddedMoeSpec, MiniCodeAnswer
 from rlmix.embedded.minicode import MiniCode
-from rlmix.embedded.warmstart import WarmStartResult, example_output_mask, measure_reward, supervised_steps
+from rlmix.embedded.minicode_trace import MiniCodeTrace
+from rlmix.embedded.warmstart import (MAX_ANSWER_TOKENS, WarmStartResult, example_output_mask, measure_reward,
+                                      supervised_steps)
 from rlmix.tasks.base import Problem
 from rlmix.tasks.chat import prompt_messages, render_text
 
@@ -74,6 +79,22 @@ def as_chat(tokenizer: PreTrainedTokenizerFast, problems: list[Problem]) -> list
     return [dataclasses.replace(p, prompt=chat_prompt(tokenizer, p.prompt)) for p in problems]
 
 
+def answer_task(spec: EmbeddedMoeSpec, levels: tuple[int, ...]) -> MiniCode:
+    """minicode answered the way ``spec.answer`` says: the program, or a worked trace then the program."""
+    if spec.answer is MiniCodeAnswer.trace:
+        return MiniCodeTrace(levels=levels, seed=spec.seed, tries=tuple(spec.trace_tries))
+    return MiniCode(levels=levels, seed=spec.seed)
+
+
+def answer_budget(tokenizer: PreTrainedTokenizerFast, task: MiniCode) -> int:
+    """New tokens a sampled answer may take: v1's fixed budget for programs; for traces the longest
+    reference trace of the test split in this tokenizer's tokens, its end of turn and some slack."""
+    if not isinstance(task, MiniCodeTrace):
+        return MAX_ANSWER_TOKENS
+    return max(len(tokenizer.encode(task.reference_answer(p), add_special_tokens=False))
+               for p in task.split("test")) + 8
+
+
 def warm_start_v2(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerFast,
@@ -82,9 +103,9 @@ def warm_start_v2(
 ) -> WarmStartResult:
     """Train ``model`` in place until the held-set reward reaches ``spec.target_reward_low`` or
     ``spec.warmup_steps`` have run; then measure the reward afresh on 2 x ``eval_problems`` problems."""
-    task = MiniCode(levels=(1, 2, 3), seed=spec.seed)
-    easy = MiniCode(levels=(1,), seed=spec.seed)
+    task, easy = answer_task(spec, (1, 2, 3)), answer_task(spec, (1,))
     held = as_chat(tokenizer, task.sample(spec.eval_problems, seed=_HELD_SEED))
+    budget = answer_budget(tokenizer, task)
     start, history = time.monotonic(), []
 
     def batch(step: int) -> dict[str, torch.Tensor]:
@@ -96,7 +117,7 @@ def warm_start_v2(
         if step % spec.eval_every and step != spec.warmup_steps:
             return False
         model.eval()
-        report = measure_reward(model, tokenizer, task, held, seed=spec.seed * 7919 + step)
+        report = measure_reward(model, tokenizer, task, held, seed=spec.seed * 7919 + step, max_new_tokens=budget)
         history.append({"step": step, "loss": loss, "reward": report.reward, "seconds": time.monotonic() - start})
         levels = " ".join(f"L{lv}={r:.2f}" for lv, r in report.reward_by_level.items())
         progress(f"warm start step {step}/{spec.warmup_steps}: loss {loss:.3f}, reward {report.reward:.3f} "
@@ -107,6 +128,6 @@ def warm_start_v2(
     step, loss = supervised_steps(model, spec.warmup_steps, spec.warmup_lr, lambda s: min(1.0, (s + 1) / ramp),
                                   batch, evaluate)
     final_set = as_chat(tokenizer, task.sample(2 * spec.eval_problems, seed=_FINAL_SEED))
-    report = measure_reward(model, tokenizer, task, final_set, seed=spec.seed * 7919 - 1)
+    report = measure_reward(model, tokenizer, task, final_set, seed=spec.seed * 7919 - 1, max_new_tokens=budget)
     progress(f"warm start done after {step} steps: reward {report.reward:.3f} on {len(final_set)} fresh problems")
     return WarmStartResult(step, time.monotonic() - start, loss, history, report)
