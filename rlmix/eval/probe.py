@@ -54,6 +54,7 @@ from rlmix.assembly.fleet import SamplerSpec, build_sampler, fleet_manifest, res
 from rlmix.assembly.parts import (derive_seed, encode_prompts, make_task, package_versions, resolve_model_dir,
                                   trainer_view)
 from rlmix.assembly.plan import RunPlan
+from rlmix.eval.where import MismatchBin, RouterFlips, by_position, by_trainer_prob, completion_positions, router_flips
 from rlmix.rollout import Rollouts, sequence_input_ids
 from rlmix.samplers.accelerators import PrecisionView, resolve_view
 
@@ -162,6 +163,9 @@ class PoolProbe:
     sc_head_mass: float
     sc_coef_l1: float
     attribution: Attribution | None  # None for pools without a torch precision view (vllm)
+    by_trainer_prob: tuple[MismatchBin, ...]  # where the mismatch sits (rlmix.eval.where)
+    by_position: tuple[MismatchBin, ...]
+    router: RouterFlips | None  # None for a dense model
 
 
 # -- measurement -------------------------------------------------------------------------------
@@ -207,6 +211,8 @@ def _chunk_measure(ctx: ProbeContext, chunk: Rollouts, view: PrecisionView | Non
     logp_a, logp_h = gather_logprobs(trainer, tokens.sampled_ids, cand)
     out = {"trainer_logprobs": logp_a, "trainer_head": logp_h, "valid": cand.valid,
            "sampler_head": cand.sampler_logprobs}
+    if tokens.router_flip is not None:  # a mixture-of-experts model (the same for every chunk)
+        out["router_flip"] = tokens.router_flip
     if view is None:
         return out
     ref = teacher_forced_logits(ctx.view_sampler(ctx.reference), chunk, ctx.pad_id)
@@ -249,6 +255,9 @@ def measure(ctx: ProbeContext, batch: Rollouts, spec: SamplerSpec, tokens_per_s:
         multiplicative_error=float(multiplicative_error(lr)),
         kl_exact=_mean(per_token["kl_exact"]) if spec.view is not None else None,
         attribution=_attribution(per_token, spec.view, ctx.reference) if spec.view is not None else None,
+        by_trainer_prob=by_trainer_prob(lr, per_token["trainer_logprobs"]),
+        by_position=by_position(lr, completion_positions(batch.mask)),
+        router=router_flips(lr, per_token["router_flip"]) if "router_flip" in per_token else None,
         **stats,
         **sc,
     )

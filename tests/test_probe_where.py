@@ -1,0 +1,165 @@
+"""Where the probe's mismatch sits: bins by trainer probability and by position, and router flips,
+each checked against a direct loop over the tokens."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rlmix.commands.probe import where_table
+from rlmix.correction.diagnostics import K3_TOKEN_CAP
+from rlmix.eval.where import (POSITION_EDGES, PROB_EDGES, bin_index, by_position, by_trainer_prob, position_labels,
+                              prob_labels, router_flips)
+
+
+def _k3(lr: float) -> float:
+    return min(math.exp(lr) - 1.0 - lr, K3_TOKEN_CAP)
+
+
+def _prob_bin(p: float) -> int:
+    for i in range(len(PROB_EDGES) - 2):
+        if p < PROB_EDGES[i + 1]:
+            return i
+    return len(PROB_EDGES) - 2
+
+
+def _position_bin(t: int) -> int:
+    return sum(t >= e for e in POSITION_EDGES[1:])
+
+
+def _loop_bins(lrs: list[float], bins: list[int], count: int) -> list[tuple[int, float, float, float]]:
+    """(tokens, mean |lr|, mean k3, share of Σ|lr|) per bin, one token at a time."""
+    total = sum(abs(x) for x in lrs)
+    out = []
+    for i in range(count):
+        mine = [x for x, b in zip(lrs, bins) if b == i]
+        n = len(mine)
+        out.append((n, sum(abs(x) for x in mine) / n if n else 0.0, sum(_k3(x) for x in mine) / n if n else 0.0,
+                    sum(abs(x) for x in mine) / total))
+    return out
+
+
+def _check(result, oracle, labels):
+    assert [b.bin for b in result] == list(labels)
+    for b, (n, abs_mean, k3, share) in zip(result, oracle):
+        assert b.tokens == n
+        assert b.logprob_abs_diff == pytest.approx(abs_mean, rel=1e-9, abs=1e-12)
+        assert b.kl_k3 == pytest.approx(k3, rel=1e-9, abs=1e-12)
+        assert b.abs_diff_share == pytest.approx(share, rel=1e-9, abs=1e-12)
+
+
+def test_labels_name_the_bins():
+    assert prob_labels() == ("[0,0.001)", "[0.001,0.01)", "[0.01,0.1)", "[0.1,0.5)", "[0.5,0.9)", "[0.9,1]")
+    assert position_labels() == ("0-7", "8-31", "32-127", "128+")
+
+
+def test_edges_belong_to_the_bin_above_and_the_top_edge_to_the_last():
+    p = torch.tensor([0.0, 1e-3, 0.00099, 0.1, 0.5, 0.9, 1.0], dtype=torch.float64)
+    assert bin_index(p, PROB_EDGES, closed_last=True).tolist() == [0, 1, 0, 3, 4, 5, 5]
+    t = torch.tensor([0, 7, 8, 31, 32, 127, 128, 4000], dtype=torch.float64)
+    assert bin_index(t, POSITION_EDGES, closed_last=False).tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+def test_binning_equals_a_loop_over_tokens():
+    gen = torch.Generator().manual_seed(0)
+    n = 400
+    # Probabilities spread over every bin (log-uniform from 1e-5 to 1), log-ratios of both signs with outliers.
+    logp = torch.empty(n, dtype=torch.float64).uniform_(math.log(1e-5), 0.0, generator=gen)
+    lr = torch.randn(n, generator=gen, dtype=torch.float64) * 0.05
+    lr[::37] *= 60.0  # a few tokens past the k3 cap
+    positions = torch.randint(0, 300, (n,), generator=gen)
+    lrs, ps, ts = lr.tolist(), logp.exp().tolist(), positions.tolist()
+
+    _check(by_trainer_prob(lr, logp), _loop_bins(lrs, [_prob_bin(p) for p in ps], 6), prob_labels())
+    _check(by_position(lr, positions), _loop_bins(lrs, [_position_bin(t) for t in ts], 4), position_labels())
+
+
+def test_empty_bins_and_no_mismatch():
+    bins = by_position(torch.zeros(3), torch.tensor([0, 1, 2]))
+    assert [b.tokens for b in bins] == [3, 0, 0, 0]
+    assert all(b.abs_diff_share is None and b.logprob_abs_diff == 0.0 and b.kl_k3 == 0.0 for b in bins)
+
+
+def test_router_flips_equal_a_loop_over_tokens():
+    gen = torch.Generator().manual_seed(1)
+    n, layers = 300, 4
+    lr = torch.randn(n, generator=gen, dtype=torch.float64) * 0.1
+    flip = torch.randint(0, layers + 1, (n,), generator=gen).double() / layers  # share of flipped layers
+    flip[torch.rand(n, generator=gen) < 0.7] = 0.0  # most tokens route alike
+    flip[::23] = float("nan")  # no record
+    rows = [(abs(x), f) for x, f in zip(lr.tolist(), flip.tolist()) if not math.isnan(f)]
+    hit = [a for a, f in rows if f > 0]
+    miss = [a for a, f in rows if f == 0]
+    r = router_flips(lr, flip)
+    assert r.tokens == len(rows) == n - len(range(0, n, 23))
+    assert r.layer_flip_rate == pytest.approx(sum(f for _, f in rows) / len(rows))
+    assert r.token_flip_rate == pytest.approx(len(hit) / len(rows))
+    assert r.logprob_abs_diff_flipped == pytest.approx(sum(hit) / len(hit))
+    assert r.logprob_abs_diff_unflipped == pytest.approx(sum(miss) / len(miss))
+    assert r.abs_diff_share_flipped == pytest.approx(sum(hit) / (sum(hit) + sum(miss)))
+    assert router_flips(lr[:3], torch.full((3,), float("nan"))) is None
+
+
+# -- on a pool's sampled batch -----------------------------------------------------------------
+
+
+def _probe_one_pool(model_dir, fleet: list[str], pool: str, prompts, max_new_tokens: int):
+    """A pool's sampled batch and ``measure`` of it against an fp32 trainer view."""
+    from rlmix.assembly.fleet import build_sampler, resolve_fleet
+    from rlmix.commands.compose import compose_plan
+    from rlmix.config.schema import TrainerConfig, TrainerPrecision
+    from rlmix.eval.probe import ProbeContext, measure
+
+    plan = compose_plan([*fleet, f"model.path={model_dir}", f"loop.max_new_tokens={max_new_tokens}"],
+                        for_training=False)
+    spec = next(s for s in resolve_fleet(plan, eos_id=2) if s.pool == pool)
+    batch = build_sampler(spec, model_dir, seed=0).generate(prompts, spec.params)
+    ctx = ProbeContext(model_dir, 0, plan.correction, TrainerConfig(precision=TrainerPrecision.fp32), seed=0)
+    return batch, measure(ctx, batch, spec, tokens_per_s=1.0)
+
+
+def _loop_log_ratios(model_dir, batch) -> tuple[list[float], list[float], list[int]]:
+    """(lr, p_trainer, position) of every generated token, one unpadded fp32 forward per row."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    lrs, ps, ts = [], [], []
+    for b in range(len(batch)):
+        n_prompt = int(batch.prompt_lens[b])
+        prompt = batch.prompt_ids[b, :n_prompt].tolist()
+        cols = [t for t in range(batch.mask.shape[1]) if batch.mask[b, t]]
+        seq = prompt + batch.completion_ids[b, : cols[-1] + 1].tolist()
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([seq])).logits[0].double() / batch.temperature
+        for t in cols:
+            logp = torch.log_softmax(logits[n_prompt + t - 1], -1)[int(batch.completion_ids[b, t])].item()
+            lrs.append(max(-20.0, min(20.0, logp - float(batch.sampler_logprobs[b, t]))))
+            ps.append(math.exp(logp))
+            ts.append(t)
+    return lrs, ps, ts
+
+
+@pytest.mark.slow
+def test_a_pools_bins_equal_a_loop_over_its_sampled_tokens(tiny_llama_dir):
+    fleet = ["fleet=smoke", "fleet.pools.h100_fp8.accelerator=A100", "fleet.pools.h100_fp8.precision=int4"]
+    prompts = [[1, 5, 6, 7], [1, 9], [1, 4, 4, 4, 4, 4, 4], [1, 20, 21]]
+    batch, result = _probe_one_pool(tiny_llama_dir, fleet, "h100_fp8", prompts, max_new_tokens=40)
+    lrs, ps, ts = _loop_log_ratios(tiny_llama_dir, batch)
+    assert len(lrs) == result.tokens and max(ts) >= 32  # three of the four position bins are populated
+    for got, bins, labels in ((result.by_trainer_prob, [_prob_bin(p) for p in ps], prob_labels()),
+                              (result.by_position, [_position_bin(t) for t in ts], position_labels())):
+        oracle = _loop_bins(lrs, bins, len(labels))
+        assert [b.tokens for b in got] == [o[0] for o in oracle]
+        for b, (_, abs_mean, k3, share) in zip(got, oracle):
+            assert b.logprob_abs_diff == pytest.approx(abs_mean, abs=1e-4)
+            assert b.kl_k3 == pytest.approx(k3, abs=1e-4)
+            assert b.abs_diff_share == pytest.approx(share, abs=1e-4)
+        # The bins partition the pool's tokens: their token-weighted means are the pool's means.
+        assert sum(b.tokens * b.logprob_abs_diff for b in got) / result.tokens == pytest.approx(result.logprob_abs_diff, rel=1e-5)
+        assert sum(b.tokens * b.kl_k3 for b in got) / result.tokens == pytest.approx(result.kl_k3, rel=1e-5)
+    assert result.router is None  # a dense model
+    table = where_table([result]).splitlines()
+    assert "p<0.001" in table[0] and "t128+" in table[0] and table[2].startswith("h100_fp8")
+    assert table[2].split()[-4:] == ["-"] * 4
