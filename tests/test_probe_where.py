@@ -163,3 +163,63 @@ def test_a_pools_bins_equal_a_loop_over_its_sampled_tokens(tiny_llama_dir):
     table = where_table([result]).splitlines()
     assert "p<0.001" in table[0] and "t128+" in table[0] and table[2].startswith("h100_fp8")
     assert table[2].split()[-4:] == ["-"] * 4
+
+
+def _loop_router_flips(model_dir, batch) -> list[float]:
+    """Per generated token, the share of sparse layers whose top-k experts (recomputed here from each
+    router's input: top-k of softmax(x Wᵀ), fp32, one unpadded row at a time) differ from the
+    sampler's record at the position predicting it; NaN where there is no record."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    gates = [mod for name, mod in model.named_modules() if name.endswith("mlp.gate")]
+    flips = []
+    for b in range(len(batch)):
+        n_prompt = int(batch.prompt_lens[b])
+        cols = [t for t in range(batch.mask.shape[1]) if batch.mask[b, t]]
+        seq = batch.prompt_ids[b, :n_prompt].tolist() + batch.completion_ids[b, : cols[-1] + 1].tolist()
+        inputs: list[torch.Tensor] = []
+        handles = [g.register_forward_pre_hook(lambda mod, args: inputs.append(args[0].reshape(-1, args[0].shape[-1])))
+                   for g in gates]
+        with torch.no_grad():
+            model(input_ids=torch.tensor([seq]))
+        for h in handles:
+            h.remove()
+        for t in cols:
+            pos = n_prompt + t - 1
+            recorded = batch.routed_experts[b, pos].long()  # (M, k)
+            if (recorded < 0).any():
+                flips.append(float("nan"))
+                continue
+            differ = 0
+            for layer, (gate, x) in enumerate(zip(gates, inputs)):
+                own = torch.softmax(x[pos] @ gate.weight.T, -1).topk(gate.top_k).indices
+                differ += set(own.tolist()) != set(recorded[layer].tolist())
+            flips.append(differ / len(gates))
+    return flips
+
+
+@pytest.mark.slow
+def test_router_flips_of_a_moe_pool_equal_a_loop_over_its_sampled_tokens(tiny_qwen3_moe_dir):
+    import dataclasses
+
+    fleet = ["fleet=smoke", "fleet.pools.h100_fp8.accelerator=B200", "fleet.pools.h100_fp8.precision=nvfp4"]
+    prompts = [[1, 5, 6, 7, 8, 9, 10, 11, 12], [1, 11], [1, 20, 21, 22, 23], [1, 30, 31]]
+    batch, result = _probe_one_pool(tiny_qwen3_moe_dir, fleet, "h100_fp8", prompts, max_new_tokens=16)
+    lrs, _, _ = _loop_log_ratios(tiny_qwen3_moe_dir, batch)
+    flips = _loop_router_flips(tiny_qwen3_moe_dir, batch)
+    rows = [(abs(x), f) for x, f in zip(lrs, flips) if not math.isnan(f)]
+    hit, miss = [a for a, f in rows if f > 0], [a for a, f in rows if f == 0]
+    assert hit and miss  # nvfp4 moves some tokens to other experts, not all
+    r = result.router
+    assert r.tokens == len(rows) == result.tokens  # a torch pool records the position predicting every token
+    assert r.layer_flip_rate == pytest.approx(sum(f for _, f in rows) / len(rows))
+    assert r.token_flip_rate == pytest.approx(len(hit) / len(rows))
+    assert r.logprob_abs_diff_flipped == pytest.approx(sum(hit) / len(hit), abs=1e-4)
+    assert r.logprob_abs_diff_unflipped == pytest.approx(sum(miss) / len(miss), abs=1e-4)
+    assert r.abs_diff_share_flipped == pytest.approx(sum(hit) / (sum(hit) + sum(miss)), abs=1e-4)
+    assert dataclasses.asdict(result)["router"]["tokens"] == r.tokens  # what probe.json holds
+    row = where_table([result]).splitlines()[2].split()
+    assert row[-4:] == [f"{r.layer_flip_rate:.3f}", f"{r.token_flip_rate:.3f}",
+                        f"{r.logprob_abs_diff_flipped:.2g}/{r.logprob_abs_diff_unflipped:.2g}",
+                        f"{100 * r.abs_diff_share_flipped:.0f}%"]

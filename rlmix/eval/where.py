@@ -106,8 +106,8 @@ def completion_positions(mask: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class RouterFlips:
-    """A mixture-of-experts pool's routing against the trainer's, over the tokens whose experts
-    the sampler recorded (the last generated token of a row has no record).
+    """A mixture-of-experts pool's routing against the trainer's, at the position predicting each
+    sampled token, over the tokens whose sampler recorded its experts there (``Rollouts.routed_experts``).
 
     layer_flip_rate: share of (token, sparse layer) whose top-k set differs (``mismatch/router_flip``).
     token_flip_rate: share of tokens with at least one flipped layer.
