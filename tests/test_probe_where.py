@@ -10,8 +10,8 @@ import torch
 
 from rlmix.commands.probe import where_table
 from rlmix.correction.diagnostics import K3_TOKEN_CAP
-from rlmix.eval.where import (POSITION_EDGES, PROB_EDGES, bin_index, by_position, by_trainer_prob, position_labels,
-                              prob_labels, router_flips)
+from rlmix.eval.where import (POSITION_EDGES, PROB_EDGES, bin_index, by_env_distance, by_position, by_trainer_prob,
+                              env_distance_labels, env_distances, position_labels, prob_labels, router_flips)
 
 
 def _k3(lr: float) -> float:
@@ -80,6 +80,44 @@ def test_empty_bins_and_no_mismatch():
     bins = by_position(torch.zeros(3), torch.tensor([0, 1, 2]))
     assert [b.tokens for b in bins] == [3, 0, 0, 0]
     assert all(b.abs_diff_share is None and b.logprob_abs_diff == 0.0 and b.kl_k3 == 0.0 for b in bins)
+
+
+def _env_distance_bin(d: int) -> int:
+    """first_turn, 0, 1-3, 4-15, 16-63, 64+."""
+    if d < 0:
+        return 0
+    return 1 + sum(d >= e for e in (1, 4, 16, 64))
+
+
+def test_env_distance_bins_equal_a_loop_over_an_episode_shaped_batch():
+    gen = torch.Generator().manual_seed(2)
+    B, T = 6, 200
+    # Each row: a first policy turn, then observation/policy runs of random lengths, then padding.
+    mask = torch.zeros(B, T, dtype=torch.bool)
+    for b in range(B):
+        t, policy = 0, True
+        end = T - int(torch.randint(0, 40, (1,), generator=gen))
+        while t < end:
+            run = int(torch.randint(1, 90 if policy else 12, (1,), generator=gen))
+            mask[b, t: min(t + run, end)] = policy
+            t, policy = t + run, not policy
+    mask[0, :] = torch.arange(T) < 50  # a single-turn row: every token is first_turn
+    dists = []
+    for b in range(B):  # walk each row: the distance resets at every non-policy token
+        last_env = None
+        for t in range(T):
+            if not mask[b, t]:
+                last_env = t
+            else:
+                dists.append(-1 if last_env is None else t - last_env - 1)
+    assert env_distances(mask).tolist() == dists
+    assert min(dists) == -1 and max(dists) >= 64
+    lr = torch.randn(len(dists), generator=gen, dtype=torch.float64) * 0.1
+    oracle = _loop_bins(lr.tolist(), [_env_distance_bin(d) for d in dists], 6)
+    _check(by_env_distance(lr, torch.tensor(dists)), oracle, env_distance_labels())
+    assert env_distance_labels() == ("first_turn", "0", "1-3", "4-15", "16-63", "64+")
+    # Single-turn completions: nothing follows an environment token, so there is nothing to report.
+    assert by_env_distance(lr[:50], env_distances(mask[:1])) is None
 
 
 def test_router_flips_equal_a_loop_over_tokens():
@@ -223,3 +261,40 @@ def test_router_flips_of_a_moe_pool_equal_a_loop_over_its_sampled_tokens(tiny_qw
     assert row[-4:] == [f"{r.layer_flip_rate:.3f}", f"{r.token_flip_rate:.3f}",
                         f"{r.logprob_abs_diff_flipped:.2g}/{r.logprob_abs_diff_unflipped:.2g}",
                         f"{100 * r.abs_diff_share_flipped:.0f}%"]
+
+
+def test_teacher_forcing_attends_to_observations_between_policy_turns():
+    """An episode's mask has holes: the attention must reach its last generated token, not stop
+    after as many tokens as the policy generated."""
+    from rlmix.eval.probe import sequence_attention
+    from rlmix.rollout import Rollouts
+
+    mask = torch.tensor([[1, 1, 0, 0, 1, 0], [1, 1, 1, 0, 0, 0], [0, 0, 0, 0, 0, 0]], dtype=torch.bool)
+    batch = Rollouts(prompt_ids=torch.tensor([[1, 2, 3], [1, 2, 0], [1, 0, 0]]), prompt_lens=torch.tensor([3, 2, 1]),
+                     completion_ids=torch.tensor([[4, 5, 6, 7, 8, 9], [4, 5, 6, 0, 0, 0], [0] * 6]), mask=mask,
+                     sampler_logprobs=torch.zeros(3, 6), policy_version=torch.zeros(3, dtype=torch.long),
+                     pool=("a",) * 3, finish_reason=("stop",) * 3)
+    _, attention, _ = sequence_attention(batch, pad_id=0)
+    assert attention.tolist() == [[True] * 8 + [False], [True] * 5 + [False] * 4, [True] + [False] * 8]
+
+
+@pytest.mark.slow
+def test_the_probe_draws_episodes_and_bins_by_distance_after_an_observation(tmp_path):
+    """task=minicode_agent: each pool plays sandboxed episodes (a random tiny agent model, whose
+    malformed actions get error observations back), and the env-distance bins cover its tokens."""
+    from rlmix.commands.compose import compose_plan
+    from rlmix.eval.probe import probe_fleet
+    from tests.agentic_models import tiny_agent_model
+
+    model_dir = tiny_agent_model(tmp_path / "agent")
+    plan = compose_plan(["task=minicode_agent", "task.max_turns=3", "task.max_turn_tokens=24", "fleet=smoke",
+                         "~fleet.pools.h100_fp8", f"model.path={model_dir}", "probe.prompts=2",
+                         "probe.samples_per_prompt=2"], for_training=False)
+    (result,), summary = probe_fleet(plan, progress=lambda _: None)
+    bins = result.by_env_distance
+    assert [b.bin for b in bins] == list(env_distance_labels())
+    assert sum(b.tokens for b in bins) == result.tokens == sum(b.tokens for b in result.by_position)
+    assert bins[0].tokens > 0 and sum(b.tokens for b in bins[1:]) > 0  # first turns and later turns
+    assert result.sequences == 4 and len(summary["settings"]["task_ids"]) == 2
+    header = where_table([result]).splitlines()[0]
+    assert "efirst_turn" in header and "e0" in header

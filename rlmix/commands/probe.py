@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from rlmix.eval.probe import FACTORS, PoolProbe, probe_fleet
-from rlmix.eval.where import POSITION_EDGES, PROB_EDGES, MismatchBin
+from rlmix.eval.where import POSITION_EDGES, PROB_EDGES, MismatchBin, env_distance_labels
 
 PROBE_FILE = "probe.json"
 _COLUMNS = ("pool", "kl_k3", "kl_k1", "|dlogp|", "mult_err", "tail_frac", "rho", "P_H", "tok/s",
@@ -46,11 +46,12 @@ def probe_table(results: list[PoolProbe]) -> str:
 _PROB_HEADERS = (*(f"p<{b:g}" for b in PROB_EDGES[1:-1]), f"p>={PROB_EDGES[-2]:g}")
 _POSITION_HEADERS = (*(f"t{a}-{b - 1}" for a, b in zip(POSITION_EDGES[:-1], POSITION_EDGES[1:])),
                      f"t{POSITION_EDGES[-1]}+")
-_WHERE_COLUMNS = ("pool", *_PROB_HEADERS, *_POSITION_HEADERS, "flip", "tok_flip", "|d| flip/none", "flip_mass")
+_ENV_HEADERS = tuple(f"e{label}" for label in env_distance_labels())
+_FLIP_HEADERS = ("flip", "tok_flip", "|d| flip/none", "flip_mass")
 WHERE_LEGEND = ("where |dlogp| sits: p = trainer probability of the sampled token, t = position in the completion; "
                 "cell = share of the pool's |dlogp| mass / share of its tokens. flip = share of (token, MoE layer) "
                 "whose top-k experts differ, tok_flip = tokens with >= 1 flipped layer, flip_mass = their share "
-                "of |dlogp| ('-': dense model)")
+                "of |dlogp| ('-': dense model). Episodes add e = policy tokens since the last environment token")
 
 
 def _bin_cell(b: MismatchBin, tokens: int) -> str:
@@ -58,20 +59,25 @@ def _bin_cell(b: MismatchBin, tokens: int) -> str:
     return f"{mass}/{100 * b.tokens / max(tokens, 1):.0f}%"
 
 
-def _where_row(r: PoolProbe) -> list[str]:
+def _where_row(r: PoolProbe, episodes: bool) -> list[str]:
     f = r.router
     flips = ["-"] * 4 if f is None else [
         f"{f.layer_flip_rate:.3f}", f"{f.token_flip_rate:.3f}",
         f"{f.logprob_abs_diff_flipped:.2g}/{f.logprob_abs_diff_unflipped:.2g}",
         "-" if f.abs_diff_share_flipped is None else f"{100 * f.abs_diff_share_flipped:.0f}%"]
-    return [r.pool, *(_bin_cell(b, r.tokens) for b in (*r.by_trainer_prob, *r.by_position)), *flips]
+    env = [] if not episodes else ["-"] * len(_ENV_HEADERS) if r.by_env_distance is None else [
+        _bin_cell(b, r.tokens) for b in r.by_env_distance]
+    return [r.pool, *(_bin_cell(b, r.tokens) for b in (*r.by_trainer_prob, *r.by_position)), *env, *flips]
 
 
 def where_table(results: list[PoolProbe]) -> str:
-    """One row per pool: the share of |dlogp| mass and of tokens in each bin, then router flips."""
+    """One row per pool: the share of |dlogp| mass and of tokens in each bin, then router flips.
+    The distance-after-environment-token bins appear when some pool drew episodes."""
     from rlmix.report.table import render_table
 
-    return render_table(_WHERE_COLUMNS, [_where_row(r) for r in results], right_from=1)
+    episodes = any(r.by_env_distance is not None for r in results)
+    columns = ("pool", *_PROB_HEADERS, *_POSITION_HEADERS, *(_ENV_HEADERS if episodes else ()), *_FLIP_HEADERS)
+    return render_table(columns, [_where_row(r, episodes) for r in results], right_from=1)
 
 
 def write_probe(out_dir: Path, summary: dict) -> Path:

@@ -25,6 +25,8 @@ from rlmix.correction.diagnostics import kl_k3_per_token
 # Bin edges: a token falls in [edges[i], edges[i+1]); the last bin is closed (probability) or open (position).
 PROB_EDGES = (0.0, 1e-3, 1e-2, 0.1, 0.5, 0.9, 1.0)
 POSITION_EDGES = (0, 8, 32, 128)
+# Policy tokens since the last environment token: -1 (none yet: the first turn), 0 (right after), 1-3, ...
+ENV_DISTANCE_EDGES = (-1, 0, 1, 4, 16, 64)
 
 
 def prob_labels(edges: tuple[float, ...] = PROB_EDGES) -> tuple[str, ...]:
@@ -37,6 +39,12 @@ def prob_labels(edges: tuple[float, ...] = PROB_EDGES) -> tuple[str, ...]:
 def position_labels(edges: tuple[int, ...] = POSITION_EDGES) -> tuple[str, ...]:
     """``a-b`` per bin (inclusive), the last one open: ``128+``."""
     return (*(f"{a}-{b - 1}" for a, b in zip(edges[:-1], edges[1:])), f"{edges[-1]}+")
+
+
+def env_distance_labels(edges: tuple[int, ...] = ENV_DISTANCE_EDGES) -> tuple[str, ...]:
+    """``first_turn`` for the tokens before any environment token, then ``a-b`` bins, the last open."""
+    bins = [f"{a}" if b == a + 1 else f"{a}-{b - 1}" for a, b in zip(edges[1:-1], edges[2:])]
+    return ("first_turn", *bins, f"{edges[-1]}+")
 
 
 def bin_index(values: Tensor, edges: tuple[float, ...], *, closed_last: bool) -> Tensor:
@@ -102,6 +110,30 @@ def by_position(log_ratio: Tensor, positions: Tensor) -> tuple[MismatchBin, ...]
 def completion_positions(mask: Tensor) -> Tensor:
     """(N,) the completion column of each generated token (``mask`` (B, T)), row-major like ``mask``'s tokens."""
     return torch.arange(mask.shape[1], device=mask.device)[None].expand_as(mask)[mask]
+
+
+def env_distances(mask: Tensor) -> Tensor:
+    """(N,) per generated token (``mask`` (B, T) True), the number of policy tokens between the last
+    environment token before it in its completion and itself: 0 right after an observation, −1
+    when none precedes it (the first policy turn, and every token of a single-turn completion).
+
+    An environment token is a completion token the sampler did not generate (``mask`` false):
+    a tool observation and the chat-template tokens around it (``rlmix.agentic.records``).
+    Padding follows the last token of a row, so it never precedes a generated one.
+    """
+    cols = torch.arange(mask.shape[1], device=mask.device)[None].expand_as(mask)  # (B, T)
+    last_env = torch.where(mask, -1, cols).cummax(dim=1).values  # (B, T) last non-policy column so far
+    dist = torch.where(last_env >= 0, cols - last_env - 1, -1)
+    return dist[mask]
+
+
+def by_env_distance(log_ratio: Tensor, distances: Tensor) -> tuple[MismatchBin, ...] | None:
+    """Tokens binned by ``env_distances``, ``ENV_DISTANCE_EDGES``; None when no token follows an
+    environment token (single-turn completions: the binning would say nothing)."""
+    if not bool((distances >= 0).any()):
+        return None
+    index = bin_index(distances.double(), ENV_DISTANCE_EDGES, closed_last=False)
+    return binned(log_ratio, index, env_distance_labels())
 
 
 @dataclass(frozen=True)
