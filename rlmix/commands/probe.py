@@ -4,9 +4,13 @@
 
 The prompt set is the task's fixed ``test`` split, thinned evenly to ``probe.prompts``
 prompts, each sampled ``probe.samples_per_prompt`` times with ``loop.max_new_tokens``
-and ``loop.temperature``; K = ``probe.num_candidates`` (default ``correction.num_candidates``). Writes a console table and
-``probe.json`` (fleet manifest, reference definition, per-pool results) to ``probe.out_dir`` or
-``outputs/probe/<time>/``. The measurement itself is ``rlmix.eval.probe.probe_fleet``.
+and ``loop.temperature`` (for an episode task, ``probe.samples_per_prompt`` whole episodes, each turn up
+to ``task.max_turn_tokens``); K = ``probe.num_candidates`` (default ``correction.num_candidates``).
+Writes two console tables (the pools' mismatch and its attribution; where it sits: by trainer
+probability, position, distance after an environment token, router flips) and ``probe.json``
+(fleet manifest, reference definition, per-pool results) to ``probe.out_dir`` or
+``outputs/probe/<time>/``. The measurement itself is ``rlmix.eval.probe.probe_fleet``; how to read
+it, docs/probe.md.
 """
 
 from __future__ import annotations
