@@ -8,7 +8,13 @@ For one pool the probe
    model under BF16 autocast, as ``rlmix train`` computes them — and reports the docs/math.md
    §6 diagnostics of the sampled tokens: k3, k1, mean |Δ log-prob|, multiplicative error, ratio
    tail fraction, and the §3.2 SC tail ratio ρ and head mass P_H over the pool's head;
-3. attributes the mismatch to its factors by teacher forcing (below).
+3. attributes the mismatch to its factors by teacher forcing (below);
+4. says where the mismatch sits: the sampled tokens binned by trainer probability, by position and,
+   for episodes, by distance after an environment token, and the router-flip share of it for a
+   mixture-of-experts model (``rlmix.eval.where``; docs/probe.md).
+
+What a pool samples is a draw (``rlmix.eval.draws``): completions of the prompt set, or whole
+episodes for an episode task.
 
 Attribution. The *reference view* is the trainer's arithmetic written as a precision view
 (``reference_view``): bf16 weights, bf16 activations and linear inputs, bf16 KV, and the exact
