@@ -27,6 +27,7 @@ from rlmix.eval.probe import (
     teacher_forced_logits,
 )
 from rlmix.commands.probe import PROBE_FILE, probe_table, run_probe
+from rlmix.eval.where import position_labels, prob_labels
 from rlmix.samplers.accelerators import PrecisionView, resolve_view
 
 RLMIX = str(Path(sys.executable).with_name("rlmix"))
@@ -156,6 +157,11 @@ def test_probe_summary_has_every_field_and_round_trips(two_pools, tmp_path):
         assert set(row) == {f.name for f in dataclasses.fields(PoolProbe)}
         assert set(row["attribution"]) == {f.name for f in dataclasses.fields(Attribution)}
         assert all(isinstance(row[k], float) for k in ("kl_k3", "kl_k1", "kl_exact", "sc_tail_ratio", "sc_head_mass"))
+        assert [b["bin"] for b in row["by_trainer_prob"]] == list(prob_labels())
+        assert [b["bin"] for b in row["by_position"]] == list(position_labels())
+        assert sum(b["tokens"] for b in row["by_position"]) == row["tokens"]
+        assert sum(b["abs_diff_share"] for b in row["by_trainer_prob"]) == pytest.approx(1.0)
+        assert row["router"] is None  # a dense model
     table = probe_table(list(results.values())).splitlines()
     assert len(table) == 4 and "KL_kernel" in table[0] and set(table[1]) <= {"-", " "} and table[2].startswith("h100_fp8")
 
@@ -189,7 +195,7 @@ def test_cli_probe_end_to_end(tiny_llama_dir, tmp_path):
             "probe.samples_per_prompt=2", "loop.max_new_tokens=4", f"probe.out_dir={out_dir}"]
     out = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert "[2/2] a100_bf16" in out.stdout and "shares w/kv/kern" in out.stdout
+    assert "[2/2] a100_bf16" in out.stdout and "shares w/kv/kern" in out.stdout and "t128+" in out.stdout
     assert set(json.loads((out_dir / PROBE_FILE).read_text())["pools"]) == {"h100_fp8", "a100_bf16"}
     bad = subprocess.run([RLMIX, "probe", "fleet=nope"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and bad.stderr.startswith("error:") and len(bad.stderr.strip().splitlines()) == 1

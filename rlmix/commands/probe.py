@@ -4,9 +4,13 @@
 
 The prompt set is the task's fixed ``test`` split, thinned evenly to ``probe.prompts``
 prompts, each sampled ``probe.samples_per_prompt`` times with ``loop.max_new_tokens``
-and ``loop.temperature``; K = ``probe.num_candidates`` (default ``correction.num_candidates``). Writes a console table and
-``probe.json`` (fleet manifest, reference definition, per-pool results) to ``probe.out_dir`` or
-``outputs/probe/<time>/``. The measurement itself is ``rlmix.eval.probe.probe_fleet``.
+and ``loop.temperature`` (for an episode task, ``probe.samples_per_prompt`` whole episodes, each turn up
+to ``task.max_turn_tokens``); K = ``probe.num_candidates`` (default ``correction.num_candidates``).
+Writes two console tables (the pools' mismatch and its attribution; where it sits: by trainer
+probability, position, distance after an environment token, router flips) and ``probe.json``
+(fleet manifest, reference definition, per-pool results) to ``probe.out_dir`` or
+``outputs/probe/<time>/``. The measurement itself is ``rlmix.eval.probe.probe_fleet``; how to read
+it, docs/probe.md.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import time
 from pathlib import Path
 
 from rlmix.eval.probe import FACTORS, PoolProbe, probe_fleet
+from rlmix.eval.where import POSITION_EDGES, PROB_EDGES, MismatchBin, env_distance_labels
 
 PROBE_FILE = "probe.json"
 _COLUMNS = ("pool", "kl_k3", "kl_k1", "|dlogp|", "mult_err", "tail_frac", "rho", "P_H", "tok/s",
@@ -42,6 +47,43 @@ def probe_table(results: list[PoolProbe]) -> str:
     return render_table(_COLUMNS, [_row(r) for r in results], right_from=1)
 
 
+_PROB_HEADERS = (*(f"p<{b:g}" for b in PROB_EDGES[1:-1]), f"p>={PROB_EDGES[-2]:g}")
+_POSITION_HEADERS = (*(f"t{a}-{b - 1}" for a, b in zip(POSITION_EDGES[:-1], POSITION_EDGES[1:])),
+                     f"t{POSITION_EDGES[-1]}+")
+_ENV_HEADERS = tuple(f"e{label}" for label in env_distance_labels())
+_FLIP_HEADERS = ("flip", "tok_flip", "|d| flip/none", "flip_mass")
+WHERE_LEGEND = ("where |dlogp| sits: p = trainer probability of the sampled token, t = position in the completion; "
+                "cell = share of the pool's |dlogp| mass / share of its tokens. flip = share of (token, MoE layer) "
+                "whose top-k experts differ, tok_flip = tokens with >= 1 flipped layer, flip_mass = their share "
+                "of |dlogp| ('-': dense model). Episodes add e = policy tokens since the last environment token")
+
+
+def _bin_cell(b: MismatchBin, tokens: int) -> str:
+    mass = "-" if b.abs_diff_share is None else f"{100 * b.abs_diff_share:.0f}%"
+    return f"{mass}/{100 * b.tokens / max(tokens, 1):.0f}%"
+
+
+def _where_row(r: PoolProbe, episodes: bool) -> list[str]:
+    f = r.router
+    flips = ["-"] * 4 if f is None else [
+        f"{f.layer_flip_rate:.3f}", f"{f.token_flip_rate:.3f}",
+        f"{f.logprob_abs_diff_flipped:.2g}/{f.logprob_abs_diff_unflipped:.2g}",
+        "-" if f.abs_diff_share_flipped is None else f"{100 * f.abs_diff_share_flipped:.0f}%"]
+    env = [] if not episodes else ["-"] * len(_ENV_HEADERS) if r.by_env_distance is None else [
+        _bin_cell(b, r.tokens) for b in r.by_env_distance]
+    return [r.pool, *(_bin_cell(b, r.tokens) for b in (*r.by_trainer_prob, *r.by_position)), *env, *flips]
+
+
+def where_table(results: list[PoolProbe]) -> str:
+    """One row per pool: the share of |dlogp| mass and of tokens in each bin, then router flips.
+    The distance-after-environment-token bins appear when some pool drew episodes."""
+    from rlmix.report.table import render_table
+
+    episodes = any(r.by_env_distance is not None for r in results)
+    columns = ("pool", *_PROB_HEADERS, *_POSITION_HEADERS, *(_ENV_HEADERS if episodes else ()), *_FLIP_HEADERS)
+    return render_table(columns, [_where_row(r, episodes) for r in results], right_from=1)
+
+
 def write_probe(out_dir: Path, summary: dict) -> Path:
     """Write ``probe.json`` atomically (a reader never sees half a file)."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -65,4 +107,6 @@ def run_probe(args: list[str]) -> None:
     with CountedLines("probe") as progress:
         results, summary = probe_fleet(plan, progress)
     print(probe_table(results))
+    print(where_table(results))
+    print(WHERE_LEGEND)
     print(f"reference: {summary['reference']['label']}; wrote {write_probe(out_dir, summary)}")

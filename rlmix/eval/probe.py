@@ -8,7 +8,13 @@ For one pool the probe
    model under BF16 autocast, as ``rlmix train`` computes them — and reports the docs/math.md
    §6 diagnostics of the sampled tokens: k3, k1, mean |Δ log-prob|, multiplicative error, ratio
    tail fraction, and the §3.2 SC tail ratio ρ and head mass P_H over the pool's head;
-3. attributes the mismatch to its factors by teacher forcing (below).
+3. attributes the mismatch to its factors by teacher forcing (below);
+4. says where the mismatch sits: the sampled tokens binned by trainer probability, by position and,
+   for episodes, by distance after an environment token, and the router-flip share of it for a
+   mixture-of-experts model (``rlmix.eval.where``; docs/probe.md).
+
+What a pool samples is a draw (``rlmix.eval.draws``): completions of the prompt set, or whole
+episodes for an episode task.
 
 Attribution. The *reference view* is the trainer's arithmetic written as a precision view
 (``reference_view``): bf16 weights, bf16 activations and linear inputs, bf16 KV, and the exact
@@ -45,6 +51,7 @@ from torch import Tensor
 
 from rlmix.config.dataset import DatasetTaskConfig
 from rlmix.config.schema import MiniCodeTaskConfig, RunConfig, TrainerConfig, TrainerPrecision
+from rlmix.config.swebench import AgentEnvConfig
 from rlmix.correction import Correction, multiplicative_error, token_mismatch
 from rlmix.correction.centering import centering_coefficients
 from rlmix.correction.diagnostics import centering_stats, mismatch_stats
@@ -54,13 +61,15 @@ from rlmix.assembly.fleet import SamplerSpec, build_sampler, fleet_manifest, res
 from rlmix.assembly.parts import (derive_seed, encode_prompts, make_task, package_versions, resolve_model_dir,
                                   trainer_view)
 from rlmix.assembly.plan import RunPlan
+from rlmix.eval.draws import EpisodeDraw, SingleTurnDraw
+from rlmix.eval.where import (MismatchBin, RouterFlips, by_env_distance, by_position, by_trainer_prob,
+                              completion_positions, env_distances, router_flips)
 from rlmix.rollout import Rollouts, sequence_input_ids
 from rlmix.samplers.accelerators import PrecisionView, resolve_view
 
 FACTORS = ("weights", "kv", "kernel")
 # Defaults that have no RunConfig field yet (the one place they live).
 ROWS_PER_CHUNK = 32  # sequences per teacher-forced forward: bounds the (rows, L, V) logits at large V
-WARMUP_TOKENS = 2  # a short untimed generation first, so tokens/s excludes first-call overheads
 
 
 @dataclass(frozen=True)
@@ -162,6 +171,10 @@ class PoolProbe:
     sc_head_mass: float
     sc_coef_l1: float
     attribution: Attribution | None  # None for pools without a torch precision view (vllm)
+    by_trainer_prob: tuple[MismatchBin, ...]  # where the mismatch sits (rlmix.eval.where)
+    by_position: tuple[MismatchBin, ...]
+    by_env_distance: tuple[MismatchBin, ...] | None  # episodes only: None when no token follows an observation
+    router: RouterFlips | None  # None for a dense model
 
 
 # -- measurement -------------------------------------------------------------------------------
@@ -170,7 +183,8 @@ class PoolProbe:
 def sequence_attention(batch: Rollouts, pad_id: int) -> tuple[Tensor, Tensor, Tensor]:
     """``input_ids`` (B, L) right-padded, ``attention_mask`` (B, L) and ``target_pos`` (B, T)."""
     input_ids, target_pos = sequence_input_ids(batch, pad_id)
-    ends = batch.prompt_lens + batch.mask.sum(1)  # (B,) real tokens per row
+    # (B,) real tokens per row, up to its last generated one (an episode's mask has holes: observations)
+    ends = batch.prompt_lens + (batch.mask * torch.arange(1, batch.mask.shape[1] + 1)).amax(1)
     return input_ids, torch.arange(input_ids.shape[1])[None] < ends[:, None], target_pos
 
 
@@ -207,6 +221,8 @@ def _chunk_measure(ctx: ProbeContext, chunk: Rollouts, view: PrecisionView | Non
     logp_a, logp_h = gather_logprobs(trainer, tokens.sampled_ids, cand)
     out = {"trainer_logprobs": logp_a, "trainer_head": logp_h, "valid": cand.valid,
            "sampler_head": cand.sampler_logprobs}
+    if tokens.router_flip is not None:  # a mixture-of-experts model (the same for every chunk)
+        out["router_flip"] = tokens.router_flip
     if view is None:
         return out
     ref = teacher_forced_logits(ctx.view_sampler(ctx.reference), chunk, ctx.pad_id)
@@ -249,6 +265,10 @@ def measure(ctx: ProbeContext, batch: Rollouts, spec: SamplerSpec, tokens_per_s:
         multiplicative_error=float(multiplicative_error(lr)),
         kl_exact=_mean(per_token["kl_exact"]) if spec.view is not None else None,
         attribution=_attribution(per_token, spec.view, ctx.reference) if spec.view is not None else None,
+        by_trainer_prob=by_trainer_prob(lr, per_token["trainer_logprobs"]),
+        by_position=by_position(lr, completion_positions(batch.mask)),
+        by_env_distance=by_env_distance(lr, env_distances(batch.mask)),
+        router=router_flips(lr, per_token["router_flip"]) if "router_flip" in per_token else None,
         **stats,
         **sc,
     )
@@ -267,8 +287,10 @@ def _attribution(per_token: dict[str, Tensor], view: PrecisionView, reference: P
     )
 
 
-def probe_pool(ctx: ProbeContext, spec: SamplerSpec, prompts: list[list[int]], settings: ProbeSettings) -> PoolProbe:
-    """Sample ``prompts`` with one instance of ``spec``'s pool, time it, and measure it against the trainer.
+def probe_pool(ctx: ProbeContext, spec: SamplerSpec, draw: SingleTurnDraw | EpisodeDraw,
+               settings: ProbeSettings) -> PoolProbe:
+    """Draw the prompt set with one instance of ``spec``'s pool (``rlmix.eval.draws``), time it, and
+    measure it against the trainer.
 
     Every pool draws with the same seed (common random numbers), so pools differ by their
     arithmetic, not by their luck.
@@ -277,9 +299,9 @@ def probe_pool(ctx: ProbeContext, spec: SamplerSpec, prompts: list[list[int]], s
     params = dataclasses.replace(
         spec.params, num_candidates=settings.num_candidates, seed=derive_seed(settings.seed, "probe")
     )
-    sampler.generate(prompts[:1], dataclasses.replace(params, max_new_tokens=WARMUP_TOKENS))
+    draw.warm_up(sampler, params)
     start = time.perf_counter()
-    batch = sampler.generate(prompts, params)
+    batch = draw(sampler, params, spec.pool)
     elapsed = time.perf_counter() - start
     sampler.close()
     return measure(ctx, batch, spec, batch.num_tokens / max(elapsed, 1e-9))
@@ -297,8 +319,9 @@ REFERENCE_DEFINITION = (
 
 def probe_prompts(cfg: RunConfig, count: int) -> list:
     """``count`` problems of the task's test split, evenly spaced so every difficulty level is present."""
-    if not isinstance(cfg.task, (MiniCodeTaskConfig, DatasetTaskConfig)):
-        raise ConfigError("rlmix probe needs task=minicode or task=dataset (its test split is the probe's prompt set)")
+    if not isinstance(cfg.task, (MiniCodeTaskConfig, DatasetTaskConfig, AgentEnvConfig)):
+        raise ConfigError("rlmix probe needs task=minicode, task=dataset or an episode task such as "
+                          "task=minicode_agent (its test split is the probe's prompt set)")
     problems = make_task(cfg.task, cfg.seed).split("test")
     if not 1 <= count <= len(problems):
         raise ConfigError(
@@ -306,6 +329,13 @@ def probe_prompts(cfg: RunConfig, count: int) -> list:
             f"which has {len(problems)}; use 1..{len(problems)}"
         )
     return [problems[i * len(problems) // count] for i in range(count)]
+
+
+def probe_draw(cfg: RunConfig, problems: list, tokenizer, samples_per_prompt: int) -> SingleTurnDraw | EpisodeDraw:
+    """Episodes for an episode task, else the prompts encoded through the task's chat template."""
+    if isinstance(cfg.task, AgentEnvConfig):
+        return EpisodeDraw(cfg.task, make_task(cfg.task, cfg.seed), problems, tokenizer, samples_per_prompt)
+    return SingleTurnDraw(encode_prompts(tokenizer, tuple(problems), samples_per_prompt, cfg.task.chat_template))
 
 
 def probe_fleet(plan: RunPlan, progress=print) -> tuple[list[PoolProbe], dict]:
@@ -321,18 +351,21 @@ def probe_fleet(plan: RunPlan, progress=print) -> tuple[list[PoolProbe], dict]:
     tokenizer = load_tokenizer(model_dir)
     specs = resolve_fleet(plan, tokenizer.eos_token_id)
     firsts = [spec for spec in specs if spec.index == 0]
-    prompts = encode_prompts(tokenizer, tuple(problems), settings.samples_per_prompt, cfg.task.chat_template)
+    draw = probe_draw(cfg, problems, tokenizer, settings.samples_per_prompt)
     ctx = ProbeContext(model_dir, tokenizer.pad_token_id, plan.correction, cfg.trainer, cfg.seed)
     results: list[PoolProbe] = []
-    for i, spec in enumerate(firsts):
-        start = time.perf_counter()
-        result = probe_pool(ctx, spec, prompts, settings)
-        results.append(result)
-        progress(
-            f"[{i + 1}/{len(firsts)}] {spec.pool} ({result.label}): kl_k3={result.kl_k3:.3g} "
-            f"|dlogp|={result.logprob_abs_diff:.3g} {result.tokens_per_s:.0f} tok/s "
-            f"({time.perf_counter() - start:.1f} s)"
-        )
+    try:
+        for i, spec in enumerate(firsts):
+            start = time.perf_counter()
+            result = probe_pool(ctx, spec, draw, settings)
+            results.append(result)
+            progress(
+                f"[{i + 1}/{len(firsts)}] {spec.pool} ({result.label}): kl_k3={result.kl_k3:.3g} "
+                f"|dlogp|={result.logprob_abs_diff:.3g} {result.tokens_per_s:.0f} tok/s "
+                f"({time.perf_counter() - start:.1f} s)"
+            )
+    finally:
+        draw.close()
     return results, {
         "fleet": fleet_manifest(specs),
         "reference": {"definition": REFERENCE_DEFINITION, "view": ctx.reference.tags(),
