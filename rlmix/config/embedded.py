@@ -21,19 +21,10 @@ class EmbeddedVersion(str, Enum):
 
 
 @dataclass
-class EmbeddedModelSpec:
-    """The embedded default model and its warm start (the Hydra ``model`` group's defaults)."""
+class WarmStartSpec:
+    """The single-turn warm start both embedded models share: supervised steps on minicode that stop
+    once the sampled reward reaches a band, leaving room for RL."""
 
-    hidden_size: int = 128
-    """Width d of the residual stream."""
-    num_layers: int = 2
-    """Transformer blocks."""
-    num_heads: int = 4
-    """Attention heads (no grouped-query attention: key/value heads = heads)."""
-    intermediate_size: int = 384
-    """Width of the SwiGLU MLP."""
-    max_position_embeddings: int = 256
-    """Longest sequence (prompt + completion) the model accepts; minicode needs under 72."""
     seed: int = 0
     """Seeds the initial weights, the warm-start problems and the reward measurement."""
     warmup_steps: int = 1000
@@ -50,6 +41,22 @@ class EmbeddedModelSpec:
     """The warm start stops once the sampled reward (temperature 1.0) reaches this."""
     target_reward_high: float = 0.6
     """Upper end of the intended band; a build that overshoots it says so in rlmix_build.json."""
+
+
+@dataclass
+class EmbeddedModelSpec(WarmStartSpec):
+    """The embedded default model and its warm start (the Hydra ``model`` group's defaults)."""
+
+    hidden_size: int = 128
+    """Width d of the residual stream."""
+    num_layers: int = 2
+    """Transformer blocks."""
+    num_heads: int = 4
+    """Attention heads (no grouped-query attention: key/value heads = heads)."""
+    intermediate_size: int = 384
+    """Width of the SwiGLU MLP."""
+    max_position_embeddings: int = 256
+    """Longest sequence (prompt + completion) the model accepts; minicode needs under 72."""
 
 
 @dataclass
@@ -79,7 +86,7 @@ class MiniCodeAnswer(str, Enum):
 
 
 @dataclass
-class EmbeddedMoeSpec:
+class EmbeddedMoeSpec(WarmStartSpec):
     """The v2 embedded model (``model=embedded_v2``): a small Qwen3-MoE, its byte-level BPE tokenizer
     and its warm start on minicode through the chat template."""
 
@@ -99,23 +106,9 @@ class EmbeddedMoeSpec:
     """Width of each expert's SwiGLU MLP."""
     max_position_embeddings: int = 256
     """Longest sequence (template + prompt + completion) the model accepts; minicode needs under 64."""
-    seed: int = 0
-    """Seeds the initial weights, the warm-start problems and the reward measurement."""
     warmup_steps: int = 600
     """Upper bound on supervised warm-start steps (it stops earlier on reward). 600, not v1's 1000: a
     step costs about twice v1's, and the held-set reward was as high after 300 steps as after 900."""
-    warmup_lr: float = 5e-3
-    """AdamW learning rate of the warm start (linear ramp over the first 10% of steps)."""
-    warmup_batch_size: int = 32
-    """Problems per warm-start step."""
-    eval_every: int = 100
-    """Warm-start steps between reward measurements."""
-    eval_problems: int = 96
-    """Held problems (levels 1-3, one sampled completion each) per reward measurement."""
-    target_reward_low: float = 0.12
-    """The warm start stops once the sampled reward (temperature 1.0) reaches this."""
-    target_reward_high: float = 0.6
-    """Upper end of the intended band; a build that overshoots it says so in rlmix_build.json."""
     answer: MiniCodeAnswer = MiniCodeAnswer.program
     """The warm start's answers: the program alone (task=minicode) or a worked trace of tries and
     then the program (task=minicode_trace; ``model=embedded_v2_trace``)."""

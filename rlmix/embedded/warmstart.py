@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rlmix.config.embedded import EmbeddedModelSpec
+from rlmix.config.embedded import EmbeddedModelSpec, WarmStartSpec
 from rlmix.embedded.minicode import MiniCode
 from rlmix.embedded.sample import sample_completions
 from rlmix.tasks.base import Problem
@@ -152,26 +152,43 @@ def warm_start(
     progress: Callable[[str], None],
 ) -> WarmStartResult:
     """Train ``model`` in place until the held-set reward reaches the target band (see module doc)."""
-    task = MiniCode(levels=(1, 2, 3), seed=spec.seed)
-    easy = MiniCode(levels=(1,), seed=spec.seed)
-    held = task.sample(spec.eval_problems, seed=_HELD_SEED)
+    task, easy = MiniCode(levels=(1, 2, 3), seed=spec.seed), MiniCode(levels=(1,), seed=spec.seed)
+    return minicode_warm_start(model, tokenizer, spec, task, easy, sft_batch, progress)
+
+
+def minicode_warm_start(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerFast,
+    spec: WarmStartSpec,
+    task: MiniCode,
+    easy: MiniCode,
+    sft: Callable[[PreTrainedTokenizerFast, list[str], list[str]], dict[str, torch.Tensor]],
+    progress: Callable[[str], None],
+    render: Callable[[list[Problem]], list[Problem]] = list,
+    max_new_tokens: int = MAX_ANSWER_TOKENS,
+) -> WarmStartResult:
+    """The single-turn warm start of either embedded model: batches of ``task``'s reference answers
+    (half of each from ``easy``) made by ``sft``, the reward measured every ``spec.eval_every`` steps
+    on held problems as ``render`` presents them to a sampler, with at most ``max_new_tokens``."""
+    held = render(task.sample(spec.eval_problems, seed=_HELD_SEED))
     start, history = time.monotonic(), []
 
     def batch(step: int) -> dict[str, torch.Tensor]:
         # half of each batch is level 1: single ops are learnt first and carry the early reward
         half = spec.warmup_batch_size // 2
         problems = easy.sample(half, seed=step) + task.sample(spec.warmup_batch_size - half, seed=step)
-        return sft_batch(tokenizer, [p.prompt for p in problems], [task.reference_answer(p) for p in problems])
+        return sft(tokenizer, [p.prompt for p in problems], [task.reference_answer(p) for p in problems])
 
     def evaluate(step: int, loss: float) -> bool:
         if step % spec.eval_every and step != spec.warmup_steps:
             return False
         model.eval()
-        report = measure_reward(model, tokenizer, task, held, seed=spec.seed * 7919 + step)
+        report = measure_reward(model, tokenizer, task, held, seed=spec.seed * 7919 + step,
+                                max_new_tokens=max_new_tokens)
         history.append({"step": step, "loss": loss, "reward": report.reward, "seconds": time.monotonic() - start})
         levels = " ".join(f"L{lv}={r:.2f}" for lv, r in report.reward_by_level.items())
-        progress(f"warm start step {step}: loss {loss:.3f}, reward {report.reward:.3f} ({levels}), "
-                 f"format errors {report.format_error_rate:.2f}")
+        progress(f"warm start step {step}/{spec.warmup_steps}: loss {loss:.3f}, reward {report.reward:.3f} "
+                 f"({levels}), format errors {report.format_error_rate:.2f}, {time.monotonic() - start:.0f}s")
         return report.reward >= spec.target_reward_low
 
     ramp = max(1, spec.warmup_steps // 10)  # linear LR ramp, then constant: stopping is by reward
@@ -179,7 +196,8 @@ def warm_start(
                                   batch, evaluate)
     # The stopping measurement is biased upwards (training stops on a lucky draw): report a fresh
     # one on twice as many new problems.
-    final_set = task.sample(2 * spec.eval_problems, seed=_FINAL_SEED)
-    report = measure_reward(model, tokenizer, task, final_set, seed=spec.seed * 7919 - 1)
+    final_set = render(task.sample(2 * spec.eval_problems, seed=_FINAL_SEED))
+    report = measure_reward(model, tokenizer, task, final_set, seed=spec.seed * 7919 - 1,
+                            max_new_tokens=max_new_tokens)
     progress(f"warm start done after {step} steps: reward {report.reward:.3f} on {len(final_set)} fresh problems")
     return WarmStartResult(step, time.monotonic() - start, loss, history, report)

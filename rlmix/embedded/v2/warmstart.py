@@ -1,9 +1,9 @@
 """The v2 model's warm start: minicode, single-turn, rendered through the chat template.
 
-The same recipe as the v1 warm start (``rlmix.embedded.warmstart.warm_start``: the one optimiser
-loop ``supervised_steps``, half of each batch level 1, loss on the answer and on the prompt's
-example outputs, stop on the sampled reward, a fresh final measurement), with two differences a
-BPE vocabulary and a chat template bring:
+The v1 warm start's loop (``rlmix.embedded.warmstart.minicode_warm_start``: the one optimiser loop
+``supervised_steps``, half of each batch level 1, loss on the answer and on the prompt's example
+outputs, stop on the sampled reward, a fresh final measurement), with two differences a BPE
+vocabulary and a chat template bring:
 
 * the prompt is the text a run's sampler continues: ``render_text`` of one user turn with the
   generation prompt (``rlmix.tasks.chat``, the renderer of ``task.chat_template=auto``), and the
@@ -22,7 +22,6 @@ v1's functions are reused; their source is part of the v1 model's cache key.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -31,16 +30,12 @@ import torch
 from rlmix.config.embedded import EmbeddedMoeSpec, MiniCodeAnswer
 from rlmix.embedded.minicode import MiniCode
 from rlmix.embedded.minicode_trace import MiniCodeTrace
-from rlmix.embedded.warmstart import (MAX_ANSWER_TOKENS, WarmStartResult, example_output_mask, measure_reward,
-                                      supervised_steps)
+from rlmix.embedded.warmstart import MAX_ANSWER_TOKENS, WarmStartResult, example_output_mask, minicode_warm_start
 from rlmix.tasks.base import Problem
 from rlmix.tasks.chat import prompt_messages, render_text
 
 if TYPE_CHECKING:  # types only: transformers takes seconds to import
     from transformers import PreTrainedModel, PreTrainedTokenizerFast
-
-_HELD_SEED = -1  # training batches use seeds 1, 2, ...; held sets never collide with them
-_FINAL_SEED = -2
 
 
 def chat_prompt(tokenizer: PreTrainedTokenizerFast, prompt: str) -> str:
@@ -103,31 +98,7 @@ def warm_start_v2(
 ) -> WarmStartResult:
     """Train ``model`` in place until the held-set reward reaches ``spec.target_reward_low`` or
     ``spec.warmup_steps`` have run; then measure the reward afresh on 2 x ``eval_problems`` problems."""
-    task, easy = answer_task(spec, (1, 2, 3)), answer_task(spec, (1,))
-    held = as_chat(tokenizer, task.sample(spec.eval_problems, seed=_HELD_SEED))
-    budget = answer_budget(tokenizer, task)
-    start, history = time.monotonic(), []
-
-    def batch(step: int) -> dict[str, torch.Tensor]:
-        half = spec.warmup_batch_size // 2
-        problems = easy.sample(half, seed=step) + task.sample(spec.warmup_batch_size - half, seed=step)
-        return chat_sft_batch(tokenizer, [p.prompt for p in problems], [task.reference_answer(p) for p in problems])
-
-    def evaluate(step: int, loss: float) -> bool:
-        if step % spec.eval_every and step != spec.warmup_steps:
-            return False
-        model.eval()
-        report = measure_reward(model, tokenizer, task, held, seed=spec.seed * 7919 + step, max_new_tokens=budget)
-        history.append({"step": step, "loss": loss, "reward": report.reward, "seconds": time.monotonic() - start})
-        levels = " ".join(f"L{lv}={r:.2f}" for lv, r in report.reward_by_level.items())
-        progress(f"warm start step {step}/{spec.warmup_steps}: loss {loss:.3f}, reward {report.reward:.3f} "
-                 f"({levels}), format errors {report.format_error_rate:.2f}, {time.monotonic() - start:.0f}s")
-        return report.reward >= spec.target_reward_low
-
-    ramp = max(1, spec.warmup_steps // 10)
-    step, loss = supervised_steps(model, spec.warmup_steps, spec.warmup_lr, lambda s: min(1.0, (s + 1) / ramp),
-                                  batch, evaluate)
-    final_set = as_chat(tokenizer, task.sample(2 * spec.eval_problems, seed=_FINAL_SEED))
-    report = measure_reward(model, tokenizer, task, final_set, seed=spec.seed * 7919 - 1, max_new_tokens=budget)
-    progress(f"warm start done after {step} steps: reward {report.reward:.3f} on {len(final_set)} fresh problems")
-    return WarmStartResult(step, time.monotonic() - start, loss, history, report)
+    task = answer_task(spec, (1, 2, 3))
+    return minicode_warm_start(model, tokenizer, spec, task, answer_task(spec, (1,)), chat_sft_batch, progress,
+                               render=lambda problems: as_chat(tokenizer, problems),
+                               max_new_tokens=answer_budget(tokenizer, task))
