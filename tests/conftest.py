@@ -94,3 +94,14 @@ def no_ray_in_the_fast_tier(request, monkeypatch):
         import ray  # imported by rlmix.orchestration anyway; once per session
 
         monkeypatch.setattr(ray, "init", _ray_in_the_fast_tier)
+
+
+@pytest.fixture(scope="session")
+def warm_ray():
+    """One Ray instance for the in-process runs of this test session (``tests.cli.rlmix_in_process``):
+    started by the first run, kept with its idle actor processes between runs as between the jobs
+    of a sweep (each run still starts from fresh weights, optimizer and seeds), ended with the session."""
+    from rlmix.orchestration.session import SESSION
+
+    with SESSION.hold():
+        yield SESSION

@@ -128,4 +128,4 @@ def run_train(args: list[str]) -> None:
             print(f"error: {len(_FAILED)} job(s) of the sweep failed: {', '.join(_FAILED)}", file=sys.stderr)
             sys.exit(1)
     finally:
-        SESSION.close()  # a sweep kept Ray and its processes warm between jobs
+        SESSION.end_command()  # a sweep kept Ray and its processes warm between jobs
