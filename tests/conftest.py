@@ -96,11 +96,12 @@ def no_ray_in_the_fast_tier(request, monkeypatch):
         monkeypatch.setattr(ray, "init", _ray_in_the_fast_tier)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def warm_ray():
-    """One Ray instance for the in-process runs of this test session (``tests.cli.rlmix_in_process``):
+    """One Ray instance for the in-process runs of a test module (``tests.cli.rlmix_in_process``):
     started by the first run, kept with its idle actor processes between runs as between the jobs
-    of a sweep (each run still starts from fresh weights, optimizer and seeds), ended with the session."""
+    of a sweep (each run still starts from fresh weights, optimizer and seeds), ended with the
+    module, so that no other module finds Ray running in this process (some start their own)."""
     from rlmix.orchestration.session import SESSION
 
     with SESSION.hold():

@@ -1,5 +1,5 @@
 """task=dataset through the CLI's own entry, in this process (one Ray instance and its warm actors for
-the session, ``warm_ray``): the embedded model, a user-built HF model, eval, vLLM + DeepSpeed."""
+the module, ``warm_ray``): the embedded model, a user-built HF model, eval, vLLM + DeepSpeed."""
 
 from __future__ import annotations
 

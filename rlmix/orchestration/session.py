@@ -86,9 +86,13 @@ class Session:
             self.close()
 
     def end_command(self) -> None:
-        """A command has finished: Ray and its processes end with it, unless held."""
+        """A command has finished: Ray and its processes end with it, unless held. Held, the scratch
+        directory stays with them, but no run of this process is open until the next command: what
+        this process starts meanwhile (a subprocess, a sandbox) makes its own."""
         if not self.held:
             self.close()
+        elif self.scratch is not None and os.environ.get(SCRATCH_ENV) == str(self.scratch):
+            del os.environ[SCRATCH_ENV]
 
     def begin_job(self) -> int:
         """A new job's token, distinct from every earlier job's (see the module docstring)."""
@@ -105,6 +109,8 @@ class Session:
 
         key = (address, num_cpus, tuple(sorted(resources)), log_to_driver)
         if ray.is_initialized() and self._covers(key):
+            if self.scratch is not None:  # a held instance: this command's run is open again
+                os.environ[SCRATCH_ENV] = str(self.scratch)
             return
         self.close()
         self.scratch = open_scratch()  # before Ray starts: its processes inherit RLMIX_SCRATCH
