@@ -101,3 +101,15 @@ def no_ray_in_the_fast_tier(request, monkeypatch):
         import ray  # imported by rlmix.orchestration anyway; once per session
 
         monkeypatch.setattr(ray, "init", _ray_in_the_fast_tier)
+
+
+@pytest.fixture(scope="module")
+def warm_ray():
+    """One Ray instance for the in-process runs of a test module (``tests.cli.rlmix_in_process``):
+    started by the first run, kept with its idle actor processes between runs as between the jobs
+    of a sweep (each run still starts from fresh weights, optimizer and seeds), ended with the
+    module, so that no other module finds Ray running in this process (some start their own)."""
+    from rlmix.orchestration.session import SESSION
+
+    with SESSION.hold():
+        yield SESSION

@@ -78,6 +78,7 @@ def test_malformed_actions_are_counted_and_end_the_episode(tmp_path, one_task):
     assert "2 <bash> blocks" in res.episode.turns[1].observation
 
 
+@pytest.mark.slow  # waits out its time limits: seconds
 def test_hung_command_hits_its_time_limit(tmp_path, one_task):
     # A background child holds the output pipe open too: the whole process group must go.
     res = _one(tmp_path, one_task, ["<bash>(sleep 987 &); sleep 987</bash>", FIX, SUBMIT], turn_timeout_s=1.0)
@@ -95,6 +96,7 @@ def _cmdline(p: Path) -> str:
         return ""
 
 
+@pytest.mark.slow  # waits out its time limits: seconds
 def test_max_turns_and_agent_timeout(tmp_path, one_task):
     many = _one(tmp_path, one_task, ["<bash>true</bash>"] * 10, max_turns=3)
     assert (many.outcome.end_reason, many.outcome.actions) == ("max_turns", 3)

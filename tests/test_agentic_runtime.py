@@ -42,6 +42,7 @@ def test_local_memory_limit_and_working_copy(task):
     assert (task.repo_dir / "test_calc.py").is_file()  # the task's own copy is never touched
 
 
+@pytest.mark.slow  # burns CPU until its limit: a second
 def test_local_cpu_limit(task):
     sb = LocalRuntime(memory_mb=None, max_procs=512, cpu_s=1, turn_timeout_s=10.0, trusted=TRUSTED).start(task, network=False)
     try:

@@ -101,6 +101,7 @@ def test_host_processes_cannot_be_signalled(sandbox):
         victim.wait()
 
 
+@pytest.mark.slow  # waits on sandboxed processes for seconds
 @needs_bwrap
 def test_no_background_child_outlives_its_command_or_close(task):
     token = f"{uuid.uuid4().int % 10**6 + 10**6}.25"  # a unique `sleep` argument to find it by
@@ -118,6 +119,7 @@ def test_no_background_child_outlives_its_command_or_close(task):
     assert not Path(sb.root).exists()
 
 
+@pytest.mark.slow  # waits on sandboxed processes for seconds
 @needs_bwrap
 def test_100mb_of_output_is_capped_while_read(sandbox):
     tracemalloc.start()

@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.agentic_models import BRIEF_AGENT
 from tests.cli import rlmix_refusing
 from tests.test_agentic_fixtures import make_task
 from tests.test_scratch import left_behind, own_temp_dir
@@ -27,7 +28,7 @@ def rlmix_train(*args: str, cwd: Path, timeout: int = 300, env: dict | None = No
     return subprocess.run([RLMIX, "train", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
-@pytest.mark.slow  # checked against the embedded agent model, which a cold cache builds first (minutes)
+@pytest.mark.slow  # checked against the embedded agent model's context: a brief build on a cold cache (seconds)
 @pytest.mark.parametrize("args,expected", [
     (["task=swebench_pro", "task.tasks_dir=/nonexistent/tasks"], "/nonexistent/tasks"),
     (["task=minicode_agent", "task.max_total_tokens=8"], "leaves no room for one turn"),
@@ -40,7 +41,7 @@ def test_bad_agentic_input_is_one_line_and_exit_2_before_ray(tmp_path, args, exp
             pytest.skip("a Docker engine answers here")
         make_task(tmp_path / "tasks", "calc")
         args = [a if a != "TASKS" else f"task.tasks_dir={tmp_path / 'tasks'}" for a in args]
-    out = rlmix_refusing("train", *args, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    out = rlmix_refusing("train", *args, *BRIEF_AGENT, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert out.returncode == 2, out.stderr[-2000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and expected in errors[0], out.stderr[-2000:]
@@ -106,8 +107,8 @@ def test_eval_runs_minicode_agent_episodes_through_the_cli(tmp_path):
     out_dir = tmp_path / "eval"
     temp = own_temp_dir()
     out = subprocess.run([RLMIX, "eval", "task=minicode_agent", "task.levels=[1]", "eval.samples=1", "eval.k=[1]",
-                          "logger=disabled", f"eval.out_dir={out_dir}"], cwd=tmp_path, capture_output=True, text=True,
-                         timeout=1800, env=os.environ | {"TMPDIR": str(temp)})
+                          *BRIEF_AGENT, "logger=disabled", f"eval.out_dir={out_dir}"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=1800, env=os.environ | {"TMPDIR": str(temp)})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert left_behind(temp) == []
     shutil.rmtree(temp)  # what else used TMPDIR: Ray, torch's compile cache

@@ -1,28 +1,28 @@
-"""task=dataset through the real CLI: the embedded model, a user-built HF model, eval, vLLM + DeepSpeed."""
+"""task=dataset through the CLI's own entry, in this process (one Ray instance and its warm actors for
+the module, ``warm_ray``): the embedded model, a user-built HF model, eval, vLLM + DeepSpeed."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from tests.byo_model import save_model
+from tests.cli import rlmix_in_process
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("warm_ray")]
 
 ROOT = Path(__file__).resolve().parents[1]
 ARITH = ROOT / "examples" / "arith"
-RLMIX = str(Path(sys.executable).with_name("rlmix"))
 SMALL = ["fleet=smoke", "loop.groups_per_step=4", "loop.group_size=4", "loop.groups_per_request=2",
          "logger=disabled"]
 
 
 def rlmix(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    out = subprocess.run([RLMIX, *args], cwd=cwd, capture_output=True, text=True, timeout=900)
+    out = rlmix_in_process(*args, cwd=cwd)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out
 

@@ -128,6 +128,7 @@ def assert_same_update(weights: dict, reference: dict, original: dict) -> None:
     assert bad <= 0.002 * total and moved > 0.5 * total
 
 
+@pytest.mark.slow  # a DeepSpeed engine: seconds to set up
 def test_one_rank_same_loss_and_update_as_plain_torch(one_rank, model_dir, corr):
     from safetensors.torch import load_file
 
@@ -141,6 +142,7 @@ def test_one_rank_same_loss_and_update_as_plain_torch(one_rank, model_dir, corr)
     assert_same_update(one_rank.published_weights(), reference, original)
 
 
+@pytest.mark.slow  # a DeepSpeed engine: seconds to set up
 def test_zero3_partitions_and_still_matches(model_dir, corr, tmp_path):
     """ZeRO 3 on one rank: parameters partitioned, export gathers them one tensor at a time."""
     from safetensors.torch import load_file
@@ -166,6 +168,7 @@ def test_zero3_partitions_and_still_matches(model_dir, corr, tmp_path):
         trainer.close()
 
 
+@pytest.mark.slow  # a DeepSpeed engine: seconds to set up
 def test_checkpoint_round_trip(one_rank, model_dir, tmp_path):
     from rlmix.models.io import load_causal_lm
 
@@ -233,6 +236,7 @@ def test_json_follows_the_typed_config():
             check_deepspeed(bad, bf16=True)
 
 
+@pytest.mark.slow  # a DeepSpeed engine: seconds to set up
 def test_the_warm_up_rate_reaches_every_rank(model_dir, corr):
     """lr 2xLR halved by a 2-step warm-up: the first update is plain torch's at LR; train/lr says so."""
     from dataclasses import replace
@@ -256,6 +260,7 @@ def test_the_warm_up_rate_reaches_every_rank(model_dir, corr):
         trainer.close()
 
 
+@pytest.mark.slow  # a DeepSpeed engine: seconds to set up
 def test_the_kl_term_on_a_rank_with_its_reference_in_host_memory(model_dir, corr):
     """k3 to the start weights: 0 on the first batch (the reference's own weights), > 0 after."""
     from dataclasses import replace
@@ -273,6 +278,7 @@ def test_the_kl_term_on_a_rank_with_its_reference_in_host_memory(model_dir, corr
         trainer.close()
 
 
+@pytest.mark.slow  # a DeepSpeed engine: seconds to set up
 def test_activation_checkpointing_leaves_the_update_alone(model_dir, corr):
     """One rank with checkpointing and one without: the same loss, norm and weights after a step."""
     from dataclasses import replace

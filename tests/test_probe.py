@@ -29,6 +29,7 @@ from rlmix.eval.probe import (
 from rlmix.commands.probe import PROBE_FILE, probe_table, run_probe
 from rlmix.eval.where import position_labels, prob_labels
 from rlmix.samplers.accelerators import PrecisionView, resolve_view
+from tests.cli import rlmix_refusing
 
 RLMIX = str(Path(sys.executable).with_name("rlmix"))
 TINY = ["probe.prompts=4", "probe.samples_per_prompt=2", "loop.max_new_tokens=8"]
@@ -197,5 +198,5 @@ def test_cli_probe_end_to_end(tiny_llama_dir, tmp_path):
     assert out.returncode == 0, out.stderr
     assert "[2/2] a100_bf16" in out.stdout and "shares w/kv/kern" in out.stdout and "t128+" in out.stdout
     assert set(json.loads((out_dir / PROBE_FILE).read_text())["pools"]) == {"h100_fp8", "a100_bf16"}
-    bad = subprocess.run([RLMIX, "probe", "fleet=nope"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    bad = rlmix_refusing("probe", "fleet=nope", cwd=tmp_path)  # the CLI's entry, in this process
     assert bad.returncode == 2 and bad.stderr.startswith("error:") and len(bad.stderr.strip().splitlines()) == 1

@@ -226,6 +226,7 @@ def test_nothing_reaches_the_host(tmp_path):
     assert grade(f"import os\ndef f(x):\n    os.kill({os.getpid()}, 0)\n    return x + 1\n")[0] == 0.0
 
 
+@pytest.mark.slow  # waits out its time limit: a second
 @needs_sandbox
 def test_time_memory_and_output_limits():
     assert grade("while True:\n    pass\n", timeout_s=1.0) == (0.0, False)  # timed out: not an exploit

@@ -38,7 +38,9 @@ PROMPTS = [[1, 5, 6, 7, 8, 9], [1, 10], [1, 20, 21, 22], [1, 30, 31, 32, 33, 34,
 ATOL = 1e-4
 
 
-@pytest.fixture(scope="module", params=sorted(BACKENDS))
+# vLLM's engine takes ~15 s to start on a CPU: its run of the contract is in the slow tier.
+@pytest.fixture(scope="module", params=[pytest.param(name, marks=pytest.mark.slow) if name == "vllm" else name
+                                        for name in sorted(BACKENDS)])
 def sampler(request, tiny_llama_dir):
     s = BACKENDS[request.param](tiny_llama_dir, f"contract_{request.param}")
     yield s

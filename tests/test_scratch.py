@@ -15,6 +15,7 @@ import pytest
 
 from rlmix.isolation import scratch
 from rlmix.isolation.scratch import ENV, PREFIX, kill_processes_under, reap_stale, run_scratch, scratch_dir
+from tests.agentic_models import BRIEF_AGENT
 
 RLMIX = str(Path(sys.executable).with_name("rlmix"))
 
@@ -111,8 +112,8 @@ def test_an_agentic_run_interrupted_with_ctrl_c_leaves_no_sandbox_directory_or_p
     temp = own_temp_dir()
     run = tmp_path / "run"
     env = os.environ | {"TMPDIR": str(temp)}
-    proc = subprocess.Popen([RLMIX, "train", *AGENT_RUN, "loop.steps=50", f"hydra.run.dir={run}"], cwd=tmp_path,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([RLMIX, "train", *AGENT_RUN, *BRIEF_AGENT, "loop.steps=50", f"hydra.run.dir={run}"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 900
         while not (run / "metrics.jsonl").is_file() or not (run / "metrics.jsonl").read_text().strip():

@@ -1,4 +1,8 @@
-"""The real CLI end to end on the CPU: Ray actors, emulated fleet, BF16 trainer, metrics, sweeps."""
+"""The real CLI end to end on the CPU: Ray actors, emulated fleet, BF16 trainer, metrics, sweeps.
+
+Two runs go through the installed console script (a user's view: the printed block, a console free
+of engine noise); the others through the same Typer app in this process, sharing one Ray instance
+and its warm actor processes (``warm_ray``), as the jobs of a sweep do."""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+
+from tests.cli import rlmix_in_process
 
 pytestmark = pytest.mark.slow
 
@@ -27,6 +33,12 @@ POOLS = ("h100_fp8", "a100_bf16")
 
 def rlmix_train(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     out = subprocess.run([RLMIX, "train", *args], cwd=cwd, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
+
+
+def rlmix_train_here(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    out = rlmix_in_process("train", *args, cwd=cwd)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out
 
@@ -67,9 +79,9 @@ def test_smoke_run_end_to_end(tmp_path):
     assert list((run_dir / "wandb").glob("offline-run-*"))  # W&B, offline by default
 
 
-def test_multirun_over_two_correction_modes(tmp_path):
+def test_multirun_over_two_correction_modes(tmp_path, warm_ray):
     sweep = tmp_path / "sweep"
-    out = rlmix_train(
+    out = rlmix_train_here(
         "-m", "+experiment=smoke", "correction=mis,sc_mis", "loop.steps=2", f"hydra.sweep.dir={sweep}", cwd=tmp_path,
     )
     runs = sorted(p.parent for p in sweep.glob("*/summary.json"))
@@ -88,7 +100,7 @@ def test_multirun_over_two_correction_modes(tmp_path):
     assert "correction=mis" in modes[0] and "correction=sc_mis" in modes[1]
 
 
-def test_max_staleness_zero_matches_a_synchronous_loop(tmp_path):
+def test_max_staleness_zero_matches_a_synchronous_loop(tmp_path, warm_ray):
     """max_staleness=0 is on-policy: the first update equals sampling then training in one process."""
     from rlmix.commands.compose import compose_plan
     from rlmix.models.io import load_causal_lm, load_tokenizer
@@ -101,7 +113,7 @@ def test_max_staleness_zero_matches_a_synchronous_loop(tmp_path):
     overrides = ["+experiment=smoke", "fleet=single_bf16", "fleet.pools.h100_bf16.count=1",
                  "loop.max_staleness=0", "loop.steps=1", "logger=disabled", "seed=3"]
     run_dir = tmp_path / "run"
-    rlmix_train(*overrides, f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    rlmix_train_here(*overrides, f"hydra.run.dir={run_dir}", cwd=tmp_path)
 
     plan = compose_plan(overrides)
     cfg, correction = plan.cfg, plan.correction
@@ -124,16 +136,16 @@ def test_max_staleness_zero_matches_a_synchronous_loop(tmp_path):
         torch.testing.assert_close(actual[name], value, rtol=0, atol=1e-6, msg=name)
 
 
-def test_resume_continues_from_the_last_checkpoint(tmp_path):
+def test_resume_continues_from_the_last_checkpoint(tmp_path, warm_ray):
     """A stopped run resumes in its own directory: same step count, no duplicated metric rows."""
     run_dir = tmp_path / "run"
     common = ["+experiment=smoke", "logger=disabled", "loop.checkpoint_every=2"]
-    rlmix_train(*common, "loop.steps=3", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    rlmix_train_here(*common, "loop.steps=3", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     # step_2 is the last periodic checkpoint; pretend the run died after it (step 3 is re-run).
     import shutil
 
     shutil.rmtree(run_dir / "checkpoints" / "step_3")
-    out = rlmix_train(*common, "loop.steps=5", f"resume={run_dir}", f"hydra.run.dir={tmp_path / 'again'}", cwd=tmp_path)
+    out = rlmix_train_here(*common, "loop.steps=5", f"resume={run_dir}", f"hydra.run.dir={tmp_path / 'again'}", cwd=tmp_path)
     assert "from step_2 at step 2" in out.stdout
     assert [r["step"] for r in read_metrics(run_dir)] == [1, 2, 3, 4, 5]
     assert (run_dir / "checkpoints" / "step_5" / "trainer_state.pt").is_file()

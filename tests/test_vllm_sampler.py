@@ -93,6 +93,7 @@ def oracle_kept(logprobs: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return torch.zeros_like(keep_sorted).scatter(-1, order.indices, keep_sorted)
 
 
+@pytest.mark.slow  # the module's vLLM engine: seconds to start
 def test_full_vocabulary_logprobs_and_head_match_hf(sampler, hf_model):
     params = SamplingParams(temperature=0.7, max_new_tokens=12, num_candidates=16, seed=11)
     r = sampler.generate(PROMPTS, params)
@@ -108,6 +109,7 @@ def test_full_vocabulary_logprobs_and_head_match_hf(sampler, hf_model):
     assert (r.sampler_logprobs[~r.mask] == 0).all() and (r.completion_ids[~r.mask] == sampler.pad_id).all()
 
 
+@pytest.mark.slow  # the module's vLLM engine: seconds to start
 @pytest.mark.parametrize("top_k,top_p", [(8, 0.9), (0, 0.8), (5, 1.0)])
 def test_truncated_sampling_records_the_support_and_renormalised_logprob(sampler, hf_model, top_k, top_p):
     vocab = hf_model.config.vocab_size
@@ -133,6 +135,7 @@ def test_truncated_sampling_records_the_support_and_renormalised_logprob(sampler
     torch.testing.assert_close(r.head_logprobs[r.mask], torch.topk(full, 8, dim=-1).values, atol=2e-4, rtol=0)
 
 
+@pytest.mark.slow  # the module's vLLM engine: seconds to start
 def test_draws_follow_the_recorded_distribution(sampler):
     """4,000 one-token draws from one prefix: empirical frequencies match the recorded q_S."""
     params = SamplingParams(temperature=0.8, top_k=6, top_p=0.9, max_new_tokens=1, num_candidates=0,
@@ -147,6 +150,7 @@ def test_draws_follow_the_recorded_distribution(sampler):
     assert float(((counts - expected) ** 2 / expected).sum()) < 30.0
 
 
+@pytest.mark.slow  # the module's vLLM engine: seconds to start
 def test_same_seed_same_samples_and_stop_tokens(sampler):
     params = SamplingParams(temperature=1.0, max_new_tokens=16, seed=7, stop_token_ids=(5, 6, 7, 8))
     a, b = sampler.generate(PROMPTS, params), sampler.generate(PROMPTS, params)
@@ -160,6 +164,7 @@ def test_same_seed_same_samples_and_stop_tokens(sampler):
         assert reason == "stop" or n == 16
 
 
+@pytest.mark.slow  # the module's vLLM engine: seconds to start
 def test_weight_update_in_place_changes_generations_and_matches_new_weights(sampler, model_dir, hf_model):
     from safetensors.torch import load_file
 

@@ -133,4 +133,4 @@ def run_train(args: list[str]) -> None:
             sys.exit(1)
     finally:
         _planned.clear()
-        SESSION.close()  # a sweep kept Ray and its processes warm between jobs
+        SESSION.end_command()  # a sweep kept Ray and its processes warm between jobs

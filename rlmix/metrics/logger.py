@@ -9,7 +9,6 @@ import json
 import logging
 import math
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any, TextIO
@@ -40,7 +39,7 @@ class RunLogger:
         group: str | None,
         total_steps: int,
         console_every: int = 1,
-        stream: TextIO = sys.stdout,
+        stream: TextIO | None = None,  # None: sys.stdout when the run starts, not when this was imported
         run_id: str | None = None,
         elapsed_s: float = 0.0,
     ):

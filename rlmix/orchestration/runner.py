@@ -120,7 +120,8 @@ def train(plan: RunPlan, run_dir: Path, sweep_group: str | None = None, label: s
     launched = time.perf_counter()
     runtime_env = start_ray(cfg, specs, log_dir=run_dir)
     stop = StopRequest()
-    keep_warm = sweep_group is not None  # the next job of this sweep reuses Ray and the processes
+    # The next job of this sweep (or, under SESSION.hold(), the next command) reuses Ray and the processes.
+    keep_warm = sweep_group is not None or SESSION.held
     try:
         with stop.installed():
             plan = core_plan(cfg, specs)

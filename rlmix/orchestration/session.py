@@ -20,6 +20,10 @@ job's arguments before it serves anything (``loop.AsyncLoop._probed``). The trai
 restarted by Ray: a dead one is replaced by a new process of the current job (``Session.replace``),
 which then loads the run's newest checkpoint (rlmix.orchestration.runner.TrainerRestarts).
 
+One process may run several commands in turn (a test session does): inside ``Session.hold()``
+every job ends as a sweep's does, so the next command reuses Ray and the parked processes in the
+same way; the instance ends when the hold does.
+
 The processes share one scratch directory (rlmix.isolation.scratch) for their sandboxes and task
 directories; it lives as long as Ray does here and is removed, with any process still running
 from it, when Ray is shut down (``Session.close``).
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,6 +72,27 @@ class Session:
     running: list[tuple[ActorRequest, object]] = field(default_factory=list)  # the current job's
     job: int = 0  # the current job's token; never reused within the driver process
     scratch: Path | None = None  # the processes' scratch directory, removed with them (rlmix.isolation.scratch)
+    held: bool = False  # inside hold(): Ray and the parked processes outlive each command
+
+    @contextmanager
+    def hold(self):
+        """Keep Ray and the idle processes between the commands run inside, as between the jobs of
+        a sweep (each job still starts from fresh state); everything ends when the block does."""
+        self.held = True
+        try:
+            yield self
+        finally:
+            self.held = False
+            self.close()
+
+    def end_command(self) -> None:
+        """A command has finished: Ray and its processes end with it, unless held. Held, the scratch
+        directory stays with them, but no run of this process is open until the next command: what
+        this process starts meanwhile (a subprocess, a sandbox) makes its own."""
+        if not self.held:
+            self.close()
+        elif self.scratch is not None and os.environ.get(SCRATCH_ENV) == str(self.scratch):
+            del os.environ[SCRATCH_ENV]
 
     def begin_job(self) -> int:
         """A new job's token, distinct from every earlier job's (see the module docstring)."""
@@ -83,6 +109,8 @@ class Session:
 
         key = (address, num_cpus, tuple(sorted(resources)), log_to_driver)
         if ray.is_initialized() and self._covers(key):
+            if self.scratch is not None:  # a held instance: this command's run is open again
+                os.environ[SCRATCH_ENV] = str(self.scratch)
             return
         self.close()
         self.scratch = open_scratch()  # before Ray starts: its processes inherit RLMIX_SCRATCH
