@@ -98,17 +98,18 @@ def test_the_option_composes_and_builds_the_trace_task():
     from rlmix.assembly.parts import make_task
     from rlmix.commands.compose import compose_run_config
 
-    cfg = compose_run_config(["task=minicode_trace", "task.trace_tries=[2,4]", "model=embedded_v2_trace"])
+    cfg = compose_run_config(["task=minicode_trace", "task.trace_tries=[2,4]", "model=embedded_v2",
+                              "model.embedded_v2.answer=trace"])
     task = make_task(cfg.task, 0)
     assert isinstance(task, MiniCodeTrace) and task.tries == (2, 4)
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
     (["task=minicode_trace"], r"task=minicode_trace: the embedded model \(model.embedded_version=v1\) was warm-started "
-                              r"to answer with the program alone; use model=embedded_v2_trace"),
+                              r"to answer with the program alone; give a model.path that writes traces"),
     (["task=minicode_trace", "model=embedded_v2"], r"model.embedded_version=v2\) was warm-started"),
-    (["model=embedded_v2_trace"], r"model.embedded_v2.answer=trace: the model answers with a worked trace; "
-                                  r"use task=minicode_trace"),
+    (["model=embedded_v2", "model.embedded_v2.answer=trace"],
+     r"model.embedded_v2.answer=trace: the model answers with a worked trace; use task=minicode_trace"),
 ])
 def test_the_embedded_model_and_the_task_must_ask_for_the_same_answer_form(overrides, message):
     from rlmix.commands.compose import compose_run_config

@@ -111,7 +111,8 @@ class EmbeddedMoeSpec(WarmStartSpec):
     step costs about twice v1's, and the held-set reward was as high after 300 steps as after 900."""
     answer: MiniCodeAnswer = MiniCodeAnswer.program
     """The warm start's answers: the program alone (task=minicode) or a worked trace of tries and
-    then the program (task=minicode_trace; ``model=embedded_v2_trace``)."""
+    then the program (task=minicode_trace). The trace warm start reaches no reward yet at the default
+    sizes (docs/embedded.md); set ``max_position_embeddings`` to hold the traces (384)."""
     trace_tries: list[int] = field(default_factory=lambda: [12, 24])
     """answer=trace: [min, max] wrong tries before the right one in the warm start's traces."""
 

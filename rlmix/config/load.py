@@ -186,10 +186,11 @@ def _check_embedded_answer(cfg: RunConfig) -> None:
     traces = v2 and cfg.model.embedded_v2.answer is MiniCodeAnswer.trace
     if isinstance(cfg.task, MiniCodeTraceTaskConfig):
         _require(traces, f"task=minicode_trace: the embedded model (model.embedded_version={cfg.model.embedded_version.value}) "
-                 "was warm-started to answer with the program alone; use model=embedded_v2_trace, or a model.path")
+                 "was warm-started to answer with the program alone; give a model.path that writes traces, or "
+                 "model=embedded_v2 model.embedded_v2.answer=trace (its warm start reaches no reward yet, docs/embedded.md)")
     else:
         _require(not traces, "model.embedded_v2.answer=trace: the model answers with a worked trace; use "
-                 "task=minicode_trace, or model=embedded_v2 for task=minicode")
+                 "task=minicode_trace, or model.embedded_v2.answer=program for task=minicode")
 
 
 def model_fields(cfg: RunConfig) -> Mapping | None:

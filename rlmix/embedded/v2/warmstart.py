@@ -12,7 +12,7 @@ vocabulary and a chat template bring:
   token is trained iff every character it spans is an example output (digits, ``;`` and ``>`` are
   single tokens, so this keeps exactly v1's characters).
 
-``answer=trace`` (``model=embedded_v2_trace``) teaches the long-answer form instead
+``answer=trace`` teaches the long-answer form instead
 (``rlmix.embedded.minicode_trace``: a worked search, then the program), with the reward measured on
 samples as long as the longest reference trace.
 
