@@ -75,8 +75,8 @@ def throughput(concurrency: int, episodes: int, group_size: int, seed: int, pref
     torch.set_num_threads(1)
     model_dir = build_agent_model(AgentModelSpec(), progress=print)
     tokenizer = load_tokenizer(model_dir)
-    sampler = TorchSampler(model_dir, resolve_view("CPU", "bf16"), pool="bench",
-                           prefix_cache_bytes=(512 << 20) if prefix_cache else 0)
+    cache = {} if prefix_cache else {"prefix_cache_bytes": 0}
+    sampler = TorchSampler(model_dir, resolve_view("CPU", "bf16"), pool="bench", **cache)
     split = _timed_forward(sampler)
     cfg = replace(MiniCodeAgentConfig(), concurrent_episodes=concurrency)
     task = make_task(cfg, seed)

@@ -11,7 +11,7 @@ import torch
 from rlmix.rollout import SamplingParams
 from rlmix.samplers.accelerators import KernelFamily, PrecisionView, resolve_view
 from rlmix.samplers.precision import Precision
-from rlmix.samplers.prefix_cache import CachedPrefix, PrefixCache, common_prefix
+from rlmix.samplers.prefix_cache import BLOCK, CachedPrefix, PrefixCache, common_prefix
 from rlmix.samplers.torch_sampler import TorchSampler, read_model_dir
 
 FP32 = Precision.fp32
@@ -92,7 +92,7 @@ def test_a_weight_update_drops_every_cached_prefix(tiny_llama_dir, tmp_path):
     g = torch.Generator().manual_seed(1)
     new = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in weights.items()}
     cached = TorchSampler(tiny_llama_dir, PrecisionView.exact(), "a")
-    prompt = [1, 5, 6, 7, 8, 9, 10, 11, 12]
+    prompt = [1] + list(range(5, 5 + BLOCK))
     first = cached.generate([prompt], SamplingParams(max_new_tokens=8, seed=0))
     assert len(cached.prefix_cache) == 1
     cached.load_weights(new, version=1)
@@ -115,46 +115,61 @@ def _entry(tokens, version=0, n_bytes_per_token=64):
 
 def test_entries_of_another_version_never_match():
     cache = PrefixCache(1 << 20)
-    cache.store(_entry([1, 2, 3, 4], version=0))
-    assert cache.match((1, 2, 3, 4, 5), version=1) == (None, 0)
-    entry, n = cache.match((1, 2, 3, 4, 5), version=0)
-    assert entry.tokens == (1, 2, 3, 4) and n == 4
-    cache.store(_entry([7, 8], version=1))  # a newer version drops the older entries
-    assert len(cache) == 1 and cache.match((1, 2, 3, 4, 5), version=0) == (None, 0)
+    a = tuple(range(1, 21))
+    cache.store(_entry(a, version=0))
+    assert cache.match(a + (99,), version=1) == (None, 0)
+    entry, n = cache.match(a + (99,), version=0)
+    assert entry.tokens == a and n == 20
+    cache.store(_entry(range(50, 70), version=1))  # a newer version drops the older entries
+    assert len(cache) == 1 and cache.match(a + (99,), version=0) == (None, 0)
 
 
 def test_longest_common_prefix_wins_and_the_last_prompt_token_is_always_fed():
     cache = PrefixCache(1 << 20)
-    for tokens in ([1, 2, 3], [1, 2, 9, 9, 9], [1, 2, 3, 4, 5, 6, 7], [5, 2, 3, 4]):
+    base = tuple(range(1, 33))
+    for tokens in (base[:20], base[:BLOCK] + (90,) * 10, base, (2,) + base[1:]):
         cache.store(_entry(tokens))
-    assert cache.match((1, 2, 3, 4, 8), 0)[1] == 4  # partial match of the 7-token entry
-    entry, n = cache.match((1, 2, 3, 4, 5, 6, 7), 0)  # the whole prompt is cached: feed its last token
-    assert entry.tokens == (1, 2, 3, 4, 5, 6, 7) and n == 6
-    assert cache.match((2, 2, 3), 0) == (None, 0)
+    entry, n = cache.match(base[:25] + (7, 7), 0)  # partial match of the whole base beats the others
+    assert entry.tokens == base and n == 25
+    entry, n = cache.match(base, 0)  # the whole prompt is cached: its last token is fed again
+    assert entry.tokens == base and n == len(base) - 1
+    assert cache.match((3,) + base[1:], 0) == (None, 0)
+    assert cache.match(base[:10] + (5,) * 10, 0) == (None, 0)  # shorter than a block: not worth a copy
+
+
+def test_hash_collisions_cost_a_comparison_never_a_wrong_match(monkeypatch):
+    cache = PrefixCache(1 << 20)
+    monkeypatch.setattr(PrefixCache, "_keys", staticmethod(lambda tokens: [0] * (len(tokens) // BLOCK)))
+    cache.store(_entry(range(1, 21)))
+    assert cache.match(tuple(range(2, 40)), 0) == (None, 0)  # every key collides; no token in common
+    assert cache.match(tuple(range(1, 19)) + (0,), 0)[1] == 18
 
 
 def test_memory_stays_under_the_cap_least_recently_used_first():
-    cache = PrefixCache(max_bytes=10 * 64)  # ten tokens of 64 bytes
-    cache.store(_entry([1, 2, 3, 4]))
-    cache.store(_entry([2, 2, 3, 4]))
-    cache.match((1, 2, 3, 4, 5), 0)  # uses the first: the second is now least recently used
-    cache.store(_entry([3, 2, 3, 4]))
+    cache = PrefixCache(max_bytes=40 * 64)  # forty tokens of 64 bytes
+    a, b, c = (tuple([k] * BLOCK) for k in (3, 4, 5))
+    cache.store(_entry(a))
+    cache.store(_entry(b))
+    cache.match(a + (9,), 0)  # uses a: b is now least recently used
+    cache.store(_entry(c))
     assert cache.nbytes <= cache.max_bytes and len(cache) == 2
-    assert cache.match((2, 2, 3, 4, 5), 0) == (None, 0) and cache.match((1, 2, 3, 4, 5), 0)[1] == 4
-    cache.store(_entry(list(range(11))))  # larger than the whole cap: not kept, nothing evicted for it
-    assert len(cache) == 2 and cache.nbytes == 8 * 64
+    assert cache.match(b + (9,), 0) == (None, 0) and cache.match(a + (9,), 0)[1] == BLOCK
+    cache.store(_entry(range(41)))  # larger than the whole cap: not kept, nothing evicted for it
+    assert len(cache) == 2 and cache.nbytes == 2 * BLOCK * 64
+    cache.store(_entry(range(BLOCK - 1)))  # shorter than a block: could never match, not kept
+    assert len(cache) == 2
 
 
 def test_an_extended_entry_is_replaced_and_the_sampler_stays_under_its_cap(tiny_llama_dir):
     sampler = TorchSampler(tiny_llama_dir, PrecisionView.exact(), "a", prefix_cache_bytes=64 << 10)
     per_token = 2 * 2 * 1 * 32 * 4  # k and v, 2 layers, 1 KV head, head dim 32, fp32
-    prompt = [1, 5, 6, 7]
+    prompt = [1] + list(range(5, 5 + BLOCK))
     for turn in range(6):
         out = sampler.generate([prompt], SamplingParams(max_new_tokens=10, seed=turn))
         assert len(sampler.prefix_cache) == 1  # the episode's one entry, replaced each turn
         assert sampler.prefix_cache.nbytes == per_token * (len(prompt) + min(int(out.mask[0].sum()), out.mask.shape[1] - 1))
         prompt = prompt + out.completion_ids[0, : int(out.mask[0].sum())].tolist() + [8, 9]
-    many = [[1, k, k + 1] for k in range(3, 40)]
+    many = [[1] + [k + j for j in range(BLOCK + 3)] for k in range(3, 30)]  # ids below the vocabulary's 52
     sampler.generate(many, SamplingParams(max_new_tokens=12, seed=9))
     assert 0 < sampler.prefix_cache.nbytes <= 64 << 10
 

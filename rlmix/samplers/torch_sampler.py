@@ -30,6 +30,11 @@ from rlmix.samplers.sampling import draw
 
 log = logging.getLogger(__name__)
 
+# Each sampler process holds its own prefix cache, and single-turn requests fill it with sequences no
+# later prompt extends, so the default is modest: 64k tokens of the embedded agent model (2 KiB each),
+# about 130 of its longest episodes.
+PREFIX_CACHE_BYTES = 128 << 20
+
 
 def read_model_dir(model_dir: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """The completed config fields (``model_config``) and the safetensors state dict of
@@ -52,7 +57,7 @@ class TorchSampler:
     """Implements ``rlmix.samplers.base.Sampler`` on the CPU with precision emulation."""
 
     def __init__(self, model_dir: str | Path, view: PrecisionView, pool: str, seed: int = 0,
-                 max_batch: int = 256, pad_id: int | None = None, prefix_cache_bytes: int = 512 << 20) -> None:
+                 max_batch: int = 256, pad_id: int | None = None, prefix_cache_bytes: int = PREFIX_CACHE_BYTES) -> None:
         fields, weights = read_model_dir(Path(model_dir))
         self.pool = pool
         self.view = view
@@ -157,8 +162,9 @@ class TorchSampler:
 
     def _reuse_prefixes(self, prompts: Sequence[Sequence[int]], cache, pad: torch.Tensor, width: int) -> int:
         """Copy each row's longest cached prefix into ``cache`` and return the first column to feed:
-        every row has its tokens before that column cached (rows with fewer cached tokens than the
-        others recompute a few cached ones; their values are the same to fp32 rounding)."""
+        every row has its tokens before that column cached (a row with fewer new tokens than the batch's
+        most recomputes some of its cached ones, and overwrites them with values equal to fp32
+        rounding)."""
         if self.prefix_cache.max_bytes <= 0:
             return 0
         matches = [self.prefix_cache.match(tuple(p), self._version) for p in prompts]
