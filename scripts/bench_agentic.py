@@ -1,20 +1,29 @@
-"""Episode throughput with 1 vs N concurrent episodes on the embedded agent model, and the trainer's idle fraction.
+"""Episode throughput with 1 vs N concurrent episodes on the embedded agent model, with and without prefix reuse.
 
     python scripts/bench_agentic.py                     # throughput only (in-process, no Ray)
+    python scripts/bench_agentic.py --repeats 3         # arms interleaved, medians of 3
     python scripts/bench_agentic.py --train-steps 3     # also short `rlmix train` runs, one per concurrency
 
 Throughput: one torch sampler (bf16 view) and the real local sandbox runtime run the same
 ``--episodes`` minicode_agent episodes (same problems, same seeds) through
-``rlmix.agentic.train.EpisodeRollouts`` with ``concurrent_episodes`` = 1 and N. Reported: episodes/s,
-policy tokens/s, the mean batch the sampler served per call, and the share of episode wall time
-spent in the environment. Trainer idle fraction: ``time/trainer_idle_frac`` averaged over the steps
-of a short CLI run (smoke fleet) per concurrency.
+``rlmix.agentic.train.EpisodeRollouts`` with ``concurrent_episodes`` = 1 and N, with the sampler's
+prefix cache on and off (``--prefix-cache``). Reported: episodes/s, policy tokens/s, the mean batch
+the sampler served per call, the share of episode wall time spent in the environment, and where
+generation time went: prefill (forwards of more than one position: seconds and positions fed) and
+decode (one position per row). Single-turn reference: the same sampler serves the episodes' first
+prompts as a single-turn request would, all rows in one call, ``max_turn_tokens`` each, three calls
+from a cold prefix cache; the ratio is
+agentic policy tokens/s (over episode wall time) / single-turn tokens/s.
+Trainer idle fraction: ``time/trainer_idle_frac`` averaged over the steps of a short CLI run (smoke
+fleet) per concurrency.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -23,10 +32,35 @@ from dataclasses import replace
 from pathlib import Path
 
 
-def throughput(concurrency: int, episodes: int, group_size: int, seed: int) -> dict:
+def _timed_forward(sampler) -> dict:
+    """Time the sampler's decoder forwards: prefill (more than one position fed) vs decode."""
+    split = {"generate_s": 0.0, "prefill_s": 0.0, "prefill_positions": 0, "decode_s": 0.0, "decode_steps": 0}
+    forward, generate = sampler.model.forward, sampler.generate
+
+    def timed_generate(prompts, params):
+        start = time.perf_counter()
+        out = generate(prompts, params)
+        split["generate_s"] += time.perf_counter() - start
+        return out
+
+    def timed(ids, *args, **kwargs):
+        start = time.perf_counter()
+        out = forward(ids, *args, **kwargs)
+        kind = "prefill" if ids.shape[1] > 1 else "decode"
+        split[f"{kind}_s"] += time.perf_counter() - start
+        split["prefill_positions" if kind == "prefill" else "decode_steps"] += ids.numel() if kind == "prefill" else 1
+        return out
+
+    sampler.model.forward, sampler.generate = timed, timed_generate
+    return split
+
+
+def throughput(concurrency: int, episodes: int, group_size: int, seed: int, prefix_cache: bool = True) -> dict:
     import torch
 
     from rlmix.agentic.batching import TurnBatcher
+    from rlmix.agentic.policy import Message
+    from rlmix.agentic.run import system_prompt
     from rlmix.config.swebench import MiniCodeAgentConfig
     from rlmix.embedded.minicode_agent.model import build_agent_model
     from rlmix.agentic.train import EpisodeRollouts
@@ -36,11 +70,14 @@ def throughput(concurrency: int, episodes: int, group_size: int, seed: int) -> d
     from rlmix.rollout import EPISODE_STATS, SamplingParams
     from rlmix.samplers.accelerators import resolve_view
     from rlmix.samplers.torch_sampler import TorchSampler
+    from rlmix.tasks.chat import chat_renderer
 
     torch.set_num_threads(1)
     model_dir = build_agent_model(AgentModelSpec(), progress=print)
     tokenizer = load_tokenizer(model_dir)
-    sampler = TorchSampler(model_dir, resolve_view("CPU", "bf16"), pool="bench")
+    cache = {} if prefix_cache else {"prefix_cache_bytes": 0}
+    sampler = TorchSampler(model_dir, resolve_view("CPU", "bf16"), pool="bench", **cache)
+    split = _timed_forward(sampler)
     cfg = replace(MiniCodeAgentConfig(), concurrent_episodes=concurrency)
     task = make_task(cfg, seed)
     sizes: list[int] = []
@@ -53,20 +90,39 @@ def throughput(concurrency: int, episodes: int, group_size: int, seed: int) -> d
     TurnBatcher.close = close
     params = SamplingParams(stop_token_ids=(tokenizer.eos_token_id,), seed=seed)
     groups = episodes // group_size
+    problems = tuple(task.sample(groups, seed=seed))
     start = time.perf_counter()
     try:
-        out = EpisodeRollouts(cfg, task, tokenizer, "bench")(
-            sampler, tuple(task.sample(groups, seed=seed)), tuple(range(groups)), group_size, params)
+        out = EpisodeRollouts(cfg, task, tokenizer, "bench")(sampler, problems, tuple(range(groups)), group_size, params)
+        wall = time.perf_counter() - start
+        agentic_split = dict(split)
+        # The single-turn reference: the same first prompts, served as one single-turn request.
+        chat, system = chat_renderer(tokenizer), system_prompt(cfg)
+        first = [tokenizer.encode(chat.suffix(([Message("system", system)] if system else [])
+                                              + [Message("user", task.harbor_task(p).instruction)], 0),
+                                  add_special_tokens=False) for p in problems for _ in range(group_size)]
+        sampler.prefix_cache.clear()  # the episodes ran these prompts: the reference starts cold
+        single_tokens, single_s = 0, 0.0
+        for call in range(3):
+            single = sampler.generate(first, replace(params, max_new_tokens=cfg.max_turn_tokens, seed=seed + call))
+            single_tokens, single_s = single_tokens + int(single.mask.sum()), single_s + single.gen_time_s
+            sampler.prefix_cache.clear()
     finally:
         TurnBatcher.close = original
         task.close()
-    wall = time.perf_counter() - start
     col = {n: out.episode_stats[:, i] for i, n in enumerate(EPISODE_STATS)}
-    return {"concurrent_episodes": concurrency, "episodes": len(out), "wall_s": wall,
-            "episodes_per_s": len(out) / wall, "policy_tokens_per_s": float(col["policy_tokens"].sum()) / wall,
+    policy_tokens_per_s = float(col["policy_tokens"].sum()) / wall
+    single_tokens_per_s = single_tokens / single_s
+    return {"concurrent_episodes": concurrency, "prefix_cache": prefix_cache, "episodes": len(out), "wall_s": wall,
+            "episodes_per_s": len(out) / wall, "policy_tokens_per_s": policy_tokens_per_s,
+            "generate_s": agentic_split["generate_s"], "prefill_s": agentic_split["prefill_s"],
+            "prefill_positions": agentic_split["prefill_positions"], "decode_s": agentic_split["decode_s"],
+            "decode_steps": agentic_split["decode_steps"],
             "mean_batch": sum(sizes) / max(len(sizes), 1), "sampler_calls": len(sizes),
             "env_time_frac": float(col["env_s"].sum() / col["wall_s"].sum()),
-            "reward_mean": float(out.rewards.mean()), "infra_errors": out.infra_errors}
+            "reward_mean": float(out.rewards.mean()), "infra_errors": out.infra_errors,
+            "single_turn_tokens_per_s": single_tokens_per_s,
+            "ratio_to_single_turn": policy_tokens_per_s / single_tokens_per_s}
 
 
 def idle_fraction(concurrency: int, steps: int) -> dict:
@@ -88,16 +144,25 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=16)
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--prefix-cache", choices=["on", "off"], nargs="+", default=["on", "off"])
+    ap.add_argument("--repeats", type=int, default=1, help="rounds; every arm once per round, interleaved")
     ap.add_argument("--train-steps", type=int, default=0, help="0 skips the trainer idle-fraction runs")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    results = [throughput(c, args.episodes, args.group_size, args.seed) for c in args.concurrency]
-    for r in results:
-        print(json.dumps(r))
-    base = results[0]["episodes_per_s"]
-    for r in results[1:]:
-        print(f"speed-up {r['concurrent_episodes']} vs {results[0]['concurrent_episodes']} concurrent: "
-              f"{r['episodes_per_s'] / base:.2f}x")
+    arms = [(c, cache == "on") for c in args.concurrency for cache in args.prefix_cache]
+    runs: dict[tuple[int, bool], list[dict]] = {arm: [] for arm in arms}
+    for _ in range(args.repeats):
+        for c, cache in arms:
+            r = throughput(c, args.episodes, args.group_size, args.seed, cache)
+            r["load_avg_1min"] = os.getloadavg()[0]
+            print(json.dumps(r), flush=True)
+            runs[(c, cache)].append(r)
+    keys = ("episodes_per_s", "policy_tokens_per_s", "single_turn_tokens_per_s", "ratio_to_single_turn",
+            "prefill_s", "decode_s", "generate_s", "env_time_frac", "mean_batch")
+    print("median of", args.repeats, "| concurrent | prefix cache | " + " | ".join(keys))
+    for (c, cache), rs in runs.items():
+        print(f"| {c} | {'on' if cache else 'off'} | "
+              + " | ".join(f"{statistics.median(r[k] for r in rs):.3g}" for k in keys))
     if args.train_steps:
         for c in args.concurrency:
             print(json.dumps(idle_fraction(c, args.train_steps)))

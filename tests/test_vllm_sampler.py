@@ -151,6 +151,22 @@ def test_draws_follow_the_recorded_distribution(sampler):
 
 
 @pytest.mark.slow  # the module's vLLM engine: seconds to start
+def test_prefix_caching_is_on_and_a_cached_prefix_gives_the_fresh_numbers(sampler, hf_model):
+    """Multi-turn episodes resend their context: the engine reuses the KV blocks of a prompt's cached
+    prefix (the CPU build supports it), and a turn whose prefix came from the cache still scores as the
+    teacher-forced oracle does."""
+    assert sampler.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching
+    first = list(range(1, 40))  # past one KV block (16 tokens on the CPU build), so a block can be reused
+    params = SamplingParams(temperature=1.0, max_new_tokens=8, seed=3, num_candidates=4)
+    turn = sampler.generate([first], params)
+    nxt = first + turn.completion_ids[0, : int(turn.mask[0].sum())].tolist() + [41, 42, 43]
+    again = sampler.generate([nxt], params)
+    n = int(again.mask[0].sum())
+    expected = oracle_logprobs(hf_model, again, 1.0)[0, :n].gather(-1, again.completion_ids[0, :n, None])[:, 0]
+    torch.testing.assert_close(again.sampler_logprobs[0, :n], expected, atol=2e-4, rtol=0)
+
+
+@pytest.mark.slow  # the module's vLLM engine: seconds to start
 def test_same_seed_same_samples_and_stop_tokens(sampler):
     params = SamplingParams(temperature=1.0, max_new_tokens=16, seed=7, stop_token_ids=(5, 6, 7, 8))
     a, b = sampler.generate(PROMPTS, params), sampler.generate(PROMPTS, params)

@@ -25,9 +25,15 @@ from rlmix.rollout import FINISH_LENGTH, FINISH_STOP, Rollouts, SamplingParams, 
 from rlmix.samplers.accelerators import PrecisionView
 from rlmix.samplers.emulated_decoder import DecoderShape, EmulatedDecoder
 from rlmix.samplers.model_config import read_config
+from rlmix.samplers.prefix_cache import CachedPrefix, PrefixCache
 from rlmix.samplers.sampling import draw
 
 log = logging.getLogger(__name__)
+
+# Each sampler process holds its own prefix cache, and single-turn requests fill it with sequences no
+# later prompt extends, so the default is modest: 64k tokens of the embedded agent model (2 KiB each),
+# about 130 of its longest episodes.
+PREFIX_CACHE_BYTES = 128 << 20
 
 
 def read_model_dir(model_dir: Path) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -51,7 +57,7 @@ class TorchSampler:
     """Implements ``rlmix.samplers.base.Sampler`` on the CPU with precision emulation."""
 
     def __init__(self, model_dir: str | Path, view: PrecisionView, pool: str, seed: int = 0,
-                 max_batch: int = 256, pad_id: int | None = None) -> None:
+                 max_batch: int = 256, pad_id: int | None = None, prefix_cache_bytes: int = PREFIX_CACHE_BYTES) -> None:
         fields, weights = read_model_dir(Path(model_dir))
         self.pool = pool
         self.view = view
@@ -62,6 +68,10 @@ class TorchSampler:
         self.pad_id = pad_id if pad_id is not None else (pad if pad is not None else fallback)
         self._generator = torch.Generator().manual_seed(seed)
         self._version = 0
+        # A mixture-of-experts model records every position's routes (Rollouts.routed_experts), which a
+        # cached prefix would not have: its prompts are always prefilled whole.
+        moe = self.model.shape.spec.moe is not None
+        self.prefix_cache = PrefixCache(0 if moe else prefix_cache_bytes)
         try:
             self.load_weights(weights, 0)
         except ValueError as err:  # a format's block/group size that does not divide the model's dims
@@ -78,6 +88,7 @@ class TorchSampler:
         """Quantise ``weights`` (HF names) by this view once and serve them as ``version``."""
         with torch.no_grad():
             self.model.load(weights)
+        self.prefix_cache.clear()  # KV computed with the old weights is never reused
         self._version = version
 
     def close(self) -> None:
@@ -113,6 +124,10 @@ class TorchSampler:
 
     def _generate_batch(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                         uniforms: torch.Tensor) -> Rollouts:
+        """Left-padded prefill, then one decode step per token. Cache columns [0, start) of each row
+        come from the prefix cache where an earlier call ran the same tokens; the forward feeds the
+        columns from ``start`` on, so the column layout (and each row's padding) is the one a
+        prefill of the whole prompts has."""
         b, steps = len(prompts), params.max_new_tokens
         lens = torch.tensor([len(p) for p in prompts])
         width = int(lens.max())
@@ -126,10 +141,11 @@ class TorchSampler:
         key_valid[:, :width] = torch.arange(width)[None] >= pad[:, None]
         positions = (torch.arange(width)[None] - pad[:, None]).clamp(min=0)
         cache = self.model.new_cache(b, width + steps)
+        start = self._reuse_prefixes(prompts, cache, pad, width)
         moe = self.model.shape.spec.moe
         routes = _Routes(pad, width, steps, moe) if moe is not None else None
-        logits = self.model.forward(left, positions, key_valid[:, :width], cache, 0, last_only=True,
-                                    routes=routes.prefill() if routes else None)[:, 0]
+        logits = self.model.forward(left[:, start:], positions[:, start:], key_valid[:, :width], cache, start,
+                                    last_only=True, routes=routes.prefill() if routes else None)[:, 0]
         rec = _Recorder(b, steps, params, self.pad_id)
         for t in range(steps):
             step = draw(logits, uniforms[:, t], params.temperature, params.top_k, params.top_p,
@@ -140,8 +156,43 @@ class TorchSampler:
             logits = self.model.forward(step.tokens[:, None], (lens + t)[:, None], key_valid[:, : width + t + 1],
                                         cache, width + t, last_only=True,
                                         routes=routes.step(t, ~rec.done) if routes else None)[:, 0]
+        self._keep_prefixes(prompts, rec, cache, pad, width)
         out = rec.rollouts(right, lens, self._version, self.pool, params)
         return out if routes is None else out.replace(routed_experts=routes.record(lens, rec.steps))
+
+    def _reuse_prefixes(self, prompts: Sequence[Sequence[int]], cache, pad: torch.Tensor, width: int) -> int:
+        """Copy each row's longest cached prefix into ``cache`` and return the first column to feed:
+        every row has its tokens before that column cached (a row with fewer new tokens than the batch's
+        most recomputes some of its cached ones, and overwrites them with values equal to fp32
+        rounding)."""
+        if self.prefix_cache.max_bytes <= 0:
+            return 0
+        matches = [self.prefix_cache.match(tuple(p), self._version) for p in prompts]
+        start = width - max(len(p) - n for p, (_, n) in zip(prompts, matches))
+        for i, (entry, _) in enumerate(matches):
+            keep = start - int(pad[i])  # row i's tokens left of ``start``; at most its cached length
+            if keep > 0:
+                cache.k[:, i, :, int(pad[i]) : start] = entry.k[:, :, :keep]
+                cache.v[:, i, :, int(pad[i]) : start] = entry.v[:, :, :keep]
+        for entry, n in matches:  # extended in full: this call's own entry replaces it
+            if entry is not None and n == len(entry.tokens):
+                self.prefix_cache.discard(entry.tokens)
+        return start
+
+    def _keep_prefixes(self, prompts: Sequence[Sequence[int]], rec: _Recorder, cache, pad: torch.Tensor,
+                       width: int) -> None:
+        """Cache each row's prompt and the completion tokens that were fed back: every drawn token but
+        the batch's last (a finished row's stop token was fed while the others went on)."""
+        if self.prefix_cache.max_bytes <= 0:
+            return
+        fed = rec.steps - 1
+        counts = rec.mask.sum(dim=1).clamp(max=fed).tolist()
+        for i, p in enumerate(prompts):
+            n = int(counts[i])
+            cols = slice(int(pad[i]), width + n)
+            tokens = tuple(p) + tuple(rec.tokens[i, :n].tolist())
+            self.prefix_cache.store(CachedPrefix(tokens, cache.k[:, i, :, cols].clone(),
+                                                 cache.v[:, i, :, cols].clone(), self._version))
 
 
 class _Routes:

@@ -99,6 +99,10 @@ class VllmSampler:
             kv_cache_dtype=engine.kv_cache_dtype,
             gpu_memory_utilization=DEFAULT_MEMORY_UTILIZATION[on_cpu] if memory is None else memory,
             enforce_eager=on_cpu if engine.enforce_eager is None else engine.enforce_eager,  # CUDA graphs on GPUs
+            # A multi-turn episode resends its context every turn: KV blocks of a prompt's cached prefix are
+            # reused instead of prefilled again (vLLM's default for decoder models on both builds; stated so a
+            # changed default cannot turn it off). load_weights resets it.
+            enable_prefix_caching=True,
         )
         if engine.tensor_parallel_size > 1:
             # Worker processes on the GPUs Ray gave this actor; vLLM's Ray executor would ask Ray
