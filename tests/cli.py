@@ -31,20 +31,26 @@ def rlmix_in_process(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
     A run started here uses this process's Ray session: inside the ``warm_ray`` fixture Ray and the
     idle actor processes stay up from one command to the next, as between the jobs of a sweep.
-    What a run changes in this process's logging (Hydra's job logging, the quiet console) is undone
-    afterwards. An exception that would have reached the console as a traceback is raised here."""
+    What a run changes in this process's logging (Hydra's job logging, the quiet console), its
+    ``sys.path`` and the user modules it imported from ``cwd`` are undone afterwards. An exception that would have reached the console as a traceback is raised here."""
     from typer.testing import CliRunner
 
     from rlmix.cli import app
 
-    argv, here = sys.argv[:], os.getcwd()
+    argv, here, path, modules = sys.argv[:], os.getcwd(), sys.path[:], set(sys.modules)
     os.chdir(cwd)
     try:
         with _logging_restored():
             result = CliRunner().invoke(app, list(args), prog_name="rlmix")
     finally:
         os.chdir(here)
-        sys.argv[:] = argv
+        sys.argv[:], sys.path[:] = argv, path
+        # A user module the command imported from its directory (a reward's ``module:function``)
+        # goes with it, as it would with the process: another test's module of that name is its own.
+        for name in set(sys.modules) - modules:
+            origin = getattr(sys.modules[name], "__file__", None) or ""
+            if Path(origin).resolve().is_relative_to(Path(cwd).resolve()):
+                del sys.modules[name]
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception
     return subprocess.CompletedProcess(["rlmix", *args], result.exit_code, result.stdout, result.stderr)
