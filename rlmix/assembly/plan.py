@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rlmix.config.load import model_fields, resolve_correction, validate
+from rlmix.config.load import model_fields, validate
 from rlmix.config.schema import PoolConfig, RunConfig
 from rlmix.correction import Correction
 from rlmix.samplers.accelerators import PrecisionView
@@ -62,8 +62,7 @@ def plan_run(cfg: RunConfig, for_training: bool = True) -> RunPlan:
     ``for_training=False`` (``rlmix eval``/``probe``): skip the rules only training needs (a
     dataset long enough for the run's steps, an agent task's training directory).
     """
-    validate(cfg, for_training)
-    correction = resolve_correction(cfg.correction)
+    correction = validate(cfg, for_training)
     model = model_fields(cfg)
     pools = {name: plan_pool(name, pool, cfg, model) for name, pool in cfg.fleet.pools.items()}
     task_check(cfg.task)(cfg, for_training)

@@ -40,15 +40,16 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     return run
 
 
-def validate(cfg: RunConfig, for_training: bool = True) -> RunConfig:
-    """Every cross-field rule, checked before any process starts. Returns ``cfg`` unchanged."""
+def validate(cfg: RunConfig, for_training: bool = True) -> Correction:
+    """Every cross-field rule, checked before any process starts; returns the resolved correction
+    (checked among them, so its errors keep their place in the order)."""
     _check_loop(cfg)
     _check_trainer(cfg)
-    resolve_correction(cfg.correction)  # the correction resolves, or ConfigError naming its keys
+    correction = resolve_correction(cfg.correction)  # the correction resolves, or ConfigError naming its keys
     _check_run(cfg)
     _check_paths(cfg)  # first: the fleet's checks read the model's config.json
     _check_fleet(cfg)
-    return cfg
+    return correction
 
 
 def _require(ok: bool, message: str) -> None:
