@@ -111,8 +111,7 @@ def make_task_for(cfg: MiniCodeTaskConfig | DatasetTaskConfig, seed: int, tokeni
 
         check_encodable(task, tokenizer)
     if isinstance(cfg, MiniCodeTraceTaskConfig) and max_new_tokens is not None:
-        longest = max(len(tokenizer.encode(task.reference_answer(p), add_special_tokens=False))
-                      for p in task.split("test")) + 1  # and the end of sequence
+        longest = task.longest_reference_tokens(tokenizer) + 1  # and the end of sequence
         if max_new_tokens < longest:
             raise ConfigError(f"{key}={max_new_tokens}: the longest reference trace of task={cfg.name}'s test split "
                               f"takes {longest} tokens with this model's tokenizer; set {key}>={longest}")

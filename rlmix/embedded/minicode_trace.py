@@ -83,6 +83,12 @@ class MiniCodeTrace(MiniCode):
         correct = all(run(program, xs) == out for xs, out in payload.examples + payload.hidden)
         return Score(reward=1.0 if correct else 0.0, format_ok=True)
 
+    def longest_reference_tokens(self, tokenizer) -> int:
+        """Tokens of the longest reference trace of the test split in ``tokenizer``'s encoding (no
+        special tokens): the budget a sampled answer needs so that no taught trace is cut."""
+        return max(len(tokenizer.encode(self.reference_answer(p), add_special_tokens=False))
+                   for p in self.split("test"))
+
     def reference_answer(self, problem: Problem) -> str:
         """A worked search ending in the reference program (deterministic in the problem's id)."""
         payload: MiniCodePayload = problem.payload

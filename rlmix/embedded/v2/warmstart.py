@@ -86,8 +86,7 @@ def answer_budget(tokenizer: PreTrainedTokenizerFast, task: MiniCode) -> int:
     reference trace of the test split in this tokenizer's tokens, its end of turn and some slack."""
     if not isinstance(task, MiniCodeTrace):
         return MAX_ANSWER_TOKENS
-    return max(len(tokenizer.encode(task.reference_answer(p), add_special_tokens=False))
-               for p in task.split("test")) + 8
+    return task.longest_reference_tokens(tokenizer) + 8
 
 
 def warm_start_v2(
