@@ -33,10 +33,10 @@ OVERSUBSCRIBED = ["trainer.num_threads=2", "loop.sampler_threads=1", "loop.concu
 def compute_floor() -> dict:
     """Core-seconds of one step's generation and one trainer step, each alone in this process."""
     from rlmix.assembly.parts import resolve_model_dir
-    from rlmix.commands.compose import compose_run_config
+    from rlmix.commands.compose import compose_plan
 
-    cfg = compose_run_config(ARM)
-    step = isolated_step(cfg, resolve_model_dir(cfg), reps=3)
+    plan = compose_plan(ARM)
+    step = isolated_step(plan.cfg, resolve_model_dir(plan), reps=3)
     cores = os.cpu_count() or 1
     return {"generate_s": round(step["generate_s"], 3), "train_step_s": round(step["train_s"], 3), "cores": cores,
             "tokens": step["tokens"], "floor_s": round((step["generate_s"] + step["train_s"]) / cores, 3)}

@@ -69,7 +69,7 @@ def main() -> None:
     import torch
 
     from rlmix.assembly.parts import resolve_model_dir
-    from rlmix.commands.compose import compose_run_config
+    from rlmix.commands.compose import compose_plan, compose_run_config
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
@@ -82,7 +82,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        base = compose_run_config(["+experiment=sc_mis"])
+        base = compose_plan(["+experiment=sc_mis"])
         model_dir = long_context_copy(resolve_model_dir(base), Path(tmp) / "model", 128 + max(args.lengths))
         for length in args.lengths:
             cfg = compose_run_config(["+experiment=sc_mis", f"loop.max_new_tokens={length}"])

@@ -14,7 +14,8 @@ from rlmix.correction.advantages import group_advantages
 from rlmix.errors import ConfigError
 from rlmix.metrics.aggregate import reward_metrics
 from rlmix.embedded.chartok import build_char_tokenizer
-from rlmix.orchestration.workers import ERROR_GROUP_BASE, make_request, score_rollouts
+from rlmix.assembly.producers import ERROR_GROUP_BASE, score_rollouts
+from rlmix.orchestration.workers import make_request
 from rlmix.rollout import Rollouts
 from rlmix.tasks.dataset import DatasetTask, check_config, check_encodable
 from rlmix.config.dataset import DatasetTaskConfig

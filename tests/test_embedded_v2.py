@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rlmix.commands.compose import compose_run_config
+from rlmix.commands.compose import compose_plan, compose_run_config
 from rlmix.config.embedded import EmbeddedModelSpec, EmbeddedMoeSpec, EmbeddedVersion
 from rlmix.embedded.model import spec_key
 from rlmix.embedded.v2 import model as v2_model
@@ -157,9 +157,9 @@ def test_a_tiny_v2_build_is_an_hf_directory_cached_under_its_key(tmp_path, monke
 
     monkeypatch.setenv("RLMIX_CACHE", str(tmp_path))
     fields = [f"model.embedded_v2.{f.name}={getattr(TINY, f.name)}" for f in dataclasses.fields(TINY)]
-    cfg = compose_run_config(["model=embedded_v2", *fields])
+    plan = compose_plan(["model=embedded_v2", *fields])
     messages = []
-    path = resolve_model_dir(cfg, progress=messages.append)
+    path = resolve_model_dir(plan, progress=messages.append)
     assert path == tmp_path / "embedded" / v2_spec_key(TINY)
     assert any("training the byte-level BPE" in m for m in messages)
     assert any(m.startswith("warm start step 2/4") for m in messages)
@@ -172,7 +172,7 @@ def test_a_tiny_v2_build_is_an_hf_directory_cached_under_its_key(tmp_path, monke
     assert type(model).__name__ == "Qwen3MoeForCausalLM" and len(tok) == model.config.vocab_size == 300
     assert tok.chat_template and tok.eos_token_id == model.config.eos_token_id == 2
     messages.clear()
-    assert resolve_model_dir(cfg, progress=messages.append) == path and messages == []  # from the cache
+    assert resolve_model_dir(plan, progress=messages.append) == path and messages == []  # from the cache
 
 
 @pytest.mark.slow  # builds (a tiny) model twice: seconds

@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from rlmix.commands.compose import compose_run_config
-from rlmix.commands.eval import eval_config, run_of
+from rlmix.commands.eval import eval_plan, run_of
 from rlmix.config.dataset import DatasetTaskConfig
 from rlmix.config.schema import MiniCodeTaskConfig
 from rlmix.errors import ConfigError
@@ -72,9 +72,9 @@ def test_a_run_without_eval_files_says_so_in_one_line(tmp_path):
                    {"task": "dataset", "model": "embedded"})
     args = [f"checkpoint={run}"]
     with pytest.raises(ConfigError, match=r"^task.split=test: this task has no task.eval_files") as err:
-        eval_config(args)
+        eval_plan(args)
     assert "\n" not in str(err.value)
-    assert eval_config([*args, "task.split=train"]).task.split == "train"
+    assert eval_plan([*args, "task.split=train"]).cfg.task.split == "train"
 
 
 def test_a_model_dir_or_no_checkpoint_takes_nothing_from_any_run(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rlmix.orchestration.lag import LagSchedule, request_of
-from rlmix.orchestration.workers import ERROR_GROUP_BASE
+from rlmix.assembly.producers import ERROR_GROUP_BASE
 from tests.test_train_e2e import read_metrics, rlmix_train_here
 
 

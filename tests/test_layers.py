@@ -114,3 +114,49 @@ def test_commands_import_no_sampler_model_or_agentic_module():
 
 def test_eval_imports_no_trainer_internals():
     assert not imports_of_unit_from("eval", {"trainers"})
+
+
+# The task kinds live in one table (rlmix.assembly.task_kinds): code below the commands asks the
+# plan's task (RunPlan.task) what differs between tasks and never tests a task config's class.
+# config/load.py holds the config's own cross-field rules and tasks/checks.py each task's rules,
+# both about the classes they name; commands/ sits above the line.
+TASK_KIND_MODULES = {"rlmix/assembly/task_kinds.py", "rlmix/config/load.py", "rlmix/tasks/checks.py"}
+
+
+def task_config_classes() -> set[str]:
+    """The task config classes and every base class of theirs (object aside)."""
+    from rlmix.assembly.parts import TASKS
+    from rlmix.assembly.task_kinds import TASK_KINDS
+
+    return {base.__name__ for cls in (*TASKS, *TASK_KINDS) for base in cls.__mro__ if base is not object}
+
+
+def isinstance_on_task_configs(path: Path, names: set[str]) -> list[str]:
+    """``path:line`` of each ``isinstance(x, C)`` (or a tuple of classes) whose ``C`` is in ``names``."""
+    def named(node) -> set[str]:
+        if isinstance(node, ast.Tuple):
+            return set().union(*map(named, node.elts))
+        return {node.id} if isinstance(node, ast.Name) else {node.attr} if isinstance(node, ast.Attribute) else set()
+
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return [f"{path.relative_to(ROOT)}:{node.lineno}" for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance"
+            and len(node.args) == 2 and named(node.args[1]) & names]
+
+
+def test_no_module_below_the_commands_tests_a_task_configs_class():
+    names = task_config_classes()
+    assert {"MiniCodeTaskConfig", "DatasetTaskConfig", "AgentEnvConfig", "SwebenchProConfig"} <= names
+    below = [p for p in modules() if p.relative_to(PACKAGE).parts[0] not in ("commands", "cli.py")
+             and str(p.relative_to(ROOT)) not in TASK_KIND_MODULES]
+    found = [hit for p in below for hit in isinstance_on_task_configs(p, names)]
+    assert not found, "ask the plan's task kind (rlmix.assembly.task_kinds) instead: " + ", ".join(found)
+
+
+def test_the_task_kind_rule_can_fail():
+    planted = PACKAGE / "eval" / "_planted_kind_test.py"
+    planted.write_text("def f(cfg):\n    return isinstance(cfg.task, (int, config.AgentEnvConfig))\n")
+    try:
+        assert isinstance_on_task_configs(planted, task_config_classes()) == ["rlmix/eval/_planted_kind_test.py:2"]
+    finally:
+        planted.unlink()

@@ -82,16 +82,16 @@ def test_format_rule_separates_format_errors_from_wrong_answers():
 
 
 def test_a_budget_that_would_cut_a_reference_trace_is_refused_with_the_number_needed():
-    from rlmix.assembly.parts import make_task_for
+    from rlmix.assembly.task_kinds import task_kind
 
     tokenizer = build_char_tokenizer(ALPHABET)
-    cfg = MiniCodeTraceTaskConfig()
+    task = task_kind(MiniCodeTraceTaskConfig())
     longest = max(len(TASK.reference_answer(p)) for p in TEST) + 1
     with pytest.raises(ConfigError, match=rf"loop.max_new_tokens=24: .* takes {longest} tokens.*>={longest}"):
-        make_task_for(cfg, 0, tokenizer, 24)
-    assert make_task_for(cfg, 0, tokenizer, longest).name == "minicode_trace"
+        task.build(0, tokenizer, 24)
+    assert task.build(0, tokenizer, longest).name == "minicode_trace"
     with pytest.raises(ConfigError, match="eval.max_new_tokens"):
-        make_task_for(cfg, 0, tokenizer, longest - 1, key="eval.max_new_tokens")
+        task.build(0, tokenizer, longest - 1, key="eval.max_new_tokens")
 
 
 def test_the_option_composes_and_builds_the_trace_task():

@@ -145,6 +145,7 @@ def test_a_sampler_worker_never_imports_transformers(tiny_llama_dir):
 import sys
 from rlmix.assembly.fleet import SamplerSpec, sampling_params
 from rlmix.assembly.parts import make_task
+from rlmix.assembly.task_kinds import task_kind
 from rlmix.assembly.plan import plan_pool
 from rlmix.config.load import resolve_correction
 from rlmix.config.schema import MiniCodeTaskConfig, PoolConfig, RunConfig
@@ -155,7 +156,7 @@ cfg = RunConfig(task=MiniCodeTaskConfig())
 cfg.loop.max_new_tokens = 4
 planned = plan_pool("h100", pool, cfg, None)
 spec = SamplerSpec("h100", 0, pool, sampling_params(planned, cfg, resolve_correction(cfg.correction), 2), planned.view)
-worker = SamplerWorker(spec, {str(tiny_llama_dir)!r}, cfg.task, seed=0, threads=1)
+worker = SamplerWorker(spec, {str(tiny_llama_dir)!r}, task_kind(cfg.task), seed=0, threads=1)
 out = worker.generate(make_request(make_task(cfg.task, 0), 0, 1, 0), 2, None, 0)
 assert len(out) == 2, len(out)
 print(sorted(m for m in sys.modules if m.split(".")[0] == "transformers")[:5])

@@ -10,9 +10,11 @@ import pytest
 from rlmix.assembly.fleet import resolve_fleet
 from rlmix.assembly.parts import TASKS
 from rlmix.assembly.plan import plan_run
+from rlmix.assembly.task_kinds import EpisodeKind, SingleTurnKind, task_kind
 from rlmix.commands.compose import compose_plan
-from rlmix.config.schema import SamplerBackend
-from rlmix.config.swebench import AgentEnvConfig
+from rlmix.config.dataset import DatasetTaskConfig
+from rlmix.config.schema import MiniCodeTaskConfig, MiniCodeTraceTaskConfig, SamplerBackend
+from rlmix.config.swebench import AgentEnvConfig, MiniCodeAgentConfig, SwebenchProConfig
 from rlmix.errors import ConfigError
 from rlmix.samplers.accelerators import PrecisionView, resolve_view
 from rlmix.samplers.checks import POOL_CHECKS
@@ -32,6 +34,33 @@ def test_a_task_config_without_rules_is_a_programming_error_not_a_pass():
 
     with pytest.raises(KeyError, match="TASK_CHECKS"):
         task_check(Unknown())
+
+
+@pytest.mark.parametrize("cls, kind", [
+    (MiniCodeTaskConfig, SingleTurnKind), (MiniCodeTraceTaskConfig, SingleTurnKind), (DatasetTaskConfig, SingleTurnKind),
+    (MiniCodeAgentConfig, EpisodeKind), (SwebenchProConfig, EpisodeKind), (AgentEnvConfig, EpisodeKind),
+])
+def test_each_task_config_resolves_to_its_kind(cls, kind):
+    config = cls()
+    resolved = task_kind(config)
+    assert type(resolved) is kind and resolved.config is config
+
+
+def test_every_task_has_a_kind_and_an_unknown_config_is_a_key_error():
+    assert all(type(task_kind(cls())) in (SingleTurnKind, EpisodeKind) for cls in TASKS)
+
+    @dataclasses.dataclass
+    class Unknown:
+        name: str = "unknown"
+
+    with pytest.raises(KeyError, match="TASK_KINDS"):
+        task_kind(Unknown())
+
+
+def test_the_plan_holds_the_task_bound_to_its_kind():
+    assert type(compose_plan([]).task) is SingleTurnKind
+    plan = compose_plan(["task=minicode_agent"])
+    assert type(plan.task) is EpisodeKind and plan.task.config is plan.cfg.task
 
 
 def test_each_pool_is_resolved_by_its_backend():

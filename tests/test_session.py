@@ -23,10 +23,10 @@ def _job(overrides: list[str], run_dir):
     run_dir.mkdir(parents=True)
     plan = compose_plan(["+experiment=smoke", "logger=disabled", *overrides])
     cfg, correction = plan.cfg, plan.correction
-    model_dir = resolve_model_dir(cfg)
+    model_dir = resolve_model_dir(plan)
     specs = resolve_fleet(plan, load_fast_tokenizer(model_dir).eos_token_id)
     runtime_env = start_ray(cfg, specs, log_dir=run_dir)
-    trainer, slots, ready = start_actors(cfg, correction, specs, model_dir, core_plan(cfg, specs), runtime_env["env_vars"])
+    trainer, slots, ready = start_actors(plan, specs, model_dir, core_plan(cfg, specs), runtime_env["env_vars"])
     return cfg, trainer, slots, ray.get(ready)
 
 

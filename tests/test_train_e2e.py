@@ -117,9 +117,9 @@ def test_max_staleness_zero_matches_a_synchronous_loop(tmp_path, warm_ray):
 
     plan = compose_plan(overrides)
     cfg, correction = plan.cfg, plan.correction
-    model_dir = resolve_model_dir(cfg)
+    model_dir = resolve_model_dir(plan)
     [spec] = resolve_fleet(plan, load_tokenizer(model_dir).eos_token_id)
-    sampler = SamplerWorker(spec, str(model_dir), cfg.task, derive_seed(cfg.seed, spec.name), cfg.loop.sampler_threads)
+    sampler = SamplerWorker(spec, str(model_dir), plan.task, derive_seed(cfg.seed, spec.name), cfg.loop.sampler_threads)
     task = make_task(cfg.task, cfg.seed)
     requests = cfg.loop.groups_per_step // cfg.loop.groups_per_request
     parts = [

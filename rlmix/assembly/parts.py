@@ -2,40 +2,46 @@
 
 Model directory, task, trainer, prompt encoding and decoding, seeds, package versions.
 Sampler specs and backends are in ``rlmix.assembly.fleet``, checkpoints on disk in
-``rlmix.assembly.checkpoints``. Nothing here starts a process.
+``rlmix.assembly.checkpoints``, what differs by the task's kind in ``rlmix.assembly.task_kinds``.
+Nothing here starts a process.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlmix.config.dataset import ChatTemplateMode, DatasetTaskConfig
 from rlmix.config.embedded import EmbeddedVersion
-from rlmix.config.schema import MiniCodeTaskConfig, MiniCodeTraceTaskConfig, ModelConfig, RunConfig, TrainerBackend, TrainerConfig
+from rlmix.config.schema import MiniCodeTaskConfig, MiniCodeTraceTaskConfig, ModelConfig, TrainerBackend, TrainerConfig
 from rlmix.config.swebench import AgentEnvConfig, MiniCodeAgentConfig, SwebenchProConfig
 from rlmix.correction import Correction
-from rlmix.errors import ConfigError
 from rlmix.rollout import Rollouts
 from rlmix.tasks.base import Problem, Task
 
+if TYPE_CHECKING:
+    from rlmix.assembly.plan import RunPlan
 
-def resolve_model_dir(cfg: RunConfig, progress=print) -> Path:
-    """The HF model directory a run starts from: ``model.path`` or the embedded model (built once, cached).
 
-    Agentic tasks start from the embedded agent model (``model.embedded_agent``), which knows the
-    action format; single-turn tasks from the embedded model ``model.embedded_version`` names.
-    """
-    if cfg.model.path is not None:
+def resolve_model_dir(plan: RunPlan, progress=print) -> Path:
+    """The HF model directory a run starts from: ``model.path``, or the embedded model its task's
+    kind starts from (``TaskKind.embedded_model``: built once, cached)."""
+    model = plan.cfg.model
+    if model.path is not None:
         from rlmix.models.tokenizer_file import load_fast_tokenizer
 
-        load_fast_tokenizer(cfg.model.path)  # ConfigError with one line if it is not a model dir
-        return Path(cfg.model.path)
-    if isinstance(cfg.task, AgentEnvConfig):
-        from rlmix.embedded.minicode_agent.model import build_agent_model
+        load_fast_tokenizer(model.path)  # ConfigError with one line if it is not a model dir
+        return Path(model.path)
+    return plan.task.embedded_model(model, progress)
 
-        return build_agent_model(cfg.model.embedded_agent, progress=progress)
-    return EMBEDDED_MODELS[cfg.model.embedded_version](cfg.model, progress)
+
+def model_max_positions(model_dir: Path) -> int | None:
+    """The model's context length from its config.json, if it states one."""
+    fields = json.loads((Path(model_dir) / "config.json").read_text())
+    value = fields.get("max_position_embeddings")
+    return int(value) if isinstance(value, int) else None
 
 
 def _embedded_v1(cfg: ModelConfig, progress) -> Path:
@@ -99,23 +105,6 @@ TASKS = {MiniCodeTaskConfig: _minicode, MiniCodeTraceTaskConfig: _minicode_trace
 
 def make_task(cfg: MiniCodeTaskConfig | DatasetTaskConfig | AgentEnvConfig, seed: int) -> Task:
     return TASKS[type(cfg)](cfg, seed)
-
-
-def make_task_for(cfg: MiniCodeTaskConfig | DatasetTaskConfig, seed: int, tokenizer, max_new_tokens: int | None = None,
-                  key: str = "loop.max_new_tokens") -> Task:
-    """``make_task``, then ConfigError if the model's tokenizer cannot encode a dataset's prompts, or
-    if ``max_new_tokens`` (the setting ``key``) would cut off a worked answer the task's reference holds."""
-    task = make_task(cfg, seed)
-    if isinstance(cfg, DatasetTaskConfig):
-        from rlmix.tasks.dataset import check_encodable
-
-        check_encodable(task, tokenizer)
-    if isinstance(cfg, MiniCodeTraceTaskConfig) and max_new_tokens is not None:
-        longest = task.longest_reference_tokens(tokenizer) + 1  # and the end of sequence
-        if max_new_tokens < longest:
-            raise ConfigError(f"{key}={max_new_tokens}: the longest reference trace of task={cfg.name}'s test split "
-                              f"takes {longest} tokens with this model's tokenizer; set {key}>={longest}")
-    return task
 
 
 def encode_prompts(

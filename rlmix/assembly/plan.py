@@ -8,11 +8,13 @@
 3. each pool, by the backend that will serve it — a torch pool's precision view, a vLLM pool's
    engine settings (``rlmix.samplers.checks``) — read against the model's config.json, so an
    architecture or a format the backend cannot serve is refused before Ray starts;
-4. the task's own rules (``rlmix.tasks.checks.TASK_CHECKS``: files load, rewards import).
+4. the task's own rules (``rlmix.tasks.checks.TASK_CHECKS``: files load, rewards import), and its
+   kind (``rlmix.assembly.task_kinds``: single-turn or episodes).
 
-Each part is resolved here and nowhere else: the runner, the fleet's sampler specs and the probe
-read the ``RunPlan``'s objects, never the config's strings. Nothing is registered at import time;
-a backend or task without a rule is a ``KeyError`` here, in a test, not a skipped check.
+Each part is resolved here and nowhere else: the runner, the fleet's sampler specs, the probe and
+the evaluation read the ``RunPlan``'s objects, never the config's strings, and ask the task's kind
+what differs between tasks. Nothing is registered at import time; a backend or task without a rule,
+or a task without a kind, is a ``KeyError`` here, in a test, not a skipped check.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from rlmix.config.load import model_fields, validate
 from rlmix.config.schema import PoolConfig, RunConfig
 from rlmix.correction import Correction
+from rlmix.assembly.task_kinds import TaskKind, task_kind
 from rlmix.samplers.accelerators import PrecisionView
 from rlmix.samplers.checks import POOL_CHECKS
 from rlmix.samplers.vllm_checks import VllmEngine
@@ -48,6 +51,7 @@ class RunPlan:
     cfg: RunConfig
     correction: Correction
     pools: Mapping[str, PoolPlan]
+    task: TaskKind  # the task config bound to its kind
 
 
 def plan_pool(name: str, pool: PoolConfig, cfg: RunConfig, model: Mapping | None) -> PoolPlan:
@@ -66,4 +70,4 @@ def plan_run(cfg: RunConfig, for_training: bool = True) -> RunPlan:
     model = model_fields(cfg)
     pools = {name: plan_pool(name, pool, cfg, model) for name, pool in cfg.fleet.pools.items()}
     task_check(cfg.task)(cfg, for_training)
-    return RunPlan(cfg, correction, pools)
+    return RunPlan(cfg, correction, pools, task_kind(cfg.task))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from rlmix.config.schema import RunConfig
+from rlmix.assembly.plan import RunPlan
 from rlmix.errors import ConfigError
 from rlmix.eval.evaluate import evaluate
 from rlmix.isolation.scratch import run_scratch
@@ -23,25 +23,26 @@ def run_of(args: list[str]):
     return None if where is None else run_settings(where)
 
 
-def eval_config(args: list[str]) -> RunConfig:
-    """The validated config of ``rlmix eval args``: a run directory's own task, model and
-    ``max_new_tokens`` unless ``args`` say otherwise; a dataset without held-out rows is refused
-    at ``task.split=test`` before any model loads."""
-    from rlmix.commands.compose import compose_run_config
+def eval_plan(args: list[str]) -> RunPlan:
+    """The plan of ``rlmix eval args``: a run directory's own task, model and ``max_new_tokens``
+    unless ``args`` say otherwise; a dataset without held-out rows is refused at ``task.split=test``
+    before any model loads."""
+    from rlmix.commands.compose import compose_plan
     from rlmix.config.dataset import DatasetTaskConfig
 
-    cfg = compose_run_config(args, for_training=False, run=run_of(args))
-    if isinstance(cfg.task, DatasetTaskConfig) and cfg.task.split == "test" and cfg.task.eval_files is None:
+    plan = compose_plan(args, for_training=False, run=run_of(args))
+    task = plan.cfg.task
+    if isinstance(task, DatasetTaskConfig) and task.split == "test" and task.eval_files is None:
         raise ConfigError("task.split=test: this task has no task.eval_files (rows held out for evaluation); "
                           "give task.eval_files=<file> or evaluate the training rows with task.split=train")
-    return cfg
+    return plan
 
 
 def run_eval(args: list[str]) -> None:
-    """``rlmix eval``: ``eval_config(args)`` evaluated, with a progress line per task."""
+    """``rlmix eval``: ``eval_plan(args)`` evaluated, with a progress line per task."""
     from rlmix.metrics.console import CountedLines
 
     torch.set_num_threads(max(torch.get_num_threads(), 1))
-    cfg = eval_config(args)
+    plan = eval_plan(args)
     with run_scratch(), CountedLines("eval") as progress:  # sandboxes go with the command, however it ends
-        evaluate(cfg, progress)
+        evaluate(plan, progress)

@@ -2,32 +2,34 @@
 
 Every checkpoint is sampled by the same reference view (``eval.accelerator``/``eval.precision``,
 recorded in ``eval.json``) so that sampler differences never leak into the score (docs/math.md §7).
-``rlmix eval`` (``rlmix.commands.eval``) composes the config and calls ``evaluate``.
+``rlmix eval`` (``rlmix.commands.eval``) composes and plans the config and calls ``evaluate``.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from rlmix.config.schema import EvalConfig, MiniCodeTaskConfig, RunConfig
-from rlmix.config.swebench import AgentEnvConfig
+from rlmix.assembly.plan import RunPlan
+from rlmix.config.schema import EvalConfig, RunConfig
 from rlmix.errors import ConfigError
-from rlmix.isolation.scratch import scratch_dir
 from rlmix.metrics.passk import PassAtK, mean_pass_at_k
 from rlmix.rollout import SamplingParams
 
 EVAL_FILE = "eval.json"
 
 
-def resolve_checkpoint(cfg: RunConfig) -> Path:
-    """A run directory (its newest checkpoint), an HF model dir, or the embedded base model."""
+def resolve_checkpoint(plan: RunPlan) -> Path:
+    """A run directory (its newest checkpoint), an HF model dir, or the base model the run starts from."""
     from rlmix.assembly.checkpoints import latest_checkpoint
     from rlmix.assembly.parts import resolve_model_dir
 
+    cfg = plan.cfg
     if cfg.checkpoint is None:
-        return resolve_model_dir(cfg)
+        return resolve_model_dir(plan)
     path = Path(cfg.checkpoint)
     if not path.is_dir():
         raise ConfigError(f"checkpoint={cfg.checkpoint}: no such directory (give a run directory or an HF model dir)")
@@ -50,13 +52,14 @@ def reference_sampler(cfg: EvalConfig, model_dir: Path, seed: int):
     return view_sampler(model_dir, view, pool="eval_reference", seed=seed), view.label
 
 
-def task_counts(cfg: RunConfig, model_dir: Path, progress) -> tuple[list[dict], str]:
+def task_counts(plan: RunPlan, model_dir: Path, progress) -> tuple[list[dict], str]:
     """Sample ``eval.samples`` completions per problem of ``task.split``; (per-task rows, reference label)."""
     from rlmix.models.io import load_tokenizer
-    from rlmix.assembly.parts import decode_completions, derive_seed, encode_prompts, make_task_for
+    from rlmix.assembly.parts import decode_completions, derive_seed, encode_prompts
 
+    cfg = plan.cfg
     tokenizer = load_tokenizer(model_dir)
-    task = make_task_for(cfg.task, cfg.seed, tokenizer, cfg.eval.max_new_tokens, key="eval.max_new_tokens")
+    task = plan.task.build(cfg.seed, tokenizer, cfg.eval.max_new_tokens, key="eval.max_new_tokens")
     problems = task.split(cfg.task.split)
     sampler, label = reference_sampler(cfg.eval, model_dir, cfg.seed)
     n = cfg.eval.samples
@@ -95,68 +98,74 @@ def default_out_dir(cfg: RunConfig, split: str) -> Path:
     return Path("outputs") / "eval" / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{split}"
 
 
-def evaluate(cfg: RunConfig, progress=print) -> dict:
-    """Run the evaluation ``cfg`` describes; writes eval.json and returns its content."""
+def evaluate(plan: RunPlan, progress=print) -> dict:
+    """Run the evaluation ``plan`` describes, in its task kind's form (``TaskKind.evaluate``);
+    writes eval.json and returns its content."""
+    cfg = plan.cfg
     samples, ks = cfg.eval.samples, sorted(set(cfg.eval.k))
     if not ks or ks[0] < 1 or ks[-1] > samples:
         raise ConfigError(f"eval.k={cfg.eval.k}: every k must be in 1..eval.samples={samples}")
-    model_dir = resolve_checkpoint(cfg)
-    if isinstance(cfg.task, AgentEnvConfig):
-        return evaluate_agentic(cfg, model_dir, ks, progress)
-    # minicode's default split names its training stream; evaluation means its test split
-    split = "test" if isinstance(cfg.task, MiniCodeTaskConfig) and cfg.task.split == "train" else cfg.task.split
-    cfg.task.split = split
-    out_dir = Path(cfg.eval.out_dir) if cfg.eval.out_dir else default_out_dir(cfg, split)
-    rows, label = task_counts(cfg, model_dir, progress)
-    results = {k: mean_pass_at_k([(r["n"], r["c"]) for r in rows], k) for k in ks}
-    summary = {
-        "checkpoint": str(model_dir),
-        "task": cfg.task.name,
-        "split": split,
-        "samples": samples,
-        "reference": label,
-        "pass_at_k": {str(k): {"mean": r.mean, "stderr": r.stderr, "tasks": r.num_tasks} for k, r in results.items()},
-        "format_error_rate": sum(r["format_errors"] for r in rows) / max(len(rows) * samples, 1),
-        "tasks": rows,
-    }
-    write_eval(out_dir, summary, cfg)
-    progress(pass_table(results))
-    progress(f"wrote {out_dir / EVAL_FILE}")
-    return summary
+    return plan.task.evaluate(Evaluation(plan, resolve_checkpoint(plan), ks, progress))
 
 
-def evaluate_agentic(cfg: RunConfig, model_dir: Path, ks: list[int], progress) -> dict:
-    """task=swebench_pro or minicode_agent: multi-turn episodes in sandboxes, graded in fresh ones
-    (rlmix.agentic), with the episode code training uses; a policy turn may generate task.max_turn_tokens."""
-    import tempfile
+@dataclass(frozen=True)
+class Evaluation:
+    """One checkpoint's evaluation, in either form a task's kind asks for: pass@k of single
+    completions (``completions``) or of episodes (``episodes``)."""
 
-    from rlmix.agentic.policy import ModelPolicy
-    from rlmix.agentic.run import run_swebench_eval
-    from rlmix.config.swebench import MiniCodeAgentConfig
-    from rlmix.embedded.minicode_agent.task import minicode_agent_eval_config
-    from rlmix.models.io import load_tokenizer
+    plan: RunPlan
+    model_dir: Path
+    ks: list[int]
+    progress: Callable[[str], None]
 
-    tokenizer = load_tokenizer(model_dir)
-    sampler, label = reference_sampler(cfg.eval, model_dir, cfg.seed)
-    params = SamplingParams(
-        temperature=cfg.eval.temperature,
-        max_new_tokens=cfg.task.max_turn_tokens,
-        stop_token_ids=(tokenizer.eos_token_id,),
-        seed=cfg.seed,
-    )
-    minicode = isinstance(cfg.task, MiniCodeAgentConfig)
-    split = cfg.task.split if minicode else cfg.task.subset
-    out_dir = Path(cfg.eval.out_dir) if cfg.eval.out_dir else default_out_dir(cfg, split)
-    policy = ModelPolicy(tokenizer, sampler, params)
-    run = _wandb_run(cfg, out_dir)
-    with tempfile.TemporaryDirectory(prefix="rlmix-minicode-agent-eval-", dir=scratch_dir()) as tmp:
-        task_cfg = minicode_agent_eval_config(cfg.task, Path(tmp)) if minicode else cfg.task
-        summary = run_swebench_eval(task_cfg, policy, ks, cfg.eval.samples, out_dir, progress=progress,
+    def completions(self, split: str) -> dict:
+        """``eval.samples`` completions of each problem of ``split``, scored by the task."""
+        cfg, model_dir, ks, samples = self.plan.cfg, self.model_dir, self.ks, self.plan.cfg.eval.samples
+        cfg.task.split = split
+        out_dir = Path(cfg.eval.out_dir) if cfg.eval.out_dir else default_out_dir(cfg, split)
+        rows, label = task_counts(self.plan, model_dir, self.progress)
+        results = {k: mean_pass_at_k([(r["n"], r["c"]) for r in rows], k) for k in ks}
+        summary = {
+            "checkpoint": str(model_dir),
+            "task": cfg.task.name,
+            "split": split,
+            "samples": samples,
+            "reference": label,
+            "pass_at_k": {str(k): {"mean": r.mean, "stderr": r.stderr, "tasks": r.num_tasks}
+                          for k, r in results.items()},
+            "format_error_rate": sum(r["format_errors"] for r in rows) / max(len(rows) * samples, 1),
+            "tasks": rows,
+        }
+        write_eval(out_dir, summary, cfg)
+        self.progress(pass_table(results))
+        self.progress(f"wrote {out_dir / EVAL_FILE}")
+        return summary
+
+    def episodes(self, task_cfg, split: str) -> dict:
+        """Multi-turn episodes of ``task_cfg`` in sandboxes, graded in fresh ones (rlmix.agentic), with
+        the episode code training uses; a policy turn may generate task.max_turn_tokens."""
+        from rlmix.agentic.policy import ModelPolicy
+        from rlmix.agentic.run import run_swebench_eval
+        from rlmix.models.io import load_tokenizer
+
+        cfg = self.plan.cfg
+        tokenizer = load_tokenizer(self.model_dir)
+        sampler, label = reference_sampler(cfg.eval, self.model_dir, cfg.seed)
+        params = SamplingParams(
+            temperature=cfg.eval.temperature,
+            max_new_tokens=cfg.task.max_turn_tokens,
+            stop_token_ids=(tokenizer.eos_token_id,),
+            seed=cfg.seed,
+        )
+        out_dir = Path(cfg.eval.out_dir) if cfg.eval.out_dir else default_out_dir(cfg, split)
+        policy = ModelPolicy(tokenizer, sampler, params)
+        run = _wandb_run(cfg, out_dir)
+        summary = run_swebench_eval(task_cfg, policy, self.ks, cfg.eval.samples, out_dir, progress=self.progress,
                                     wandb_run=run)
-    if run is not None:
-        run.finish()
-    progress(f"reference {label}; wrote {out_dir / EVAL_FILE}")
-    return summary
+        if run is not None:
+            run.finish()
+        self.progress(f"reference {label}; wrote {out_dir / EVAL_FILE}")
+        return summary
 
 
 def write_eval(out_dir: Path, summary: dict, cfg: RunConfig) -> None:

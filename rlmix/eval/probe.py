@@ -13,8 +13,8 @@ For one pool the probe
    for episodes, by distance after an environment token, and the router-flip share of it for a
    mixture-of-experts model (``rlmix.eval.where``; docs/probe.md).
 
-What a pool samples is a draw (``rlmix.eval.draws``): completions of the prompt set, or whole
-episodes for an episode task.
+What a pool samples is a draw (``rlmix.assembly.draws``), chosen by the task's kind: completions of
+the prompt set, or whole episodes for an episode task.
 
 Attribution. The *reference view* is the trainer's arithmetic written as a precision view
 (``reference_view``): bf16 weights, bf16 activations and linear inputs, bf16 KV, and the exact
@@ -49,19 +49,17 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from rlmix.config.dataset import DatasetTaskConfig
-from rlmix.config.schema import MiniCodeTaskConfig, RunConfig, TrainerConfig, TrainerPrecision
-from rlmix.config.swebench import AgentEnvConfig
+from rlmix.config.schema import RunConfig, TrainerConfig, TrainerPrecision
 from rlmix.correction import Correction, multiplicative_error, token_mismatch
 from rlmix.correction.centering import centering_coefficients
 from rlmix.correction.diagnostics import centering_stats, mismatch_stats
 from rlmix.correction.logprobs import gather_logprobs
 from rlmix.errors import ConfigError
 from rlmix.assembly.fleet import SamplerSpec, build_sampler, fleet_manifest, resolve_fleet, view_sampler
-from rlmix.assembly.parts import (derive_seed, encode_prompts, make_task, package_versions, resolve_model_dir,
-                                  trainer_view)
+from rlmix.assembly.draws import EpisodeDraw, SingleTurnDraw
+from rlmix.assembly.parts import derive_seed, package_versions, resolve_model_dir, trainer_view
 from rlmix.assembly.plan import RunPlan
-from rlmix.eval.draws import EpisodeDraw, SingleTurnDraw
+from rlmix.assembly.task_kinds import TaskKind
 from rlmix.eval.where import (MismatchBin, RouterFlips, by_env_distance, by_position, by_trainer_prob,
                               completion_positions, env_distances, router_flips)
 from rlmix.rollout import Rollouts, sequence_input_ids
@@ -289,7 +287,7 @@ def _attribution(per_token: dict[str, Tensor], view: PrecisionView, reference: P
 
 def probe_pool(ctx: ProbeContext, spec: SamplerSpec, draw: SingleTurnDraw | EpisodeDraw,
                settings: ProbeSettings) -> PoolProbe:
-    """Draw the prompt set with one instance of ``spec``'s pool (``rlmix.eval.draws``), time it, and
+    """Draw the prompt set with one instance of ``spec``'s pool (``rlmix.assembly.draws``), time it, and
     measure it against the trainer.
 
     Every pool draws with the same seed (common random numbers), so pools differ by their
@@ -317,25 +315,15 @@ REFERENCE_DEFINITION = (
 )
 
 
-def probe_prompts(cfg: RunConfig, count: int) -> list:
+def probe_prompts(task: TaskKind, seed: int, count: int) -> list:
     """``count`` problems of the task's test split, evenly spaced so every difficulty level is present."""
-    if not isinstance(cfg.task, (MiniCodeTaskConfig, DatasetTaskConfig, AgentEnvConfig)):
-        raise ConfigError("rlmix probe needs task=minicode, task=dataset or an episode task such as "
-                          "task=minicode_agent (its test split is the probe's prompt set)")
-    problems = make_task(cfg.task, cfg.seed).split("test")
+    problems = task.make(seed).split("test")
     if not 1 <= count <= len(problems):
         raise ConfigError(
             f"probe.prompts={count}: the probe samples that many prompts from the test split, "
             f"which has {len(problems)}; use 1..{len(problems)}"
         )
     return [problems[i * len(problems) // count] for i in range(count)]
-
-
-def probe_draw(cfg: RunConfig, problems: list, tokenizer, samples_per_prompt: int) -> SingleTurnDraw | EpisodeDraw:
-    """Episodes for an episode task, else the prompts encoded through the task's chat template."""
-    if isinstance(cfg.task, AgentEnvConfig):
-        return EpisodeDraw(cfg.task, make_task(cfg.task, cfg.seed), problems, tokenizer, samples_per_prompt)
-    return SingleTurnDraw(encode_prompts(tokenizer, tuple(problems), samples_per_prompt, cfg.task.chat_template))
 
 
 def probe_fleet(plan: RunPlan, progress=print) -> tuple[list[PoolProbe], dict]:
@@ -346,12 +334,12 @@ def probe_fleet(plan: RunPlan, progress=print) -> tuple[list[PoolProbe], dict]:
     if not cfg.fleet.pools:
         raise ConfigError("fleet.pools is empty: the probe needs at least one pool (e.g. fleet=emulated_hetero6)")
     settings = ProbeSettings.from_run_config(cfg)
-    problems = probe_prompts(cfg, settings.prompts)
-    model_dir = resolve_model_dir(cfg, progress=progress)
+    problems = probe_prompts(plan.task, cfg.seed, settings.prompts)
+    model_dir = resolve_model_dir(plan, progress=progress)
     tokenizer = load_tokenizer(model_dir)
     specs = resolve_fleet(plan, tokenizer.eos_token_id)
     firsts = [spec for spec in specs if spec.index == 0]
-    draw = probe_draw(cfg, problems, tokenizer, settings.samples_per_prompt)
+    draw = plan.task.probe_draw(cfg.seed, problems, tokenizer, settings.samples_per_prompt)
     ctx = ProbeContext(model_dir, tokenizer.pad_token_id, plan.correction, cfg.trainer, cfg.seed)
     results: list[PoolProbe] = []
     try:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlmix.orchestration.workers import ERROR_GROUP_BASE
+from rlmix.assembly.producers import ERROR_GROUP_BASE
 from rlmix.rollout import Rollouts
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import ray
 
 from rlmix.assembly.checkpoints import RunState
+from rlmix.assembly.producers import Request
 from rlmix.config.schema import LoopConfig, Overlong
 from rlmix.errors import RunFailed, TrainerDied
 from rlmix.metrics.names import (
@@ -40,7 +41,7 @@ from rlmix.metrics.names import (
 )
 from rlmix.orchestration.filters import filter_part, take_groups
 from rlmix.orchestration.lag import LagSchedule, request_of
-from rlmix.orchestration.workers import NotHeld, Request, make_request
+from rlmix.orchestration.workers import NotHeld, make_request
 from rlmix.rollout import Rollouts, concat_rollouts
 from rlmix.tasks.base import Task
 

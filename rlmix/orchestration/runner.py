@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from pathlib import Path
 
 from rlmix.config.schema import RunConfig
-from rlmix.config.swebench import AgentEnvConfig
-from rlmix.correction import Correction
 from rlmix.errors import RunFailed, TrainerDied
 from rlmix.metrics.jsonl import keep_rows
 from rlmix.metrics.jsonl import METRICS_FILE
@@ -24,13 +21,6 @@ from rlmix.orchestration.cores import CorePlan, plan_cores
 from rlmix.orchestration.session import SESSION, TRAINER_RESOURCE, ActorRequest
 
 log = logging.getLogger(__name__)
-
-
-def model_max_positions(model_dir: Path) -> int | None:
-    """The model's context length from its config.json, if it states one."""
-    fields = json.loads((Path(model_dir) / "config.json").read_text())
-    value = fields.get("max_position_embeddings")
-    return int(value) if isinstance(value, int) else None
 
 
 def start_ray(cfg: RunConfig, specs: list[SamplerSpec], log_dir: Path) -> dict:
@@ -56,9 +46,11 @@ def core_plan(cfg: RunConfig, specs: list[SamplerSpec]) -> CorePlan:
                       cfg.loop.concurrent_requests, node_cpus)
 
 
-def start_actors(cfg: RunConfig, correction: Correction, specs: list[SamplerSpec], model_dir: Path, plan: CorePlan,
-                 env_vars: dict):
+def start_actors(run: RunPlan, specs: list[SamplerSpec], model_dir: Path, cores: CorePlan, env_vars: dict):
     """(trainer, sampler slots, readiness refs): every actor asked for at once, warm where possible.
+
+    The trainer takes the plan's correction, each sampler the plan's task (its kind makes the
+    sampler's rollout producer).
 
     ``env_vars`` (this run's worker environment: where worker output goes) travel with each actor,
     so an actor of a sweep's later job, new or reused, writes to its own run's directory. Each
@@ -69,17 +61,18 @@ def start_actors(cfg: RunConfig, correction: Correction, specs: list[SamplerSpec
     from rlmix.orchestration.workers import SamplerWorker, TrainerWorker
     from rlmix.assembly.parts import derive_seed
 
+    cfg = run.cfg
     decay = cfg.loop.steps if cfg.trainer.lr_decay_steps is None else cfg.trainer.lr_decay_steps
-    trainer_cfg = dataclasses.replace(cfg.trainer, num_threads=plan.trainer_threads, lr_decay_steps=decay)
+    trainer_cfg = dataclasses.replace(cfg.trainer, num_threads=cores.trainer_threads, lr_decay_steps=decay)
     trainer_options = {"num_cpus": 0, "resources": {TRAINER_RESOURCE: 1.0} if cfg.cluster.address is None else {}}
-    trainer_args = (str(model_dir), trainer_cfg, correction, cfg.seed)
+    trainer_args = (str(model_dir), trainer_cfg, run.correction, cfg.seed)
     wanted = [ActorRequest(TrainerWorker, trainer_options, trainer_args, env_vars)]
     job = SESSION.begin_job()
     for spec in specs:
-        threads = plan.sampler_threads if spec.gpus == 0 else cfg.loop.sampler_threads
+        threads = cores.sampler_threads if spec.gpus == 0 else cfg.loop.sampler_threads
         options = {"num_cpus": 0, "num_gpus": spec.gpus, "resources": {spec.resource: 0.001},
                    "max_restarts": cfg.loop.sampler_max_restarts}
-        args = (spec, str(model_dir), cfg.task, derive_seed(cfg.seed, spec.name), threads, job)
+        args = (spec, str(model_dir), run.task, derive_seed(cfg.seed, spec.name), threads, job)
         wanted.append(ActorRequest(SamplerWorker, options, args, env_vars))
     handles, ready = SESSION.actors(wanted)
     slots = [SamplerSlot(name=spec.name, pool=spec.pool, actor=h, on_cpu=spec.gpus == 0, job=job,
@@ -101,19 +94,15 @@ def train(plan: RunPlan, run_dir: Path, sweep_group: str | None = None, label: s
     from rlmix.metrics.monitor import CollapseMonitor
     from rlmix.orchestration.loop import AsyncLoop
     from rlmix.orchestration.outcome import StopRequest, finish
-    from rlmix.assembly.parts import make_task_for
 
-    cfg, correction = plan.cfg, plan.correction
+    cfg = plan.cfg
     run_dir = Path(run_dir)
-    model_dir = resolve_model_dir(cfg)
+    model_dir = resolve_model_dir(plan)
     tokenizer = load_fast_tokenizer(model_dir)
     # Before Ray: a prompt it cannot encode, or an answer the budget would cut, is one line.
-    task = make_task_for(cfg.task, cfg.seed, tokenizer, cfg.loop.max_new_tokens)
+    task = plan.task.build(cfg.seed, tokenizer, cfg.loop.max_new_tokens)
     specs = resolve_fleet(plan, tokenizer.eos_token_id)
-    if isinstance(cfg.task, AgentEnvConfig):  # runtime, tasks and context: one line, before Ray starts
-        from rlmix.agentic.train import check_agent_run
-
-        check_agent_run(cfg.task, task, tokenizer, model_max_positions(model_dir))
+    plan.task.check_run(task, tokenizer, model_dir)  # an episode task's runtime, tasks and context: one line
     manifest = fleet_manifest(specs)
     for pool, entry in manifest.items():
         log.info("pool %s: %d x %s", pool, entry["count"], entry["label"])
@@ -124,9 +113,9 @@ def train(plan: RunPlan, run_dir: Path, sweep_group: str | None = None, label: s
     keep_warm = sweep_group is not None or SESSION.held
     try:
         with stop.installed():
-            plan = core_plan(cfg, specs)
-            log.info("%s", plan.describe())
-            trainer, slots, ready = start_actors(cfg, correction, specs, model_dir, plan, runtime_env["env_vars"])
+            cores = core_plan(cfg, specs)
+            log.info("%s", cores.describe())
+            trainer, slots, ready = start_actors(plan, specs, model_dir, cores, runtime_env["env_vars"])
             # Every process up before the clock starts: an engine that takes 20 s to start would
             # otherwise sit out the first steps of a short run. All are awaited together, once.
             ray.get(ready)
@@ -140,8 +129,8 @@ def train(plan: RunPlan, run_dir: Path, sweep_group: str | None = None, label: s
             steps = StepHandler(cfg, trainer, monitor, logger, run_dir, saved_step=state.step)
             loop = AsyncLoop(
                 cfg.loop, trainer, slots, task, cfg.seed, tokenizer.pad_token_id,
-                start_version=state.step, start_request=state.next_request, generating=plan.generating,
-                idle_lanes=plan.idle_lanes, restart=TrainerRestarts(cfg, steps),
+                start_version=state.step, start_request=state.next_request, generating=cores.generating,
+                idle_lanes=cores.idle_lanes, restart=TrainerRestarts(cfg, steps),
             )
             steps.loop = loop
             facts = {"name": cfg.name, "seed": cfg.seed, "run_dir": str(run_dir), "fleet": manifest,

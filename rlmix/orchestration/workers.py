@@ -1,32 +1,26 @@
 """The processes of a run: sampler workers and the trainer worker (each becomes one Ray actor).
 
 They are plain classes so tests and the synchronous reference loop can use them in-process;
-``rlmix.orchestration.loop`` wraps them with ``ray.remote``.
+``rlmix.orchestration.loop`` wraps them with ``ray.remote``. A sampler worker produces each
+request's rows with its task kind's rollout producer (``rlmix.assembly.producers``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 import torch
 
 from rlmix.assembly.fleet import SamplerSpec, build_sampler
-from rlmix.assembly.parts import build_trainer, decode_completions, derive_seed, encode_prompts, make_task
-from rlmix.config.dataset import DatasetTaskConfig
-from rlmix.config.schema import MiniCodeTaskConfig, TrainerConfig
-from rlmix.config.swebench import AgentEnvConfig
+from rlmix.assembly.parts import build_trainer, derive_seed
+from rlmix.assembly.producers import Request
+from rlmix.assembly.task_kinds import TaskKind
+from rlmix.config.schema import TrainerConfig
 from rlmix.correction import Correction
-from rlmix.rollout import Rollouts, SamplingParams
-from rlmix.tasks.base import OrderedTask, Problem, Task
-
-log = logging.getLogger(__name__)
-# A sample whose reward function raised gets a group of its own (advantage 0): ids from here up.
-ERROR_GROUP_BASE = 1 << 48
+from rlmix.rollout import Rollouts
+from rlmix.tasks.base import OrderedTask, Task
 
 
 class NotHeld(RuntimeError):
@@ -40,16 +34,6 @@ class NotHeld(RuntimeError):
     """
 
 
-@dataclass(frozen=True)
-class Request:
-    """``groups`` prompts for one sampler call, each to be sampled ``group_size`` times."""
-
-    request_id: int
-    problems: tuple[Problem, ...]
-    group_ids: tuple[int, ...]
-    seed: int
-
-
 def make_request(task: Task, request_id: int, groups: int, seed: int) -> Request:
     """Request ``request_id`` of a run: the same problems and sampler seed whoever serves it."""
     if isinstance(task, OrderedTask):  # a dataset: the request's prompts sit at a fixed position
@@ -58,27 +42,6 @@ def make_request(task: Task, request_id: int, groups: int, seed: int) -> Request
         problems = tuple(task.sample(groups, seed=derive_seed(seed, "problems", request_id)))
     group_ids = tuple(request_id * groups + j for j in range(groups))
     return Request(request_id, problems, group_ids, derive_seed(seed, "sampler", request_id))
-
-
-def score_rollouts(out: Rollouts, request: Request, group_size: int, tokenizer, task: Task) -> Rollouts:
-    """Decode each completion and fill task ids, group ids, rewards and format flags."""
-    problems = [p for p in request.problems for _ in range(group_size)]
-    texts = decode_completions(tokenizer, out)
-    scores = [task.score(p, text) for p, text in zip(problems, texts)]
-    group_ids = [g for g in request.group_ids for _ in range(group_size)]
-    for row, score in enumerate(scores):
-        if score.error is not None:
-            # Out of its group (a group of one has advantage 0) so the others' baseline ignores it.
-            group_ids[row] = ERROR_GROUP_BASE + group_ids[row] * group_size + row % group_size
-            log.warning("reward failed on %s (sample %d): %s", problems[row].task_id, row % group_size, score.error)
-    return out.replace(
-        task_ids=tuple(p.task_id for p in problems),
-        group_ids=torch.tensor(group_ids),
-        rewards=torch.tensor([s.reward for s in scores], dtype=torch.float32),
-        format_ok=torch.tensor([s.format_ok for s in scores]),
-        reward_errors=torch.tensor([s.error is not None for s in scores]),
-        exploit_suspected=torch.tensor([s.exploit_suspected for s in scores]),
-    )
 
 
 def adopt_run_env(env_vars: Mapping[str, str]) -> None:
@@ -91,50 +54,12 @@ def adopt_run_env(env_vars: Mapping[str, str]) -> None:
     redirect_worker_output()  # a no-op when the run streams worker output to the console
 
 
-class RolloutProducer(Protocol):
-    """A task's rollout unit, the one interface single-turn tasks and multi-turn environments share:
-    ``group_size`` scored rollouts of each problem, drawn with ``sampler``, as one ``Rollouts``."""
-
-    def __call__(self, sampler, request: Request, group_size: int, params: SamplingParams) -> Rollouts: ...
-
-
-class SingleTurn:
-    """One completion per row: encode the prompts, generate them in one call, score the text."""
-
-    def __init__(self, task: Task, tokenizer, chat_template):
-        self.task, self.tokenizer, self.chat_template = task, tokenizer, chat_template
-
-    def __call__(self, sampler, request: Request, group_size: int, params: SamplingParams) -> Rollouts:
-        prompts = encode_prompts(self.tokenizer, request.problems, group_size, self.chat_template)
-        out = sampler.generate(prompts, params)
-        return score_rollouts(out, request, group_size, self.tokenizer, self.task)
-
-
-class Episodes:
-    """One sandboxed multi-turn episode per row (``rlmix.agentic.train.EpisodeRollouts``)."""
-
-    def __init__(self, task_cfg: AgentEnvConfig, seed: int, tokenizer, pool: str):
-        from rlmix.agentic.train import EpisodeRollouts
-
-        self.run = EpisodeRollouts(task_cfg, make_task(task_cfg, seed), tokenizer, pool)
-
-    def __call__(self, sampler, request: Request, group_size: int, params: SamplingParams) -> Rollouts:
-        return self.run(sampler, request.problems, request.group_ids, group_size, params)
-
-
-def rollout_producer(task_cfg, seed: int, tokenizer, pool: str) -> RolloutProducer:
-    if isinstance(task_cfg, AgentEnvConfig):
-        return Episodes(task_cfg, seed, tokenizer, pool)
-    return SingleTurn(make_task(task_cfg, seed), tokenizer, task_cfg.chat_template)
-
-
 class SamplerWorker:
     """One sampler instance: loads published weights between requests, produces scored rollouts."""
 
-    def __init__(self, spec: SamplerSpec, model_dir: str,
-                 task_cfg: MiniCodeTaskConfig | DatasetTaskConfig | AgentEnvConfig, seed: int, threads: int,
-                 job: int = 0):
-        """``job``: the token of the job whose arguments these are; every request carries its own
+    def __init__(self, spec: SamplerSpec, model_dir: str, task: TaskKind, seed: int, threads: int, job: int = 0):
+        """``task``: the run's task and its kind, which makes the rollout producer (``RunPlan.task``).
+        ``job``: the token of the job whose arguments these are; every request carries its own
         job's token, so a process Ray re-created from an earlier job's arguments is recognised."""
         from rlmix.models.tokenizer_file import load_fast_tokenizer
 
@@ -143,7 +68,7 @@ class SamplerWorker:
         self.spec = spec
         self.sampler = build_sampler(spec, model_dir, seed)
         self.tokenizer = load_fast_tokenizer(model_dir)
-        self.produce = rollout_producer(task_cfg, seed, self.tokenizer, spec.pool)
+        self.produce = task.producer(seed, self.tokenizer, spec.pool)
 
     def generate(
         self, request: Request, group_size: int, weights: Mapping[str, torch.Tensor] | None, version: int,

@@ -4,7 +4,8 @@ The probe's prompt set is fixed (the task's ``test`` split, thinned evenly), so 
 measured on the same problems; a draw turns it into a pool's sampled ``Rollouts``. For an episode
 task (``task=minicode_agent``, Harbor tasks) each row is one sandboxed multi-turn episode, run
 with the code training runs (``rlmix.agentic.train.EpisodeRollouts``): policy turns and
-environment observations interleaved, ``mask`` true on policy tokens only.
+environment observations interleaved, ``mask`` true on policy tokens only. A task's kind
+(``rlmix.assembly.task_kinds``) picks the draw; ``rlmix.eval.probe`` runs it.
 """
 
 from __future__ import annotations
