@@ -86,19 +86,19 @@ def isolated_step(cfg, model_dir: Path, *, stop: bool = True, random_rewards: bo
     import torch
 
     from rlmix.assembly.fleet import resolve_fleet
-    from rlmix.config.load import resolve_correction
+    from rlmix.assembly.plan import plan_run
     from rlmix.models.tokenizer_file import load_fast_tokenizer
     from rlmix.orchestration.workers import SamplerWorker, TrainerWorker, make_request
     from rlmix.assembly.parts import derive_seed, make_task
-    from rlmix.assembly.task_kinds import task_kind
     from rlmix.rollout import concat_rollouts
 
     torch.set_num_threads(1)
-    correction = resolve_correction(cfg.correction)
-    specs = resolve_fleet(cfg, correction, load_fast_tokenizer(model_dir).eos_token_id)
+    plan = plan_run(cfg)
+    correction = plan.correction
+    specs = resolve_fleet(plan, load_fast_tokenizer(model_dir).eos_token_id)
     if not stop:
         specs = [dataclasses.replace(s, params=dataclasses.replace(s.params, stop_token_ids=())) for s in specs]
-    samplers = [SamplerWorker(s, str(model_dir), task_kind(cfg.task), derive_seed(cfg.seed, s.name), 1) for s in specs]
+    samplers = [SamplerWorker(s, str(model_dir), plan.task, derive_seed(cfg.seed, s.name), 1) for s in specs]
     task, loop = make_task(cfg.task, cfg.seed), cfg.loop
     requests = [make_request(task, i, loop.groups_per_request, cfg.seed)
                 for i in range(loop.groups_per_step // loop.groups_per_request)]
