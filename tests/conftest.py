@@ -3,6 +3,7 @@ and the fast tier's guard: a test not marked ``slow`` that starts Ray fails."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,20 @@ def no_ray_in_the_fast_tier(request, monkeypatch):
         import ray  # imported by rlmix.orchestration anyway; once per session
 
         monkeypatch.setattr(ray, "init", _ray_in_the_fast_tier)
+
+
+@pytest.fixture(autouse=True)
+def user_modules_go_with_their_test(tmp_path_factory):
+    """What a test imported from a pytest temp directory (a reward's ``module:function`` module, the
+    directory ``rlmix.tasks.rewards`` put on ``sys.path``) is dropped afterwards, as it would be with a
+    process: a later test's module of the same name, in its own directory, is its own. Files run in
+    any order and share a worker process (``make test``: pytest-xdist)."""
+    yield
+    base = str(tmp_path_factory.getbasetemp().resolve())
+    for name, module in list(sys.modules.items()):
+        if (getattr(module, "__file__", None) or "").startswith(base):
+            del sys.modules[name]
+    sys.path[:] = [p for p in sys.path if not p.startswith(base)]
 
 
 @pytest.fixture(scope="module")

@@ -100,6 +100,25 @@ def test_format_rule_and_user_reward(tmp_path):
     assert off.reward == 0.0 and not off.format_ok
 
 
+def test_a_sampler_process_imports_the_reward_module_from_the_runs_launch_directory(tmp_path, monkeypatch):
+    """A process Ray keeps for the next job (a held session's next command, launched elsewhere) has
+    Ray's start directory on its path, not this run's: the worker enters the run's launch directory."""
+    from rlmix.orchestration.workers import LAUNCH_DIR_ENV, enter_launch_dir
+    from rlmix.tasks.rewards import resolve_reward
+
+    launch, elsewhere = tmp_path / "launch", tmp_path / "elsewhere"
+    launch.mkdir(), elsewhere.mkdir()
+    (launch / "launch_dir_reward.py").write_text("def reward(completion, answer, row):\n    return 0.5\n")
+    monkeypatch.chdir(elsewhere)  # the worker's own directory
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(elsewhere)])
+    monkeypatch.setenv(LAUNCH_DIR_ENV, str(launch))
+    with pytest.raises(ConfigError, match="does not import"):
+        resolve_reward("launch_dir_reward:reward", 1.0)
+    enter_launch_dir()
+    assert sys.path[0] == str(launch)
+    assert resolve_reward("launch_dir_reward:reward", 1.0).fn("a", "b", {}) == 0.5
+
+
 def test_a_reward_that_raises_is_counted_and_kept_out_of_its_group(tmp_path, monkeypatch):
     (tmp_path / "flaky.py").write_text(textwrap.dedent("""
         def reward(completion, answer, row):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -27,9 +28,11 @@ def start_ray(cfg: RunConfig, specs: list[SamplerSpec], log_dir: Path) -> dict:
     """Start or join Ray (a sweep's previous job's instance is kept where it fits); returns the
     runtime environment of this run's actors (their output goes to ``log_dir``/workers.log)."""
     from rlmix.metrics.quiet import route_driver_logs, worker_runtime_env
+    from rlmix.orchestration.workers import LAUNCH_DIR_ENV
 
     route_driver_logs(log_dir, cfg.logger.verbose)
     runtime_env = worker_runtime_env(log_dir, cfg.logger.verbose)
+    runtime_env["env_vars"][LAUNCH_DIR_ENV] = os.getcwd()
     resources = {spec.resource for spec in specs} | {TRAINER_RESOURCE}
     SESSION.ensure_ray(cfg.cluster.address, cfg.cluster.num_cpus, resources, runtime_env, cfg.logger.verbose)
     return runtime_env

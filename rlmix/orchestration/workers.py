@@ -44,6 +44,25 @@ def make_request(task: Task, request_id: int, groups: int, seed: int) -> Request
     return Request(request_id, problems, group_ids, derive_seed(seed, "sampler", request_id))
 
 
+# The directory the run was launched from (the driver's working directory), where a user module
+# such as a reward's ``module:function`` is imported from, as in the driver.
+LAUNCH_DIR_ENV = "RLMIX_LAUNCH_DIR"
+
+
+def enter_launch_dir() -> None:
+    """Put the run's launch directory first on ``sys.path``. Ray adds only the directory Ray was
+    started from, and a process kept for the next job (a held session's next command, run from
+    another directory) must import that job's modules."""
+    import os
+    import sys
+
+    launch = os.environ.get(LAUNCH_DIR_ENV)
+    if launch and (not sys.path or sys.path[0] != launch):
+        if launch in sys.path:
+            sys.path.remove(launch)
+        sys.path.insert(0, launch)
+
+
 def adopt_run_env(env_vars: Mapping[str, str]) -> None:
     """A reused process takes on the new run's worker environment: its output goes to that run."""
     import os
@@ -64,6 +83,7 @@ class SamplerWorker:
         from rlmix.models.tokenizer_file import load_fast_tokenizer
 
         torch.set_num_threads(threads or 1)
+        enter_launch_dir()  # before the task is made: its reward may be the user's module
         self._job = job
         self.spec = spec
         self.sampler = build_sampler(spec, model_dir, seed)
