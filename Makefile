@@ -60,11 +60,16 @@ endif
 train: setup
 	$(BIN)/rlmix train +experiment=sc_mis
 
+# Two pytest workers (pytest-xdist), each given whole test files: a file's tests share its module
+# fixtures (one Ray instance for the in-process runs) and run in order, as they would alone.
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
 test: setup
-	$(BIN)/python -m pytest -q tests
+	$(PYTEST) tests
 
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not slow" tests
+	$(PYTEST) -m "not slow" tests
 
 bench: setup
 	$(BIN)/python scripts/bench_correction.py
