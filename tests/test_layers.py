@@ -118,9 +118,9 @@ def test_eval_imports_no_trainer_internals():
 
 # The task kinds live in one table (rlmix.assembly.task_kinds): code below the commands asks the
 # plan's task (RunPlan.task) what differs between tasks and never tests a task config's class.
-# config/load.py holds the config's own cross-field rules and tasks/checks.py each task's rules,
+# assembly/rules.py holds the config's own cross-field rules and tasks/checks.py each task's rules,
 # both about the classes they name; commands/ sits above the line.
-TASK_KIND_MODULES = {"rlmix/assembly/task_kinds.py", "rlmix/config/load.py", "rlmix/tasks/checks.py"}
+TASK_KIND_MODULES = {"rlmix/assembly/task_kinds.py", "rlmix/assembly/rules.py", "rlmix/tasks/checks.py"}
 
 
 def task_config_classes() -> set[str]:
