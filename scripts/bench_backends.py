@@ -92,7 +92,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
-    from rlmix.config.load import resolve_correction
+    from rlmix.assembly.rules import resolve_correction
     from rlmix.config.schema import CorrectionConfig, TrainerBackend, TrainerConfig
     from rlmix.config.embedded import EmbeddedModelSpec
     from rlmix.embedded.model import build_embedded_model

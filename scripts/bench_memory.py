@@ -45,7 +45,7 @@ def child(args: argparse.Namespace) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from rlmix.config.load import resolve_correction
+    from rlmix.assembly.rules import resolve_correction
     from rlmix.config.schema import CorrectionConfig
     from rlmix.correction import CorrectionMode
     from rlmix.rollout import Rollouts

@@ -132,7 +132,7 @@ def check_engine_settings(model_dir: Path, prompts, tp: int) -> None:
 
 
 def check_deepspeed(model_dir: Path, batch, steps: int, ranks: int):
-    from rlmix.config.load import resolve_correction
+    from rlmix.assembly.rules import resolve_correction
     from rlmix.config.schema import CorrectionConfig, TrainerBackend, TrainerConfig
     from rlmix.config.deepspeed import DeepSpeedConfig
     from rlmix.trainers.deepspeed_trainer import DeepSpeedTrainer

@@ -7,7 +7,7 @@ from dataclasses import replace
 import torch
 
 from rlmix.assembly.parts import build_trainer
-from rlmix.config.load import resolve_correction
+from rlmix.assembly.rules import resolve_correction
 from rlmix.config.schema import CorrectionConfig, TrainerConfig, TrainerPrecision
 from rlmix.correction import CorrectionMode
 from tests.test_deepspeed_trainer import fixed_batch
@@ -59,7 +59,7 @@ def test_a_model_that_cannot_checkpoint_is_refused_before_anything_starts(monkey
     import pytest
     import transformers
 
-    from rlmix.config.load import _check_activation_checkpointing
+    from rlmix.assembly.rules import _check_activation_checkpointing
     from rlmix.config.schema import ModelConfig, RunConfig
     from rlmix.errors import ConfigError
 

@@ -12,7 +12,7 @@ from rlmix.config.swebench import MiniCodeAgentConfig
 from rlmix.embedded.minicode_agent import tool
 from rlmix.agentic.train import EpisodeRollouts
 from rlmix.assembly.parts import make_task
-from rlmix.config.load import resolve_correction
+from rlmix.assembly.rules import resolve_correction
 from rlmix.config.schema import CorrectionConfig
 from rlmix.correction.weights import Objective
 from rlmix.correction import MODES, CorrectionMode

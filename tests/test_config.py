@@ -144,7 +144,7 @@ def test_a_mode_row_is_read_in_one_place():
 
 
 def test_resolved_correction_carries_each_arm():
-    from rlmix.config.load import resolve_correction
+    from rlmix.assembly.rules import resolve_correction
     from rlmix.correction.weights import MaskedIS, NoWeight
 
     sc_mis = resolve_correction(compose_run_config(["+experiment=sc_mis"]).correction)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlmix.config.load import resolve_correction
+from rlmix.assembly.rules import resolve_correction
 from rlmix.config.schema import CorrectionConfig, TrainerConfig, TrainerPrecision
 from rlmix.correction import Correction, CorrectionMode
 from rlmix.errors import ConfigError

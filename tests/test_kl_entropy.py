@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rlmix.assembly.parts import build_trainer
-from rlmix.config.load import resolve_correction
+from rlmix.assembly.rules import resolve_correction
 from rlmix.config.schema import CorrectionConfig, TrainerConfig, TrainerPrecision
 from rlmix.correction import CorrectionMode, KLEstimator, kl_estimate, token_entropy
 from rlmix.metrics import names as m

@@ -118,9 +118,9 @@ def test_eval_imports_no_trainer_internals():
 
 # The task kinds live in one table (rlmix.assembly.task_kinds): code below the commands asks the
 # plan's task (RunPlan.task) what differs between tasks and never tests a task config's class.
-# config/load.py holds the config's own cross-field rules and tasks/checks.py each task's rules,
+# assembly/rules.py holds the config's own cross-field rules and tasks/checks.py each task's rules,
 # both about the classes they name; commands/ sits above the line.
-TASK_KIND_MODULES = {"rlmix/assembly/task_kinds.py", "rlmix/config/load.py", "rlmix/tasks/checks.py"}
+TASK_KIND_MODULES = {"rlmix/assembly/task_kinds.py", "rlmix/assembly/rules.py", "rlmix/tasks/checks.py"}
 
 
 def task_config_classes() -> set[str]:
@@ -160,3 +160,24 @@ def test_the_task_kind_rule_can_fail():
         assert isinstance_on_task_configs(planted, task_config_classes()) == ["rlmix/eval/_planted_kind_test.py:2"]
     finally:
         planted.unlink()
+
+
+# One tokenizer loader for whatever encodes and decodes (the driver, samplers, eval, probe, agents):
+# rlmix.models.tokenizer_file.load_fast_tokenizer, which serves transformers' own tokenizer wherever
+# its tokenizer.json reader would not reproduce it. transformers' object itself is loaded only by the
+# trainers, which save it with each checkpoint, and as that fallback.
+TRANSFORMERS_TOKENIZER_USERS = {"trainers", "models"}
+
+
+def transformers_tokenizer_loads(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return [f"{path.relative_to(ROOT)}:{node.lineno}" for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module == "rlmix.models.io"
+            and any(a.name == "load_tokenizer" for a in node.names)]
+
+
+def test_one_tokenizer_loader_encodes_and_decodes():
+    outside = [p for p in modules() if p.relative_to(PACKAGE).parts[0] not in TRANSFORMERS_TOKENIZER_USERS]
+    found = [hit for p in outside for hit in transformers_tokenizer_loads(p)]
+    assert not found, "load the tokenizer with rlmix.models.tokenizer_file.load_fast_tokenizer: " + ", ".join(found)
+    assert transformers_tokenizer_loads(PACKAGE / "trainers" / "torch_trainer.py")  # the check can find one

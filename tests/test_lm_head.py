@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlmix.config.load import resolve_correction
+from rlmix.assembly.rules import resolve_correction
 from rlmix.config.schema import CorrectionConfig
 from rlmix.correction.weights import Objective
 from rlmix.correction import CorrectionMode

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlmix.config.load import resolve_correction
+from rlmix.assembly.rules import resolve_correction
 from rlmix.config.schema import CorrectionConfig
 from rlmix.correction import CorrectionMode
 from rlmix.rollout import Rollouts

@@ -147,7 +147,7 @@ from rlmix.assembly.fleet import SamplerSpec, sampling_params
 from rlmix.assembly.parts import make_task
 from rlmix.assembly.task_kinds import task_kind
 from rlmix.assembly.plan import plan_pool
-from rlmix.config.load import resolve_correction
+from rlmix.assembly.rules import resolve_correction
 from rlmix.config.schema import MiniCodeTaskConfig, PoolConfig, RunConfig
 from rlmix.orchestration.workers import SamplerWorker, make_request
 

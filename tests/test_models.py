@@ -220,3 +220,29 @@ def test_default_build_has_room_for_rl():
     assert info["format_error_rate"] < 0.3  # the format is learnt; wrong answers dominate
     model = load_causal_lm(path)
     assert sum(p.numel() for p in model.parameters()) == info["parameters"]
+
+
+def test_a_build_saves_without_transformers_progress_bars(tmp_path, capfd):
+    """A command that builds the embedded model on a fresh machine prints rlmix's lines only (a refusal
+    after the build is still one line): transformers' per-shard bar stays off, and on again after."""
+    from transformers import LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    from rlmix.embedded.model import llama_config, save_built
+
+    tokenizer = build_char_tokenizer(ALPHABET)
+    shape = EmbeddedModelSpec(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    special = {"pad": tokenizer.pad_token_id, "bos": tokenizer.bos_token_id, "eos": tokenizer.eos_token_id}
+    model = LlamaForCausalLM(llama_config(shape, len(tokenizer), special))
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.enable_progress_bar()  # as in a user's shell (HF_HUB_DISABLE_PROGRESS_BARS unset)
+    try:
+        save_built(model, tokenizer, tmp_path / "built")
+        out, err = capfd.readouterr()
+        assert "Writing model shards" not in out + err and (tmp_path / "built" / "model.safetensors").is_file()
+        assert hf_logging.is_progress_bar_enabled()
+        model.save_pretrained(tmp_path / "plain")  # the check can fail: save_pretrained alone shows the bar
+        assert "Writing model shards" in "".join(capfd.readouterr())
+    finally:
+        if not shown:
+            hf_logging.disable_progress_bar()

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from rlmix.config.load import resolve_correction
+from rlmix.assembly.rules import resolve_correction
 from rlmix.config.schema import CorrectionConfig, TrainerConfig, TrainerPrecision
 from rlmix.correction import AdvantageNorm, CorrectionMode, Objective, OldLogprobs
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rlmix.config.load import resolve_correction
+from rlmix.assembly.rules import resolve_correction
 from rlmix.config.schema import CorrectionConfig, TrainerConfig, TrainerPrecision
 from rlmix.correction import CorrectionMode
 from rlmix.metrics import names as m

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from rlmix.config.load import resolve_correction
+from rlmix.assembly.rules import resolve_correction
 from rlmix.config.schema import CorrectionConfig, TrainerBackend, TrainerConfig, TrainerPrecision
 from rlmix.correction import CorrectionMode
 from rlmix.errors import ConfigError

@@ -2,7 +2,7 @@
 
 ``plan_run(cfg)`` is validation. A config is valid when it resolves:
 
-1. the config's own cross-field rules (``rlmix.config.load.validate``: loop, trainer, monitor,
+1. the config's own cross-field rules (``rlmix.assembly.rules.validate``: loop, trainer, monitor,
    paths, pool counts and truncation) — questions the schema alone can answer;
 2. the correction, bound to its mode's row (``Correction``: weights, centring, head size);
 3. each pool, by the backend that will serve it — a torch pool's precision view, a vLLM pool's
@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rlmix.config.load import model_fields, validate
+from rlmix.assembly.rules import model_fields, validate
 from rlmix.config.schema import PoolConfig, RunConfig
 from rlmix.correction import Correction
 from rlmix.assembly.task_kinds import TaskKind, task_kind

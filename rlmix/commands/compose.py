@@ -97,7 +97,8 @@ def compose_plan(overrides: list[str], for_training: bool = True, output_dir_key
     from omegaconf import OmegaConf, open_dict
 
     from rlmix.assembly.plan import plan_run
-    from rlmix.config.load import check_output_dir, one_line, to_run_config
+    from rlmix.assembly.rules import check_output_dir
+    from rlmix.config.load import one_line, to_run_config
     from rlmix.config.schema import register_configs
 
     from rlmix.commands.run_settings import apply_run_settings, group_overrides

@@ -160,8 +160,7 @@ def _init_train_save(spec: EmbeddedModelSpec, out: Path, key: str, say: Callable
     model.generation_config.do_sample = True  # RL samples at temperature 1 over the full vocabulary
     model.generation_config.top_k = 0
     result = warm_start(model, tokenizer, spec, say)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    save_built(model, tokenizer, out)
     n_params = sum(p.numel() for p in model.parameters())
     low, high = spec.target_reward_low, spec.target_reward_high
     info = {
@@ -182,6 +181,21 @@ def _init_train_save(spec: EmbeddedModelSpec, out: Path, key: str, say: Callable
     }
     (out / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")  # written last: marks completeness
     say(f"embedded model built: {n_params} parameters, reward {info['reward']:.3f} in {info['build_seconds']:.0f}s")
+
+
+def save_built(model, tokenizer, out: Path) -> None:
+    """A built model and its tokenizer saved to ``out`` without transformers' progress bar per shard:
+    the build reports its own progress, and a command's console holds rlmix's lines only."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
 
 
 def _transformers_version() -> str:

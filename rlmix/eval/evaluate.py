@@ -54,11 +54,11 @@ def reference_sampler(cfg: EvalConfig, model_dir: Path, seed: int):
 
 def task_counts(plan: RunPlan, model_dir: Path, progress) -> tuple[list[dict], str]:
     """Sample ``eval.samples`` completions per problem of ``task.split``; (per-task rows, reference label)."""
-    from rlmix.models.io import load_tokenizer
+    from rlmix.models.tokenizer_file import load_fast_tokenizer
     from rlmix.assembly.parts import decode_completions, derive_seed, encode_prompts
 
     cfg = plan.cfg
-    tokenizer = load_tokenizer(model_dir)
+    tokenizer = load_fast_tokenizer(model_dir)
     task = plan.task.build(cfg.seed, tokenizer, cfg.eval.max_new_tokens, key="eval.max_new_tokens")
     problems = task.split(cfg.task.split)
     sampler, label = reference_sampler(cfg.eval, model_dir, cfg.seed)
@@ -146,10 +146,10 @@ class Evaluation:
         the episode code training uses; a policy turn may generate task.max_turn_tokens."""
         from rlmix.agentic.policy import ModelPolicy
         from rlmix.agentic.run import run_swebench_eval
-        from rlmix.models.io import load_tokenizer
+        from rlmix.models.tokenizer_file import load_fast_tokenizer
 
         cfg = self.plan.cfg
-        tokenizer = load_tokenizer(self.model_dir)
+        tokenizer = load_fast_tokenizer(self.model_dir)
         sampler, label = reference_sampler(cfg.eval, self.model_dir, cfg.seed)
         params = SamplingParams(
             temperature=cfg.eval.temperature,

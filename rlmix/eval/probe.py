@@ -328,7 +328,7 @@ def probe_prompts(task: TaskKind, seed: int, count: int) -> list:
 
 def probe_fleet(plan: RunPlan, progress=print) -> tuple[list[PoolProbe], dict]:
     """Probe every pool of the plan's fleet (one instance each): (per-pool results, what ``probe.json`` holds)."""
-    from rlmix.models.io import load_tokenizer
+    from rlmix.models.tokenizer_file import load_fast_tokenizer
 
     cfg = plan.cfg
     if not cfg.fleet.pools:
@@ -336,7 +336,7 @@ def probe_fleet(plan: RunPlan, progress=print) -> tuple[list[PoolProbe], dict]:
     settings = ProbeSettings.from_run_config(cfg)
     problems = probe_prompts(plan.task, cfg.seed, settings.prompts)
     model_dir = resolve_model_dir(plan, progress=progress)
-    tokenizer = load_tokenizer(model_dir)
+    tokenizer = load_fast_tokenizer(model_dir)
     specs = resolve_fleet(plan, tokenizer.eos_token_id)
     firsts = [spec for spec in specs if spec.index == 0]
     draw = plan.task.probe_draw(cfg.seed, problems, tokenizer, settings.samples_per_prompt)

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rlmix.config.embedded import AgentModelSpec
-from rlmix.embedded.model import BUILD_INFO, cached_build, llama_config
+from rlmix.embedded.model import BUILD_INFO, cached_build, llama_config, save_built
 
 ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|tool|>")
 CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}"
@@ -99,8 +99,7 @@ def _build(spec: AgentModelSpec, out: Path, key: str, say: Callable[[str], None]
         model = LlamaForCausalLM(llama_config(shape, len(tokenizer), special))
         model.generation_config.do_sample, model.generation_config.top_k = True, 0
         result = agent_warm_start(model, tokenizer, spec, say)
-        model.save_pretrained(out)
-        tokenizer.save_pretrained(out)
+        save_built(model, tokenizer, out)
     finally:
         torch.set_num_threads(threads)
     info = {"key": key, "kind": "agent", "spec": dataclasses.asdict(spec),

@@ -21,7 +21,7 @@ from importlib import resources
 from pathlib import Path
 
 from rlmix.config.embedded import EmbeddedMoeSpec, check_moe_spec
-from rlmix.embedded.model import BUILD_INFO, cached_build, module_source
+from rlmix.embedded.model import BUILD_INFO, cached_build, module_source, save_built
 from rlmix.errors import ConfigError
 
 # tests/test_embedded_v2.py checks that every module of rlmix.embedded.v2 is listed.
@@ -91,8 +91,7 @@ def _init_train_save(spec: EmbeddedMoeSpec, out: Path, say: Callable[[str], None
     n_params = sum(p.numel() for p in model.parameters())
     say(f"warm-starting a Qwen3-MoE of {n_params} parameters on minicode (up to {spec.warmup_steps} steps)")
     result = warm_start_v2(model, tokenizer, spec, say)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    save_built(model, tokenizer, out)
     report = result.report
     return {
         "spec": dataclasses.asdict(spec),

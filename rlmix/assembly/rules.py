@@ -1,0 +1,246 @@
+"""The config's own cross-field rules: ``validate(cfg)`` raises ``ConfigError`` naming the keys to change.
+
+What the config alone can answer (docs/math.md §4, batch shapes, the trainer's settings, paths, the
+fleet's truncation), checked before anything starts; ``rlmix.assembly.plan.plan_run`` calls
+``validate`` first, then asks each pool's backend and the task. The correction is resolved among the
+rules (``resolve_correction``) so that its errors keep their place in the order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from rlmix.config.embedded import EmbeddedVersion, MiniCodeAnswer, check_moe_spec
+from rlmix.config.schema import CorrectionConfig, MiniCodeTaskConfig, MiniCodeTraceTaskConfig, RunConfig, SamplerBackend, TrainerBackend, TrainerPrecision
+from rlmix.config.swebench import AgentEnvConfig
+from rlmix.correction import Correction
+from rlmix.errors import ConfigError
+
+
+def validate(cfg: RunConfig, for_training: bool = True) -> Correction:
+    """Every cross-field rule, checked before any process starts; returns the resolved correction
+    (checked among them, so its errors keep their place in the order)."""
+    _check_loop(cfg)
+    _check_trainer(cfg)
+    correction = resolve_correction(cfg.correction)  # the correction resolves, or ConfigError naming its keys
+    _check_run(cfg)
+    _check_paths(cfg)  # first: the fleet's checks read the model's config.json
+    _check_fleet(cfg)
+    return correction
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _check_loop(cfg: RunConfig) -> None:
+    loop = cfg.loop
+    _require(loop.steps >= 1, f"loop.steps={loop.steps}: must be >= 1")
+    _require(loop.group_size >= 2, f"loop.group_size={loop.group_size}: group baselines need >= 2 samples per prompt")
+    _require(loop.groups_per_request >= 1, f"loop.groups_per_request={loop.groups_per_request}: must be >= 1")
+    _require(loop.groups_per_step >= 1, f"loop.groups_per_step={loop.groups_per_step}: must be >= 1")
+    _require(
+        loop.groups_per_step % loop.groups_per_request == 0,
+        f"loop.groups_per_step={loop.groups_per_step} must be a multiple of "
+        f"loop.groups_per_request={loop.groups_per_request} (a batch takes whole requests)",
+    )
+    _require(
+        loop.max_staleness is None or loop.max_staleness >= 0,
+        f"loop.max_staleness={loop.max_staleness}: must be null (unbounded) or >= 0",
+    )
+    _require(loop.lag is None or loop.lag >= 0, f"loop.lag={loop.lag}: must be null (free-running) or >= 0")
+    _require(
+        loop.lag is None or loop.max_staleness is None or loop.max_staleness >= loop.lag,
+        f"loop.lag={loop.lag} with loop.max_staleness={loop.max_staleness}: every batch would be dropped as too "
+        "stale; set loop.max_staleness=null or >= loop.lag",
+    )
+    capacity = loop.buffer_groups
+    _require(
+        capacity is None or capacity >= loop.groups_per_step,
+        f"loop.buffer_groups={capacity} must be >= loop.groups_per_step={loop.groups_per_step}",
+    )
+    # Below 1e-3 the tempered logits overflow BF16/FP8 samplers (every step comes out non-finite).
+    _require(TEMPERATURE[0] <= loop.temperature <= TEMPERATURE[1],
+             f"loop.temperature={loop.temperature}: must be in [{TEMPERATURE[0]:g}, {TEMPERATURE[1]:g}]")
+    for key in ("max_new_tokens", "weight_sync_every", "keep_checkpoints"):
+        _require(getattr(loop, key) >= 1, f"loop.{key}={getattr(loop, key)}: must be >= 1")
+    for key in ("sampler_threads", "concurrent_requests"):  # null: from the cores Ray reports
+        value = getattr(loop, key)
+        _require(value is None or value >= 1, f"loop.{key}={value}: must be null (from the cores Ray reports) or >= 1")
+    _require(math.isfinite(loop.overlong_penalty) and loop.overlong_penalty >= 0,
+             f"loop.overlong_penalty={loop.overlong_penalty}: must be >= 0 (taken off a cut completion's reward)")
+    _require(loop.sampler_max_restarts >= 0, f"loop.sampler_max_restarts={loop.sampler_max_restarts}: must be >= 0")
+    _require(loop.checkpoint_every >= 0, f"loop.checkpoint_every={loop.checkpoint_every}: must be >= 0 (0 = off)")
+    _require(math.isfinite(loop.checkpoint_every_min) and loop.checkpoint_every_min >= 0,
+             f"loop.checkpoint_every_min={loop.checkpoint_every_min}: must be >= 0 minutes (0 = off)")
+    _require(math.isfinite(loop.step_timeout_s) and loop.step_timeout_s > 0,
+             f"loop.step_timeout_s={loop.step_timeout_s}: must be > 0 seconds")
+
+
+TEMPERATURE = (1e-3, 100.0)
+
+
+def _check_trainer(cfg: RunConfig) -> None:
+    from rlmix.config.deepspeed import check_deepspeed
+
+    t = cfg.trainer
+    _require(t.micro_batch_size >= 1, f"trainer.micro_batch_size={t.micro_batch_size}: must be >= 1")
+    _require(t.max_restarts >= 0, f"trainer.max_restarts={t.max_restarts}: must be >= 0 (0: a dead trainer fails the run)")
+    budget = t.max_tokens_per_micro_batch
+    _require(budget is None or budget >= 1, f"trainer.max_tokens_per_micro_batch={budget}: must be null or >= 1")
+    _require(t.num_threads is None or t.num_threads >= 1,
+             f"trainer.num_threads={t.num_threads}: must be null (from the cores Ray reports) or >= 1")
+    _require(math.isfinite(t.lr) and 0 < t.lr <= 1, f"trainer.lr={t.lr}: must be in (0, 1]")
+    _require(t.lr_warmup_steps >= 0, f"trainer.lr_warmup_steps={t.lr_warmup_steps}: must be >= 0 trainer steps")
+    _require(t.lr_decay_steps is None or t.lr_decay_steps >= 1,
+             f"trainer.lr_decay_steps={t.lr_decay_steps}: must be null (loop.steps) or >= 1 trainer steps")
+    _require(math.isfinite(t.min_lr_ratio) and 0 <= t.min_lr_ratio <= 1,
+             f"trainer.min_lr_ratio={t.min_lr_ratio}: must be in [0, 1] (the decay's floor as a share of trainer.lr)")
+    # AdamW's decoupled decay multiplies each weight by (1 - lr * weight_decay) per step.
+    _require(math.isfinite(t.weight_decay) and 0 <= t.weight_decay <= 1, f"trainer.weight_decay={t.weight_decay}: must be in [0, 1]")
+    _require(len(t.betas) == 2 and all(math.isfinite(b) and 0 <= b < 1 for b in t.betas),
+             f"trainer.betas={list(t.betas)}: need two values, each in [0, 1)")
+    # clip_grad_norm_ with a negative max flips the gradient's sign; 0 zeroes every update.
+    _require(math.isfinite(t.grad_clip) and t.grad_clip > 0, f"trainer.grad_clip={t.grad_clip}: must be > 0 (a max gradient norm)")
+    mini = t.ppo_mini_batch_size
+    _require(mini is None or 1 <= mini <= cfg.loop.groups_per_step,
+             f"trainer.ppo_mini_batch_size={mini}: must be null (the whole batch) or a number of groups in "
+             f"[1, loop.groups_per_step={cfg.loop.groups_per_step}]")
+    _require(t.ppo_epochs >= 1, f"trainer.ppo_epochs={t.ppo_epochs}: must be >= 1")
+    if t.backend is TrainerBackend.deepspeed:
+        check_deepspeed(t.deepspeed, bf16=t.precision is TrainerPrecision.bf16)
+        # FP16 ranks need CUDA: a question about the machine, asked by orchestration/hardware.check_machine.
+
+
+def _check_run(cfg: RunConfig) -> None:
+    from rlmix.config.monitor import check_monitor
+
+    check_monitor(cfg.monitor)
+    _require(cfg.logger.console_every >= 1, f"logger.console_every={cfg.logger.console_every}: must be >= 1")
+    _require(cfg.cluster.num_cpus is None or cfg.cluster.num_cpus >= 1,
+             f"cluster.num_cpus={cfg.cluster.num_cpus}: must be null (all cores) or >= 1")
+
+
+def check_output_dir(key: str, path: str) -> None:
+    """``path`` can be created and written (checked without creating anything)."""
+    target = Path(path).absolute()
+    existing = next(p for p in (target, *target.parents) if p.exists())
+    _require(existing.is_dir(), f"{key}={path}: {existing} is a file, not a directory")
+    _require(os.access(existing, os.W_OK | os.X_OK), f"{key}={path}: {existing} is not writable")
+
+
+def resolve_correction(c: CorrectionConfig) -> Correction:
+    """``correction.*`` resolved (``Correction.resolve``: the one read of the mode's row); ConfigError if it
+    cannot be."""
+    try:
+        return Correction.resolve(**{f.name: getattr(c, f.name) for f in dataclasses.fields(CorrectionConfig)})
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _check_paths(cfg: RunConfig) -> None:
+    for key, value in (("model.path", cfg.model.path), ("resume", cfg.resume)):
+        _require(value is None or Path(value).is_dir(), f"{key}={value}: no such directory")
+    if cfg.model.path is None and cfg.model.embedded_version is EmbeddedVersion.v2:
+        _require(not isinstance(cfg.task, AgentEnvConfig),
+                 "model.embedded_version=v2: agentic tasks start from the embedded agent model "
+                 "(model.embedded_agent); drop model=embedded_v2 or set model.path")
+        check_moe_spec(cfg.model.embedded_v2)
+    _check_embedded_answer(cfg)
+    if cfg.model.path is not None:
+        _require(
+            (Path(cfg.model.path) / "config.json").is_file(),
+            f"model.path={cfg.model.path}: not a Hugging Face model directory (no config.json)",
+        )
+
+
+def _check_embedded_answer(cfg: RunConfig) -> None:
+    """The embedded model answers minicode in the form its warm start taught (the program, or a
+    worked trace then the program): the task must ask for that form."""
+    if cfg.model.path is not None or not isinstance(cfg.task, MiniCodeTaskConfig):
+        return
+    v2 = cfg.model.embedded_version is EmbeddedVersion.v2
+    traces = v2 and cfg.model.embedded_v2.answer is MiniCodeAnswer.trace
+    if isinstance(cfg.task, MiniCodeTraceTaskConfig):
+        _require(traces, f"task=minicode_trace: the embedded model (model.embedded_version={cfg.model.embedded_version.value}) "
+                 "was warm-started to answer with the program alone; give a model.path that writes traces, or "
+                 "model=embedded_v2 model.embedded_v2.answer=trace (its warm start reaches no reward yet, docs/embedded.md)")
+    else:
+        _require(not traces, "model.embedded_v2.answer=trace: the model answers with a worked trace; use "
+                 "task=minicode_trace, or model.embedded_v2.answer=program for task=minicode")
+
+
+def model_fields(cfg: RunConfig) -> Mapping | None:
+    """``model.path``'s config.json as a mapping; for the embedded v2 model the fields its build
+    writes (None: the embedded v1 model, a Llama every backend serves)."""
+    if cfg.model.path is None:
+        if cfg.model.embedded_version is EmbeddedVersion.v2:  # single-turn only (_check_paths)
+            return cfg.model.embedded_v2.hf_config()
+        return None
+    try:
+        return json.loads((Path(cfg.model.path) / "config.json").read_text())
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"model.path={cfg.model.path}: config.json is not valid JSON ({err.msg})") from None
+
+
+def _check_activation_checkpointing(cfg: RunConfig, model: Mapping | None) -> None:
+    """A model whose class cannot checkpoint its layers is refused before anything starts."""
+    if not cfg.trainer.activation_checkpointing or model is None:
+        return  # the embedded model is a Llama
+    import transformers
+
+    for arch in model.get("architectures") or ():
+        cls = getattr(transformers, arch, None)
+        _require(cls is None or getattr(cls, "supports_gradient_checkpointing", False),
+                 f"trainer.activation_checkpointing=true: {arch} ({cfg.model.path}) does not support gradient "
+                 "checkpointing; set it to false")
+
+
+def _check_routing_replay(cfg: RunConfig, model: Mapping | None) -> None:
+    """``correction.routing_replay`` needs experts to replay and a record of the sampler's choices."""
+    if not cfg.correction.routing_replay:
+        return
+    key = "correction.routing_replay=true"
+    experts = model is not None and (model.get("num_local_experts") or model.get("num_experts"))
+    what = "the embedded model" if model is None else f"model.path={cfg.model.path} (model_type={model.get('model_type')!r})"
+    _require(bool(experts), f"{key} needs a mixture-of-experts model (model_type qwen3_moe or mixtral); "
+             f"{what} is dense: set it to false")
+    _require(not cfg.trainer.activation_checkpointing,
+             f"{key} cannot be combined with trainer.activation_checkpointing=true (the recomputed layers would "
+             "route by the trainer's own choice); set one of them to false")
+    _require(not isinstance(cfg.task, AgentEnvConfig),
+             f"{key}: episode tasks (task={type(cfg.task).__name__}) record no expert choices; set it to false")
+    for name, pool in cfg.fleet.pools.items():
+        _require(pool.backend is SamplerBackend.torch,
+                 f"{key}: fleet.pools.{name} has backend: {pool.backend.value}, which records no expert choices; "
+                 "use torch pools or set it to false")
+
+
+def _check_fleet(cfg: RunConfig) -> None:
+    fleet, c = cfg.fleet, cfg.correction
+    _require(bool(fleet.pools), "fleet.pools is empty: a run needs at least one sampler pool")
+    model = model_fields(cfg)
+    _check_activation_checkpointing(cfg, model)
+    _check_routing_replay(cfg, model)
+    for name, pool in fleet.pools.items():
+        key = f"fleet.pools.{name}"
+        _require(pool.count >= 1, f"{key}.count={pool.count}: must be >= 1")
+        top_p, top_k = fleet.truncation(pool)
+        _require(0 < top_p <= 1, f"{key}: top_p={top_p} must be in (0, 1]")
+        _require(top_k >= 0, f"{key}: top_k={top_k} must be >= 0 (0 = off)")
+        if top_p < 1 or top_k > 0:
+            _require(
+                c.replay_support,
+                f"{key} truncates (top_p={top_p}, top_k={top_k}) but correction.replay_support=false: every ratio "
+                "would be scaled by the kept mass (docs/math.md §4); set correction.replay_support=true or top_p=1, top_k=0",
+            )
+            _require(
+                top_k == 0 or c.support_slots >= top_k,
+                f"correction.support_slots={c.support_slots} < top_k={top_k} of {key}: the support would not fit",
+            )
