@@ -28,6 +28,7 @@ from rlmix.config.schema import MiniCodeTaskConfig, MiniCodeTraceTaskConfig, Mod
 from rlmix.config.swebench import AgentEnvConfig, MiniCodeAgentConfig
 from rlmix.errors import ConfigError
 from rlmix.tasks.base import Task
+from rlmix.tasks.checks import by_config_class
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,4 @@ TASK_KINDS: dict[type, type[TaskKind]] = {
 
 def task_kind(config: object) -> TaskKind:
     """``config`` bound to the kind of its class, or of its nearest base class that has one."""
-    for cls in type(config).__mro__:
-        if cls in TASK_KINDS:
-            return TASK_KINDS[cls](config)
-    raise KeyError(f"no kind for task config {type(config).__name__}: add it to rlmix.assembly.task_kinds.TASK_KINDS")
+    return by_config_class(TASK_KINDS, config, "rlmix.assembly.task_kinds.TASK_KINDS")(config)

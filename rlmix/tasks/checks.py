@@ -7,13 +7,16 @@ never imports a task implementation.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 from rlmix.config.dataset import DatasetTaskConfig
 from rlmix.config.schema import MiniCodeTaskConfig, RunConfig
 from rlmix.config.swebench import AgentEnvConfig, MiniCodeAgentConfig, SwebenchProConfig
 from rlmix.errors import ConfigError
+
+T = TypeVar("T")
 
 # (run config, training?) -> None, or ConfigError naming the task's key
 TaskCheck = Callable[[RunConfig, bool], None]
@@ -68,12 +71,18 @@ TASK_CHECKS: dict[type, TaskCheck] = {
 }
 
 
+def by_config_class(table: Mapping[type, T], config: object, name: str) -> T:
+    """``table``'s entry for ``config``'s class, or for its nearest base class that has one; a
+    ``KeyError`` naming the table (``name``) when none has."""
+    for cls in type(config).__mro__:
+        if cls in table:
+            return table[cls]
+    raise KeyError(f"no entry for task config {type(config).__name__}: add it to {name}")
+
+
 def task_check(task: object) -> TaskCheck:
     """The rule of ``task``'s config class, or of its nearest base class that has one."""
-    for cls in type(task).__mro__:
-        if cls in TASK_CHECKS:
-            return TASK_CHECKS[cls]
-    raise KeyError(f"no rule for task config {type(task).__name__}: add it to rlmix.tasks.checks.TASK_CHECKS")
+    return by_config_class(TASK_CHECKS, task, "rlmix.tasks.checks.TASK_CHECKS")
 
 
 def _require(ok: bool, message: str) -> None:
