@@ -105,13 +105,22 @@ def test_a_killed_sampler_is_restarted_and_every_step_is_trained_once(tmp_path):
     run = Run(tmp_path, *SMOKE, "loop.steps=16", f"hydra.run.dir={run_dir}")
     # Killed in the middle of a request (Ray titles an actor's process ray::<Actor>.<method> while the
     # method runs): an idle sampler's death costs no request, so nothing would be re-issued.
+    # Held (SIGSTOP) and seen still inside generate before the kill: a request that ended between
+    # the look and the kill would leave nothing to re-issue.
     generating: list[int] = []
 
-    def first_step_and_a_sampler_generating() -> bool:
-        generating[:] = actor_pids(run.proc.pid, "SamplerWorker.generate")
-        return len(rows(run_dir)) >= 1 and bool(generating)
+    def first_step_and_a_sampler_stopped_generating() -> bool:
+        if len(rows(run_dir)) < 1:
+            return False
+        for pid in actor_pids(run.proc.pid, "SamplerWorker.generate"):
+            os.kill(pid, signal.SIGSTOP)
+            if title(pid) == "ray::SamplerWorker.generate":
+                generating.append(pid)
+                return True
+            os.kill(pid, signal.SIGCONT)
+        return False
 
-    run.wait_for(first_step_and_a_sampler_generating, "a sampler generating after the first step")
+    run.wait_for(first_step_and_a_sampler_stopped_generating, "a sampler generating after the first step")
     os.kill(generating[0], signal.SIGKILL)
     assert run.finish() == 0, run.text()
     got = rows(run_dir)
@@ -225,9 +234,25 @@ def test_a_run_whose_steps_are_all_non_finite_fails(tmp_path, tiny_llama_dir):
 def test_a_killed_trainer_is_restarted_from_the_newest_checkpoint_and_the_run_completes(tmp_path):
     run_dir = tmp_path / "run"
     run = Run(tmp_path, *SMOKE, "loop.steps=10", "loop.checkpoint_every=3", f"hydra.run.dir={run_dir}")
-    run.wait_for(lambda: len(rows(run_dir)) >= 5 and actor_pids(run.proc.pid, "TrainerWorker"), "step 5")
+    # Killed inside a step after step 5: the driver seals a step's checkpoint before it starts the
+    # next step, so while the trainer is held inside one (SIGSTOP) the newest checkpoint is fixed.
+    # Read before a bare kill, it could be overtaken by the next one (steps take ~0.2 s).
+    stopped: list[int] = []
+
+    def trainer_stopped_inside_a_step() -> bool:
+        if len(rows(run_dir)) < 5:
+            return False
+        for pid in actor_pids(run.proc.pid, "TrainerWorker.train_step"):
+            os.kill(pid, signal.SIGSTOP)
+            if title(pid) == "ray::TrainerWorker.train_step":  # not the step that just ended
+                stopped.append(pid)
+                return True
+            os.kill(pid, signal.SIGCONT)
+        return False
+
+    run.wait_for(trainer_stopped_inside_a_step, "the trainer stopped inside step 6 or later")
     saved = complete(run_dir)[-1]
-    os.kill(actor_pids(run.proc.pid, "TrainerWorker")[0], signal.SIGKILL)
+    os.kill(stopped[0], signal.SIGKILL)
     assert run.finish() == 0, run.text()
     result = summary(run_dir)
     assert result["status"] in ("completed", "collapsed") and result["steps"] == 10  # the smoke toy may collapse
