@@ -41,6 +41,26 @@ class Run:
             assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{self.text()}"
             time.sleep(0.2)
 
+    def hold_inside(self, run_dir: Path, method: str, after_steps: int, what: str) -> int:
+        """Once ``after_steps`` steps are logged, stop (SIGSTOP) a process of this run that is running
+        ``method`` (``"<Actor>.<method>"``) and is seen still inside it once stopped; returns its pid.
+        Held there it can neither finish that call nor start another, so a fault lands where it is meant."""
+        held: list[int] = []
+
+        def inside() -> bool:
+            if len(rows(run_dir)) < after_steps:
+                return False
+            for pid in actor_pids(self.proc.pid, method):
+                os.kill(pid, signal.SIGSTOP)
+                if title(pid) == f"ray::{method}":  # not a call that just ended
+                    held.append(pid)
+                    return True
+                os.kill(pid, signal.SIGCONT)
+            return False
+
+        self.wait_for(inside, what)
+        return held[0]
+
     def finish(self) -> int:
         try:
             return self.proc.wait(timeout=DEADLINE_S)
@@ -105,23 +125,10 @@ def test_a_killed_sampler_is_restarted_and_every_step_is_trained_once(tmp_path):
     run = Run(tmp_path, *SMOKE, "loop.steps=16", f"hydra.run.dir={run_dir}")
     # Killed in the middle of a request (Ray titles an actor's process ray::<Actor>.<method> while the
     # method runs): an idle sampler's death costs no request, so nothing would be re-issued.
-    # Held (SIGSTOP) and seen still inside generate before the kill: a request that ended between
-    # the look and the kill would leave nothing to re-issue.
-    generating: list[int] = []
-
-    def first_step_and_a_sampler_stopped_generating() -> bool:
-        if len(rows(run_dir)) < 1:
-            return False
-        for pid in actor_pids(run.proc.pid, "SamplerWorker.generate"):
-            os.kill(pid, signal.SIGSTOP)
-            if title(pid) == "ray::SamplerWorker.generate":
-                generating.append(pid)
-                return True
-            os.kill(pid, signal.SIGCONT)
-        return False
-
-    run.wait_for(first_step_and_a_sampler_stopped_generating, "a sampler generating after the first step")
-    os.kill(generating[0], signal.SIGKILL)
+    # Held inside generate before the kill: a request that ended between the look and the kill would
+    # leave nothing to re-issue.
+    generating = run.hold_inside(run_dir, "SamplerWorker.generate", 1, "a sampler generating after the first step")
+    os.kill(generating, signal.SIGKILL)
     assert run.finish() == 0, run.text()
     got = rows(run_dir)
     assert [r["step"] for r in got] == list(range(1, 17))
@@ -137,20 +144,7 @@ def test_a_sampler_killed_while_idle_is_restarted_and_costs_no_request(tmp_path)
     the re-created process refuses the next one before generating, and the driver counts a restart."""
     run_dir = tmp_path / "run"
     run = Run(tmp_path, *SMOKE, "loop.steps=8", "loop.max_staleness=0", f"hydra.run.dir={run_dir}")
-    stopped: list[int] = []
-
-    def trainer_stopped_inside_a_step() -> bool:
-        if len(rows(run_dir)) < 2:
-            return False
-        for pid in actor_pids(run.proc.pid, "TrainerWorker.train_step"):
-            os.kill(pid, signal.SIGSTOP)
-            if title(pid) == "ray::TrainerWorker.train_step":  # not the step that just ended
-                stopped.append(pid)
-                return True
-            os.kill(pid, signal.SIGCONT)
-        return False
-
-    run.wait_for(trainer_stopped_inside_a_step, "the trainer stopped inside step 3 or later")
+    stopped = run.hold_inside(run_dir, "TrainerWorker.train_step", 2, "the trainer stopped inside step 3 or later")
     try:
         samplers = actor_pids(run.proc.pid, "SamplerWorker")
         assert len(samplers) == 2 and all(title(p) == "ray::SamplerWorker" for p in samplers), samplers
@@ -163,7 +157,7 @@ def test_a_sampler_killed_while_idle_is_restarted_and_costs_no_request(tmp_path)
 
         run.wait_for(restarted, "Ray restarting the sampler")
     finally:
-        os.kill(stopped[0], signal.SIGCONT)
+        os.kill(stopped, signal.SIGCONT)
     assert run.finish() == 0, run.text()
     assert [r["step"] for r in rows(run_dir)] == list(range(1, 9))
     fault = summary(run_dir)["fault"]
@@ -237,22 +231,9 @@ def test_a_killed_trainer_is_restarted_from_the_newest_checkpoint_and_the_run_co
     # Killed inside a step after step 5: the driver seals a step's checkpoint before it starts the
     # next step, so while the trainer is held inside one (SIGSTOP) the newest checkpoint is fixed.
     # Read before a bare kill, it could be overtaken by the next one (steps take ~0.2 s).
-    stopped: list[int] = []
-
-    def trainer_stopped_inside_a_step() -> bool:
-        if len(rows(run_dir)) < 5:
-            return False
-        for pid in actor_pids(run.proc.pid, "TrainerWorker.train_step"):
-            os.kill(pid, signal.SIGSTOP)
-            if title(pid) == "ray::TrainerWorker.train_step":  # not the step that just ended
-                stopped.append(pid)
-                return True
-            os.kill(pid, signal.SIGCONT)
-        return False
-
-    run.wait_for(trainer_stopped_inside_a_step, "the trainer stopped inside step 6 or later")
+    stopped = run.hold_inside(run_dir, "TrainerWorker.train_step", 5, "the trainer stopped inside step 6 or later")
     saved = complete(run_dir)[-1]
-    os.kill(stopped[0], signal.SIGKILL)
+    os.kill(stopped, signal.SIGKILL)
     assert run.finish() == 0, run.text()
     result = summary(run_dir)
     assert result["status"] in ("completed", "collapsed") and result["steps"] == 10  # the smoke toy may collapse
