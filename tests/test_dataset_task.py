@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -117,6 +118,39 @@ def test_a_sampler_process_imports_the_reward_module_from_the_runs_launch_direct
     enter_launch_dir()
     assert sys.path[0] == str(launch)
     assert resolve_reward("launch_dir_reward:reward", 1.0).fn("a", "b", {}) == 0.5
+
+
+def test_a_kept_process_imports_a_reward_module_again_when_its_directory_or_file_changed(tmp_path, monkeypatch):
+    """A held session's sampler scores the next command with that command's reward: another launch
+    directory's module of the same name, or the user's edit of theirs, not the module it cached."""
+    from rlmix.orchestration.workers import LAUNCH_DIR_ENV, enter_launch_dir
+    from rlmix.tasks.rewards import resolve_reward
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    for where, value in ((first, "1.0"), (second, "0.0")):
+        where.mkdir()
+        (where / "held_reward.py").write_text(f"def reward(completion, answer, row):\n    return {value}\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+
+    def score() -> float:
+        return resolve_reward("held_reward:reward", 1.0).fn("a", "b", {})
+
+    monkeypatch.setenv(LAUNCH_DIR_ENV, str(first))
+    enter_launch_dir()
+    kept = resolve_reward("held_reward:reward", 1.0).fn
+    assert score() == 1.0 and resolve_reward("held_reward:reward", 1.0).fn is kept  # unchanged: not imported again
+    monkeypatch.setenv(LAUNCH_DIR_ENV, str(second))  # the next command, launched elsewhere
+    sys.path.remove(str(first))
+    enter_launch_dir()
+    assert score() == 0.0
+    edited = second / "held_reward.py"
+    edited.write_text("def reward(completion, answer, row):\n    return 0.25\n")
+    later = edited.stat().st_mtime_ns + 2_000_000_000  # past the bytecode cache's one-second stamp
+    os.utime(edited, ns=(later, later))
+    assert score() == 0.25
+    (second / "held_reward.py").unlink()
+    with pytest.raises(ConfigError, match="does not import"):  # gone from disk: not served from the cache
+        score()
 
 
 def test_a_reward_that_raises_is_counted_and_kept_out_of_its_group(tmp_path, monkeypatch):

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import enum
 import importlib
+import importlib.machinery
 import inspect
 import math
 import numbers
@@ -129,7 +130,7 @@ def resolve_reward(spec: str, timeout_s: float, partial_credit: bool = False) ->
     if os.getcwd() not in sys.path:  # `rlmix` runs from a console script: make the user's cwd importable
         sys.path.insert(0, os.getcwd())
     try:
-        module = importlib.import_module(module_name)
+        module = import_as_on_disk(module_name)
     except Exception as err:  # ImportError, or anything the module raises at import
         raise ConfigError(f"task.reward={spec!r}: module {module_name!r} does not import ({type(err).__name__}: {err})") from None
     fn = getattr(module, attr, None)
@@ -144,6 +145,43 @@ def resolve_reward(spec: str, timeout_s: float, partial_credit: bool = False) ->
     except ValueError:  # builtins without a signature: accept, the first-row check calls it
         pass
     return FunctionReward(fn, spec)
+
+
+# User modules this process imported for a reward: top-level name -> (file, mtime_ns) at import.
+_USER_MODULES: dict[str, tuple[str | None, int | None]] = {}
+
+
+def _on_disk(top: str) -> tuple[str | None, int | None]:
+    """Where ``import top`` would load from now (a module file or a package's ``__init__``), and its mtime."""
+    spec = importlib.machinery.PathFinder.find_spec(top)
+    origin = spec.origin if spec is not None and spec.has_location else None
+    try:
+        return origin, (os.stat(origin).st_mtime_ns if origin else None)
+    except OSError:
+        return origin, None
+
+
+def import_as_on_disk(module_name: str):
+    """``import_module``, except that a user module this process imported before is imported again
+    when the directory it would come from, or its file, has changed since.
+
+    A sampler process outlives its command in a held session: the next command may be launched
+    from another directory with a reward module of the same name, or after the user edited theirs.
+    Python's module cache would hand back the old function and score every rollout with it, with no
+    warning. Only modules first imported here are tracked, so the standard library and installed
+    packages are never re-imported."""
+    top = module_name.partition(".")[0]
+    if top in _USER_MODULES and _USER_MODULES[top] != _on_disk(top):
+        for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
+            del sys.modules[name]
+        importlib.invalidate_caches()  # a file written since the last import must be seen
+        del _USER_MODULES[top]
+    if top not in sys.modules:
+        importlib.invalidate_caches()
+        module = importlib.import_module(module_name)
+        _USER_MODULES[top] = _on_disk(top)
+        return module
+    return importlib.import_module(module_name)
 
 
 def as_reward(value: object, spec: str) -> float:
