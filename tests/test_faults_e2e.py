@@ -265,7 +265,7 @@ def test_a_trainer_dead_past_max_restarts_fails_and_offers_only_commands_that_wo
 
 def test_a_stopped_trainer_trips_the_watchdog_which_names_it(tmp_path):
     run_dir = tmp_path / "run"
-    run = Run(tmp_path, *SMOKE, "loop.steps=500", "loop.step_timeout_s=30", f"hydra.run.dir={run_dir}")
+    run = Run(tmp_path, *SMOKE, "loop.steps=500", "loop.step_timeout_s=15", f"hydra.run.dir={run_dir}")
     run.wait_for(lambda: rows(run_dir) and actor_pids(run.proc.pid, "TrainerWorker"), "the first step")
     os.kill(actor_pids(run.proc.pid, "TrainerWorker")[0], signal.SIGSTOP)  # hangs, does not die
     assert run.finish() == 1, run.text()
