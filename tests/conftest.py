@@ -95,7 +95,16 @@ def tiny_llama_dir(tmp_path_factory) -> Path:
 # running it alone while the other has nothing left, so these go first and the rest fill in.
 LONGEST_FIRST = ("test_faults_e2e.py", "test_agentic_train_cli.py", "test_dataset_e2e.py", "test_install.py",
                  "test_train_e2e.py", "test_session.py", "test_vllm_sampler.py", "test_trainer_contract.py",
-                 "test_multinode.py", "test_embedded_v2.py", "test_deepspeed_trainer.py", "test_scratch.py")
+                 "test_multinode.py", "test_embedded_v2.py", "test_deepspeed_trainer.py", "test_scratch.py",
+                 "test_lag.py")
+
+
+def pytest_configure(config):
+    """pytest-xdist's ``--dist loadfile`` re-sorts the files by their number of tests unless told not
+    to, which hands out the many-test unit files first and the few long end-to-end files last:
+    collection order (``LONGEST_FIRST``) must be the order the files are handed out in."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(items):
