@@ -139,9 +139,10 @@ def test_a_killed_sampler_is_restarted_and_every_step_is_trained_once(tmp_path):
 
 def test_a_sampler_killed_while_idle_is_restarted_and_costs_no_request(tmp_path):
     """Synchronous training (max_staleness=0) starts no request while the trainer trains, so a sampler
-    is idle for as long as the trainer is held inside a step (SIGSTOP). Killed then, after step 2 (so
-    it holds published weights, which the process Ray re-creates lacks), its death costs no request:
-    the re-created process refuses the next one before generating, and the driver counts a restart."""
+    is idle for as long as the trainer is held inside a step (SIGSTOP). Killed then, its death costs
+    no request: the re-created process, which has served nothing, refuses the next one before
+    generating, and the driver counts a restart. (Whether the killed process had been sent weights
+    by then depends on which sampler served steps 1 and 2; the refusal does not.)"""
     run_dir = tmp_path / "run"
     run = Run(tmp_path, *SMOKE, "loop.steps=8", "loop.max_staleness=0", f"hydra.run.dir={run_dir}")
     stopped = run.hold_inside(run_dir, "TrainerWorker.train_step", 2, "the trainer stopped inside step 3 or later")

@@ -144,6 +144,36 @@ def _refused(ref) -> str:
     return str(refused.value.cause)
 
 
+def test_a_process_that_has_served_nothing_refuses_a_driver_that_saw_it_serve(tiny_llama_dir):
+    """A sampler Ray re-created while idle, when the old process held only the initial weights,
+    holds what the driver believes: the next request would be served rightly and the death never
+    counted. A process that has served nothing refuses a driver that saw its sampler serve."""
+    from rlmix.assembly.fleet import SamplerSpec, sampling_params
+    from rlmix.assembly.parts import make_task
+    from rlmix.assembly.plan import plan_pool
+    from rlmix.assembly.rules import resolve_correction
+    from rlmix.assembly.task_kinds import task_kind
+    from rlmix.config.schema import MiniCodeTaskConfig, PoolConfig, RunConfig
+    from rlmix.orchestration.workers import NotHeld, SamplerWorker, make_request
+
+    pool = PoolConfig(accelerator="A100", precision="bf16")
+    cfg = RunConfig(task=MiniCodeTaskConfig())
+    cfg.loop.max_new_tokens = 4
+    planned = plan_pool("a100", pool, cfg, None)
+    spec = SamplerSpec("a100", 0, pool, sampling_params(planned, cfg, resolve_correction(cfg.correction), 2),
+                       planned.view)
+    task = make_task(cfg.task, 0)
+
+    def worker() -> SamplerWorker:
+        return SamplerWorker(spec, str(tiny_llama_dir), task_kind(cfg.task), seed=0, threads=1)
+
+    first = worker()
+    assert len(first.generate(make_request(task, 0, 1, 0), 2, None, 0, served=False)) == 2
+    assert len(first.generate(make_request(task, 1, 1, 0), 2, None, 0, served=True)) == 2
+    with pytest.raises(NotHeld, match="has served none"):  # the process Ray made in its place
+        worker().generate(make_request(task, 1, 1, 0), 2, None, 0, served=True)
+
+
 def test_a_sampler_ray_restarted_while_idle_is_sent_the_weights_again(tmp_path):
     """Killed between requests, a sampler comes back (``max_restarts``) holding the initial weights
     while the driver believes it holds the newest: the next request must not be sampled from the

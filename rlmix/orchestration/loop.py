@@ -88,6 +88,7 @@ class SamplerSlot:
     started: float = 0.0  # when its in-flight request was submitted
     job: int = 0  # the token of the job it serves, sent with every request (workers.NotHeld)
     init: tuple = ()  # this job's (env_vars, *constructor args): what ``reset`` re-initialises it with
+    served: bool = False  # a request of this job came back from its process (workers.NotHeld)
 
 
 @dataclass
@@ -214,7 +215,8 @@ class AsyncLoop:
         slot.inflight = request
         if weights is not None:
             slot.version = version
-        return slot.actor.generate.remote(request, self.cfg.group_size, weights, version, slot.job, held)
+        return slot.actor.generate.remote(request, self.cfg.group_size, weights, version, slot.job, held,
+                                          slot.served)
 
     def _next_request(self, training: bool) -> Request | None:
         if self.orphans:  # already counted in _groups_ahead: re-issue without asking again
@@ -414,6 +416,7 @@ class AsyncLoop:
                 return
             raise RunFailed(f"sampler {slot.name} failed on request {request.request_id}: {_first_line(cause)}") from err
         self._count_busy(slot, time.perf_counter())
+        slot.served = True
         if dropped:
             return
         self.window.tokens[slot.pool] = self.window.tokens.get(slot.pool, 0) + part.num_tokens
@@ -432,6 +435,7 @@ class AsyncLoop:
         """
         slot.deaths += 1
         slot.version = -1  # a restarted actor holds the initial weights: resend
+        slot.served = False  # and has served nothing
         gone = isinstance(err, ray.exceptions.ActorDiedError) or slot.deaths > self.cfg.sampler_max_restarts
         if gone:
             self._drop(slot, f"died {slot.deaths} times" if slot.deaths > 1 else "died for good")

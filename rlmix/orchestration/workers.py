@@ -85,6 +85,7 @@ class SamplerWorker:
         torch.set_num_threads(threads or 1)
         enter_launch_dir()  # before the task is made: its reward may be the user's module
         self._job = job
+        self._served = False  # no request yet: what a process Ray re-creates also says (generate)
         self.spec = spec
         self.sampler = build_sampler(spec, model_dir, seed)
         self.tokenizer = load_fast_tokenizer(model_dir)
@@ -92,16 +93,21 @@ class SamplerWorker:
 
     def generate(
         self, request: Request, group_size: int, weights: Mapping[str, torch.Tensor] | None, version: int,
-        job: int = 0, held: int | None = None,
+        job: int = 0, held: int | None = None, served: bool = False,
     ) -> Rollouts:
-        """``held``: the version the driver believes this process holds (None: it does not know)."""
+        """``held``: the version the driver believes this process holds (None: it does not know).
+        ``served``: whether the driver has had a request served by this sampler since it was made."""
         # Checked before loading: weights loaded into another job's sampler would be served wrongly.
         if job != self._job:
             raise NotHeld(f"holds job {self._job}'s arguments, asked to sample for job {job}")
-        # A process Ray re-created since its last request would serve the weights sent with this one
-        # rightly, but its death would go uncounted: it refuses, and the driver counts the restart.
+        # A process Ray re-created since its last request would serve this one rightly (with the
+        # weights sent along, or with the initial ones it holds when the old process held no others),
+        # but its death would go uncounted: it refuses, and the driver counts the restart.
+        if served and not self._served:
+            raise NotHeld("was re-created since its last request (this process has served none)")
         if held is not None and self.sampler.version != held:
             raise NotHeld(f"holds weight version {self.sampler.version}, last sent version {held}")
+        self._served = True
         if weights is not None:
             self.sampler.load_weights(weights, version)
         elif self.sampler.version != version:
