@@ -3,6 +3,8 @@
 #   make test    set-up, then the whole test suite
 #   make test-fast   set-up, then the tests not marked slow (no Ray, no subprocess, no model build of
 #                seconds): the tier to run on every change
+#   make bench-peer   set-up, then rlmix against TRL's GRPOTrainer on one workload (scripts/bench_peer.py);
+#                TRL runs in its own .venv-peer/, built once from requirements/peer.lock
 # Set-up builds .venv/ from the lock of the machine's target and installs rlmix into it in
 # editable mode (docs/install.md):
 #   TARGET=cpu   requirements/cpu.lock, installed without resolution (--no-deps) so the CPU builds
@@ -30,7 +32,7 @@ PIP_FLAGS := --quiet --no-input
 # a CPU wheel folder configured there must not stand in for the CUDA torch.
 INDEX_URL ?= https://pypi.org/simple
 
-.PHONY: setup train test test-fast bench bench-perf reproduce reproduce-quick clean
+.PHONY: setup train test test-fast bench bench-perf bench-peer reproduce reproduce-quick clean
 
 ifneq ($(filter-out cpu gpu,$(TARGET)),)
 $(error TARGET=$(TARGET): use TARGET=cpu or TARGET=gpu)
@@ -80,6 +82,25 @@ bench-perf: setup
 	$(BIN)/python scripts/bench_loop.py
 	$(BIN)/python scripts/bench_sweep.py
 
+# rlmix against TRL's GRPOTrainer on the same workload, runs interleaved, ratios per round
+# (docs/performance.md, "Against TRL"); PEER_REPEATS=6 for the issue's six rounds. TRL lives in its own
+# environment: requirements/peer.lock installed with --no-deps, so it is exactly the lock, with the CPU
+# torch from where the CPU set-up takes it; rebuilt from scratch when the lock changes.
+PEER_VENV := .venv-peer
+PEER_STAMP := $(PEER_VENV)/.rlmix-peer
+PEER_LOCK := requirements/peer.lock
+PEER_REPEATS ?= 3
+
+$(PEER_STAMP): $(PEER_LOCK)
+	rm -rf $(PEER_VENV)
+	$(PYTHON) -m venv $(PEER_VENV)
+	$(PEER_VENV)/bin/python -m pip --disable-pip-version-check install $(PIP_FLAGS) $(CPU_SOURCE) \
+		--no-deps -r $(PEER_LOCK)
+	touch $@
+
+bench-peer: setup $(PEER_STAMP)
+	$(BIN)/python scripts/bench_peer.py --repeats $(PEER_REPEATS) --peer-python $(PEER_VENV)/bin/python
+
 # The study's comparison on the embedded default, every run scored on held-out pass@1 (docs/results.md):
 # the stability map (8 arms x 2 doses x seeds 0-2, FP16 among the arms) and SC against SC+MIS at K = 2
 # (54 runs of ~70 s on 2 cores: about an hour), or the headline regime alone (5 arms, 15 runs: ~18 min).
@@ -90,4 +111,4 @@ reproduce-quick: setup
 	$(BIN)/python scripts/reproduce.py --profile quick
 
 clean:
-	rm -rf $(VENV) outputs multirun .pytest_cache
+	rm -rf $(VENV) $(PEER_VENV) outputs multirun .pytest_cache

@@ -1,4 +1,5 @@
-"""Shared by the performance benchmarks (scripts/bench_startup.py, bench_loop.py, bench_sweep.py, bench_scaling.py).
+"""Shared by the performance benchmarks (scripts/bench_startup.py, bench_loop.py, bench_sweep.py, bench_scaling.py,
+bench_peer.py).
 
 Each runs the real ``rlmix`` command in a subprocess, stamps every line it prints with the time
 since launch, and records the machine's load average beside each number: on a shared machine the
@@ -42,11 +43,11 @@ class Launch:
         return [(t, m) for t, line in self.lines if (m := rx.search(line))]
 
 
-def run_rlmix(args: list[str], cwd: Path, timeout: float = 1800) -> Launch:
-    """``rlmix <args>`` with every output line time-stamped; raises with its tail if it fails."""
+def run_stamped(argv: list[str], cwd: Path, timeout: float = 1800, env: dict | None = None) -> Launch:
+    """``argv`` with every output line time-stamped; raises with its tail if it fails."""
     start = time.perf_counter()
-    proc = subprocess.Popen([RLMIX, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=os.environ | {"WANDB_MODE": "disabled"})
+    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=os.environ if env is None else env)
     lines = []
     for line in proc.stdout:
         lines.append((time.perf_counter() - start, line.rstrip("\n")))
@@ -54,8 +55,13 @@ def run_rlmix(args: list[str], cwd: Path, timeout: float = 1800) -> Launch:
     launch = Launch(lines, time.perf_counter() - start, code)
     if code != 0:
         tail = "\n".join(line for _, line in lines[-30:])
-        raise RuntimeError(f"rlmix {' '.join(args)} failed ({code}):\n{tail}")
+        raise RuntimeError(f"{Path(argv[0]).name} {' '.join(argv[1:])} failed ({code}):\n{tail}")
     return launch
+
+
+def run_rlmix(args: list[str], cwd: Path, timeout: float = 1800) -> Launch:
+    """``rlmix <args>`` with every output line time-stamped; raises with its tail if it fails."""
+    return run_stamped([RLMIX, *args], cwd, timeout, env=os.environ | {"WANDB_MODE": "disabled"})
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
