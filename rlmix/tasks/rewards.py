@@ -174,14 +174,14 @@ def import_as_on_disk(module_name: str):
     if top in _USER_MODULES and _USER_MODULES[top] != _on_disk(top):
         for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
             del sys.modules[name]
-        importlib.invalidate_caches()  # a file written since the last import must be seen
         del _USER_MODULES[top]
-    if top not in sys.modules:
-        importlib.invalidate_caches()
-        module = importlib.import_module(module_name)
+    first = top not in sys.modules
+    if first:
+        importlib.invalidate_caches()  # a file written since the last import must be seen
+    module = importlib.import_module(module_name)
+    if first:
         _USER_MODULES[top] = _on_disk(top)
-        return module
-    return importlib.import_module(module_name)
+    return module
 
 
 def as_reward(value: object, spec: str) -> float:
