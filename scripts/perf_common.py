@@ -95,7 +95,8 @@ def isolated_step(cfg, model_dir: Path, *, stop: bool = True, random_rewards: bo
     from rlmix.assembly.plan import plan_run
     from rlmix.models.tokenizer_file import load_fast_tokenizer
     from rlmix.orchestration.workers import SamplerWorker, TrainerWorker, make_request
-    from rlmix.assembly.parts import derive_seed, make_task
+    from rlmix.assembly.parts import make_task
+    from rlmix.seeds import derive_seed
     from rlmix.rollout import concat_rollouts
 
     torch.set_num_threads(1)

@@ -145,3 +145,40 @@ def test_model_policy_through_the_entry_point(tmp_path):
     last = json.loads((tmp_path / "run" / "episodes" / "calc" / "1.jsonl").read_text().splitlines()[-1])["tokens"]
     assert last["ids"] == sampler.prompts[3] + [ord(c) for c in SUBMIT]
     assert sum(last["mask"]) == len(WRONG_FIX) + len(SUBMIT) and last["policy_version"] == 7
+
+
+def test_each_turn_and_sample_draws_with_its_own_seed_and_a_rerun_repeats_them(tmp_path):
+    """A fixed seed reused for every call drew every turn with the same random numbers (the same
+    action again after every observation, identical samples of a task): each turn derives its own."""
+    from rlmix.agentic import run_swebench_eval
+    from rlmix.config.swebench import SwebenchProConfig
+    from tests.test_agentic_fixtures import WRONG_FIX
+
+    make_task(tmp_path / "tasks", "calc")
+    cfg = SwebenchProConfig(tasks_dir=str(tmp_path / "tasks"), trusted=TRUSTED, subset="all", turn_timeout_s=10.0)
+    seeds = []
+    for rerun in range(2):
+        sampler = ScriptedSampler([FIX, SUBMIT, WRONG_FIX, SUBMIT])
+        policy = ModelPolicy(CharTokenizer(), sampler, SamplingParams(max_new_tokens=100, seed=5))
+        run_swebench_eval(cfg, policy, ks=[1], samples=2, out_dir=tmp_path / f"run{rerun}")
+        seeds.append([p.seed for p in sampler.params])
+    assert len(set(seeds[0])) == 4 and seeds[1] == seeds[0]
+
+
+def test_a_real_sampler_draws_two_samples_of_one_task_apart(tmp_path):
+    from rlmix.agentic.policy import Transcript
+    from rlmix.embedded.minicode_agent.model import build_agent_tokenizer
+    from rlmix.samplers.accelerators import resolve_view
+    from rlmix.samplers.torch_sampler import TorchSampler
+    from tests.agentic_models import tiny_agent_model
+
+    model_dir = tiny_agent_model(tmp_path / "model")
+    tokenizer = build_agent_tokenizer()
+    sampler = TorchSampler(model_dir, resolve_view("CPU", "fp32"), "eval")
+    policy = ModelPolicy(tokenizer, sampler, SamplingParams(max_new_tokens=24, seed=0,
+                                                            stop_token_ids=(tokenizer.eos_token_id,)))
+
+    def first_turn(sample: int) -> tuple[int, ...]:
+        return policy.act(Transcript("t", sample, [Message("user", "12345>54321?")], tokens_left=400)).token_ids
+
+    assert first_turn(0) == first_turn(0) and first_turn(0) != first_turn(1)

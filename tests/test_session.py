@@ -70,7 +70,7 @@ def _kill_and_await_restart(slot) -> None:
 def test_jobs_of_a_sweep_reuse_ray_and_processes_with_fresh_state(tmp_path):
     import ray
 
-    from rlmix.assembly.parts import derive_seed
+    from rlmix.seeds import derive_seed
     from rlmix.orchestration.session import SESSION
 
     try:
@@ -220,7 +220,7 @@ def test_a_reused_sampler_ray_restarts_from_an_earlier_job_is_reset_to_this_jobs
     request is served by job 2's sampler with job 2's weights."""
     import ray
 
-    from rlmix.assembly.parts import derive_seed
+    from rlmix.seeds import derive_seed
     from rlmix.orchestration.loop import AsyncLoop
     from rlmix.orchestration.session import SESSION
     from rlmix.orchestration.workers import make_request

@@ -107,7 +107,8 @@ def test_max_staleness_zero_matches_a_synchronous_loop(tmp_path, warm_ray):
     from rlmix.assembly.fleet import resolve_fleet
     from rlmix.assembly.parts import resolve_model_dir
     from rlmix.orchestration.workers import SamplerWorker, TrainerWorker, make_request
-    from rlmix.assembly.parts import derive_seed, make_task
+    from rlmix.assembly.parts import make_task
+    from rlmix.seeds import derive_seed
     from rlmix.rollout import concat_rollouts
 
     overrides = ["+experiment=smoke", "fleet=single_bf16", "fleet.pools.h100_bf16.count=1",

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
+from rlmix.seeds import derive_seed
 from rlmix.tasks.chat import ChatRenderer, chat_renderer
 
 if TYPE_CHECKING:  # torch-free at import time
@@ -75,6 +76,9 @@ class ModelPolicy:
     ``sampler`` only needs ``generate``: a ``TurnBatcher`` (rlmix.agentic.batching) in its place
     serves the turns of many concurrent episodes with one sampler. ``chat=None`` renders with the
     tokenizer's chat template when it has one, else the fixed headers (rlmix.tasks.chat).
+
+    With ``params.seed`` set, each turn is drawn with a seed of its own (``turn_seed``): the same
+    episode and turn draw the same tokens again, and no two turns or samples share their draws.
     """
 
     def __init__(self, tokenizer: Tokenizer, sampler: Sampler, params: SamplingParams,
@@ -92,7 +96,8 @@ class ModelPolicy:
             return PolicyTurn(text="", context_ids=context, finish_reason="length")
         start = time.monotonic()
         rollouts = self.sampler.generate([list(transcript.token_ids) + list(context)],
-                                         replace(self.params, max_new_tokens=budget))
+                                         replace(self.params, max_new_tokens=budget,
+                                                 seed=turn_seed(self.params.seed, transcript)))
         self.generate_s += time.monotonic() - start
         n = int(rollouts.mask[0].sum())
         ids = tuple(int(t) for t in rollouts.completion_ids[0, :n])
@@ -101,6 +106,16 @@ class ModelPolicy:
                           logprobs=logprobs, context_ids=context,
                           policy_version=int(rollouts.policy_version[0]),
                           finish_reason=rollouts.finish_reason[0], extras=turn_extras(rollouts, n))
+
+
+def turn_seed(seed: int | None, transcript: Transcript) -> int | None:
+    """The seed of the turn ``transcript`` asks for: from the run's ``seed``, the task, the sample and
+    the turn. One seed for every call would draw every turn of every episode with the same random
+    numbers: the same first action on every task, the same action again after each observation,
+    and identical samples of one task (pass@k with k > 1 would count one episode k times)."""
+    if seed is None:
+        return None
+    return derive_seed(seed, "turn", transcript.task_id, transcript.sample, len(transcript.messages))
 
 
 def turn_extras(rollouts: Rollouts, n: int) -> dict:

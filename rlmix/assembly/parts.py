@@ -8,7 +8,6 @@ Nothing here starts a process.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -58,12 +57,6 @@ def _embedded_v2(cfg: ModelConfig, progress) -> Path:
 
 # model.embedded_version -> the builder of that embedded model (cached)
 EMBEDDED_MODELS = {EmbeddedVersion.v1: _embedded_v1, EmbeddedVersion.v2: _embedded_v2}
-
-
-def derive_seed(*parts: object) -> int:
-    """A stable 63-bit seed from the run seed and a request's identity (not Python's salted hash)."""
-    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
 
 
 def _minicode(cfg: MiniCodeTaskConfig, seed: int) -> Task:

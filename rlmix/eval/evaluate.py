@@ -55,7 +55,8 @@ def reference_sampler(cfg: EvalConfig, model_dir: Path, seed: int):
 def task_counts(plan: RunPlan, model_dir: Path, progress) -> tuple[list[dict], str]:
     """Sample ``eval.samples`` completions per problem of ``task.split``; (per-task rows, reference label)."""
     from rlmix.models.tokenizer_file import load_fast_tokenizer
-    from rlmix.assembly.parts import decode_completions, derive_seed, encode_prompts
+    from rlmix.assembly.parts import decode_completions, encode_prompts
+    from rlmix.seeds import derive_seed
 
     cfg = plan.cfg
     tokenizer = load_fast_tokenizer(model_dir)

@@ -57,13 +57,14 @@ from rlmix.correction.logprobs import gather_logprobs
 from rlmix.errors import ConfigError
 from rlmix.assembly.fleet import SamplerSpec, build_sampler, fleet_manifest, resolve_fleet, view_sampler
 from rlmix.assembly.draws import EpisodeDraw, SingleTurnDraw
-from rlmix.assembly.parts import derive_seed, package_versions, resolve_model_dir, trainer_view
+from rlmix.assembly.parts import package_versions, resolve_model_dir, trainer_view
 from rlmix.assembly.plan import RunPlan
 from rlmix.assembly.task_kinds import TaskKind
 from rlmix.eval.where import (MismatchBin, RouterFlips, by_env_distance, by_position, by_trainer_prob,
                               completion_positions, env_distances, router_flips)
 from rlmix.rollout import Rollouts, sequence_input_ids
 from rlmix.samplers.accelerators import PrecisionView, resolve_view
+from rlmix.seeds import derive_seed
 
 FACTORS = ("weights", "kv", "kernel")
 # Defaults that have no RunConfig field yet (the one place they live).

@@ -62,7 +62,7 @@ def start_actors(run: RunPlan, specs: list[SamplerSpec], model_dir: Path, cores:
     """
     from rlmix.orchestration.loop import SamplerSlot
     from rlmix.orchestration.workers import SamplerWorker, TrainerWorker
-    from rlmix.assembly.parts import derive_seed
+    from rlmix.seeds import derive_seed
 
     cfg = run.cfg
     decay = cfg.loop.steps if cfg.trainer.lr_decay_steps is None else cfg.trainer.lr_decay_steps

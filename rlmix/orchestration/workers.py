@@ -14,12 +14,13 @@ from pathlib import Path
 import torch
 
 from rlmix.assembly.fleet import SamplerSpec, build_sampler
-from rlmix.assembly.parts import build_trainer, derive_seed
+from rlmix.assembly.parts import build_trainer
 from rlmix.assembly.producers import Request
 from rlmix.assembly.task_kinds import TaskKind
 from rlmix.config.schema import TrainerConfig
 from rlmix.correction import Correction
 from rlmix.rollout import Rollouts
+from rlmix.seeds import derive_seed
 from rlmix.tasks.base import OrderedTask, Task
 
 
