@@ -81,6 +81,25 @@ def test_stale_scratch_dirs_of_dead_drivers_are_reaped_and_live_ones_kept(tmp_pa
     assert not gone.exists() and live.is_dir() and other.is_dir()
 
 
+
+def test_two_drivers_reaping_the_same_stale_dir_at_once_both_finish(tmp_path):
+    """Two commands started together both reap a dead driver's scratch directory: entries the other
+    removed first are already gone, which is not an error (it used to end one command with a
+    traceback from the removal's error handler)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = tmp_path / f"{PREFIX}{dead.pid}-abc"
+    for i in range(150):
+        (stale / f"task{i}" / "tests").mkdir(parents=True)
+        for name in ("a", "b", "c"):
+            (stale / f"task{i}" / "tests" / name).write_text(name)
+    with ThreadPoolExecutor(4) as pool:
+        for future in [pool.submit(scratch._rmtree, stale) for _ in range(4)]:
+            future.result()
+    assert not stale.exists()
+
 # -- a training run, through the CLI ------------------------------------------------------------
 
 AGENT_RUN = ["+experiment=sc_mis", "task=minicode_agent", "task.levels=[1]", "fleet=smoke",

@@ -189,14 +189,22 @@ def _alive(pid: int) -> bool:
 
 
 def _rmtree(path: Path) -> None:
-    """``shutil.rmtree`` that also takes directories a sandbox made read-only."""
-    def retry(func, name, _exc) -> None:
+    """``shutil.rmtree`` that also takes directories a sandbox made read-only, and entries another
+    process removes meanwhile (two commands started together both reap a dead driver's directory)."""
+    retried: set[str] = set()
+
+    def retry(func, name, exc_info) -> None:
+        if isinstance(exc_info[1], FileNotFoundError) or name in retried:
+            return  # already gone, or still refused after making it writable: left behind
+        retried.add(name)
         with contextlib.suppress(OSError):
             parent = os.path.dirname(name)
             os.chmod(parent, os.stat(parent).st_mode | stat.S_IWUSR | stat.S_IXUSR)
             if os.path.isdir(name) and not os.path.islink(name):
                 os.chmod(name, os.stat(name).st_mode | stat.S_IRWXU)
-            func(name)
+                shutil.rmtree(name, onerror=retry)  # opening, listing or removing it failed: once more
+            else:
+                os.unlink(name)
 
     if os.path.lexists(path):
         shutil.rmtree(path, onerror=retry)
