@@ -150,7 +150,15 @@ def test_resume_continues_from_the_last_checkpoint(tmp_path, warm_ray):
     assert "from step_2 at step 2" in out.stdout
     assert [r["step"] for r in read_metrics(run_dir)] == [1, 2, 3, 4, 5]
     assert (run_dir / "checkpoints" / "step_5" / "trainer_state.pt").is_file()
-    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 5
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 5
+    # Resumed once more, as the closing block prints it, a completed run trains nothing and keeps
+    # what its summary reported (its final metrics were lost to an empty dict before).
+    rlmix_train_here(*common, "loop.steps=5", f"resume={run_dir}", f"hydra.run.dir={tmp_path / 'third'}", cwd=tmp_path)
+    again = json.loads((run_dir / "summary.json").read_text())
+    assert [r["step"] for r in read_metrics(run_dir)] == [1, 2, 3, 4, 5]
+    assert again["status"] == "completed" and again["steps"] == 5
+    assert again["final"] == summary["final"] and "reward/mean" in again["final"]
 
 
 def test_the_vllm_and_deepspeed_console_holds_only_rlmix_lines(tmp_path):

@@ -124,12 +124,12 @@ def train(plan: RunPlan, run_dir: Path, sweep_group: str | None = None, label: s
             ray.get(ready)
             log.info("Ray and %d actors ready in %.1fs", len(ready), time.perf_counter() - launched)
             monitor = CollapseMonitor(cfg.monitor)
-            state, run_dir = resume(cfg, trainer, monitor, run_dir)
+            state, run_dir, last = resume(cfg, trainer, monitor, run_dir)
             logger = RunLogger(
                 run_dir, cfg.logger.wandb, label or cfg.name, config_dict(cfg), sweep_group or cfg.name,
                 cfg.loop.steps, cfg.logger.console_every, run_id=state.wandb_id, elapsed_s=state.wall_time_s,
             )
-            steps = StepHandler(cfg, trainer, monitor, logger, run_dir, saved_step=state.step)
+            steps = StepHandler(cfg, trainer, monitor, logger, run_dir, saved_step=state.step, last=last)
             loop = AsyncLoop(
                 cfg.loop, trainer, slots, task, cfg.seed, tokenizer.pad_token_id,
                 start_version=state.step, start_request=state.next_request, generating=cores.generating,
@@ -155,10 +155,11 @@ def train(plan: RunPlan, run_dir: Path, sweep_group: str | None = None, label: s
 class StepHandler:
     """After each trainer step: collapse monitor, logging, periodic checkpoints, the stop decision."""
 
-    def __init__(self, cfg: RunConfig, trainer, monitor, logger: RunLogger, run_dir: Path, saved_step: int):
+    def __init__(self, cfg: RunConfig, trainer, monitor, logger: RunLogger, run_dir: Path, saved_step: int,
+                 last: dict[str, float | str]):
         self.cfg, self.trainer, self.monitor, self.logger, self.run_dir = cfg, trainer, monitor, logger, run_dir
         self.loop = None  # the AsyncLoop, whose data position a checkpoint records
-        self.last: dict[str, float | str] = {}
+        self.last = last  # the newest step's metrics (a resumed run's before it trains any)
         self.saved_step = saved_step  # a resumed run starts from a saved step
         self.saved_at = time.monotonic()
 
@@ -249,13 +250,14 @@ class TrainerRestarts:
         return trainer, state
 
 
-def resume(cfg: RunConfig, trainer, monitor, run_dir: Path) -> tuple[RunState, Path]:
-    """(run state to start from, run dir): a resumed run continues in its own directory from its
-    newest complete checkpoint."""
+def resume(cfg: RunConfig, trainer, monitor, run_dir: Path) -> tuple[RunState, Path, dict]:
+    """(run state to start from, run dir, metrics of its newest logged step): a resumed run continues
+    in its own directory from its newest complete checkpoint. The metrics are what its summary reports
+    as final if no step is left to train (resuming a run that had completed)."""
     import ray
 
     if not cfg.resume:
-        return RunState(step=0, next_request=0, wall_time_s=0.0), run_dir
+        return RunState(step=0, next_request=0, wall_time_s=0.0), run_dir, {}
     checkpoint, skipped = checkpoints.newest_complete(Path(cfg.resume))
     if checkpoint is None:  # validate() checked this; the directory changed since
         from rlmix.errors import ConfigError
@@ -266,9 +268,11 @@ def resume(cfg: RunConfig, trainer, monitor, run_dir: Path) -> tuple[RunState, P
     ray.get(trainer.load_checkpoint.remote(str(checkpoint)))
     state = checkpoints.read_run_state(checkpoint)
     run_dir = Path(cfg.resume)
-    feed_monitor(monitor, keep_rows(run_dir / METRICS_FILE, state.step))  # later steps are trained again
+    rows = keep_rows(run_dir / METRICS_FILE, state.step)  # later steps are trained again
+    feed_monitor(monitor, rows)
     print(f"resuming {run_dir} from {checkpoint.name} at step {state.step}")
-    return state, run_dir
+    last = {k: v for k, v in rows[-1].items() if k not in ("step", "time")} if rows else {}
+    return state, run_dir, last
 
 
 def feed_monitor(monitor, rows: list[dict]) -> None:
