@@ -158,17 +158,18 @@ def test_run_directory_pass_at_k_and_subset(tmp_path):
     out = tmp_path / "run"
     run = RecordingRun()
     summary = run_swebench_eval(cfg, ScriptedPolicy(_script), ks=[1, 2, 4], samples=4, out_dir=out,
-                                progress=lines.append, wandb_run=run)
+                                progress=lines.append, wandb_run=run, groups={"easy": ["c", "b"], "none": ["z"]})
     assert len(lines) == 12 and lines[-1].startswith("[12/12] c #3: reward 1")
     # Hand-computed: (n, c) = a (4, 2), b (4, 0), c (4, 4). pass@2 for a = 1 - C(2,2)/C(4,2) = 5/6.
     per_task = {1: [0.5, 0.0, 1.0], 2: [5 / 6, 0.0, 1.0], 4: [1.0, 0.0, 1.0]}
-    for name, idx in (("all", [0, 1, 2]), ("hard2", [0, 1])):
+    for name, idx in (("all", [0, 1, 2]), ("hard2", [0, 1]), ("easy", [2, 1])):
         for k, vals in per_task.items():
             v = [vals[i] for i in idx]
             mean = sum(v) / len(v)
             stderr = math.sqrt(sum((x - mean) ** 2 for x in v) / len(v) / len(v))
             got = summary["sets"][name][f"pass@{k}"]
             assert got["mean"] == pytest.approx(mean) and got["stderr"] == pytest.approx(stderr), (name, k)
+    assert summary["sets"]["none"]["num_tasks"] == 0 and summary["sets"]["none"]["pass@1"]["mean"] is None
     # Format errors: a#3 made 2 malformed actions out of 2; the 11 other episodes made 2 actions each.
     assert summary["format/error_rate"] == pytest.approx(2 / 24)
     assert summary["format/episode_end_frac"] == pytest.approx(1 / 12)

@@ -118,3 +118,6 @@ def test_eval_runs_minicode_agent_episodes_through_the_cli(tmp_path):
     score = summary["sets"]["all"]["pass@1"]
     assert score["num_tasks"] == summary["sets"]["all"]["num_tasks"] > 0 and 0 <= score["mean"] <= 1
     assert sum(summary["end_reasons"].values()) == score["num_tasks"] and summary["infra_failures"]["count"] == 0
+    # the test split's levels are sets of their own (20 problems each), whatever task.levels trains on
+    assert {name: s["num_tasks"] for name, s in summary["sets"].items()} == \
+        {"all": 60, "level1": 20, "level2": 20, "level3": 20}

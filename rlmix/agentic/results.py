@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -63,8 +63,9 @@ def pass_at_k_block(counts: dict[str, tuple[int, int]], ks: Sequence[int]) -> di
 
 
 def summarize(outcomes: Sequence[SampleOutcome], ks: Sequence[int], samples: int, subset_name: str,
-              subset_ids: Sequence[str] | None) -> dict:
-    """The content of eval.json.
+              subset_ids: Sequence[str] | None, groups: Mapping[str, Sequence[str]] | None = None) -> dict:
+    """The content of eval.json: pass@k over all tasks, over the subset, and over each named group of
+    task ids (``groups``, e.g. minicode_agent's ``level1``..``level3``) in ``sets``.
 
     ``format/error_rate`` = malformed actions / all actions; ``format/episode_end_frac`` = share of
     (started) episodes ended by ``max_format_errors``.
@@ -73,6 +74,8 @@ def summarize(outcomes: Sequence[SampleOutcome], ks: Sequence[int], samples: int
     sets = {"all": pass_at_k_block(counts, ks)}
     if subset_ids is not None:
         sets[subset_name] = pass_at_k_block({t: counts[t] for t in subset_ids if t in counts}, ks)
+    for name, ids in (groups or {}).items():
+        sets[name] = pass_at_k_block({t: counts[t] for t in ids if t in counts}, ks)
     started = [o for o in outcomes if o.end_reason != "infra_error"]
     actions = sum(o.actions for o in started)
     infra = [o for o in outcomes if o.infra_error is not None]

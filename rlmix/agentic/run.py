@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,8 +137,10 @@ def _progress_line(done: int, total: int, o: SampleOutcome) -> str:
 
 
 def run_swebench_eval(cfg: SwebenchProConfig, policy: AgentPolicy, ks: list[int], samples: int, out_dir: Path,
-                      progress: Callable[[str], None] | None = None, wandb_run=None) -> dict:
-    """Evaluate ``policy`` on the configured tasks; writes the run directory and returns eval.json's content."""
+                      progress: Callable[[str], None] | None = None, wandb_run=None,
+                      groups: Mapping[str, Sequence[str]] | None = None) -> dict:
+    """Evaluate ``policy`` on the configured tasks; writes the run directory and returns eval.json's content
+    (pass@k also per named group of task ids in ``groups``)."""
     check_ks(ks, samples)
     runtime = check_runtime(cfg)
     tasks, subset_ids = resolve_tasks(cfg)
@@ -157,7 +159,7 @@ def run_swebench_eval(cfg: SwebenchProConfig, policy: AgentPolicy, ks: list[int]
             outcomes.append(result.outcome)
             if progress is not None:
                 progress(_progress_line(len(outcomes), total, result.outcome))
-    summary = summarize(outcomes, ks, samples, cfg.subset, subset_ids)
+    summary = summarize(outcomes, ks, samples, cfg.subset, subset_ids, groups)
     write_results(out_dir, outcomes, summary)
     log_wandb(wandb_run, outcomes, summary, subset_ids)
     return summary

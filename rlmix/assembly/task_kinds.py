@@ -146,8 +146,11 @@ class EpisodeKind(TaskKind):
         cfg = self.config
         minicode = isinstance(cfg, MiniCodeAgentConfig)
         split = cfg.split if minicode else cfg.subset
+        if not minicode:
+            return evaluation.episodes(cfg, split)
         with tempfile.TemporaryDirectory(prefix="rlmix-minicode-agent-eval-", dir=scratch_dir()) as tmp:
-            return evaluation.episodes(minicode_agent_eval_config(cfg, Path(tmp)) if minicode else cfg, split)
+            tasks, levels = minicode_agent_eval_config(cfg, Path(tmp))
+            return evaluation.episodes(tasks, split, groups=levels)
 
 
 # task config class -> its kind; a subclass without an entry takes its nearest base class's

@@ -142,9 +142,10 @@ class Evaluation:
         self.progress(f"wrote {out_dir / EVAL_FILE}")
         return summary
 
-    def episodes(self, task_cfg, split: str) -> dict:
+    def episodes(self, task_cfg, split: str, groups: dict[str, list[str]] | None = None) -> dict:
         """Multi-turn episodes of ``task_cfg`` in sandboxes, graded in fresh ones (rlmix.agentic), with
-        the episode code training uses; a policy turn may generate task.max_turn_tokens."""
+        the episode code training uses; a policy turn may generate task.max_turn_tokens. pass@k is
+        reported per named group of task ids too (``groups``)."""
         from rlmix.agentic.policy import ModelPolicy
         from rlmix.agentic.run import run_swebench_eval
         from rlmix.models.tokenizer_file import load_fast_tokenizer
@@ -162,7 +163,7 @@ class Evaluation:
         policy = ModelPolicy(tokenizer, sampler, params)
         run = _wandb_run(cfg, out_dir)
         summary = run_swebench_eval(task_cfg, policy, self.ks, cfg.eval.samples, out_dir, progress=self.progress,
-                                    wandb_run=run)
+                                    wandb_run=run, groups=groups)
         if run is not None:
             run.finish()
         self.progress(f"reference {label}; wrote {out_dir / EVAL_FILE}")

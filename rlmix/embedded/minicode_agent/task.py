@@ -53,11 +53,13 @@ class MiniCodeAgentTask:
             shutil.rmtree(self._root, ignore_errors=True)
 
 
-def minicode_agent_eval_config(cfg: MiniCodeAgentConfig, root: Path) -> SwebenchProConfig:
+def minicode_agent_eval_config(cfg: MiniCodeAgentConfig, root: Path) -> tuple[SwebenchProConfig, dict[str, list[str]]]:
     """``rlmix eval task=minicode_agent``: the split's problems written as Harbor tasks under ``root``,
-    evaluated by the same episode code as training (``run_swebench_eval``) with the same limits."""
+    evaluated by the same episode code as training (``run_swebench_eval``) with the same limits; and
+    the task ids of each level (``level1``.., reported as sets of their own beside ``all``)."""
     task = MiniCodeAgentTask(tuple(cfg.levels), seed=0, root=root)
+    levels: dict[str, list[str]] = {}
     for problem in task.split(cfg.split):
-        task.harbor_task(problem)
+        levels.setdefault(f"level{problem.difficulty}", []).append(task.harbor_task(problem).task_id)
     shared = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(AgentEnvConfig) if f.name != "name"}
-    return SwebenchProConfig(**shared, tasks_dir=str(root), subset="all", expected_subset_size=None)
+    return SwebenchProConfig(**shared, tasks_dir=str(root), subset="all", expected_subset_size=None), levels
