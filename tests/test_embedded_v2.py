@@ -85,13 +85,6 @@ def test_a_bad_v2_spec_is_one_line_naming_the_key(override, message):
     compose_run_config([override])  # v1 runs never read model.embedded_v2
 
 
-def test_v2_with_an_agentic_task_is_refused():
-    """Agentic tasks start from the embedded agent model: model=embedded_v2 would do nothing there."""
-    with pytest.raises(ConfigError, match=r"model\.embedded_version=v2: agentic tasks start from the embedded agent"):
-        compose_run_config(["model=embedded_v2", "task=minicode_agent"])
-    compose_run_config(["task=minicode_agent"])
-
-
 def test_pool_checks_see_the_v2_config_fields(monkeypatch):
     """Validation hands every pool's platform check the config.json fields the v2 build writes
     (for v1: None, the Llama every backend serves), so a backend that cannot serve it refuses early."""

@@ -55,8 +55,21 @@ def _embedded_v2(cfg: ModelConfig, progress) -> Path:
     return build_v2_model(cfg.embedded_v2, progress=progress)
 
 
-# model.embedded_version -> the builder of that embedded model (cached)
+def _agent_v1(cfg: ModelConfig, progress) -> Path:
+    from rlmix.embedded.minicode_agent.model import build_agent_model
+
+    return build_agent_model(cfg.embedded_agent, progress=progress)
+
+
+def _agent_v2(cfg: ModelConfig, progress) -> Path:
+    from rlmix.embedded.minicode_agent.v2 import build_v2_agent_model
+
+    return build_v2_agent_model(cfg.embedded_v2, cfg.embedded_agent, progress=progress)
+
+
+# model.embedded_version -> the builder of that embedded model (cached): single-turn, and agent
 EMBEDDED_MODELS = {EmbeddedVersion.v1: _embedded_v1, EmbeddedVersion.v2: _embedded_v2}
+EMBEDDED_AGENT_MODELS = {EmbeddedVersion.v1: _agent_v1, EmbeddedVersion.v2: _agent_v2}
 
 
 def _minicode(cfg: MiniCodeTaskConfig, seed: int) -> Task:

@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from rlmix.config.embedded import EmbeddedVersion, MiniCodeAnswer, check_moe_spec
+from rlmix.config.embedded import EmbeddedVersion, MiniCodeAnswer, check_moe_spec, v2_agent_hf_config
 from rlmix.config.schema import CorrectionConfig, MiniCodeTaskConfig, MiniCodeTraceTaskConfig, RunConfig, SamplerBackend, TrainerBackend, TrainerPrecision
 from rlmix.config.swebench import AgentEnvConfig
 from rlmix.correction import Correction
@@ -148,9 +148,6 @@ def _check_paths(cfg: RunConfig) -> None:
     for key, value in (("model.path", cfg.model.path), ("resume", cfg.resume)):
         _require(value is None or Path(value).is_dir(), f"{key}={value}: no such directory")
     if cfg.model.path is None and cfg.model.embedded_version is EmbeddedVersion.v2:
-        _require(not isinstance(cfg.task, AgentEnvConfig),
-                 "model.embedded_version=v2: agentic tasks start from the embedded agent model "
-                 "(model.embedded_agent); drop model=embedded_v2 or set model.path")
         check_moe_spec(cfg.model.embedded_v2)
     _check_embedded_answer(cfg)
     if cfg.model.path is not None:
@@ -180,9 +177,11 @@ def model_fields(cfg: RunConfig) -> Mapping | None:
     """``model.path``'s config.json as a mapping; for the embedded v2 model the fields its build
     writes (None: the embedded v1 model, a Llama every backend serves)."""
     if cfg.model.path is None:
-        if cfg.model.embedded_version is EmbeddedVersion.v2:  # single-turn only (_check_paths)
-            return cfg.model.embedded_v2.hf_config()
-        return None
+        if cfg.model.embedded_version is EmbeddedVersion.v1:
+            return None
+        if isinstance(cfg.task, AgentEnvConfig):  # the v2 agent model
+            return v2_agent_hf_config(cfg.model.embedded_v2, cfg.model.embedded_agent)
+        return cfg.model.embedded_v2.hf_config()
     try:
         return json.loads((Path(cfg.model.path) / "config.json").read_text())
     except json.JSONDecodeError as err:

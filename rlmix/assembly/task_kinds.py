@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rlmix.assembly.draws import EpisodeDraw, SingleTurnDraw
-from rlmix.assembly.parts import EMBEDDED_MODELS, encode_prompts, make_task, model_max_positions
+from rlmix.assembly.parts import EMBEDDED_AGENT_MODELS, EMBEDDED_MODELS, encode_prompts, make_task, model_max_positions
 from rlmix.assembly.producers import Episodes, RolloutProducer, SingleTurn
 from rlmix.config.dataset import DatasetTaskConfig
 from rlmix.config.schema import MiniCodeTaskConfig, MiniCodeTraceTaskConfig, ModelConfig
@@ -114,10 +114,9 @@ class EpisodeKind(TaskKind):
     ``task.max_turn_tokens``."""
 
     def embedded_model(self, model: ModelConfig, progress) -> Path:
-        """The embedded agent model (``model.embedded_agent``), which knows the action format."""
-        from rlmix.embedded.minicode_agent.model import build_agent_model
-
-        return build_agent_model(model.embedded_agent, progress=progress)
+        """The embedded agent model ``model.embedded_version`` names (warm-started on scripted episodes:
+        ``model.embedded_agent``), which knows the action format."""
+        return EMBEDDED_AGENT_MODELS[model.embedded_version](model, progress)
 
     def build(self, seed: int, tokenizer, max_new_tokens: int | None = None, key: str = "loop.max_new_tokens"):
         """``make``: an episode task is checked by ``check_run``."""

@@ -148,6 +148,12 @@ class EmbeddedMoeSpec(WarmStartSpec):
         }
 
 
+def v2_agent_hf_config(moe: EmbeddedMoeSpec, agent: AgentModelSpec) -> dict:
+    """The ``config.json`` fields of the v2 agent model (``rlmix.embedded.minicode_agent.v2``): v2's
+    shapes and tokens, with the agent's context."""
+    return {**moe.hf_config(), "max_position_embeddings": agent.max_position_embeddings}
+
+
 def check_moe_spec(spec: EmbeddedMoeSpec) -> None:
     """ConfigError naming the ``model.embedded_v2`` field a spec cannot be built with."""
     key = "model.embedded_v2"

@@ -191,11 +191,14 @@ class TrainerConfig:
 @dataclass
 class ModelConfig:
     path: Optional[str] = None  # any Hugging Face causal-LM directory; None builds the embedded model
-    # Which embedded model a single-turn task starts from when path is None: v1 (embedded) or v2 (embedded_v2).
+    # Which embedded model a run starts from when path is None: v1 (embedded; the Llama agent model for
+    # agentic tasks) or v2 (embedded_v2; for agentic tasks the v2 agent model, embedded_v2's shapes and
+    # tokenizer warm-started as embedded_agent says).
     embedded_version: EmbeddedVersion = EmbeddedVersion.v1
     embedded: EmbeddedModelSpec = field(default_factory=EmbeddedModelSpec)
     embedded_v2: EmbeddedMoeSpec = field(default_factory=EmbeddedMoeSpec)
-    # What agentic tasks (task=minicode_agent, task=swebench_pro) start from when path is None.
+    # What agentic tasks (task=minicode_agent, task=swebench_pro) start from when path is None: the v1
+    # agent's shapes and warm start; with v2, its context and warm start.
     embedded_agent: AgentModelSpec = field(default_factory=AgentModelSpec)
 
 
