@@ -96,10 +96,11 @@ def test_a_tiny_v2_agent_build_is_an_hf_directory_cached_under_its_key(tmp_path,
 
 
 @pytest.mark.slow  # the real CLI: Ray, the smoke fleet's two emulated pools serving the MoE, the trainer
-def test_an_agentic_run_trains_on_the_v2_agent_with_no_model_path(tmp_path):
+def test_an_agentic_run_trains_on_the_v2_agent_with_routing_replay_and_no_model_path(tmp_path):
     """Episodes on the v2 MoE agent through ``rlmix train``: an fp8 and a bf16 emulated pool play
-    them in sandboxes, the trainer takes one step, and the run reports the episodes' endings."""
-    args = ["+experiment=sc_mis", "task=minicode_agent", "task.levels=[1]", *TINY_ARGS, "fleet=smoke",
+    them in sandboxes and record the experts they chose, the trainer takes one step on them with
+    routing replay, and the run reports the episodes' endings and the router flips."""
+    args = ["+experiment=sc_mis_replay", "task=minicode_agent", "task.levels=[1]", *TINY_ARGS, "fleet=smoke",
             "loop.steps=1", "loop.groups_per_step=2", "loop.group_size=2", "loop.groups_per_request=1",
             "logger=disabled", f"hydra.run.dir={tmp_path / 'run'}"]
     env = {**os.environ, "RLMIX_CACHE": str(tmp_path / "cache")}
@@ -110,4 +111,5 @@ def test_an_agentic_run_trains_on_the_v2_agent_with_no_model_path(tmp_path):
     [row] = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert row["step"] == 1 and row["agent/infra_errors"] == 0 and row["agent/turns_mean"] >= 1
     assert any(k.startswith("agent/end_reason/") for k in row)
+    assert 0 <= row["mismatch/router_flip"] <= 1  # NaN (no record) would fail this
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "completed"

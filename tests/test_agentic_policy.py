@@ -33,8 +33,9 @@ class ScriptedSampler:
 
     pool = "fake"
 
-    def __init__(self, replies: list[str]):
+    def __init__(self, replies: list[str], routed: bool = False):
         self.replies, self.prompts, self.params = replies, [], []
+        self.routed = routed  # record "experts" (call number, position) at each fed position, as an MoE pool does
 
     @property
     def version(self) -> int:
@@ -52,18 +53,23 @@ class ScriptedSampler:
         full = [ord(c) for c in self.replies[len(self.prompts) - 1]]
         ids = full[: params.max_new_tokens]
         T = len(ids)
+        routes = None
+        if self.routed:  # (1, P + T + 2, M=1, k=2); the last generated token and the padding have none
+            fed = len(prompts[0]) + T - 1
+            routes = torch.full((1, len(prompts[0]) + T + 2, 1, 2), -1, dtype=torch.int16)
+            routes[0, :fed, 0, 0], routes[0, :fed, 0, 1] = len(self.prompts) - 1, torch.arange(fed)
         return Rollouts(
             prompt_ids=torch.tensor([prompts[0]]), prompt_lens=torch.tensor([len(prompts[0])]),
             completion_ids=torch.tensor([ids + [0, 0]]), mask=torch.tensor([[True] * T + [False, False]]),
             sampler_logprobs=torch.tensor([[-(i + 1) / 100 for i in range(T)] + [0.0, 0.0]]),
             policy_version=torch.tensor([self.version]), pool=(self.pool,),
-            finish_reason=(FINISH_STOP if len(ids) == len(full) else FINISH_LENGTH,))
+            finish_reason=(FINISH_STOP if len(ids) == len(full) else FINISH_LENGTH,), routed_experts=routes)
 
 
-def _episode(tmp_path, replies, max_total_tokens):
+def _episode(tmp_path, replies, max_total_tokens, routed: bool = False):
     make_task(tmp_path / "tasks", "calc")
     task = load_tasks(tmp_path / "tasks")["calc"]
-    sampler = ScriptedSampler(replies)
+    sampler = ScriptedSampler(replies, routed)
     policy = ModelPolicy(CharTokenizer(), sampler, SamplingParams(max_new_tokens=200))
     sandbox = LocalRuntime(None, 512, None, 10.0, trusted=TRUSTED).start(task, network=False)
     try:
@@ -109,6 +115,27 @@ def test_episodes_become_rollouts(tmp_path):
     assert r.rewards.tolist() == [1.0, 0.0] and r.finish_reason == (FINISH_STOP, FINISH_STOP)
     assert r.group_ids.tolist() == [0, 0] and r.format_ok.tolist() == [True, True]
     assert len(concat_rollouts([r, r], pad_id=0)) == 4
+
+
+def test_an_episodes_expert_record_keeps_each_policy_tokens_own_call(tmp_path):
+    """A mixture-of-experts pool's routes: the position that gave a policy token its log-prob keeps
+    the routes of the call that drew the token; the prompt and observations those of the last call
+    that fed them; the last token, never fed, none."""
+    ep, sampler, _ = _episode(tmp_path, [FIX, SUBMIT], max_total_tokens=10_000, routed=True)
+    short, _, _ = _episode(tmp_path / "b", [SUBMIT], max_total_tokens=10_000)  # a pool that records none
+    r = episodes_to_rollouts([ep, short], rewards=[1.0, 0.0], pad_id=0)
+    routes = r.routed_experts
+    assert routes.shape == (2, r.prompt_ids.shape[1] + r.completion_ids.shape[1], 1, 2)
+    assert (routes[1] == -1).all()
+    mask = ep.tokens.mask
+    second = len(sampler.prompts[1])  # where the second turn's tokens start
+    drew = {p - 1: 0 if p < second else 1 for p, m in enumerate(mask) if m}
+    call, position = routes[0, :, 0, 0].tolist(), routes[0, :, 0, 1].tolist()
+    last = len(mask) - 1
+    for p in range(last):
+        assert position[p] == p and call[p] == drew.get(p, 1), p
+    assert call[last:] == [-1] * (len(call) - last)
+    assert any(call[p] == 0 for p in drew) and call[second - 2] == 1  # an observation after turn 1: call 1
 
 
 def test_token_budget_ends_the_episode(tmp_path):

@@ -55,7 +55,9 @@ class EpisodeTokens:
     ``sampler_logprobs`` its log q (0.0 where ~mask), ``versions`` the weight version that generated
     it (-1 where ~mask: an episode may span weight updates). ``extras``: per policy turn, the
     sampler's top-K head / top-p support for its tokens (``rlmix.agentic.policy.TOKEN_EXTRAS``), in
-    order; ``records.episodes_to_rollouts`` scatters them to the masked positions.
+    order; ``records.episodes_to_rollouts`` scatters them to the masked positions. ``routes``: per
+    policy turn of a mixture-of-experts sampler, (start of its tokens in ``ids``, the experts its call
+    chose at each position it fed: ``rlmix.agentic.policy.PolicyTurn.routes``).
     ``policy_version`` is the oldest version among the policy tokens (what staleness is measured on).
     """
 
@@ -66,14 +68,17 @@ class EpisodeTokens:
     prompt_len: int = 0
     policy_version: int = 0
     extras: list[dict] = field(default_factory=list, repr=False)
+    routes: list[tuple[int, object]] = field(default_factory=list, repr=False)
 
     def add(self, ids: tuple[int, ...], policy: bool, logprobs: tuple[float, ...] = (), version: int = -1,
-            extras: dict | None = None) -> None:
+            extras: dict | None = None, routes=None) -> None:
         if policy and len(logprobs) != len(ids):
             raise ValueError(f"a policy turn has {len(ids)} tokens but {len(logprobs)} log-probs")
         if policy and ids:
             self.policy_version = version if not any(self.mask) else min(self.policy_version, version)
             self.extras.append(extras or {})
+            if routes is not None:
+                self.routes.append((len(self.ids), routes))
         self.ids += ids
         self.mask += [policy] * len(ids)
         self.sampler_logprobs += list(logprobs) if policy else [0.0] * len(ids)
@@ -139,7 +144,7 @@ def run_episode(task: HarborTask, sample: int, policy: AgentPolicy, sandbox: San
             episode.tokens.prompt_len = len(out.context_ids)
         episode.tokens.add(out.context_ids, policy=False)
         episode.tokens.add(out.token_ids, policy=True, logprobs=out.logprobs, version=out.policy_version,
-                           extras=out.extras)
+                           extras=out.extras, routes=out.routes)
         transcript.messages.append(Message("assistant", out.text))
         transcript.token_ids += [*out.context_ids, *out.token_ids]
         transcript.rendered = len(transcript.messages)

@@ -54,6 +54,9 @@ class PolicyTurn:
     policy_version: int = 0
     finish_reason: str = "stop"
     extras: dict = field(default_factory=dict)  # TOKEN_EXTRAS name -> (n, K|S) tensor, n = len(token_ids)
+    # Mixture-of-experts samplers only: (C + n - 1, M, k) int16, the experts each sparse layer chose at
+    # every position the turn's sampler call fed (its C context tokens, then its own tokens but the last).
+    routes: object = None
 
 
 class AgentPolicy(Protocol):
@@ -95,7 +98,8 @@ class ModelPolicy:
         if budget <= 0:  # the prompt alone exhausts the episode's token budget
             return PolicyTurn(text="", context_ids=context, finish_reason="length")
         start = time.monotonic()
-        rollouts = self.sampler.generate([list(transcript.token_ids) + list(context)],
+        prompt = list(transcript.token_ids) + list(context)
+        rollouts = self.sampler.generate([prompt],
                                          replace(self.params, max_new_tokens=budget,
                                                  seed=turn_seed(self.params.seed, transcript)))
         self.generate_s += time.monotonic() - start
@@ -105,7 +109,8 @@ class ModelPolicy:
         return PolicyTurn(text=self.tokenizer.decode(ids, skip_special_tokens=True), token_ids=ids,
                           logprobs=logprobs, context_ids=context,
                           policy_version=int(rollouts.policy_version[0]),
-                          finish_reason=rollouts.finish_reason[0], extras=turn_extras(rollouts, n))
+                          finish_reason=rollouts.finish_reason[0], extras=turn_extras(rollouts, n),
+                          routes=turn_routes(rollouts, len(prompt), n))
 
 
 def turn_seed(seed: int | None, transcript: Transcript) -> int | None:
@@ -116,6 +121,13 @@ def turn_seed(seed: int | None, transcript: Transcript) -> int | None:
     if seed is None:
         return None
     return derive_seed(seed, "turn", transcript.task_id, transcript.sample, len(transcript.messages))
+
+
+def turn_routes(rollouts: Rollouts, context: int, n: int):
+    """Row 0's recorded experts at the positions its call fed (``context`` + ``n`` - 1), or None."""
+    if rollouts.routed_experts is None or n < 1:
+        return None
+    return rollouts.routed_experts[0, :context + n - 1].clone()
 
 
 def turn_extras(rollouts: Rollouts, n: int) -> dict:

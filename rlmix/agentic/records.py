@@ -5,7 +5,7 @@ Per episode b: ``prompt_ids[b]`` = the first prompt (as rendered by the model po
 interleaved; ``mask[b]`` True only on policy tokens (environment tokens never enter the loss);
 ``sampler_logprobs[b]`` the sampler's log q on policy tokens, 0 elsewhere; ``head_*`` / ``support_*``
 the sampler's top-K head and top-p support at policy tokens (padding elsewhere), when it recorded
-them; ``policy_version[b]`` the oldest weight version among its policy tokens; ``episode_stats[b]``
+them; ``routed_experts[b]`` a mixture-of-experts sampler's expert choices (``_routes``); ``policy_version[b]`` the oldest weight version among its policy tokens; ``episode_stats[b]``
 the columns of ``rlmix.rollout.EPISODE_STATS``. Scripted policies produce no tokens and give empty rows.
 """
 
@@ -98,5 +98,28 @@ def episodes_to_rollouts(episodes: Sequence[Episode], rewards: Sequence[float], 
         rewards=torch.tensor(list(rewards), dtype=torch.float32),
         format_ok=torch.tensor([e.format_errors == 0 for e in episodes], dtype=torch.bool),
         episode_stats=torch.tensor([list(r) for r in rows], dtype=torch.float32),
+        routed_experts=_routes(episodes, P + T),
         **_extras(episodes, T),
     )
+
+
+def _routes(episodes: Sequence[Episode], width: int):
+    """(B, width, M, k) int16, -1 where unrecorded, indexed by position in the episode's tokens (as
+    ``Rollouts.routed_experts``); None when no turn recorded experts.
+
+    Each turn's sampler call fed the whole episode so far, so a position is covered by every later
+    call. A position that gave a policy token its log-prob keeps the route of the call that drew the
+    token; every other position (prompt, observations) the route of the last call that fed it, whose
+    KV the episode's last tokens attended to."""
+    import torch
+
+    recorded = [r for e in episodes for _, r in e.tokens.routes]
+    if not recorded:
+        return None
+    out = torch.full((len(episodes), width, *recorded[0].shape[1:]), -1, dtype=recorded[0].dtype)
+    for b, e in enumerate(episodes):
+        for _, routes in e.tokens.routes:  # later calls overwrite the context they share
+            out[b, : routes.shape[0]] = routes
+        for start, routes in e.tokens.routes:  # each turn's own tokens: the call that drew them
+            out[b, start - 1 : routes.shape[0]] = routes[start - 1 :]
+    return out

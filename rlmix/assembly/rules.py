@@ -213,8 +213,6 @@ def _check_routing_replay(cfg: RunConfig, model: Mapping | None) -> None:
     _require(not cfg.trainer.activation_checkpointing,
              f"{key} cannot be combined with trainer.activation_checkpointing=true (the recomputed layers would "
              "route by the trainer's own choice); set one of them to false")
-    _require(not isinstance(cfg.task, AgentEnvConfig),
-             f"{key}: episode tasks (task={type(cfg.task).__name__}) record no expert choices; set it to false")
     for name, pool in cfg.fleet.pools.items():
         _require(pool.backend is SamplerBackend.torch,
                  f"{key}: fleet.pools.{name} has backend: {pool.backend.value}, which records no expert choices; "
