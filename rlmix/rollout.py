@@ -53,6 +53,9 @@ class SamplingParams:
     support_slots: int = 0  # S: record up to S support slots when top_p < 1 or top_k > 0
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    # One seed per prompt of a generate call: row i draws from its own stream, so its tokens do not
+    # depend on what else shares the call (rlmix.agentic.batching batches unrelated episodes' turns).
+    row_seeds: tuple[int, ...] | None = None
 
     @property
     def truncates(self) -> bool:

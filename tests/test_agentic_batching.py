@@ -67,3 +67,43 @@ def test_a_failing_sampler_fails_every_waiting_turn():
             batcher.generate([[1]], SamplingParams(max_new_tokens=2))
     finally:
         batcher.close()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp8_e4m3"])
+def test_a_seeded_turn_draws_in_a_batch_what_it_draws_alone(tmp_path, precision):
+    """Which turns arrive together is timing; what each draws must not be. Seeded turns batched
+    through a real torch sampler get the tokens (and log-probs) each gets from a call of its own."""
+    from rlmix.samplers.accelerators import resolve_view
+    from rlmix.samplers.torch_sampler import TorchSampler
+    from tests.agentic_models import tiny_agent_model
+
+    sampler = TorchSampler(tiny_agent_model(tmp_path / "model"), resolve_view("H100" if precision != "fp32" else "CPU",
+                                                                              precision), "p")
+    prompts = [[1, 20 + i, 30, 40 + 2 * i][: 2 + i % 3] for i in range(6)]
+    params = [SamplingParams(max_new_tokens=8 + i % 4, seed=1000 + 7 * i) for i in range(6)]
+    alone = [sampler.generate([p], q) for p, q in zip(prompts, params)]
+    batcher, gate = TurnBatcher(sampler, seed=3), threading.Event()
+    generate = sampler.generate
+    sampler.generate = lambda *a: gate.wait(5.0) and generate(*a)  # hold the first call so the rest pile up
+    try:
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            futures = [pool.submit(batcher.generate, [p], q) for p, q in zip(prompts, params)]
+            threading.Timer(0.5, gate.set).start()
+            rows = [f.result() for f in futures]
+    finally:
+        batcher.close()
+    assert len(batcher.batch_sizes) < len(prompts)  # some turns shared a call
+    for one, row in zip(alone, rows):
+        n = int(one.mask.sum())
+        assert int(row.mask.sum()) == n and row.completion_ids[0, :n].tolist() == one.completion_ids[0, :n].tolist()
+        assert torch.allclose(row.sampler_logprobs[0, :n], one.sampler_logprobs[0, :n], atol=1e-5)
+
+
+def test_row_seeds_must_match_the_prompts(tmp_path):
+    from rlmix.samplers.accelerators import resolve_view
+    from rlmix.samplers.torch_sampler import TorchSampler
+    from tests.agentic_models import tiny_agent_model
+
+    sampler = TorchSampler(tiny_agent_model(tmp_path / "model"), resolve_view("CPU", "fp32"), "p")
+    with pytest.raises(ValueError, match="2 row seeds for 3 prompts"):
+        sampler.generate([[1, 2]] * 3, SamplingParams(max_new_tokens=2, row_seeds=(1, 2)))

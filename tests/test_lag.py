@@ -11,6 +11,7 @@ import torch
 
 from rlmix.orchestration.lag import LagSchedule, request_of
 from rlmix.assembly.producers import ERROR_GROUP_BASE
+from tests.agentic_models import BRIEF_AGENT
 from tests.test_train_e2e import read_metrics, rlmix_train_here
 
 
@@ -48,7 +49,7 @@ def test_a_part_names_its_request_even_when_a_reward_failed():
 
 # How fast the machine was: the only thing allowed to differ. loop/buffered_groups counts the groups
 # that had finished when a step ended, which is a race between the samplers and the trainer.
-TIMING = ("time", "time/", "throughput/", "loop/buffered_groups")
+TIMING = ("time", "time/", "throughput/", "loop/buffered_groups", "agent/env_time_frac")
 
 
 def _without_timing(rows: list[dict]) -> list[dict]:
@@ -72,3 +73,19 @@ def test_one_seed_gives_one_run(tmp_path, warm_ray):
     assert all(row["staleness/dropped_groups"] == 0 for row in first)
     summary = json.loads((tmp_path / "first" / "summary.json").read_text())
     assert summary["status"] == "completed"
+
+
+@pytest.mark.slow
+def test_one_seed_gives_one_run_on_episodes(tmp_path, warm_ray):
+    """The same promise on an episode task, whose concurrent episodes share sampler calls in
+    whatever groups their timing makes: each seeded turn draws what it would draw alone."""
+    args = ("+experiment=sc_mis", "task=minicode_agent", "task.levels=[1]", *BRIEF_AGENT, "fleet=smoke",
+            "task.concurrent_episodes=1", "loop.lag=1", "loop.steps=2", "loop.groups_per_step=2", "loop.group_size=4", "loop.groups_per_request=2",
+            "logger.wandb.mode=disabled")
+    runs = []
+    for name in ("first", "second"):
+        rlmix_train_here(*args, f"hydra.run.dir={tmp_path / name}", cwd=tmp_path)
+        runs.append(read_metrics(tmp_path / name))
+    first, second = runs
+    assert len(first) == 2 and first[0]["agent/turns_mean"] > 1  # episodes, with observations between turns
+    assert _without_timing(first) == _without_timing(second)

@@ -57,6 +57,14 @@ def test_every_task_has_a_kind_and_an_unknown_config_is_a_key_error():
         task_kind(Unknown())
 
 
+def test_only_concurrent_episodes_are_a_caveat_to_a_controlled_lags_reruns():
+    """tests/test_lag.py checks the exact reruns; this, which runs may not have them and say so."""
+    assert task_kind(MiniCodeTaskConfig()).rerun_caveat() is None
+    assert task_kind(MiniCodeAgentConfig(concurrent_episodes=1)).rerun_caveat() is None
+    caveat = task_kind(MiniCodeAgentConfig(concurrent_episodes=8)).rerun_caveat()
+    assert "task.concurrent_episodes=8" in caveat and "task.concurrent_episodes=1" in caveat
+
+
 def test_the_plan_holds_the_task_bound_to_its_kind():
     assert type(compose_plan([]).task) is SingleTurnKind
     plan = compose_plan(["task=minicode_agent"])

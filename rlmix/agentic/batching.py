@@ -8,7 +8,10 @@ larger the batch (the torch sampler's cost grows far slower than its batch; vLLM
 
 Per-row budgets differ (each episode has its own tokens left): the batch generates up to the
 largest and each row is cut to its own budget, which is what sampling it alone would have drawn
-up to that length (tokens are drawn left to right).
+up to that length (tokens are drawn left to right). A turn that brings its own seed (``ModelPolicy``
+derives one per task, sample and turn) is drawn from it as the call's row seed, so which turns
+happened to arrive together does not change what any of them draws, and a rerun of a request plays
+the same episodes.
 """
 
 from __future__ import annotations
@@ -85,7 +88,9 @@ class TurnBatcher:
 
     def _run(self, batch: list[tuple[list[int], SamplingParams, Future]]) -> None:
         budgets = [params.max_new_tokens for _, params, _ in batch]
-        params = dataclasses.replace(batch[0][1], max_new_tokens=max(budgets), seed=_seed(self._seed, self._calls))
+        seeds = [params.seed for _, params, _ in batch]  # a seeded turn draws what it would draw alone
+        params = dataclasses.replace(batch[0][1], max_new_tokens=max(budgets), seed=_seed(self._seed, self._calls),
+                                     row_seeds=tuple(seeds) if None not in seeds else None)
         self._calls += 1
         self.batch_sizes.append(len(batch))
         try:

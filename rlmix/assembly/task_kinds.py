@@ -67,6 +67,10 @@ class TaskKind(ABC):
     def evaluate(self, evaluation) -> dict:
         """Evaluate through ``evaluation`` (``rlmix.eval.evaluate.Evaluation``) in this kind's form."""
 
+    def rerun_caveat(self) -> str | None:
+        """Why two runs of one seed under ``loop.lag`` may differ in their digits (None: they do not)."""
+        return None
+
 
 class SingleTurnKind(TaskKind):
     """One completion per prompt, rendered through the task's chat template and scored as text."""
@@ -134,6 +138,15 @@ class EpisodeKind(TaskKind):
     def probe_draw(self, seed: int, problems: list, tokenizer, samples_per_prompt: int) -> EpisodeDraw:
         """``samples_per_prompt`` episodes of each problem."""
         return EpisodeDraw(self.config, self.make(seed), problems, tokenizer, samples_per_prompt)
+
+    def rerun_caveat(self) -> str | None:
+        """Concurrent episodes share sampler calls in groups their timing decides. Each seeded turn
+        draws its own random numbers, but the emulated kernels' rounding depends on the batch, so a
+        near-tie can go the other way and the episode with it."""
+        if self.config.concurrent_episodes == 1:
+            return None
+        return (f"task.concurrent_episodes={self.config.concurrent_episodes}: episodes batched by timing can "
+                "differ from one run to the next; set task.concurrent_episodes=1 for runs that repeat exactly")
 
     def evaluate(self, evaluation) -> dict:
         """Episodes graded in fresh sandboxes, on minicode_agent's ``task.split`` or a Harbor ``task.subset``."""

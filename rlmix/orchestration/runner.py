@@ -106,6 +106,8 @@ def train(plan: RunPlan, run_dir: Path, sweep_group: str | None = None, label: s
     task = plan.task.build(cfg.seed, tokenizer, cfg.loop.max_new_tokens)
     specs = resolve_fleet(plan, tokenizer.eos_token_id)
     plan.task.check_run(task, tokenizer, model_dir)  # an episode task's runtime, tasks and context: one line
+    if cfg.loop.lag is not None and (caveat := plan.task.rerun_caveat()):
+        log.warning("loop.lag=%d: %s", cfg.loop.lag, caveat)
     manifest = fleet_manifest(specs)
     for pool, entry in manifest.items():
         log.info("pool %s: %d x %s", pool, entry["count"], entry["label"])

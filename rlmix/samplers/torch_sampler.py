@@ -8,7 +8,9 @@ not depend on the batch size either.
 
 Seeding: with ``params.seed`` set, ``generate`` is a pure function of (weights, prompts, params)
 — callers that want fresh samples per request vary the seed. With ``params.seed=None`` the
-sampler's own generator (seeded by the constructor's ``seed``) advances across calls.
+sampler's own generator (seeded by the constructor's ``seed``) advances across calls. With
+``params.row_seeds`` each row's uniforms come from a generator of its own, so a row draws what it
+would draw alone (the first n uniforms of a generator do not depend on how many follow).
 """
 
 from __future__ import annotations
@@ -113,14 +115,24 @@ class TorchSampler:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
         start = time.perf_counter()
-        generator = self._generator if params.seed is None else torch.Generator().manual_seed(params.seed)
-        uniforms = torch.rand((len(prompts), params.max_new_tokens), generator=generator)
+        uniforms = self._uniforms(len(prompts), params)
         parts = [
             self._generate_batch(prompts[i : i + self.max_batch], params, uniforms[i : i + self.max_batch])
             for i in range(0, len(prompts), self.max_batch)
         ]
         out = parts[0] if len(parts) == 1 else concat_rollouts(parts, self.pad_id)
         return out.replace(gen_time_s=time.perf_counter() - start, tags={**self.view.tags(), "backend": "torch"})
+
+    def _uniforms(self, rows: int, params: SamplingParams) -> torch.Tensor:
+        """(rows, max_new_tokens): from ``params.row_seeds``, one generator per row; else from
+        ``params.seed`` (or the sampler's own generator), row after row."""
+        steps = params.max_new_tokens
+        if params.row_seeds is not None:
+            if len(params.row_seeds) != rows:
+                raise ValueError(f"{len(params.row_seeds)} row seeds for {rows} prompts")
+            return torch.stack([torch.rand(steps, generator=torch.Generator().manual_seed(s)) for s in params.row_seeds])
+        generator = self._generator if params.seed is None else torch.Generator().manual_seed(params.seed)
+        return torch.rand((rows, steps), generator=generator)
 
     def _generate_batch(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                         uniforms: torch.Tensor) -> Rollouts:

@@ -186,7 +186,7 @@ class VllmSampler:
             max_tokens=params.max_new_tokens,
             stop_token_ids=list(params.stop_token_ids),
             ignore_eos=True,  # stop only where the pool's params say, as every backend does
-            seed=None if params.seed is None else (params.seed + index) % 2**63,  # one stream per row
+            seed=_row_seed(params, index),
             logprobs=slots,
             flat_logprobs=True,
             detokenize=False,
@@ -234,3 +234,11 @@ def _right_pad(rows: list[list[int]], pad_id: int) -> torch.Tensor:
     for i, r in enumerate(rows):
         out[i, : len(r)] = torch.as_tensor(r, dtype=torch.long)
     return out
+
+
+def _row_seed(params: SamplingParams, index: int) -> int | None:
+    """Request ``index``'s seed: its own from ``params.row_seeds``, else one stream per row after
+    ``params.seed`` (None: the engine's)."""
+    if params.row_seeds is not None:
+        return params.row_seeds[index] % 2**63
+    return None if params.seed is None else (params.seed + index) % 2**63
