@@ -186,8 +186,14 @@ def test_common_prefix_matches_a_plain_scan():
         assert common_prefix(a, b, limit) == plain
 
 
-def test_moe_models_prefill_whole_prompts(tiny_qwen3_moe_dir):
-    """Their record has every position's routes, which a cached prefix would not carry."""
-    sampler = TorchSampler(tiny_qwen3_moe_dir, PrecisionView.exact(), "moe")
-    sampler.generate([[1, 5, 6, 7]], SamplingParams(max_new_tokens=4, seed=0))
-    assert sampler.prefix_cache.max_bytes == 0 and len(sampler.prefix_cache) == 0
+@pytest.mark.parametrize("view", list(VIEWS))
+def test_moe_reuse_gives_the_numbers_and_the_experts_of_a_fresh_prefill(tiny_qwen3_moe_dir, view):
+    """A mixture-of-experts pool records every position's experts; a reused prefix brings those its
+    KV was computed with. Tokens, log-probs and the whole expert record equal a fresh prefill's."""
+    cached = TorchSampler(tiny_qwen3_moe_dir, VIEWS[view], "a")
+    fresh = TorchSampler(tiny_qwen3_moe_dir, VIEWS[view], "b", prefix_cache_bytes=0)
+    for _, mine, ref in _play(cached, fresh, turns=3):
+        assert torch.equal(mine.completion_ids, ref.completion_ids) and torch.equal(mine.mask, ref.mask)
+        torch.testing.assert_close(mine.sampler_logprobs, ref.sampler_logprobs, atol=ATOL[view], rtol=0)
+        assert mine.routed_experts is not None and torch.equal(mine.routed_experts, ref.routed_experts)
+    assert cached.prefix_cache.hits > 0 and cached.prefix_cache.reused_tokens > 0

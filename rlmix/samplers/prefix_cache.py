@@ -15,11 +15,13 @@ prefix with the entries at the deepest one wins. So a lookup does not scan every
 shorter than one block (a shared chat header) is not worth a copy and is not made.
 
 Entries hold values in the pool's KV format (what the cache columns held after ``round_kv``), are
-tagged with the weight version that computed them and are never served to another version. Memory
+tagged with the weight version that computed them and are never served to another version. For a
+mixture-of-experts model they also hold the experts each position was routed to when its KV was
+computed, which a reusing call records for those positions (``Rollouts.routed_experts``). Memory
 is bounded by ``max_bytes``: least recently used entries go first, and an entry a later prompt
 extended in full is dropped once that prompt's own entry replaces it.
 
-Shapes: P decoder layers, Hkv KV heads, n cached tokens, D head dim.
+Shapes: P decoder layers, Hkv KV heads, n cached tokens, D head dim, M sparse layers, k experts per token.
 """
 
 from __future__ import annotations
@@ -39,10 +41,11 @@ class CachedPrefix:
     k: torch.Tensor  # (P, Hkv, n, D), values in the pool's KV format
     v: torch.Tensor
     version: int
+    routes: torch.Tensor | None = None  # (n, M, k) int16: mixture-of-experts models only
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+        return self.k.nbytes + self.v.nbytes + (self.routes.nbytes if self.routes is not None else 0)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:

@@ -70,10 +70,7 @@ class TorchSampler:
         self.pad_id = pad_id if pad_id is not None else (pad if pad is not None else fallback)
         self._generator = torch.Generator().manual_seed(seed)
         self._version = 0
-        # A mixture-of-experts model records every position's routes (Rollouts.routed_experts), which a
-        # cached prefix would not have: its prompts are always prefilled whole.
-        moe = self.model.shape.spec.moe is not None
-        self.prefix_cache = PrefixCache(0 if moe else prefix_cache_bytes)
+        self.prefix_cache = PrefixCache(prefix_cache_bytes)
         try:
             self.load_weights(weights, 0)
         except ValueError as err:  # a format's block/group size that does not divide the model's dims
@@ -153,11 +150,11 @@ class TorchSampler:
         key_valid[:, :width] = torch.arange(width)[None] >= pad[:, None]
         positions = (torch.arange(width)[None] - pad[:, None]).clamp(min=0)
         cache = self.model.new_cache(b, width + steps)
-        start = self._reuse_prefixes(prompts, cache, pad, width)
         moe = self.model.shape.spec.moe
         routes = _Routes(pad, width, steps, moe) if moe is not None else None
+        start = self._reuse_prefixes(prompts, cache, pad, width, routes)
         logits = self.model.forward(left[:, start:], positions[:, start:], key_valid[:, :width], cache, start,
-                                    last_only=True, routes=routes.prefill() if routes else None)[:, 0]
+                                    last_only=True, routes=routes.prefill(start) if routes else None)[:, 0]
         rec = _Recorder(b, steps, params, self.pad_id)
         for t in range(steps):
             step = draw(logits, uniforms[:, t], params.temperature, params.top_k, params.top_p,
@@ -168,15 +165,16 @@ class TorchSampler:
             logits = self.model.forward(step.tokens[:, None], (lens + t)[:, None], key_valid[:, : width + t + 1],
                                         cache, width + t, last_only=True,
                                         routes=routes.step(t, ~rec.done) if routes else None)[:, 0]
-        self._keep_prefixes(prompts, rec, cache, pad, width)
+        self._keep_prefixes(prompts, rec, cache, pad, width, routes)
         out = rec.rollouts(right, lens, self._version, self.pool, params)
         return out if routes is None else out.replace(routed_experts=routes.record(lens, rec.steps))
 
-    def _reuse_prefixes(self, prompts: Sequence[Sequence[int]], cache, pad: torch.Tensor, width: int) -> int:
-        """Copy each row's longest cached prefix into ``cache`` and return the first column to feed:
-        every row has its tokens before that column cached (a row with fewer new tokens than the batch's
-        most recomputes some of its cached ones, and overwrites them with values equal to fp32
-        rounding)."""
+    def _reuse_prefixes(self, prompts: Sequence[Sequence[int]], cache, pad: torch.Tensor, width: int,
+                        routes: _Routes | None) -> int:
+        """Copy each row's longest cached prefix into ``cache`` (and its experts into ``routes``) and
+        return the first column to feed: every row has its tokens before that column cached (a row
+        with fewer new tokens than the batch's most recomputes some of its cached ones, and
+        overwrites them with values equal to fp32 rounding)."""
         if self.prefix_cache.max_bytes <= 0:
             return 0
         matches = [self.prefix_cache.match(tuple(p), self._version) for p in prompts]
@@ -186,17 +184,21 @@ class TorchSampler:
             if keep > 0:
                 cache.k[:, i, :, int(pad[i]) : start] = entry.k[:, :, :keep]
                 cache.v[:, i, :, int(pad[i]) : start] = entry.v[:, :, :keep]
+                if routes is not None:
+                    routes.columns[i, int(pad[i]) : start] = entry.routes[:keep]
         for entry, n in matches:  # extended in full: this call's own entry replaces it
             if entry is not None and n == len(entry.tokens):
                 self.prefix_cache.discard(entry.tokens)
         return start
 
     def _keep_prefixes(self, prompts: Sequence[Sequence[int]], rec: _Recorder, cache, pad: torch.Tensor,
-                       width: int) -> None:
+                       width: int, routes: _Routes | None) -> None:
         """Cache each row's prompt and the completion tokens that were fed back: every drawn token but
-        the batch's last (a finished row's stop token was fed while the others went on)."""
+        the batch's last (a finished row's stop token was fed while the others went on), with the
+        experts those positions were routed to."""
         if self.prefix_cache.max_bytes <= 0:
             return
+        columns = routes.by_column() if routes is not None else None
         fed = rec.steps - 1
         counts = rec.mask.sum(dim=1).clamp(max=fed).tolist()
         for i, p in enumerate(prompts):
@@ -204,7 +206,8 @@ class TorchSampler:
             cols = slice(int(pad[i]), width + n)
             tokens = tuple(p) + tuple(rec.tokens[i, :n].tolist())
             self.prefix_cache.store(CachedPrefix(tokens, cache.k[:, i, :, cols].clone(),
-                                                 cache.v[:, i, :, cols].clone(), self._version))
+                                                 cache.v[:, i, :, cols].clone(), self._version,
+                                                 columns[i, cols].clone() if columns is not None else None))
 
 
 class _Routes:
@@ -232,8 +235,10 @@ class _Routes:
         self.columns[:, start : start + chosen.shape[1]] = chosen
         self._pending = None
 
-    def prefill(self) -> list[torch.Tensor]:
-        self._pending = ([], 0, None)
+    def prefill(self, start: int) -> list[torch.Tensor]:
+        """The list for the prefill forward, which feeds the cache columns from ``start`` on (those
+        before it came from the prefix cache, experts included)."""
+        self._pending = ([], start, None)
         return self._pending[0]
 
     def step(self, t: int, active: torch.Tensor) -> list[torch.Tensor]:
@@ -242,6 +247,11 @@ class _Routes:
         self._flush()
         self._pending = ([], self.width + t, active.clone())
         return self._pending[0]
+
+    def by_column(self) -> torch.Tensor:
+        """(B, width + steps, M, k): every forward so far, by cache column."""
+        self._flush()
+        return self.columns
 
     def record(self, lens: torch.Tensor, steps: int) -> torch.Tensor:
         """(B, width + steps, M, k): row i's columns shifted left by its padding."""
