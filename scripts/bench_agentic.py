@@ -3,6 +3,7 @@
     python scripts/bench_agentic.py                     # throughput only (in-process, no Ray)
     python scripts/bench_agentic.py --repeats 3         # arms interleaved, medians of 3
     python scripts/bench_agentic.py --train-steps 3     # also short `rlmix train` runs, one per concurrency
+    python scripts/bench_agentic.py --model v2          # the v2 agent model (Qwen3-MoE, byte-level BPE)
 
 Throughput: one torch sampler (bf16 view) and the real local sandbox runtime run the same
 ``--episodes`` minicode_agent episodes (same problems, same seeds) through
@@ -55,17 +56,29 @@ def _timed_forward(sampler) -> dict:
     return split
 
 
-def throughput(concurrency: int, episodes: int, group_size: int, seed: int, prefix_cache: bool = True) -> dict:
+def agent_model(version: str) -> Path:
+    """The embedded agent model: v1 (Llama, characters) or v2 (Qwen3-MoE, byte-level BPE)."""
+    from rlmix.config.embedded import AgentModelSpec, EmbeddedMoeSpec
+
+    if version == "v2":
+        from rlmix.embedded.minicode_agent.v2 import build_v2_agent_model
+
+        return build_v2_agent_model(EmbeddedMoeSpec(), AgentModelSpec(), progress=print)
+    from rlmix.embedded.minicode_agent.model import build_agent_model
+
+    return build_agent_model(AgentModelSpec(), progress=print)
+
+
+def throughput(concurrency: int, episodes: int, group_size: int, seed: int, prefix_cache: bool = True,
+               model: str = "v1") -> dict:
     import torch
 
     from rlmix.agentic.batching import TurnBatcher
     from rlmix.agentic.policy import Message
     from rlmix.agentic.run import system_prompt
     from rlmix.config.swebench import MiniCodeAgentConfig
-    from rlmix.embedded.minicode_agent.model import build_agent_model
     from rlmix.agentic.train import EpisodeRollouts
     from rlmix.assembly.parts import make_task
-    from rlmix.config.embedded import AgentModelSpec
     from rlmix.models.io import load_tokenizer
     from rlmix.rollout import EPISODE_STATS, SamplingParams
     from rlmix.samplers.accelerators import resolve_view
@@ -73,7 +86,7 @@ def throughput(concurrency: int, episodes: int, group_size: int, seed: int, pref
     from rlmix.tasks.chat import chat_renderer
 
     torch.set_num_threads(1)
-    model_dir = build_agent_model(AgentModelSpec(), progress=print)
+    model_dir = agent_model(model)
     tokenizer = load_tokenizer(model_dir)
     cache = {} if prefix_cache else {"prefix_cache_bytes": 0}
     sampler = TorchSampler(model_dir, resolve_view("CPU", "bf16"), pool="bench", **cache)
@@ -113,7 +126,7 @@ def throughput(concurrency: int, episodes: int, group_size: int, seed: int, pref
     col = {n: out.episode_stats[:, i] for i, n in enumerate(EPISODE_STATS)}
     policy_tokens_per_s = float(col["policy_tokens"].sum()) / wall
     single_tokens_per_s = single_tokens / single_s
-    return {"concurrent_episodes": concurrency, "prefix_cache": prefix_cache, "episodes": len(out), "wall_s": wall,
+    return {"model": model, "concurrent_episodes": concurrency, "prefix_cache": prefix_cache, "episodes": len(out), "wall_s": wall,
             "episodes_per_s": len(out) / wall, "policy_tokens_per_s": policy_tokens_per_s,
             "generate_s": agentic_split["generate_s"], "prefill_s": agentic_split["prefill_s"],
             "prefill_positions": agentic_split["prefill_positions"], "decode_s": agentic_split["decode_s"],
@@ -148,12 +161,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1, help="rounds; every arm once per round, interleaved")
     ap.add_argument("--train-steps", type=int, default=0, help="0 skips the trainer idle-fraction runs")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--model", choices=["v1", "v2"], default="v1", help="the embedded agent model (model=embedded_v2: v2)")
     args = ap.parse_args()
     arms = [(c, cache == "on") for c in args.concurrency for cache in args.prefix_cache]
     runs: dict[tuple[int, bool], list[dict]] = {arm: [] for arm in arms}
     for _ in range(args.repeats):
         for c, cache in arms:
-            r = throughput(c, args.episodes, args.group_size, args.seed, cache)
+            r = throughput(c, args.episodes, args.group_size, args.seed, cache, args.model)
             r["load_avg_1min"] = os.getloadavg()[0]
             print(json.dumps(r), flush=True)
             runs[(c, cache)].append(r)
