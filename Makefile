@@ -1,5 +1,6 @@
 # Entry points, each doing its own set-up on a fresh machine:
-#   make train   set-up, then `rlmix train +experiment=sc_mis` on the embedded default
+#   make train   set-up, then `rlmix train +experiment=sc_mis model=embedded_v2` on the embedded v2
+#                model (a small Qwen3-MoE with a byte-level BPE, built on first use)
 #   make test    set-up, then the whole test suite
 #   make test-fast   set-up, then the tests not marked slow (no Ray, no subprocess, no model build of
 #                seconds): the tier to run on every change
@@ -60,7 +61,7 @@ endif
 	touch $@
 
 train: setup
-	$(BIN)/rlmix train +experiment=sc_mis
+	$(BIN)/rlmix train +experiment=sc_mis model=embedded_v2
 
 # Two pytest workers (pytest-xdist), each given whole test files: a file's tests share its module
 # fixtures (one Ray instance for the in-process runs) and run in order, as they would alone.

@@ -1,7 +1,7 @@
 """Calibrate the collapse monitor on labelled runs: each rule's false alarms and misses.
 
     python scripts/calibrate_monitor.py                  # replay the stored set; print the table
-    python scripts/calibrate_monitor.py --run 10         # make train at seeds 0..9, then their verdicts
+    python scripts/calibrate_monitor.py --run 10         # the v1 default run at seeds 0..9, then their verdicts
     python scripts/calibrate_monitor.py --run 5 --first-seed 5   # ... at seeds 5..9
     python scripts/calibrate_monitor.py --add healthy /work/calib/default_s*     # store run dirs
     python scripts/calibrate_monitor.py --add collapse multirun/x --lasting-only  # ... only lasting ones
@@ -182,7 +182,7 @@ def save(records: list[dict]) -> None:
 
 
 def run_defaults(n: int, out: Path, first_seed: int = 0) -> list[Path]:
-    """``make train``'s run (the default sc_mis, 150 steps) at seeds first_seed .. first_seed+n-1."""
+    """The v1 default run (``rlmix train +experiment=sc_mis``, 150 steps) at seeds first_seed .. first_seed+n-1."""
     rlmix = str(Path(sys.executable).with_name("rlmix"))
     dirs = []
     for seed in range(first_seed, first_seed + n):
