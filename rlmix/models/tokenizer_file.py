@@ -4,9 +4,11 @@ Sampler actors and the driver only encode prompts, decode completions and read t
 ids. ``transformers`` costs about 3.5 core-seconds to import (measured on the 2-core machines this
 project runs on), paid once per process: with six sampler actors that alone was ~10 s of a run's
 start-up. ``tokenizers`` — the library that does the work inside ``PreTrainedTokenizerFast`` —
-imports in milliseconds. ``load_fast_tokenizer`` falls back to ``transformers`` for any directory
-whose behaviour this reader would not reproduce exactly (no ``tokenizer.json``, or text clean-up
-after decoding), so the two always agree (tests/test_tokenizer_file.py).
+imports in milliseconds. A chat template is rendered by ``rlmix.models.chat_template``, Jinja set up
+as transformers sets it up. ``load_fast_tokenizer`` falls back to ``transformers`` for any directory
+whose behaviour this reader would not reproduce exactly (no ``tokenizer.json``, text clean-up after
+decoding, BOS/EOS flags, a template in a form or with tags the renderer does not take), so the two
+always agree (tests/test_tokenizer_file.py).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from rlmix.errors import ConfigError
 
 SPECIAL_KEYS = ("pad_token", "eos_token", "bos_token", "unk_token")
+TEMPLATE_KEYS = SPECIAL_KEYS + ("sep_token", "cls_token", "mask_token")  # what a template may read
 
 
 def check_model_dir(path: str | Path) -> Path:
@@ -42,14 +45,16 @@ class Encoding:
 
 
 class FileTokenizer:
-    """The subset of ``PreTrainedTokenizerFast`` a sampler uses: call, decode, special ids."""
+    """The subset of ``PreTrainedTokenizerFast`` a sampler uses: call, decode, special ids, the chat
+    template."""
 
-    chat_template = None  # a directory with a template of its own is served by transformers
-
-    def __init__(self, tokenizer, special: dict[str, str | None], path: Path):
+    def __init__(self, tokenizer, special: dict[str, str | None], path: Path, chat_template: str | None = None):
         self._tok, self._path, self._hf = tokenizer, path, None
+        self.chat_template = chat_template
+        self._template_tokens = {key: value for key, value in special.items() if value is not None}
         self.bos_token, self.eos_token = special.get("bos_token"), special.get("eos_token")
-        ids = {key: (tokenizer.token_to_id(text) if text is not None else None) for key, text in special.items()}
+        ids = {key: (tokenizer.token_to_id(text) if text is not None else None) for key, text in special.items()
+               if key in SPECIAL_KEYS}
         self.pad_token_id = ids.get("pad_token")
         self.eos_token_id = ids.get("eos_token")
         self.bos_token_id = ids.get("bos_token")
@@ -69,8 +74,15 @@ class FileTokenizer:
 
     def apply_chat_template(self, messages: list[dict], chat_template: str | None = None, tokenize: bool = True,
                             add_generation_prompt: bool = False):
-        """transformers' own renderer, loaded on first use. Prompt rendering never comes here: this
-        tokenizer has no template, and ``rlmix.tasks.chat`` renders its template-less fallback itself."""
+        """The directory's template (or ``chat_template``) rendered as transformers renders it
+        (``rlmix.models.chat_template``); transformers' own renderer, loaded on first use, for a
+        template that one does not take."""
+        from rlmix.models import chat_template as jinja
+
+        template = chat_template or self.chat_template
+        if template is not None and jinja.supported(template):
+            text = jinja.render(template, messages, add_generation_prompt, self._template_tokens)
+            return self.encode(text, add_special_tokens=False) if tokenize else text
         if self._hf is None:
             from rlmix.models.io import load_tokenizer
 
@@ -89,23 +101,45 @@ def _token_text(value) -> str | None:
     return value
 
 
-def read_special_tokens(model_dir: Path) -> dict[str, str | None] | None:
-    """The special tokens of ``tokenizer_config.json`` (and ``special_tokens_map.json``), or None
-    when the directory configures decoding that only ``transformers`` reproduces."""
+def read_chat_template(model_dir: Path, config: dict) -> tuple[bool, str | None]:
+    """(whether ``rlmix.models.chat_template`` renders the directory's template as transformers
+    would, the template or None). Taken: one string in ``tokenizer_config.json`` or one
+    ``chat_template.jinja`` file; anything else (named templates, both places, other files) is
+    left to transformers."""
+    from rlmix.models.chat_template import supported
+
+    in_config = config.get("chat_template")
+    files = sorted(p.name for p in model_dir.glob("chat_template.*"))
+    if (model_dir / "additional_chat_templates").exists():
+        return False, None
+    if not files:
+        if in_config is None:
+            return True, None
+        return (True, in_config) if isinstance(in_config, str) and supported(in_config) else (False, None)
+    if files == ["chat_template.jinja"] and in_config is None:
+        text = (model_dir / "chat_template.jinja").read_text(encoding="utf-8")
+        return (True, text) if supported(text) else (False, None)
+    return False, None
+
+
+def read_special_tokens(model_dir: Path) -> tuple[dict[str, str | None], str | None] | None:
+    """The special tokens of ``tokenizer_config.json`` (and ``special_tokens_map.json``) and the chat
+    template, or None when the directory configures what only ``transformers`` reproduces."""
     config_file = model_dir / "tokenizer_config.json"
     config = json.loads(config_file.read_text()) if config_file.is_file() else {}
     # Options transformers applies on top of tokenizer.json (clean-up after decoding, BOS/EOS
-    # flags that rewrite the post-processor) and chat templates: transformers serves those.
-    own = {"add_bos_token", "add_eos_token", "chat_template"} & config.keys()
-    if config.get("clean_up_tokenization_spaces", False) or own or list(model_dir.glob("chat_template.*")):
+    # flags that rewrite the post-processor): transformers serves those.
+    own = {"add_bos_token", "add_eos_token"} & config.keys()
+    reproducible, template = read_chat_template(model_dir, config)
+    if config.get("clean_up_tokenization_spaces", False) or own or not reproducible:
         return None
-    special = {key: _token_text(config.get(key)) for key in SPECIAL_KEYS}
+    special = {key: _token_text(config.get(key)) for key in TEMPLATE_KEYS}
     map_file = model_dir / "special_tokens_map.json"
     if map_file.is_file():
         for key, value in json.loads(map_file.read_text()).items():
             if key in special and special[key] is None:
                 special[key] = _token_text(value)
-    return special
+    return special, template
 
 
 def load_fast_tokenizer(path: str | Path):
@@ -114,14 +148,15 @@ def load_fast_tokenizer(path: str | Path):
     ConfigError when ``path`` is not a causal-LM directory.
     """
     p = check_model_dir(path)
-    special = read_special_tokens(p) if (p / "tokenizer.json").is_file() else None
-    if special is None:
+    found = read_special_tokens(p) if (p / "tokenizer.json").is_file() else None
+    if found is None:
         from rlmix.models.io import load_tokenizer
 
         return load_tokenizer(p)
     from tokenizers import Tokenizer
 
+    special, template = found
     try:
-        return FileTokenizer(Tokenizer.from_file(str(p / "tokenizer.json")), special, p)
+        return FileTokenizer(Tokenizer.from_file(str(p / "tokenizer.json")), special, p, template)
     except Exception as e:  # the Rust library raises its own exception type for a malformed file
         raise ConfigError(f"model.path={str(path)!r}: no loadable tokenizer ({type(e).__name__})") from None
