@@ -1,6 +1,6 @@
 """The loop against its compute floor, on the default run (six emulated pools, sc_mis).
 
-    .venv/bin/python scripts/bench_loop.py [--steps 12] [--goal 1.15] [--out F]
+    .venv/bin/python scripts/bench_loop.py [--steps 12] [--goal 1.15] [--out F] [--override model=embedded_v2]
 
 In one run, side by side:
 
@@ -30,12 +30,12 @@ ARM = ["+experiment=sc_mis", "logger=disabled"]
 OVERSUBSCRIBED = ["trainer.num_threads=2", "loop.sampler_threads=1", "loop.concurrent_requests=6"]
 
 
-def compute_floor() -> dict:
+def compute_floor(extra: list[str]) -> dict:
     """Core-seconds of one step's generation and one trainer step, each alone in this process."""
     from rlmix.assembly.parts import resolve_model_dir
     from rlmix.commands.compose import compose_plan
 
-    plan = compose_plan(ARM)
+    plan = compose_plan(ARM + extra)
     step = isolated_step(plan.cfg, resolve_model_dir(plan), reps=3)
     cores = os.cpu_count() or 1
     return {"generate_s": round(step["generate_s"], 3), "train_step_s": round(step["train_s"], 3), "cores": cores,
@@ -65,15 +65,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--goal", type=float, default=1.15, help="loop step / compute floor")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--override", action="append", default=[],
+                        help="a config override for every arm and the floor, e.g. model=embedded_v2 (repeatable)")
     args = parser.parse_args()
     load = load_average()
-    floor = compute_floor() | {"load_avg_before": load, "load_avg_after": load_average()}
+    floor = compute_floor(args.override) | {"load_avg_before": load, "load_avg_after": load_average()}
     with tempfile.TemporaryDirectory() as tmp:
-        planned = loop_run(Path(tmp) / "planned", args.steps, [])
-        oversubscribed = loop_run(Path(tmp) / "oversubscribed", args.steps, OVERSUBSCRIBED)
+        planned = loop_run(Path(tmp) / "planned", args.steps, args.override)
+        oversubscribed = loop_run(Path(tmp) / "oversubscribed", args.steps, args.override + OVERSUBSCRIBED)
     for arm in (planned, oversubscribed):
         arm["ratio_to_floor"] = round(arm["step_s_median"] / floor["floor_s"], 2)
-    result = {"floor": floor, "planned": planned, "oversubscribed": oversubscribed, "goal_ratio": args.goal}
+    result = {"overrides": args.override, "floor": floor, "planned": planned, "oversubscribed": oversubscribed,
+              "goal_ratio": args.goal}
     print(json.dumps(result, indent=2))
     for name, arm in (("planned", planned), ("oversubscribed", oversubscribed)):
         print(f"loop step / floor, {name}:", verdict(arm["ratio_to_floor"], args.goal, unit="x"),
