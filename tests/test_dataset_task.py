@@ -228,7 +228,7 @@ BAD_INPUT = [
     (["task.train_files=d.jsonl", "task.reward=fuzzy"], "task.reward='fuzzy': use a built-in (exact|math|python_tests)"),
     (["task.train_files=gaps.jsonl"], "task.prompt_key='prompt': row 2 of task.train_files has no value"),
     (["task.train_files=d.jsonl", "task.eval_files=nope/"], "task.eval_files=nope/: no such file or directory"),
-    (["task.train_files=d.jsonl"], "cannot encode"),  # the embedded tokenizer has no capital W
+    (["task.train_files=d.jsonl"], "cannot encode"),  # v1's tokenizer has no capital W
 ]
 # Checked against the embedded model, which a machine whose cache lacks it builds first (minutes).
 NEEDS_THE_MODEL = {"cannot encode"}
@@ -250,6 +250,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, args, message):
     monkeypatch.setitem(sys.modules, "rewards", None)
     monkeypatch.delitem(sys.modules, "rewards")
     out = rlmix_refusing("train", "+experiment=smoke", "task=dataset", *args, "logger=disabled",
+                         "model.embedded_version=v1",  # the model whose tokenizer has no capital W
                          f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
     lines = out.stderr.strip().splitlines()

@@ -85,6 +85,17 @@ def test_a_bad_v2_spec_is_one_line_naming_the_key(override, message):
     compose_run_config([override])  # v1 runs never read model.embedded_v2
 
 
+def test_a_dataset_task_starts_from_v2_and_the_embedded_tasks_from_v1_unless_told():
+    """model.embedded_version=auto: the user's own rows get the model that reads any text."""
+    rows = Path(__file__).resolve().parents[1] / "examples" / "arith" / "train.jsonl"
+    data = ["task=dataset", f"task.train_files={rows}", "task.prompt_key=question"]
+    version = lambda *args: compose_run_config(list(args)).model.embedded_version  # noqa: E731
+    assert version(*data) is EmbeddedVersion.v2
+    assert version(*data, "model.embedded_version=v1") is EmbeddedVersion.v1
+    assert version() is version("task=minicode_agent") is EmbeddedVersion.v1
+    assert version("model=embedded_v2") is EmbeddedVersion.v2
+
+
 def test_pool_checks_see_the_v2_config_fields(monkeypatch):
     """Validation hands every pool's platform check the config.json fields the v2 build writes
     (for v1: None, the Llama every backend serves), so a backend that cannot serve it refuses early."""
@@ -201,7 +212,7 @@ def test_an_english_jsonl_task_trains_on_v2_with_no_model_path(tmp_path):
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tiny = [f"model.embedded_v2.{f.name}={getattr(TINY, f.name)}" for f in dataclasses.fields(TINY)]
-    args = ["+experiment=smoke", "model=embedded_v2", *tiny,
+    args = ["+experiment=smoke", *tiny,  # no model=: a dataset task starts from v2 (model.embedded_version=auto)
             "task=dataset", f"task.train_files={data}", "task.prompt_key=question", "task.reward=math",
             "loop.steps=2", "logger=disabled", f"hydra.run.dir={tmp_path / 'run'}"]
     env = {**os.environ, "RLMIX_CACHE": str(tmp_path / "cache")}

@@ -15,6 +15,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from rlmix.config.dataset import DatasetTaskConfig
 from rlmix.config.embedded import EmbeddedVersion, MiniCodeAnswer, check_moe_spec, v2_agent_hf_config
 from rlmix.config.schema import CorrectionConfig, MiniCodeTaskConfig, MiniCodeTraceTaskConfig, RunConfig, SamplerBackend, TrainerBackend, TrainerPrecision
 from rlmix.config.swebench import AgentEnvConfig
@@ -25,6 +26,7 @@ from rlmix.errors import ConfigError
 def validate(cfg: RunConfig, for_training: bool = True) -> Correction:
     """Every cross-field rule, checked before any process starts; returns the resolved correction
     (checked among them, so its errors keep their place in the order)."""
+    resolve_embedded_version(cfg)
     _check_loop(cfg)
     _check_trainer(cfg)
     correction = resolve_correction(cfg.correction)  # the correction resolves, or ConfigError naming its keys
@@ -32,6 +34,15 @@ def validate(cfg: RunConfig, for_training: bool = True) -> Correction:
     _check_paths(cfg)  # first: the fleet's checks read the model's config.json
     _check_fleet(cfg)
     return correction
+
+
+def resolve_embedded_version(cfg: RunConfig) -> None:
+    """``model.embedded_version=auto`` made concrete, in place: v2 for ``task=dataset`` (the user's
+    text; v1's vocabulary is minicode's 32 characters), v1 for the embedded tasks, whose results
+    were measured on it. An explicit v1 or v2 is kept."""
+    if cfg.model.embedded_version is EmbeddedVersion.auto:
+        dataset = isinstance(cfg.task, DatasetTaskConfig)
+        cfg.model.embedded_version = EmbeddedVersion.v2 if dataset else EmbeddedVersion.v1
 
 
 def _require(ok: bool, message: str) -> None:

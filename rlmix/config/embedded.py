@@ -14,8 +14,9 @@ from rlmix.errors import ConfigError
 
 
 class EmbeddedVersion(str, Enum):
-    """Which embedded model a single-turn run starts from when ``model.path`` is null."""
+    """Which embedded model a run starts from when ``model.path`` is null."""
 
+    auto = "auto"  # by the task (rlmix.assembly.rules.resolve_embedded_version): v2 for task=dataset, else v1
     v1 = "v1"  # a small Llama with a character vocabulary (``model.embedded``)
     v2 = "v2"  # a small Qwen3-MoE with a byte-level BPE vocabulary (``model.embedded_v2``)
 

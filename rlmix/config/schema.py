@@ -193,8 +193,9 @@ class ModelConfig:
     path: Optional[str] = None  # any Hugging Face causal-LM directory; None builds the embedded model
     # Which embedded model a run starts from when path is None: v1 (embedded; the Llama agent model for
     # agentic tasks) or v2 (embedded_v2; for agentic tasks the v2 agent model, embedded_v2's shapes and
-    # tokenizer warm-started as embedded_agent says).
-    embedded_version: EmbeddedVersion = EmbeddedVersion.v1
+    # tokenizer warm-started as embedded_agent says). auto, the default: v2 for task=dataset, whose
+    # rows are the user's own text (v1 reads only minicode's characters), v1 for the rest.
+    embedded_version: EmbeddedVersion = EmbeddedVersion.auto
     embedded: EmbeddedModelSpec = field(default_factory=EmbeddedModelSpec)
     embedded_v2: EmbeddedMoeSpec = field(default_factory=EmbeddedMoeSpec)
     # What agentic tasks (task=minicode_agent, task=swebench_pro) start from when path is None: the v1
