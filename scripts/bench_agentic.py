@@ -56,19 +56,6 @@ def _timed_forward(sampler) -> dict:
     return split
 
 
-def agent_model(version: str) -> Path:
-    """The embedded agent model: v1 (Llama, characters) or v2 (Qwen3-MoE, byte-level BPE)."""
-    from rlmix.config.embedded import AgentModelSpec, EmbeddedMoeSpec
-
-    if version == "v2":
-        from rlmix.embedded.minicode_agent.v2 import build_v2_agent_model
-
-        return build_v2_agent_model(EmbeddedMoeSpec(), AgentModelSpec(), progress=print)
-    from rlmix.embedded.minicode_agent.model import build_agent_model
-
-    return build_agent_model(AgentModelSpec(), progress=print)
-
-
 def throughput(concurrency: int, episodes: int, group_size: int, seed: int, prefix_cache: bool = True,
                model: str = "v1") -> dict:
     import torch
@@ -78,7 +65,9 @@ def throughput(concurrency: int, episodes: int, group_size: int, seed: int, pref
     from rlmix.agentic.run import system_prompt
     from rlmix.config.swebench import MiniCodeAgentConfig
     from rlmix.agentic.train import EpisodeRollouts
-    from rlmix.assembly.parts import make_task
+    from rlmix.assembly.parts import EMBEDDED_AGENT_MODELS, make_task
+    from rlmix.config.embedded import EmbeddedVersion
+    from rlmix.config.schema import ModelConfig
     from rlmix.models.io import load_tokenizer
     from rlmix.rollout import EPISODE_STATS, SamplingParams
     from rlmix.samplers.accelerators import resolve_view
@@ -86,7 +75,7 @@ def throughput(concurrency: int, episodes: int, group_size: int, seed: int, pref
     from rlmix.tasks.chat import chat_renderer
 
     torch.set_num_threads(1)
-    model_dir = agent_model(model)
+    model_dir = EMBEDDED_AGENT_MODELS[EmbeddedVersion(model)](ModelConfig(), print)  # what a run builds
     tokenizer = load_tokenizer(model_dir)
     cache = {} if prefix_cache else {"prefix_cache_bytes": 0}
     sampler = TorchSampler(model_dir, resolve_view("CPU", "bf16"), pool="bench", **cache)

@@ -71,11 +71,9 @@ def summarize(outcomes: Sequence[SampleOutcome], ks: Sequence[int], samples: int
     (started) episodes ended by ``max_format_errors``.
     """
     counts = task_counts(outcomes)
+    named = ({subset_name: subset_ids} if subset_ids is not None else {}) | dict(groups or {})
     sets = {"all": pass_at_k_block(counts, ks)}
-    if subset_ids is not None:
-        sets[subset_name] = pass_at_k_block({t: counts[t] for t in subset_ids if t in counts}, ks)
-    for name, ids in (groups or {}).items():
-        sets[name] = pass_at_k_block({t: counts[t] for t in ids if t in counts}, ks)
+    sets |= {name: pass_at_k_block({t: counts[t] for t in ids if t in counts}, ks) for name, ids in named.items()}
     started = [o for o in outcomes if o.end_reason != "infra_error"]
     actions = sum(o.actions for o in started)
     infra = [o for o in outcomes if o.infra_error is not None]
