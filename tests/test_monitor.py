@@ -222,6 +222,18 @@ def test_grad_spikes_spread_wider_than_the_window_do_not_alarm() -> None:
     assert not run(stream, SPIKES_FLAG).collapse
 
 
+def test_updates_without_a_gradient_do_not_make_every_update_a_spike() -> None:
+    # A stretch where every group scores alike has grad norm 0 at most steps; the ordinary updates
+    # between them are not spikes (the reference stays the median of the updates that had a gradient).
+    stream = level_stream()
+    for t in range(40, N_STEPS):
+        stream[t]["train/grad_norm"] = 1.0 if t % 4 == 0 else 0.0
+    assert not run(stream, SPIKES_FLAG).collapse
+    for t in (80, 84, 88):
+        stream[t]["train/grad_norm"] = 10.0  # real spikes against the median of the nonzero norms
+    assert run(stream, SPIKES_FLAG).step == 88
+
+
 def test_non_finite_grad_norm_counts_as_a_spike() -> None:
     stream = level_stream()
     for t in (50, 51, 52):

@@ -308,7 +308,10 @@ class CollapseMonitor:
         """Record update ``i``'s grad norm; return the spike summary once ``count`` spikes fall in ``window``.
 
         A non-finite norm counts as a spike. Spikes stay out of the median's history, so a burst of
-        spikes does not raise the reference it is compared against.
+        spikes does not raise the reference it is compared against. So do norms of exactly 0: an
+        update without a learning signal (every group's rewards equal) has no gradient, and a run
+        whose groups mostly score alike would otherwise reach a median of 0, against which every
+        ordinary update is a spike.
         """
         rule = self.cfg.grad
         value = float(raw) if raw is not None else math.nan
@@ -316,7 +319,7 @@ class CollapseMonitor:
         is_spike = warm and reference is not None and (not math.isfinite(value) or value >= rule.factor * reference)
         if is_spike:
             self._spikes.append(i)
-        elif math.isfinite(value):
+        elif math.isfinite(value) and value > 0:
             self._grad_history.append(value)
         while self._spikes and self._spikes[0] <= i - rule.window:
             self._spikes.popleft()
