@@ -1,11 +1,12 @@
 """Reproduce the study's comparison on the embedded default (docs/math.md §5, docs/results.md).
 
-    python scripts/reproduce.py --profile full      # make reproduce: the map (8 arms x 2 doses) and SC at K = 2 (54 runs)
-    python scripts/reproduce.py --profile quick     # the headline regime: 5 arms x 3 seeds (15 runs, ~7 min each on 2 cores)
-    python scripts/reproduce.py --profile sc        # SC alone and SC+MIS at K = 32 (exact) and K = 2 (a real tail)
-    python scripts/reproduce.py --doses stale8      # one dose, with the profile's arms
-    python scripts/reproduce.py --arms mis,icepop   # other arms (any experiment preset) in the headline regime
-    python scripts/reproduce.py --steps 100         # longer runs (docs/results.md: the 100-step map)
+    python scripts/reproduce.py --profile quick     # make reproduce-quick: the headline, v2 at lag 0 (12 runs of 300 steps)
+    python scripts/reproduce.py --profile full      # make reproduce: v1's map (8 arms x 2 doses) and SC at K = 2 (54 runs)
+    python scripts/reproduce.py --profile v1_quick  # v1's free-running headline regime: 5 arms x 3 seeds
+    python scripts/reproduce.py --profile sc        # v1: SC alone and SC+MIS at K = 32 (exact) and K = 2 (a real tail)
+    python scripts/reproduce.py --doses v2_fleet         # one dose, with the profile's arms
+    python scripts/reproduce.py --arms mis,icepop   # other arms (any experiment preset) at the headline dose
+    python scripts/reproduce.py --steps 500         # longer runs
     python scripts/reproduce.py --seeds 1 --steps 20   # a look, not a result
     python scripts/reproduce.py --merge docs/results_full/runs.json,docs/results_x/runs.json --name map
                                                     # one page (tables, map) from earlier invocations' runs
@@ -13,11 +14,13 @@
                                                     # an invocation that was stopped: its finished runs are
                                                     # kept, the rest are run, then the page is written
 
-Every run is an ordinary ``rlmix train -m`` sweep (one per dose level) on ``fleet=emulated_hetero6``
-with unbounded staleness; every final checkpoint is scored with ``rlmix eval`` on the held-out
-``test`` split (pass@1, the fp32 reference sampler). Seeds are fixed before the runs (0, 1, 2) and
-every run is reported. What is written: ``docs/results_<profile>.md`` (tables), its figures in
-``docs/results_<profile>/``, and the raw per-run records in ``docs/results_<profile>/runs.json``.
+Every run is an ordinary ``rlmix train -m`` sweep (one per dose: the overrides in ``DOSES``); every
+final checkpoint is scored with ``rlmix eval`` on the held-out ``test`` split (pass@1, the fp32
+reference sampler). The v2 doses run under the controlled lag (``loop.lag=0``: each batch from the
+trainer's current weights, one seed one run); the v1 doses free-running, with the staleness set by
+the buffer depth. Seeds are fixed before the runs (0, 1, 2) and every run is reported. What is
+written: ``docs/results_<profile>.md`` (tables), its figures in ``docs/results_<profile>/``, and the
+raw per-run records in ``docs/results_<profile>/runs.json``.
 """
 
 from __future__ import annotations
@@ -48,46 +51,74 @@ HEADLINE_ARMS = ("reinforce", "grpo", "icepop", "ppo_bypass", "sc_mis")
 MAP_ARMS = ("reinforce", "grpo", "icepop", "ppo_bypass", "mis", "mis_seq", "sc_mis", "fp16")
 SC_ARMS = ("sc", "sc_mis")  # when centering matters over masking (MIS alone: the map's stale2 row; K-free)
 
-# Every sampler generates at once, as on a real fleet where each has its own accelerator: the
-# samplers then run ahead of the trainer and the buffer depth sets the staleness. (The default
-# thread plan lets one request generate per free core, which keeps a 2-core run sampler-bound
-# and its staleness under 1 whatever the buffer.)
-FLEET = ["fleet=emulated_hetero6", "loop.concurrent_requests=6"]
+# The v1 doses: every sampler generates at once, as on a real fleet where each has its own
+# accelerator: the samplers then run ahead of the trainer and the buffer depth sets the staleness.
+# (The default thread plan lets one request generate per free core, which keeps a 2-core run
+# sampler-bound and its staleness under 1 whatever the buffer.) How far behind a sample is then
+# depends on how fast each process ran, so these doses are not reproducible run to run.
+FREE_RUNNING = ["fleet=emulated_hetero6", "loop.concurrent_requests=6", "loop.max_staleness=null"]
+# The v2 doses: the v2 workload (model=embedded_v2, docs/embedded.md) under the controlled lag
+# (loop.lag, docs/architecture.md): the batch trained at version k comes from version k − lag
+# whatever the machine's speed, so one seed gives one run and the lag is a number in the command.
+V2 = ["model=embedded_v2"]
+# fp8 KV cache (unit scale, as vLLM stores one without calibrated scales) on the fp8 and nvfp4 pools.
+FP8_KV = [f"fleet.pools.{pool}.kv_precision=fp8_e4m3" for pool in ("h100_fp8", "h200_fp8", "b200_nvfp4", "b300_nvfp4")]
 # Mismatch doses: each an ordinary list of config overrides (physical knobs only: how far behind
 # the samplers run, how hard each step moves the policy, the samplers' number formats).
 DOSES: dict[str, list[str]] = {
-    "stale2": ["loop.buffer_groups=32"],  # the default buffer: staleness ~1.5
-    "stale2_lr1e-3": ["loop.buffer_groups=32", "trainer.lr=1e-3"],  # the same step size with little lag
-    "stale2_int4": ["loop.buffer_groups=32", "fleet.precision=int4"],  # little lag, every pool int4: the numbers' share
-    "stale8": ["loop.buffer_groups=136"],  # samplers ~8 versions behind the trainer
-    "stale8_lr1e-3": ["loop.buffer_groups=136", "trainer.lr=1e-3"],
-    "stale8_lr1e-3_int4": ["loop.buffer_groups=136", "trainer.lr=1e-3", "fleet.pools.b200_nvfp4.precision=int4",
-                           "fleet.pools.b300_nvfp4.precision=int4", "fleet.pools.h100_fp8.kv_precision=fp8_e4m3",
-                           "fleet.pools.h200_fp8.kv_precision=fp8_e4m3"],
-    # The embedded vocabulary has 32 symbols, so the default K = 128 head is all of it and SC is
-    # exact; with K = 2 the head misses tail mass and SC runs on its modelled tail (ρ).
-    "stale2_k2": ["loop.buffer_groups=32", "correction.num_candidates=2"],
+    # v2, lag removed: the fleet's numbers are the only mismatch (beside the matched control's bf16).
+    "v2_fleet": [*V2, "fleet=emulated_hetero6", "loop.lag=0"],  # the six-pool fleet as configured
+    "v2_fp8kv": [*V2, "fleet=emulated_hetero6", "loop.lag=0", *FP8_KV],  # ... with fp8 KV caches (the headline)
+    "v2_matched": [*V2, "fleet=matched_bf16", "loop.lag=0"],  # every pool computes as the trainer does
+    # A step 3.3x the default's: uncorrected GRPO collapses here on the matched control too
+    # (docs/results.md), so these doses test the optimizer, not the numbers.
+    "v2_fp8kv_lr1e-3": [*V2, "fleet=emulated_hetero6", "loop.lag=0", *FP8_KV, "trainer.lr=1e-3"],
+    "v2_matched_lr1e-3": [*V2, "fleet=matched_bf16", "loop.lag=0", "trainer.lr=1e-3"],
+    # v1, free-running (docs/results.md's earlier pages).
+    "stale2": [*FREE_RUNNING, "loop.buffer_groups=32"],  # the default buffer: staleness ~1.5
+    "stale2_lr1e-3": [*FREE_RUNNING, "loop.buffer_groups=32", "trainer.lr=1e-3"],  # the same step size with little lag
+    "stale2_int4": [*FREE_RUNNING, "loop.buffer_groups=32", "fleet.precision=int4"],  # little lag, every pool int4
+    "stale8": [*FREE_RUNNING, "loop.buffer_groups=136"],  # samplers ~8 versions behind the trainer
+    "stale8_lr1e-3": [*FREE_RUNNING, "loop.buffer_groups=136", "trainer.lr=1e-3"],
+    "stale8_lr1e-3_int4": [*FREE_RUNNING, "loop.buffer_groups=136", "trainer.lr=1e-3",
+                           "fleet.pools.b200_nvfp4.precision=int4", "fleet.pools.b300_nvfp4.precision=int4",
+                           "fleet.pools.h100_fp8.kv_precision=fp8_e4m3", "fleet.pools.h200_fp8.kv_precision=fp8_e4m3"],
+    # The v1 vocabulary has 32 symbols, so the default K = 128 head is all of it and SC is exact;
+    # with K = 2 the head misses tail mass and SC runs on its modelled tail (ρ).
+    "stale2_k2": [*FREE_RUNNING, "loop.buffer_groups=32", "correction.num_candidates=2"],
 }
-# Where the failure shows (docs/results.md): uncorrected REINFORCE collapsed in 3 of 3 seeds there.
-HEADLINE = "stale8_lr1e-3"
-# Each profile: (dose, arms) sweeps, run in this order.
-# quick: the headline regime, the study's arms as labelled (5 arms, 15 runs).
-# full: the stability map -- the fleet as configured, and the lag and step size under which the
-#   failure shows; eight arms -- and SC alone against SC+MIS where the head misses mass (K = 2; MIS
-#   is K-free, so the map's stale2 row is its comparison). 54 runs. (The int4 dose of earlier
-#   pages, docs/results_full_100steps.md and docs/results_stale2_int4*, is `--doses stale8_lr1e-3_int4`.)
-# sc: SC and SC+MIS with the head all of the vocabulary and with K = 2 (12 runs).
 Plan = list[tuple[str, tuple[str, ...]]]
-PROFILES: dict[str, Plan] = {
-    "quick": [(HEADLINE, HEADLINE_ARMS)],
-    "full": [("stale2", MAP_ARMS), (HEADLINE, MAP_ARMS), ("stale2_k2", SC_ARMS)],
-    "sc": [("stale2", SC_ARMS), ("stale2_k2", SC_ARMS)],
+
+
+@dataclass(frozen=True)
+class Profile:
+    plan: Plan  # (dose, arms) sweeps, run in this order
+    steps: int  # per run, unless --steps says otherwise
+    about: str
+
+
+# The headline (docs/results.md leads with it): on the v2 workload with the lag removed, the
+# uncorrected arms and SC+MIS on the fleet as configured, and the uncorrected GRPO on the matched
+# control.
+HEADLINE = "v2_fp8kv"
+# v1's headline regime (docs/results_v1_quick.md): uncorrected REINFORCE collapsed in 3 of 3 seeds there.
+V1_HEADLINE = "stale8_lr1e-3"
+PROFILES: dict[str, Profile] = {
+    "quick": Profile([(HEADLINE, ("reinforce", "grpo", "sc_mis")), ("v2_matched", ("grpo",))], 300,
+                     "the headline: v2, lag 0, the fleet and the matched control (12 runs)"),
+    "v1_quick": Profile([(V1_HEADLINE, HEADLINE_ARMS)], 60, "v1's free-running headline regime, 5 arms (15 runs)"),
+    # The stability map on v1: the fleet as configured, and the lag and step size under which the
+    # failure shows; eight arms -- and SC alone against SC+MIS where the head misses mass (K = 2;
+    # MIS is K-free, so the map's stale2 row is its comparison). (The int4 dose of earlier pages,
+    # docs/results_full_100steps.md and docs/results_stale2_int4*, is `--doses stale8_lr1e-3_int4`.)
+    "full": Profile([("stale2", MAP_ARMS), (V1_HEADLINE, MAP_ARMS), ("stale2_k2", SC_ARMS)], 60,
+                    "v1's stability map: 8 arms x 2 doses and SC at K = 2 (54 runs)"),
+    "sc": Profile([("stale2", SC_ARMS), ("stale2_k2", SC_ARMS)], 60, "v1: SC and SC+MIS at K = 32 (exact) and K = 2"),
 }
-# 60 steps kept `make reproduce` within an hour on the 2 cores of docs/results_full.md (a run: ~55 s
-# of training, ~7 s of evaluation; 5-7 min and ~20 s on the slower AMD EPYC of docs/results_quick.md).
+# v1: 60 steps kept `make reproduce` within an hour on the 2 cores of docs/results_full.md (a run: ~55 s
+# of training, ~7 s of evaluation; 5-7 min and ~20 s on the slower AMD EPYC of docs/results_v1_quick.md).
 # The failures it looks for have happened by then: docs/results.md reads the 100-step map at step 60
-# ("Run length") and finds the same arms failing where they fail.
-STEPS = 60
+# ("Run length") and finds the same arms failing where they fail. v2: 150 steps, `make train`'s run.
 LASTING_FORMAT_ERRORS = LastingRule().format_errors  # the lasting rule's, for the page text
 
 
@@ -138,8 +169,7 @@ def sweep_overrides(dose: str, arms: tuple[str, ...], seeds: int | tuple[int, ..
     """The ``rlmix train -m`` overrides of one dose's sweep: every arm x seeds 0 .. seeds-1 (or x the
     seeds given)."""
     seeds = tuple(range(seeds)) if isinstance(seeds, int) else seeds
-    return [f"+experiment={','.join(arms)}", f"seed={','.join(map(str, seeds))}",
-            *FLEET, "loop.max_staleness=null", f"loop.steps={steps}",
+    return [f"+experiment={','.join(arms)}", f"seed={','.join(map(str, seeds))}", f"loop.steps={steps}",
             "loop.checkpoint_every=0", "logger.wandb.mode=disabled", *DOSES[dose]]
 
 
@@ -327,7 +357,7 @@ def write(profile: str, how: list[str], results: list[RunResult], doses: list[st
     figures = out.with_suffix("")
     figures.mkdir(parents=True, exist_ok=True)
     (figures / "runs.json").write_text(json.dumps([r.__dict__ for r in results], indent=1))
-    headline = HEADLINE if HEADLINE in doses else doses[0]
+    headline = next((d for d in (HEADLINE, V1_HEADLINE) if d in doses), doses[0])
     head = [r for r in results if r.dose == headline]
     plot_curves(head, arms, figures / "headline.png")
     parts = [f"# Reproduction on the embedded default — profile `{profile}`\n",
@@ -335,7 +365,7 @@ def write(profile: str, how: list[str], results: list[RunResult], doses: list[st
              + (f"Wall time: {wall_s / 60:.1f} min  \n" if wall_s is not None else "")
              + f"Steps per run: {steps}\n",
              *how,
-             f"\n## {'Headline regime' if headline == HEADLINE else 'Dose'}: `{headline}` ({' '.join(DOSES[headline])})\n",
+             f"\n## {'Headline regime' if headline in (HEADLINE, V1_HEADLINE) else 'Dose'}: `{headline}` ({' '.join(DOSES[headline])})\n",
              arm_table(head, arms), "\nPaired by seed (held-out pass@1):\n", paired_table(head),
              f"\n![reward and KL]({figures.name}/headline.png)\n"]
     # The map's axis is the mismatch dose: the doses the uncorrected arm ran at (a K variant for the
@@ -360,7 +390,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", choices=sorted(PROFILES), default="quick")
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=STEPS)
+    parser.add_argument("--steps", type=int, help="steps per run (default: the profile's)")
     parser.add_argument("--eval-samples", type=int, default=4)
     parser.add_argument("--doses", help=f"comma-separated, instead of the profile's (of {', '.join(DOSES)})")
     parser.add_argument("--arms", help="comma-separated experiment presets, instead of the profile's")
@@ -371,14 +401,15 @@ def main() -> None:
                              "(give the same --profile, --doses, --arms, --seeds and --steps)")
     args = parser.parse_args()
     if args.merge:
-        return merge([Path(p) for p in args.merge.split(",")], args.name or "merged", args.steps)
+        return merge([Path(p) for p in args.merge.split(",")], args.name or "merged")
     if args.doses and not set(args.doses.split(",")) <= set(DOSES):
         parser.error(f"--doses: each of {', '.join(DOSES)}")
 
     if args.resume and not args.resume.is_dir():
         parser.error(f"--resume: {args.resume} is not a directory (multirun/reproduce_<stamp>)")
     base = args.resume.resolve() if args.resume else ROOT / "multirun" / f"reproduce_{time.strftime('%Y-%m-%d_%H-%M-%S')}"
-    plan = PROFILES[args.profile]
+    plan = PROFILES[args.profile].plan
+    args.steps = args.steps or PROFILES[args.profile].steps
     if args.doses:
         plan = [(dose, dict(plan).get(dose, plan_arms(plan))) for dose in args.doses.split(",")]
     if args.arms:
@@ -412,7 +443,7 @@ def main() -> None:
     write(name, how, results, [dose for dose, _ in plan], plan_arms(plan), args.steps, time.time() - start)
 
 
-def merge(paths: list[Path], name: str, steps: int) -> None:
+def merge(paths: list[Path], name: str) -> None:
     """One page from the runs of earlier invocations (each page keeps its commands and wall time)."""
     runs = {path: load_runs(path) for path in paths}
     results = [r for path in paths for r in runs[path]]
@@ -421,7 +452,7 @@ def merge(paths: list[Path], name: str, steps: int) -> None:
     doses = [d for d in DOSES if any(r.dose == d for r in results)]
     how = ["Drawn from the runs of earlier invocations (their pages hold the commands and wall times):\n",
            *[f"- [{p.parent.name}.md]({p.parent.name}.md) ({len(runs[p])} runs)" for p in paths]]
-    write(name, how, results, doses, arms, steps, None)
+    write(name, how, results, doses, arms, max(len(r.rewards) for r in results), None)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ def load_script():
 
 
 R = load_script()
-SWEEPS = sorted({(dose, arms) for plan in R.PROFILES.values() for dose, arms in plan}
+SWEEPS = sorted({(dose, arms) for profile in R.PROFILES.values() for dose, arms in profile.plan}
                 | {(dose, ("reinforce",)) for dose in R.DOSES})
 
 
@@ -32,9 +32,19 @@ SWEEPS = sorted({(dose, arms) for plan in R.PROFILES.values() for dose, arms in 
 def test_every_sweep_of_the_script_composes(dose, arms):
     jobs = expand_jobs(R.sweep_overrides(dose, arms, seeds=1, steps=2), multirun=True)
     assert len(jobs) == len(arms)
+    fleet = next(o.split("=", 1)[1] for o in R.DOSES[dose] if o.startswith("fleet="))
     for job in jobs:
         cfg = compose_run_config(job)
-        assert cfg.loop.steps == 2 and cfg.fleet.name == "emulated_hetero6"
+        assert cfg.loop.steps == 2 and cfg.fleet.name == fleet
+
+
+def test_the_v2_doses_run_the_v2_workload_under_the_controlled_lag():
+    # One seed gives one run only where the lag is set; the headline compares its fleet to the
+    # matched control at the same lag.
+    for dose in (R.HEADLINE, "v2_fleet", "v2_matched", "v2_matched_lr1e-3"):
+        cfg = compose_run_config(R.sweep_overrides(dose, ("grpo",), seeds=1, steps=2))
+        assert cfg.loop.lag == 0 and cfg.model.embedded_version.value == "v2"
+    assert {dose for dose, _ in R.PROFILES["quick"].plan} == {R.HEADLINE, "v2_matched"}
 
 
 def test_a_resumed_dose_keeps_the_runs_that_ended_and_sweeps_the_rest(tmp_path):
@@ -105,13 +115,14 @@ def test_a_resume_sweeps_only_the_missing_runs_and_its_page_says_what_ran(tmp_pa
     summary(stopped / R.HEADLINE / "1_experiment=reinforce,seed=1", "reinforce", 1, "interrupted")
     for name, value in (("ROOT", tmp_path), ("sweep", sweep), ("collect", collect), ("plot_curves", lambda *a: None)):
         monkeypatch.setattr(R, name, value)
-    monkeypatch.setattr(sys, "argv", ["reproduce.py", "--arms", "reinforce,grpo", "--seeds", "2", "--resume", str(stopped)])
+    monkeypatch.setattr(sys, "argv", ["reproduce.py", "--doses", R.HEADLINE, "--arms", "reinforce,grpo", "--seeds", "2",
+                                      "--resume", str(stopped)])
     R.main()
 
     assert [(arms, seeds) for _, arms, seeds in swept] == [(("reinforce",), (1,)), (("grpo",), (0, 1))]
     assert all(out.startswith("resumed_") for out, _, _ in swept) and len({out for out, _, _ in swept}) == 2
-    page = (tmp_path / "docs" / "results_quick_reinforce_grpo.md").read_text()
+    page = (tmp_path / "docs" / f"results_quick_{R.HEADLINE}_reinforce_grpo.md").read_text()
     assert "Resumed `reproduce_x`" in page and "stopped after 1 run;" in page
     assert "then `rlmix train -m +experiment=reinforce seed=1 " in page and "then `rlmix train -m +experiment=grpo seed=0,1 " in page
-    runs = json.loads((tmp_path / "docs" / "results_quick_reinforce_grpo" / "runs.json").read_text())
+    runs = json.loads((tmp_path / "docs" / f"results_quick_{R.HEADLINE}_reinforce_grpo" / "runs.json").read_text())
     assert sorted((r["arm"], r["seed"]) for r in runs) == [("grpo", 0), ("grpo", 1), ("reinforce", 0), ("reinforce", 1)]
