@@ -119,7 +119,8 @@ PROFILES: dict[str, Profile] = {
 # of training, ~7 s of evaluation; 5-7 min and ~20 s on the slower AMD EPYC of docs/results_v1_quick.md).
 # The failures it looks for have happened by then: docs/results.md reads the 100-step map at step 60
 # ("Run length") and finds the same arms failing where they fail. v2: 150 steps, `make train`'s run.
-LASTING_FORMAT_ERRORS = LastingRule().format_errors  # the lasting rule's, for the page text
+LASTING_FORMAT_ERRORS = LastingRule().format_errors
+POOL_KL = "mismatch/kl_k3/"  # the lasting rule's, for the page text
 
 
 def plan_arms(plan: Plan) -> tuple[str, ...]:
@@ -146,6 +147,7 @@ class RunResult:
     pass1_se: float | None
     rewards: list[float]
     kls: list[float]
+    pool_kls: dict[str, list[float]]  # mismatch/kl_k3/<pool> per step (older pages: absent)
 
     @property
     def lasting(self) -> bool:
@@ -214,9 +216,7 @@ def collect(run_dir: Path, dose: str, eval_samples: int) -> RunResult:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     pass1 = se = None
     if summary.get("checkpoint"):
-        run([RLMIX, "eval", f"checkpoint={run_dir}", "task.split=test", "eval.k=[1]", f"eval.samples={eval_samples}",
-             "logger=disabled"], quiet=True)
-        score = json.loads((run_dir / "eval_test" / "eval.json").read_text())["pass_at_k"]["1"]
+        score = evaluation(run_dir, eval_samples)
         pass1, se = score["mean"], score["stderr"]
     collapse = summary["collapse"]
     return RunResult(
@@ -234,7 +234,20 @@ def collect(run_dir: Path, dose: str, eval_samples: int) -> RunResult:
         clip_frac=mean_of(rows, "ppo/clip_frac", slice(None)),
         pass1=pass1, pass1_se=se,
         rewards=[r["reward/mean"] for r in rows], kls=[r.get("mismatch/kl_k3", float("nan")) for r in rows],
+        pool_kls={key.removeprefix(POOL_KL): [r.get(key, float("nan")) for r in rows]
+                  for key in dict.fromkeys(k for r in rows for k in r if k.startswith(POOL_KL) and "/lag_" not in k)},
     )
+
+
+def evaluation(run_dir: Path, eval_samples: int) -> dict:
+    """pass@1 of a run's final checkpoint on the test split: ``rlmix eval``, or the evaluation an
+    earlier invocation already made of this run (a resume re-draws the page without re-scoring)."""
+    path = run_dir / "eval_test" / "eval.json"
+    if not (path.exists() and path.stat().st_mtime >= (run_dir / "summary.json").stat().st_mtime
+            and json.loads(path.read_text()).get("samples") == eval_samples):
+        run([RLMIX, "eval", f"checkpoint={run_dir}", "task.split=test", "eval.k=[1]", f"eval.samples={eval_samples}",
+             "logger=disabled"], quiet=True)
+    return json.loads(path.read_text())["pass_at_k"]["1"]
 
 
 def mean_se(values: list[float]) -> tuple[float, float]:
@@ -278,6 +291,34 @@ def map_table(results: list[RunResult], arms: tuple[str, ...], doses: list[str])
             cells.append(f"{sum(r.collapsed for r in mine)}/{n} · {sum(r.lasting for r in mine)}/{n} · "
                          f"{mean_se([r.pass1 for r in mine])[0]:.3f}" if mine else "—")
         lines.append(f"| `{dose}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def pool_table(results: list[RunResult], arms: tuple[str, ...]) -> str:
+    """Where the mismatch sat: each pool's per-token KL (k3) early in the run (steps 1-50) and just
+    before it was first flagged (the 20 steps before; a run never flagged: its last 20), median over
+    the steps and then over the seeds."""
+    pools = list(dict.fromkeys(pool for r in results for pool in r.pool_kls))
+    if not pools:
+        return ""
+
+    def median_of(runs: list[RunResult], pool: str, late: bool) -> float:
+        values = []
+        for r in runs:
+            series = r.pool_kls.get(pool, [])
+            end = (r.collapse_step - 1) if r.collapsed and r.collapse_step else len(series)
+            part = [v for v in (series[max(0, end - 20):end] if late else series[:50]) if v == v]
+            if part:
+                values.append(statistics.median(part))
+        return statistics.median(values) if values else float("nan")
+
+    lines = ["| arm | " + " | ".join(pools) + " |", "|---|" + "---|" * len(pools)]
+    for arm in arms:
+        mine = [r for r in results if r.arm == arm and r.pool_kls]
+        if mine:
+            lines.append(f"| {arm} | " + " | ".join(
+                f"{median_of(mine, pool, False):.1e} → {median_of(mine, pool, True):.1e}" if pool in mine[0].pool_kls
+                else "—" for pool in pools) + " |")
     return "\n".join(lines)
 
 
@@ -348,7 +389,8 @@ def plot_map(results: list[RunResult], arms: tuple[str, ...], doses: list[str], 
 def load_runs(path: Path) -> list[RunResult]:
     """An earlier invocation's ``runs.json``; columns it predates are NaN (shown as —)."""
     fields = RunResult.__dataclass_fields__
-    return [RunResult(**{k: row.get(k, float("nan")) for k in fields}) for row in json.loads(path.read_text())]
+    return [RunResult(**{k: row.get(k, {} if k == "pool_kls" else float("nan")) for k in fields})
+            for row in json.loads(path.read_text())]
 
 
 def write(profile: str, how: list[str], results: list[RunResult], doses: list[str], arms: tuple[str, ...],
@@ -367,6 +409,9 @@ def write(profile: str, how: list[str], results: list[RunResult], doses: list[st
              *how,
              f"\n## {'Headline regime' if headline in (HEADLINE, V1_HEADLINE) else 'Dose'}: `{headline}` ({' '.join(DOSES[headline])})\n",
              arm_table(head, arms), "\nPaired by seed (held-out pass@1):\n", paired_table(head),
+             *(["\nWhere the mismatch sat: each pool's KL per token (k3), steps 1-50 → the 20 steps before the run "
+                "was first flagged (never flagged: its last 20); medians over steps, then seeds.\n",
+                pool_table(head, arms)] if any(r.pool_kls for r in head) else []),
              f"\n![reward and KL]({figures.name}/headline.png)\n"]
     # The map's axis is the mismatch dose: the doses the uncorrected arm ran at (a K variant for the
     # SC arms is not a dose of it, and has its own table below).
@@ -379,8 +424,9 @@ def write(profile: str, how: list[str], results: list[RunResult], doses: list[st
                   map_table(results, map_arms, map_doses), "", f"![map]({figures.name}/map.png)\n"]
     if len(doses) > 1:
         for dose in doses:
-            parts += [f"### `{dose}`: {' '.join(DOSES[dose])}\n",
-                      arm_table([r for r in results if r.dose == dose], arms), ""]
+            mine = [r for r in results if r.dose == dose]
+            parts += [f"### `{dose}`: {' '.join(DOSES[dose])}\n", arm_table(mine, arms), "",
+                      *([pool_table(mine, arms), ""] if any(r.pool_kls for r in mine) else [])]
     out.write_text("\n".join(parts) + "\n")
     print(f"wrote {out}")
     return out

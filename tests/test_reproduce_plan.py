@@ -107,7 +107,7 @@ def test_a_resume_sweeps_only_the_missing_runs_and_its_page_says_what_ran(tmp_pa
         fields = {k: float("nan") for k in R.RunResult.__dataclass_fields__}
         got = json.loads((run_dir / "summary.json").read_text())
         fields.update(arm=got["name"], seed=got["seed"], dose=dose, collapsed=False, collapse_step=None,
-                      collapse_reason="", rewards=[], kls=[])
+                      collapse_reason="", rewards=[], kls=[], pool_kls={})
         return R.RunResult(**fields)
 
     stopped = tmp_path / "multirun" / "reproduce_x"
@@ -126,3 +126,37 @@ def test_a_resume_sweeps_only_the_missing_runs_and_its_page_says_what_ran(tmp_pa
     assert "then `rlmix train -m +experiment=reinforce seed=1 " in page and "then `rlmix train -m +experiment=grpo seed=0,1 " in page
     runs = json.loads((tmp_path / "docs" / f"results_quick_{R.HEADLINE}_reinforce_grpo" / "runs.json").read_text())
     assert sorted((r["arm"], r["seed"]) for r in runs) == [("grpo", 0), ("grpo", 1), ("reinforce", 0), ("reinforce", 1)]
+
+
+def test_the_pool_table_reads_each_pool_before_the_run_was_flagged():
+    def run(arm, seed, collapse_step, fp8):
+        fields = {k: float("nan") for k in R.RunResult.__dataclass_fields__}
+        fields.update(arm=arm, seed=seed, dose=R.HEADLINE, collapsed=collapse_step is not None,
+                      collapse_step=collapse_step, pool_kls={"h100_fp8": fp8, "a100_bf16": [1e-5] * 100})
+        return R.RunResult(**fields)
+
+    # Flagged at step 81: the window is steps 61-80, not the collapse after it.
+    rising = [1e-4] * 60 + [1e-3] * 20 + [1.0] * 20
+    flat = [2e-4] * 100
+    table = R.pool_table([run("grpo", 0, 81, rising), run("sc_mis", 0, None, flat)], ("grpo", "sc_mis"))
+    assert "| grpo | 1.0e-04 → 1.0e-03 | 1.0e-05 → 1.0e-05 |" in table
+    assert "| sc_mis | 2.0e-04 → 2.0e-04 |" in table
+
+
+def test_a_resume_reuses_the_evaluation_a_run_already_has(tmp_path, monkeypatch):
+    # rlmix eval is outside the unit: here it writes the score of the samples it was given.
+    def score(samples, mean):
+        (tmp_path / "eval_test" / "eval.json").write_text(
+            json.dumps({"samples": samples, "pass_at_k": {"1": {"mean": mean, "stderr": 0.1}}}))
+
+    def rlmix_eval(cmd, quiet=False):
+        calls.append(cmd)
+        score(int(next(a for a in cmd if a.startswith("eval.samples=")).split("=")[1]), 0.5)
+
+    calls = []
+    (tmp_path / "eval_test").mkdir()
+    (tmp_path / "summary.json").write_text("{}")
+    score(4, 0.25)
+    monkeypatch.setattr(R, "run", rlmix_eval)
+    assert R.evaluation(tmp_path, 4)["mean"] == 0.25 and not calls  # the run's own evaluation
+    assert R.evaluation(tmp_path, 8)["mean"] == 0.5 and len(calls) == 1  # other samples: scored again
