@@ -102,9 +102,11 @@ $(PEER_STAMP): $(PEER_LOCK)
 bench-peer: setup $(PEER_STAMP)
 	$(BIN)/python scripts/bench_peer.py --repeats $(PEER_REPEATS) --peer-python $(PEER_VENV)/bin/python
 
-# The study's comparison on the embedded default, every run scored on held-out pass@1 (docs/results.md):
-# the stability map (8 arms x 2 doses x seeds 0-2, FP16 among the arms) and SC against SC+MIS at K = 2
-# (54 runs of ~70 s on 2 cores: about an hour), or the headline regime alone (5 arms, 15 runs: ~18 min).
+# The study's comparison on the embedded default, every run scored on held-out pass@1 (docs/results.md).
+# reproduce-quick: the headline on the v2 workload with the lag removed (loop.lag=0): reinforce, grpo
+# and sc_mis on the six-pool fleet with fp8 KV caches, grpo on the matched bf16 control; seeds 0-2,
+# 12 runs of 300 steps. reproduce: v1's stability map (8 arms x 2 doses x seeds 0-2, FP16 among the
+# arms) and SC against SC+MIS at K = 2 (54 runs). Run times: docs/results.md.
 reproduce: setup
 	$(BIN)/python scripts/reproduce.py --profile full
 
