@@ -148,6 +148,7 @@ class RunResult:
     rewards: list[float]
     kls: list[float]
     pool_kls: dict[str, list[float]]  # mismatch/kl_k3/<pool> per step (older pages: absent)
+    run_s: float  # the run's own wall time (summary.json's wall_time_s)
 
     @property
     def lasting(self) -> bool:
@@ -234,6 +235,7 @@ def collect(run_dir: Path, dose: str, eval_samples: int) -> RunResult:
         clip_frac=mean_of(rows, "ppo/clip_frac", slice(None)),
         pass1=pass1, pass1_se=se,
         rewards=[r["reward/mean"] for r in rows], kls=[r.get("mismatch/kl_k3", float("nan")) for r in rows],
+        run_s=summary.get("wall_time_s", float("nan")),
         pool_kls={key.removeprefix(POOL_KL): [r.get(key, float("nan")) for r in rows]
                   for key in dict.fromkeys(k for r in rows for k in r if k.startswith(POOL_KL) and "/lag_" not in k)},
     )
@@ -400,11 +402,13 @@ def write(profile: str, how: list[str], results: list[RunResult], doses: list[st
     figures.mkdir(parents=True, exist_ok=True)
     (figures / "runs.json").write_text(json.dumps([r.__dict__ for r in results], indent=1))
     headline = next((d for d in (HEADLINE, V1_HEADLINE) if d in doses), doses[0])
+    run_min = sum(r.run_s for r in results) / 60  # NaN where a page predates it
     head = [r for r in results if r.dose == headline]
     plot_curves(head, arms, figures / "headline.png")
     parts = [f"# Reproduction on the embedded default — profile `{profile}`\n",
              f"Machine: {machine()}  \n"
              + (f"Wall time: {wall_s / 60:.1f} min  \n" if wall_s is not None else "")
+             + (f"Run time: {run_min:.1f} min, the runs' own wall times added up  \n" if run_min == run_min else "")
              + f"Steps per run: {steps}\n",
              *how,
              f"\n## {'Headline regime' if headline in (HEADLINE, V1_HEADLINE) else 'Dose'}: `{headline}` ({' '.join(DOSES[headline])})\n",
@@ -423,7 +427,7 @@ def write(profile: str, how: list[str], results: list[RunResult], doses: list[st
                   f"(reward below its start, or format errors over {LASTING_FORMAT_ERRORS:.0%}) · mean pass@1 on the test split.\n",
                   map_table(results, map_arms, map_doses), "", f"![map]({figures.name}/map.png)\n"]
     if len(doses) > 1:
-        for dose in doses:
+        for dose in (d for d in doses if d != headline):  # the headline's table is above
             mine = [r for r in results if r.dose == dose]
             parts += [f"### `{dose}`: {' '.join(DOSES[dose])}\n", arm_table(mine, arms), "",
                       *([pool_table(mine, arms), ""] if any(r.pool_kls for r in mine) else [])]
@@ -478,9 +482,12 @@ def main() -> None:
                     results.append(collect(found[arm, seed][1], dose, args.eval_samples))
         full = f"`rlmix train -m {' '.join(sweep_overrides(dose, arms, args.seeds, args.steps))}`"
         if kept:  # what the stopped invocation ran, then what this one ran
-            full += f", stopped after {len(kept)} run{'s' * (len(kept) != 1)}" + "".join(
+            full += (f", stopped after {len(kept)} run{'s' * (len(kept) != 1)}" if commands
+                     else f", all {len(kept)} runs ended there (this invocation re-drew the page)") + "".join(
                 f"; then `rlmix train -m {' '.join(overrides)}`" for overrides in commands)
-        how.append(f"- `{dose}` ({len(arms) * args.seeds} runs, {(time.time() - began) / 60:.1f} min): {full}")
+        run_min = sum(r.run_s for r in results if r.dose == dose) / 60
+        how.append(f"- `{dose}` ({len(arms) * args.seeds} runs: {run_min:.1f} min of run time, "
+                   f"{(time.time() - began) / 60:.1f} min in this invocation): {full}")
     name = args.profile + "".join(f"_{'_'.join(v.split(','))}" for v in (args.doses, args.arms) if v)
     how.insert(0, "Commands (one sweep per dose; then `rlmix eval task.split=test eval.k=[1]` per run):\n")
     if args.resume:
