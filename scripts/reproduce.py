@@ -395,12 +395,19 @@ def load_runs(path: Path) -> list[RunResult]:
             for row in json.loads(path.read_text())]
 
 
+def runs_json(results: list[RunResult]) -> str:
+    """One run per line; the per-pool series at 4 significant digits (the page reads medians)."""
+    rows = [dict(r.__dict__, pool_kls={pool: [float(f"{v:.4g}") for v in series] for pool, series in r.pool_kls.items()})
+            for r in results]
+    return "[\n" + ",\n".join(json.dumps(row) for row in rows) + "\n]\n"
+
+
 def write(profile: str, how: list[str], results: list[RunResult], doses: list[str], arms: tuple[str, ...],
           steps: int, wall_s: float | None) -> Path:
     out = ROOT / "docs" / f"results_{profile}.md"  # profile: the profile's name, or with its --doses
     figures = out.with_suffix("")
     figures.mkdir(parents=True, exist_ok=True)
-    (figures / "runs.json").write_text(json.dumps([r.__dict__ for r in results], indent=1))
+    (figures / "runs.json").write_text(runs_json(results))
     headline = next((d for d in (HEADLINE, V1_HEADLINE) if d in doses), doses[0])
     run_min = sum(r.run_s for r in results) / 60  # NaN where a page predates it
     head = [r for r in results if r.dose == headline]
@@ -465,7 +472,7 @@ def main() -> None:
     if args.arms:
         plan = [(dose, tuple(args.arms.split(","))) for dose, _ in plan]
     runs = sum(len(arms) for _, arms in plan) * args.seeds
-    start, how, results = time.time(), [], []
+    start, how, results, ran = time.time(), [], [], False
     for i, (dose, arms) in enumerate(plan, 1):
         print(f"[reproduce] dose {i}/{len(plan)} `{dose}`: {len(arms) * args.seeds} runs "
               f"({len(results)}/{runs} done, {(time.time() - start) / 60:.1f} min)", flush=True)
@@ -475,6 +482,7 @@ def main() -> None:
         stamp, existed = time.strftime("%H-%M-%S"), out.exists()  # a resume never sweeps over a stopped run
         commands = [sweep(out / f"resumed_{stamp}_{k}" if existed else out, dose, group, seeds, args.steps)
                     for k, (group, seeds) in enumerate(missing_sweeps(kept, arms, args.seeds))]
+        ran = ran or bool(commands)
         found = runs_in(out)
         for arm in arms:
             for seed in range(args.seeds):
@@ -491,9 +499,12 @@ def main() -> None:
     name = args.profile + "".join(f"_{'_'.join(v.split(','))}" for v in (args.doses, args.arms) if v)
     how.insert(0, "Commands (one sweep per dose; then `rlmix eval task.split=test eval.k=[1]` per run):\n")
     if args.resume:
-        how.insert(1, f"Resumed `{args.resume.name}`: the wall time below is this invocation's; each run's own "
-                      "is `wall_time_s` in its summary.json.\n")
-    write(name, how, results, [dose for dose, _ in plan], plan_arms(plan), args.steps, time.time() - start)
+        how.insert(1, f"Resumed `{args.resume.name}`: the wall time above is this invocation's; each run's own "
+                      "is `wall_time_s` in its summary.json.\n" if ran else
+                      f"Re-drawn from `{args.resume.name}`, where every run had ended; the run time above is the "
+                      "runs' own.\n")
+    write(name, how, results, [dose for dose, _ in plan], plan_arms(plan), args.steps,
+          time.time() - start if ran else None)
 
 
 def merge(paths: list[Path], name: str) -> None:
