@@ -4,7 +4,7 @@
     python scripts/reproduce.py --profile full      # make reproduce: v1's map (8 arms x 2 doses) and SC at K = 2 (54 runs)
     python scripts/reproduce.py --profile v1_quick  # v1's free-running headline regime: 5 arms x 3 seeds
     python scripts/reproduce.py --profile sc        # v1: SC alone and SC+MIS at K = 32 (exact) and K = 2 (a real tail)
-    python scripts/reproduce.py --doses v2_fleet         # one dose, with the profile's arms
+    python scripts/reproduce.py --doses v2_fleet    # one dose, with the profile's arms
     python scripts/reproduce.py --arms mis,icepop   # other arms (any experiment preset) at the headline dose
     python scripts/reproduce.py --steps 500         # longer runs
     python scripts/reproduce.py --seeds 1 --steps 20   # a look, not a result
@@ -118,9 +118,10 @@ PROFILES: dict[str, Profile] = {
 # v1: 60 steps kept `make reproduce` within an hour on the 2 cores of docs/results_full.md (a run: ~55 s
 # of training, ~7 s of evaluation; 5-7 min and ~20 s on the slower AMD EPYC of docs/results_v1_quick.md).
 # The failures it looks for have happened by then: docs/results.md reads the 100-step map at step 60
-# ("Run length") and finds the same arms failing where they fail. v2: 150 steps, `make train`'s run.
-LASTING_FORMAT_ERRORS = LastingRule().format_errors
-POOL_KL = "mismatch/kl_k3/"  # the lasting rule's, for the page text
+# ("Run length") and finds the same arms failing where they fail. v2: 300 steps (docs/results.md: at
+# lr 1e-3 the fleet's one lasting collapse came at step 267).
+LASTING_FORMAT_ERRORS = LastingRule().format_errors  # the lasting rule's, for the page text
+POOL_KL = "mismatch/kl_k3/"  # + a pool's name: its per-token KL
 
 
 def plan_arms(plan: Plan) -> tuple[str, ...]:
@@ -445,7 +446,8 @@ def write(profile: str, how: list[str], results: list[RunResult], doses: list[st
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--profile", choices=sorted(PROFILES), default="quick")
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="quick",
+                        help="; ".join(f"{name}: {profile.about}" for name, profile in PROFILES.items()))
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, help="steps per run (default: the profile's)")
     parser.add_argument("--eval-samples", type=int, default=4)
@@ -483,19 +485,18 @@ def main() -> None:
         commands = [sweep(out / f"resumed_{stamp}_{k}" if existed else out, dose, group, seeds, args.steps)
                     for k, (group, seeds) in enumerate(missing_sweeps(kept, arms, args.seeds))]
         ran = ran or bool(commands)
+        here = f", {(time.time() - began) / 60:.1f} min in this invocation" if commands or not kept else ""
         found = runs_in(out)
         for arm in arms:
             for seed in range(args.seeds):
                 if (arm, seed) in found:  # every run that wrote a summary, failed ones too
                     results.append(collect(found[arm, seed][1], dose, args.eval_samples))
         full = f"`rlmix train -m {' '.join(sweep_overrides(dose, arms, args.seeds, args.steps))}`"
-        if kept:  # what the stopped invocation ran, then what this one ran
-            full += (f", stopped after {len(kept)} run{'s' * (len(kept) != 1)}" if commands
-                     else f", all {len(kept)} runs ended there (this invocation re-drew the page)") + "".join(
+        if kept and commands:  # what the stopped invocation ran, then what this one ran
+            full += f", stopped after {len(kept)} run{'s' * (len(kept) != 1)}" + "".join(
                 f"; then `rlmix train -m {' '.join(overrides)}`" for overrides in commands)
         run_min = sum(r.run_s for r in results if r.dose == dose) / 60
-        how.append(f"- `{dose}` ({len(arms) * args.seeds} runs: {run_min:.1f} min of run time, "
-                   f"{(time.time() - began) / 60:.1f} min in this invocation): {full}")
+        how.append(f"- `{dose}` ({len(arms) * args.seeds} runs: {run_min:.1f} min of run time{here}): {full}")
     name = args.profile + "".join(f"_{'_'.join(v.split(','))}" for v in (args.doses, args.arms) if v)
     how.insert(0, "Commands (one sweep per dose; then `rlmix eval task.split=test eval.k=[1]` per run):\n")
     if args.resume:
