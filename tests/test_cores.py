@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlmix.config.schema import LoopConfig
-from rlmix.orchestration.cores import plan_cores
+from rlmix.orchestration.cores import is_synchronous, plan_cores
 from rlmix.orchestration.loop import AsyncLoop, SamplerSlot
 from rlmix.embedded.minicode import MiniCode
 
@@ -85,3 +85,26 @@ def test_while_the_trainer_waits_its_cores_generate_too():
     assert _start_round(loop, training=False) == ["p0", "p1"]  # trainer idle: both cores generate
     loop.samplers[0].inflight = loop.samplers[1].inflight = None
     assert _start_round(loop, training=True) == ["p2"]  # trainer busy: one core is the samplers'
+
+
+@pytest.mark.parametrize("loop,expected", [
+    (LoopConfig(lag=0), True),
+    (LoopConfig(lag=1), False),
+    (LoopConfig(max_staleness=0), True),
+    (LoopConfig(max_staleness=1), False),
+    (LoopConfig(), False),  # the default: free-running, unbounded
+    (LoopConfig(lag=0, weight_sync_every=2), False),  # the step between publications overlaps generation
+    (LoopConfig(lag=2, max_staleness=0), False),  # the controlled lag decides, not the bound
+])
+def test_a_loop_is_synchronous_only_when_no_request_can_generate_during_a_step(loop, expected):
+    assert is_synchronous(loop) is expected
+
+
+def test_a_synchronous_loop_gives_every_core_to_whichever_side_is_working():
+    plan = plan_cores(2, 6, None, None, None, synchronous=True)
+    assert (plan.trainer_threads, plan.sampler_threads, plan.generating, plan.idle_lanes) == (2, 1, 2, 0)
+    assert plan_cores(16, 6, None, None, None, synchronous=True).generating == 6  # never more than the samplers
+    assert plan_cores(64, 24, None, None, None, node_cpus=16, synchronous=True).trainer_threads == 16
+    configured = plan_cores(8, 6, trainer_threads=3, sampler_threads=2, generating=None, synchronous=True)
+    assert (configured.trainer_threads, configured.generating) == (3, 4)
+    assert "take turns" in plan.describe()

@@ -18,7 +18,7 @@ from rlmix.assembly.checkpoints import RunState
 from rlmix.assembly.fleet import SamplerSpec, fleet_manifest, resolve_fleet
 from rlmix.assembly.plan import RunPlan
 from rlmix.assembly.parts import package_versions, resolve_model_dir
-from rlmix.orchestration.cores import CorePlan, plan_cores
+from rlmix.orchestration.cores import CorePlan, is_synchronous, plan_cores
 from rlmix.orchestration.session import SESSION, TRAINER_RESOURCE, ActorRequest
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ def core_plan(cfg: RunConfig, specs: list[SamplerSpec]) -> CorePlan:
     cpus = ray.cluster_resources().get("CPU", 1.0)
     node_cpus = max((n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n["Alive"]), default=cpus)
     return plan_cores(cpus, cpu_samplers, cfg.trainer.num_threads, cfg.loop.sampler_threads,
-                      cfg.loop.concurrent_requests, node_cpus)
+                      cfg.loop.concurrent_requests, node_cpus, synchronous=is_synchronous(cfg.loop))
 
 
 def start_actors(run: RunPlan, specs: list[SamplerSpec], model_dir: Path, cores: CorePlan, env_vars: dict):
