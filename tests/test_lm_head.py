@@ -157,3 +157,36 @@ def test_output_layers_that_cannot_be_chunked_fall_back():
     assert tokens.logits.shape == (batch.num_tokens, V) and tokens.entropy.shape == (batch.num_tokens,)
     gathered = token_batch(tiny_model(), batch, pad_id=0, autocast=None, replay_support=False, columns_for=True)
     assert gathered.logits.ids.shape == (batch.num_tokens, 1 + K)  # the sampled token and the head
+
+
+@pytest.mark.parametrize("case", ["none", "sc_mis_head", "ppo_clip_tis"])
+def test_logit_gradient_norms_are_autograds_per_token(case, monkeypatch):
+    """``logit_grad_norm`` after the backward is the norm of the loss's gradient with respect to each
+    token's raw logits: the chunked backward's, the dense hook's and autograd's own retained gradient."""
+    from rlmix.trainers import tokens as tokens_module
+
+    model, batch = tiny_model(), random_batch()
+    chunked, _ = _loss_and_grads(model, batch, CASES[case], bf16=False)
+    kept = []
+
+    def retained(*args, **kwargs):  # the dense logits / T, their gradient kept by autograd itself
+        logits = masked_logits(*args, **kwargs)
+        logits.retain_grad()
+        kept.append(logits)
+        return logits
+
+    monkeypatch.setattr(tokens_module, "masked_logits", retained)
+    monkeypatch.setattr(lm_head, "head_path", lambda _model: (HeadPath.dense, "reference"))
+    dense, _ = _loss_and_grads(model, batch, CASES[case], bf16=False)
+    oracle = kept[0].grad.norm(dim=1) / batch.temperature  # through ℓ / T
+    assert oracle.shape == (batch.num_tokens,) and bool((oracle > 0).any())
+    torch.testing.assert_close(dense.token_stats["logit_grad_norm"], oracle, rtol=1e-6, atol=0.0)
+    torch.testing.assert_close(chunked.token_stats["logit_grad_norm"], oracle, rtol=1e-5, atol=1e-9)
+
+
+def test_no_gradient_no_norms():
+    model, batch = tiny_model(), random_batch()
+    with torch.no_grad():
+        tokens = token_batch(model, batch, pad_id=0, autocast=None, replay_support=False, columns_for=True)
+        dense = token_batch(model, batch, pad_id=0, autocast=None, replay_support=False)
+    assert tokens.logit_grad_norm is None and dense.logit_grad_norm is None

@@ -14,6 +14,7 @@ import torch
 from rlmix.correction import effective_sample_size, multiplicative_error
 from rlmix.metrics import names as m
 from rlmix.metrics.names import STAT_NAMES
+from rlmix.metrics.where import where_metrics
 from rlmix.rollout import END_REASONS, EPISODE_STATS, Rollouts
 
 
@@ -188,4 +189,5 @@ def step_metrics(batch: Rollouts, result: StepResult, grad_norm: float, version:
         agent_metrics(batch),
         correction_metrics(result.stats),
         mismatch_metrics(batch, result.token_stats, version),
+        where_metrics(batch, result.token_stats),
     )

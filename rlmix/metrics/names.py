@@ -49,6 +49,15 @@ MULT_ERROR = "mismatch/mult_error"
 # between the trainer's router and the sampler's record (+ /<pool>; rlmix/trainers/routing.py)
 ROUTER_FLIP = "mismatch/router_flip"
 
+# where/: which generated tokens hold the mismatch and carry the gradient (rlmix/metrics/where.py).
+# + /p<a>-<b>: tokens binned by the trainer's probability of the sampled token; each is a share of
+# the step's total, so a bin's where/mismatch or where/grad above its where/tokens is where it sits.
+WHERE_TOKENS = "where/tokens"  # share of generated tokens
+WHERE_MISMATCH = "where/mismatch"  # share of Σ |log p − log q|
+WHERE_GRAD = "where/grad"  # share of Σ ‖∂loss/∂ℓ_t‖², ℓ_t the token's logits: the logit gradient's squared norm
+WHERE_GRAD_TOP = "where/grad_top1pct"  # share of it held by the 1% of tokens with the largest norms
+WHERE_GRAD_RATIO_TAIL = "where/grad_ratio_tail"  # share held by tokens whose p/q is outside mismatch/ratio_tail_frac's band
+
 # correction/: what the correction did (docs/math.md §2, §3.2)
 WEIGHT_MEAN = "correction/weight_mean"
 MASKED_FRAC = "correction/masked_frac"

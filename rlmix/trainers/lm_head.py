@@ -15,6 +15,10 @@ gathered columns `g_z` and of the log-normaliser `g_n`:
     dz_c   = (scatter(ids, g_z) + softmax(z_c) · g_n) / T
     dh_c   = dz_c W            dW += dz_c^T h_c
 
+Backward also writes each token's logit-gradient norm `‖dz_t‖` (the gradient of the loss with
+respect to the output layer's product `h_t W^T`) into a buffer the caller holds: which tokens
+carry the step's gradient, read after the backward (``rlmix.metrics.where``).
+
 Peak memory is a few (c, V) buffers instead of several (N, V) ones (docs/performance.md).
 Output layers this cannot express exactly (a bias, logit soft-capping or scaling, ZeRO-3
 partitioned weights) take the dense path, the same numbers at the old cost, and say so once.
@@ -65,11 +69,12 @@ def head_path(model: torch.nn.Module) -> tuple[HeadPath, str]:
 
 def chunked_logits(
     model: torch.nn.Module, batch: Rollouts, columns: Tensor, *, pad_id: int, autocast: torch.dtype | None,
-    chunk_bytes: int = CHUNK_BYTES,
+    chunk_bytes: int = CHUNK_BYTES, grad_norms: Tensor | None = None,
 ) -> tuple[GatheredLogits, Tensor]:
     """The logits / T of `batch`'s generated tokens at `columns` (N, C) with the full log-normaliser,
     and the detached entropy (N,), never holding more than a chunk of tokens × V. Needs a model
-    that `head_path` says `chunked` for."""
+    that `head_path` says `chunked` for. ``grad_norms`` (N,) fp32, if given, receives each token's
+    logit-gradient norm when the backward runs."""
     module = getattr(model, "module", model)
     head = module.get_output_embeddings()
     input_ids, target_pos = sequence_input_ids(batch, pad_id)
@@ -82,6 +87,7 @@ def chunked_logits(
         temperature=float(batch.temperature),
         chunk=max(1, chunk_bytes // (4 * head.weight.shape[0])),
         compute=autocast or torch.float32,  # §3.3: 16-bit logits under autocast, fp32 softmax
+        grad_norms=grad_norms,
     )
     # The pass runs as the model's output layer, inside the model's own forward: a DeepSpeed
     # engine's backward set-up (hooked on the forward's output) then runs before the output
@@ -102,16 +108,17 @@ class _ChunkedOutputLayer(torch.nn.Module):
     positions, its three results packed into one tensor (what the model returns as `.logits`)."""
 
     def __init__(self, head: torch.nn.Linear, rows: Tensor, positions: Tensor, columns: Tensor, *,
-                 temperature: float, chunk: int, compute: torch.dtype):
+                 temperature: float, chunk: int, compute: torch.dtype, grad_norms: Tensor | None = None):
         super().__init__()
         self.head = head
         self.rows, self.positions, self.columns = rows, positions, columns
         self.temperature, self.chunk, self.compute = temperature, chunk, compute
+        self.grad_norms = grad_norms
 
     def forward(self, hidden: Tensor) -> Tensor:  # (B, L, d) → (N·C + 2N,)
         h = hidden[self.rows, self.positions]  # (N, d): only the positions that predict generated tokens
         z, log_norm, entropy = _ChunkedHead.apply(
-            h, self.head.weight, self.columns, self.temperature, self.chunk, self.compute
+            h, self.head.weight, self.columns, self.temperature, self.chunk, self.compute, self.grad_norms
         )
         return torch.cat([z.flatten(), log_norm, entropy])
 
@@ -133,10 +140,13 @@ def say_dense_once(why: str) -> None:
 
 
 class _ChunkedHead(torch.autograd.Function):
-    """(h (N, d), W (V, d)) → z at `ids` (N, C), logsumexp (N,), entropy (N,, no gradient)."""
+    """(h (N, d), W (V, d)) → z at `ids` (N, C), logsumexp (N,), entropy (N,, no gradient).
+    ``grad_norms`` (N,) or None: filled in backward with ‖dz_t‖, the fp32 logit gradient's norm."""
 
     @staticmethod
-    def forward(ctx, h: Tensor, weight: Tensor, ids: Tensor, temperature: float, chunk: int, compute: torch.dtype):
+    def forward(ctx, h: Tensor, weight: Tensor, ids: Tensor, temperature: float, chunk: int, compute: torch.dtype,
+                grad_norms: Tensor | None = None):
+        ctx.grad_norms = grad_norms
         with torch.autocast(h.device.type, enabled=False):  # the dtypes below are chosen, not autocast's
             return _ChunkedHead._forward(ctx, h, weight, ids, temperature, chunk, compute)
 
@@ -185,6 +195,8 @@ class _ChunkedHead(torch.autograd.Function):
                 dz.scatter_add_(1, ids[s : s + chunk], grad_z[s : s + chunk].float())
             if t != 1.0:  # through z = (h W^T) / T
                 dz.div_(t)
+            if ctx.grad_norms is not None:
+                ctx.grad_norms[s : s + chunk] = torch.linalg.vector_norm(dz, dim=1)
             dz = dz.to(compute)
             if grad_h is not None:
                 grad_h[s : s + chunk] = product(dz, w, compute)
@@ -192,7 +204,7 @@ class _ChunkedHead(torch.autograd.Function):
                 grad_w.addmm_(dz.T, h_c.float())
             else:  # fp32 accumulation over chunks of the 16-bit products
                 grad_w += product(dz.T, h_c, compute).float()
-        return grad_h, grad_w.to(weight.dtype), None, None, None, None
+        return grad_h, grad_w.to(weight.dtype), None, None, None, None, None
 
 
 def _chunk_logits(h_c: Tensor, w: Tensor, temperature: float) -> Tensor:

@@ -62,7 +62,8 @@ def batch_loss(
     ``num_tokens`` and ``num_sequences`` count the whole optimizer step (every micro-batch);
     ``num_sequences`` None: this micro-batch's rows with generated tokens.
 
-    ``token_stats`` gains ``entropy``: (N,) detached trainer entropy per generated token.
+    ``token_stats`` gains ``entropy``: (N,) detached trainer entropy per generated token, and
+    ``logit_grad_norm``: (N,) each token's logit-gradient norm, filled once ``loss`` is backpropagated.
     With ``cfg.kl_coef`` or ``cfg.entropy_coef`` above 0 the loss gains their terms (``regularized``).
     """
     device = next(model.parameters()).device
@@ -88,6 +89,8 @@ def batch_loss(
     out = OBJECTIVES[cfg.objective](tokens, cfg, common)
     if tokens.router_flip is not None:  # a mixture-of-experts model: its routing against the sampler's
         out = LossOutput(out.loss, out.stats, out.token_stats | {"router_flip": tokens.router_flip})
+    if tokens.logit_grad_norm is not None:  # which tokens carry the gradient (rlmix.metrics.where)
+        out = LossOutput(out.loss, out.stats, out.token_stats | {"logit_grad_norm": tokens.logit_grad_norm})
     if cfg.kl_coef == 0 and cfg.entropy_coef == 0:  # the study's loss, untouched
         return LossOutput(out.loss, out.stats, out.token_stats | {"entropy": tokens.entropy})
     scale = aggregation_scale(cfg.aggregation, tokens.sequence_ids, tokens.num_tokens, num_tokens=num_tokens,

@@ -37,6 +37,8 @@ class TokenBatch:
     router_flip: (N,) for a mixture-of-experts model, the share of its sparse layers whose top-k
     experts at the position predicting the token differ from the sampler's (NaN: none recorded);
     None for a dense model (``rlmix.trainers.routing``).
+    logit_grad_norm: (N,) fp32, filled by the backward: ‖∂loss/∂ℓ_t‖ over the token's logits ℓ_t
+    (before the temperature), whichever path computed them; NaN until then; None without grad.
     """
 
     logits: Tensor | GatheredLogits
@@ -51,6 +53,7 @@ class TokenBatch:
     sequence_ids: Tensor | None = None
     ref_logprobs: Tensor | None = None
     router_flip: Tensor | None = None
+    logit_grad_norm: Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -120,14 +123,35 @@ def _token_batch(model: torch.nn.Module, batch: Rollouts, *, pad_id: int, autoca
         sequence_ids=torch.arange(len(batch), device=mask.device)[:, None].expand_as(mask)[mask],
     )
     if columns_for is None:
-        return TokenBatch(logits=masked_logits(model, batch, pad_id, autocast), **fields)
+        logits = masked_logits(model, batch, pad_id, autocast)
+        return TokenBatch(logits=logits, logit_grad_norm=_dense_grad_norms(logits, batch.temperature), **fields)
     path, why = lm_head.head_path(model)
     if path is lm_head.HeadPath.dense:
         lm_head.say_dense_once(why)
         logits = masked_logits(model, batch, pad_id, autocast)
-        return TokenBatch(logits=logits, entropy=lm_head.entropy(logits.detach()), **fields)
+        return TokenBatch(logits=logits, entropy=lm_head.entropy(logits.detach()),
+                          logit_grad_norm=_dense_grad_norms(logits, batch.temperature), **fields)
     support, head = fields["support_ids"], fields["head_ids"]
     candidate_ids = support if support is not None else head if columns_for else None
     columns = loss_columns(fields["sampled_ids"], candidate_ids)
-    gathered, entropy = lm_head.chunked_logits(model, batch, columns, pad_id=pad_id, autocast=autocast)
-    return TokenBatch(logits=gathered, entropy=entropy, **fields)
+    norms = _unfilled(columns.shape[0], mask.device) if torch.is_grad_enabled() else None
+    gathered, entropy = lm_head.chunked_logits(model, batch, columns, pad_id=pad_id, autocast=autocast,
+                                               grad_norms=norms)
+    return TokenBatch(logits=gathered, entropy=entropy, logit_grad_norm=norms, **fields)
+
+
+def _unfilled(n: int, device: torch.device) -> Tensor:
+    return torch.full((n,), float("nan"), dtype=torch.float32, device=device)
+
+
+def _dense_grad_norms(logits: Tensor, temperature: float) -> Tensor | None:
+    """(N,) that the backward fills with ‖∂loss/∂ℓ_t‖ from the gradient of the dense ``logits`` = ℓ / T."""
+    if not logits.requires_grad:
+        return None
+    norms = _unfilled(logits.shape[0], logits.device)
+
+    def record(grad: Tensor) -> None:  # returns None: the gradient itself passes on unchanged
+        norms.copy_(torch.linalg.vector_norm(grad.float(), dim=1) / temperature)
+
+    logits.register_hook(record)
+    return norms

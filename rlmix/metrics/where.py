@@ -1,0 +1,65 @@
+"""Which generated tokens of a step hold the sampler–trainer mismatch and carry the gradient.
+
+Per generated token t: the trainer's probability of the sampled token p_t (at the sampling
+temperature), the mismatch |lr_t| = |log p_t − log q_t| and the norm of the loss's gradient with
+respect to the token's logits, g_t = ‖∂loss/∂ℓ_t‖ (``TokenBatch.logit_grad_norm``; every parameter
+gradient reaches the model through these). Σ_t g_t² is the squared norm of the step's whole
+logit gradient, so g_t² / Σ g² is each token's exact share of it; a gradient-norm spike shows up
+as a few tokens holding most of that sum (``where/grad_top1pct``).
+
+Tokens are binned by p_t with the probe's edges (``rlmix.eval.where.PROB_EDGES``). Per bin the step
+logs the bin's share of the tokens, of Σ |lr| and of Σ g² (names.py, where/). A step with no
+mismatch at all, or no gradient (every advantage zero), leaves the corresponding shares out.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from rlmix.correction.diagnostics import RATIO_TAIL_BAND
+from rlmix.eval.where import PROB_EDGES, bin_index
+from rlmix.metrics import names as m
+from rlmix.rollout import Rollouts
+
+TOP_FRACTION = 0.01  # where/grad_top1pct
+
+
+def prob_bin_names(edges: tuple[float, ...] = PROB_EDGES) -> tuple[str, ...]:
+    """``p0-0.001``, ``p0.001-0.01``, ... ``p0.9-1``: metric-name suffixes of the probability bins."""
+    return tuple(f"p{a:g}-{b:g}" for a, b in zip(edges[:-1], edges[1:]))
+
+
+def _shares(values: torch.Tensor, index: torch.Tensor, prefix: str) -> dict[str, float]:
+    names = prob_bin_names()
+    total = float(values.sum())
+    if not total > 0:
+        return {}
+    sums = torch.zeros(len(names), dtype=torch.float64).index_add_(0, index, values)
+    return {f"{prefix}/{name}": float(sums[i]) / total for i, name in enumerate(names)}
+
+
+def where_metrics(batch: Rollouts, token_stats: dict[str, torch.Tensor]) -> dict[str, float]:
+    """The where/ metrics of one step; empty without the per-token log-ratios."""
+    log_ratio = token_stats.get("log_ratio")
+    if log_ratio is None or not log_ratio.numel():
+        return {}
+    lr = log_ratio.detach().double().cpu()
+    sampler = batch.sampler_logprobs[batch.mask].detach().double().cpu()
+    index = bin_index((lr + sampler).exp(), PROB_EDGES, closed_last=True)
+    out = _shares(torch.ones_like(lr), index, m.WHERE_TOKENS) | _shares(lr.abs(), index, m.WHERE_MISMATCH)
+    norms = token_stats.get("logit_grad_norm")
+    if norms is None or norms.shape != lr.shape or bool(norms.isnan().any()):
+        return out  # no backward reached the logits (or a path that does not record them)
+    energy = norms.detach().double().cpu().square()
+    total = float(energy.sum())
+    if not total > 0:
+        return out
+    out |= _shares(energy, index, m.WHERE_GRAD)
+    top = max(1, math.ceil(TOP_FRACTION * energy.numel()))
+    out[m.WHERE_GRAD_TOP] = float(energy.topk(top).values.sum()) / total
+    low, high = RATIO_TAIL_BAND
+    tail = (lr < math.log(low)) | (lr > math.log(high))
+    out[m.WHERE_GRAD_RATIO_TAIL] = float(energy[tail].sum()) / total
+    return out
