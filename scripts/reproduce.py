@@ -34,10 +34,12 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from rlmix.config.monitor import LastingRule
+from rlmix.metrics import names
 from rlmix.metrics.lasting import lasting as is_lasting
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,6 +124,16 @@ PROFILES: dict[str, Profile] = {
 # lr 1e-3 the fleet's one lasting collapse came at step 267).
 LASTING_FORMAT_ERRORS = LastingRule().format_errors  # the lasting rule's, for the page text
 POOL_KL = "mismatch/kl_k3/"  # + a pool's name: its per-token KL
+# The where/ series a page keeps (rlmix/metrics/where.py): shares of the step's tokens, mismatch and
+# squared logit gradient held by low-probability tokens (the trainer's p < 0.1), and where the gradient sat.
+LOW_P_BINS = ("p0-0.001", "p0.001-0.01", "p0.01-0.1")
+WHERE_COLUMNS = {  # series name -> (page column, where/ keys summed)
+    "tokens_low_p": ("tokens at p < 0.1", [f"{names.WHERE_TOKENS}/{b}" for b in LOW_P_BINS]),
+    "mismatch_low_p": ("their share of Σ|Δ log p|", [f"{names.WHERE_MISMATCH}/{b}" for b in LOW_P_BINS]),
+    "grad_low_p": ("their share of the gradient", [f"{names.WHERE_GRAD}/{b}" for b in LOW_P_BINS]),
+    "grad_top1pct": ("gradient held by the top 1% of tokens", [names.WHERE_GRAD_TOP]),
+    "grad_ratio_tail": ("gradient held by p/q outside [0.2, 5]", [names.WHERE_GRAD_RATIO_TAIL]),
+}
 
 
 def plan_arms(plan: Plan) -> tuple[str, ...]:
@@ -149,6 +161,7 @@ class RunResult:
     rewards: list[float]
     kls: list[float]
     pool_kls: dict[str, list[float]]  # mismatch/kl_k3/<pool> per step (older pages: absent)
+    where: dict[str, list[float]]  # WHERE_COLUMNS' series per step (runs before where/ existed: absent)
     run_s: float  # the run's own wall time (summary.json's wall_time_s)
 
     @property
@@ -239,7 +252,15 @@ def collect(run_dir: Path, dose: str, eval_samples: int) -> RunResult:
         run_s=summary.get("wall_time_s", float("nan")),
         pool_kls={key.removeprefix(POOL_KL): [r.get(key, float("nan")) for r in rows]
                   for key in dict.fromkeys(k for r in rows for k in r if k.startswith(POOL_KL) and "/lag_" not in k)},
+        where=where_series(rows),
     )
+
+
+def where_series(rows: list[dict]) -> dict[str, list[float]]:
+    """Each WHERE_COLUMNS series per step (NaN where a step left it out); empty for a run without where/."""
+    if not any(key.startswith("where/") for key in rows[0]):
+        return {}
+    return {name: [sum(r.get(k, float("nan")) for k in keys) for r in rows] for name, (_, keys) in WHERE_COLUMNS.items()}
 
 
 def evaluation(run_dir: Path, eval_samples: int) -> dict:
@@ -297,32 +318,49 @@ def map_table(results: list[RunResult], arms: tuple[str, ...], doses: list[str])
     return "\n".join(lines)
 
 
+def early_and_late(runs: list[RunResult], series_of: Callable[[RunResult], list[float]]) -> tuple[float, float]:
+    """A per-step series early in the run (steps 1-50) and just before the run was first flagged
+    (the 20 steps before; a run never flagged: its last 20): medians over the steps, then the runs."""
+    early, late = [], []
+    for r in runs:
+        series = series_of(r)
+        end = (r.collapse_step - 1) if r.collapsed and r.collapse_step else len(series)
+        for out, part in ((early, series[:50]), (late, series[max(0, end - 20):end])):
+            if values := [v for v in part if v == v]:
+                out.append(statistics.median(values))
+    return (statistics.median(early) if early else float("nan"), statistics.median(late) if late else float("nan"))
+
+
 def pool_table(results: list[RunResult], arms: tuple[str, ...]) -> str:
-    """Where the mismatch sat: each pool's per-token KL (k3) early in the run (steps 1-50) and just
-    before it was first flagged (the 20 steps before; a run never flagged: its last 20), median over
-    the steps and then over the seeds."""
+    """Where the mismatch sat: each pool's per-token KL (k3), early → before the first flag."""
     pools = list(dict.fromkeys(pool for r in results for pool in r.pool_kls))
     if not pools:
         return ""
-
-    def median_of(runs: list[RunResult], pool: str, late: bool) -> float:
-        values = []
-        for r in runs:
-            series = r.pool_kls.get(pool, [])
-            end = (r.collapse_step - 1) if r.collapsed and r.collapse_step else len(series)
-            part = [v for v in (series[max(0, end - 20):end] if late else series[:50]) if v == v]
-            if part:
-                values.append(statistics.median(part))
-        return statistics.median(values) if values else float("nan")
-
     lines = ["| arm | " + " | ".join(pools) + " |", "|---|" + "---|" * len(pools)]
     for arm in arms:
         mine = [r for r in results if r.arm == arm and r.pool_kls]
         if mine:
-            lines.append(f"| {arm} | " + " | ".join(
-                f"{median_of(mine, pool, False):.1e} → {median_of(mine, pool, True):.1e}" if pool in mine[0].pool_kls
-                else "—" for pool in pools) + " |")
+            cells = []
+            for pool in pools:
+                if pool not in mine[0].pool_kls:
+                    cells.append("—")
+                    continue
+                early, late = early_and_late(mine, lambda r: r.pool_kls.get(pool, []))
+                cells.append(f"{early:.1e} → {late:.1e}")
+            lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def where_table(results: list[RunResult], arms: tuple[str, ...]) -> str:
+    """Which tokens held the mismatch and carried the gradient (WHERE_COLUMNS), early → before the first flag."""
+    lines = ["| arm | " + " | ".join(title for title, _ in WHERE_COLUMNS.values()) + " |",
+             "|---|" + "---|" * len(WHERE_COLUMNS)]
+    for arm in arms:
+        mine = [r for r in results if r.arm == arm and r.where]
+        if mine:
+            cells = ("{:.3f} → {:.3f}".format(*early_and_late(mine, lambda r: r.where[name])) for name in WHERE_COLUMNS)
+            lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def paired_table(results: list[RunResult], against: str = "sc_mis") -> str:
@@ -392,14 +430,16 @@ def plot_map(results: list[RunResult], arms: tuple[str, ...], doses: list[str], 
 def load_runs(path: Path) -> list[RunResult]:
     """An earlier invocation's ``runs.json``; columns it predates are NaN (shown as —)."""
     fields = RunResult.__dataclass_fields__
-    return [RunResult(**{k: row.get(k, {} if k == "pool_kls" else float("nan")) for k in fields})
+    return [RunResult(**{k: row.get(k, {} if k in ("pool_kls", "where") else float("nan")) for k in fields})
             for row in json.loads(path.read_text())]
 
 
 def runs_json(results: list[RunResult]) -> str:
     """One run per line; the per-pool series at 4 significant digits (the page reads medians)."""
-    rows = [dict(r.__dict__, pool_kls={pool: [float(f"{v:.4g}") for v in series] for pool, series in r.pool_kls.items()})
-            for r in results]
+    def digits(series: dict[str, list[float]]) -> dict[str, list[float]]:
+        return {name: [float(f"{v:.4g}") for v in values] for name, values in series.items()}
+
+    rows = [dict(r.__dict__, pool_kls=digits(r.pool_kls), where=digits(r.where)) for r in results]
     return "[\n" + ",\n".join(json.dumps(row) for row in rows) + "\n]\n"
 
 
@@ -424,6 +464,11 @@ def write(profile: str, how: list[str], results: list[RunResult], doses: list[st
              *(["\nWhere the mismatch sat: each pool's KL per token (k3), steps 1-50 → the 20 steps before the run "
                 "was first flagged (never flagged: its last 20); medians over steps, then seeds.\n",
                 pool_table(head, arms)] if any(r.pool_kls for r in head) else []),
+             *(["\nWhich tokens held the mismatch and carried the gradient (`where/`, docs/monitor_and_report.md): "
+                "the tokens the trainer gives p < 0.1, their share of the step's tokens, of its Σ |log p − log q| "
+                "and of its squared logit gradient; the share of that gradient the largest 1% of tokens held, "
+                "and the tokens whose p/q lay outside [0.2, 5]. The same windows and medians.\n",
+                where_table(head, arms)] if any(r.where for r in head) else []),
              f"\n![reward and KL]({figures.name}/headline.png)\n"]
     # The map's axis is the mismatch dose: the doses the uncorrected arm ran at (a K variant for the
     # SC arms is not a dose of it, and has its own table below).
@@ -438,7 +483,8 @@ def write(profile: str, how: list[str], results: list[RunResult], doses: list[st
         for dose in (d for d in doses if d != headline):  # the headline's table is above
             mine = [r for r in results if r.dose == dose]
             parts += [f"### `{dose}`: {' '.join(DOSES[dose])}\n", arm_table(mine, arms), "",
-                      *([pool_table(mine, arms), ""] if any(r.pool_kls for r in mine) else [])]
+                      *([pool_table(mine, arms), ""] if any(r.pool_kls for r in mine) else []),
+                      *([where_table(mine, arms), ""] if any(r.where for r in mine) else [])]
     out.write_text("\n".join(parts) + "\n")
     print(f"wrote {out}")
     return out

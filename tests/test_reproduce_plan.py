@@ -107,7 +107,7 @@ def test_a_resume_sweeps_only_the_missing_runs_and_its_page_says_what_ran(tmp_pa
         fields = {k: float("nan") for k in R.RunResult.__dataclass_fields__}
         got = json.loads((run_dir / "summary.json").read_text())
         fields.update(arm=got["name"], seed=got["seed"], dose=dose, collapsed=False, collapse_step=None,
-                      collapse_reason="", rewards=[], kls=[], pool_kls={})
+                      collapse_reason="", rewards=[], kls=[], pool_kls={}, where={})
         return R.RunResult(**fields)
 
     stopped = tmp_path / "multirun" / "reproduce_x"
@@ -141,6 +141,25 @@ def test_the_pool_table_reads_each_pool_before_the_run_was_flagged():
     table = R.pool_table([run("grpo", 0, 81, rising), run("sc_mis", 0, None, flat)], ("grpo", "sc_mis"))
     assert "| grpo | 1.0e-04 → 1.0e-03 | 1.0e-05 → 1.0e-05 |" in table
     assert "| sc_mis | 2.0e-04 → 2.0e-04 |" in table
+
+
+def test_the_where_table_reads_a_run_s_own_metrics_before_it_was_flagged():
+    """From metrics.jsonl rows to the page: low-probability bins summed, the same windows as the pool table."""
+    def row(low_grad: float) -> dict:
+        bins = dict.fromkeys(("p0-0.001", "p0.001-0.01", "p0.01-0.1", "p0.1-0.5", "p0.5-0.9", "p0.9-1"), 0.0)
+        out = {f"where/tokens/{b}": 0.1 if b in R.LOW_P_BINS else 0.7 / 3 for b in bins}
+        out |= {f"where/mismatch/{b}": 0.2 if b in R.LOW_P_BINS else 0.4 / 3 for b in bins}
+        out |= {f"where/grad/{b}": low_grad / 3 if b in R.LOW_P_BINS else (1 - low_grad) / 3 for b in bins}
+        return out | {"where/grad_top1pct": 0.05, "where/grad_ratio_tail": 0.0}
+
+    series = R.where_series([row(0.3)] * 60 + [row(0.9)] * 20 + [row(0.1)] * 20)
+    assert series["tokens_low_p"][0] == pytest.approx(0.3) and series["grad_low_p"][70] == pytest.approx(0.9)
+    assert R.where_series([{"reward/mean": 0.1}]) == {}  # a run from before where/
+    fields = {k: float("nan") for k in R.RunResult.__dataclass_fields__}
+    fields.update(arm="grpo", seed=0, dose=R.HEADLINE, collapsed=True, collapse_step=81, pool_kls={}, where=series)
+    table = R.where_table([R.RunResult(**fields)], ("grpo", "sc_mis"))
+    assert "| grpo | 0.300 → 0.300 | 0.600 → 0.600 | 0.300 → 0.900 | 0.050 → 0.050 | 0.000 → 0.000 |" in table
+    assert "sc_mis" not in table and R.where_table([], ("grpo",)) == ""
 
 
 def test_a_resume_reuses_the_evaluation_a_run_already_has(tmp_path, monkeypatch):
