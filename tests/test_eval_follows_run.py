@@ -81,3 +81,13 @@ def test_a_model_dir_or_no_checkpoint_takes_nothing_from_any_run(tmp_path):
     assert run_of([]) is None and run_of([f"checkpoint={tmp_path}"]) is None  # no .hydra: not a run dir
     cfg = compose_run_config([], for_training=False, run=run_of([]))
     assert isinstance(cfg.task, MiniCodeTaskConfig) and cfg.eval.max_new_tokens == 24
+
+
+def test_another_task_is_scored_beside_the_runs_own_score_not_over_it(dataset_run):
+    from rlmix.eval.evaluate import default_out_dir
+
+    own = eval_plan([f"checkpoint={dataset_run}", "task.split=train"]).cfg
+    assert default_out_dir(own, "train") == dataset_run / "eval_train"  # the run's own task, as before
+    other = eval_plan([f"checkpoint={dataset_run}", "task=minicode"]).cfg
+    assert default_out_dir(other, "test") == dataset_run / "eval_minicode_test"
+    assert default_out_dir(own, "train") != default_out_dir(other, "train")

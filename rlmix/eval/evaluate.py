@@ -94,9 +94,24 @@ def pass_table(results: dict[int, PassAtK]) -> str:
 
 
 def default_out_dir(cfg: RunConfig, split: str) -> Path:
+    """A run directory's own task: ``<run>/eval_<split>``; another task: ``<run>/eval_<task>_<split>``,
+    so it never overwrites the run's own score (what ``scripts/reproduce.py`` and a reader take as
+    the run's). A model directory, or none: ``outputs/eval/<time>_<split>``."""
     if cfg.checkpoint is not None and not (Path(cfg.checkpoint) / "config.json").is_file():
-        return Path(cfg.checkpoint) / f"eval_{split}"
+        run = Path(cfg.checkpoint)
+        own = run_task_name(run)
+        return run / (f"eval_{split}" if own in (None, cfg.task.name) else f"eval_{cfg.task.name}_{split}")
     return Path("outputs") / "eval" / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{split}"
+
+
+def run_task_name(run_dir: Path) -> str | None:
+    """The task group option a run directory trained on (its composed ``.hydra/config.yaml``), if any."""
+    from omegaconf import OmegaConf
+
+    config = run_dir / ".hydra" / "config.yaml"
+    if not config.is_file():
+        return None
+    return OmegaConf.select(OmegaConf.load(config), "task.name")
 
 
 def evaluate(plan: RunPlan, progress=print) -> dict:
