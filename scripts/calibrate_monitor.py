@@ -137,8 +137,10 @@ def table(records: list[dict]) -> str:
     """Per rule (and for the verdict and action=stop): healthy runs it fired on, collapses it missed."""
     full = [r for r in records if r.get("format") is not None]
     partial = [r for r in records if r.get("format") is None]
+    healthy = [r for r in full if r["label"] == "healthy"]
     groups = [  # (column header, records, count hits (false alarms) or misses)
-        ("false alarms: default runs (of {n}, full series)", [r for r in full if r["label"] == "healthy"], True),
+        ("false alarms: v1 default runs (of {n}, full series)", [r for r in healthy if not is_v2(r)], True),
+        ("false alarms: v2 runs (of {n}, full series)", [r for r in healthy if is_v2(r)], True),
         ("false alarms: stale2* runs (of {n}, reward and KL only)", [r for r in partial if r["label"] == "healthy"], True),
         ("misses: lasting collapses (of {n}, full series)", [r for r in full if r["label"] == "collapse"], False),
         ("misses: lasting collapses (of {n}, reward and KL only)", [r for r in partial if r["label"] == "collapse"], False),
@@ -156,6 +158,11 @@ def table(records: list[dict]) -> str:
     lines += ["", f"Healthy runs with a warning (spikes alone): {sum(h.warnings > 0 for h in healthy)}; "
                   f"with a recovered episode: {sum(h.recovered > 0 for h in healthy)}; of {len(healthy)}."]
     return "\n".join(lines)
+
+
+def is_v2(record: dict) -> bool:
+    """A run of the v2 workload (``model=embedded_v2``): stored from a ``scripts/reproduce.py`` v2 dose."""
+    return record["source"].startswith("v2_")
 
 
 def per_run(records: list[dict]) -> str:

@@ -478,3 +478,32 @@ def test_new_knobs_are_validated_with_one_line() -> None:
     cfg.lasting.format_errors = math.nan
     with pytest.raises(ConfigError, match="monitor.lasting.format_errors"):
         CollapseMonitor(cfg)
+
+
+def test_action_stop_needs_the_run_down_past_the_noise_of_its_windows() -> None:
+    """A healthy v2 run (docs/monitor_and_report.md, "Calibration") had ten steps of 10.4% format
+    errors while an episode was open: above lasting.format_errors, within its noise. Stopping is
+    irreversible, so it waits for the fall to clear stop_margin_sigmas standard errors; the end-of-run
+    verdict keeps the lasting rule as it is."""
+    def kl_episode(formats: list[float], reward=lambda t: 0.5) -> list[dict[str, float]]:
+        """KL 5x its baseline from step 40 with format errors past kl.format_increase: flagged from then on."""
+        stream = low_format_level()
+        for t, row in enumerate(stream):
+            row["reward/mean"] = reward(t)
+            if t >= 40:
+                row["mismatch/kl_k3"] = 5e-3
+                row["format/error_rate"] = formats[t % len(formats)]
+        return stream
+
+    def stopped(stream, cfg: MonitorConfig = CFG) -> bool:
+        monitor, verdicts = feed(stream, cfg)
+        assert monitor.finish().episodes  # every stream here is flagged
+        return any(v.collapse for v in verdicts)
+
+    noisy = [0.125, 0.117, 0.094, 0.109, 0.031, 0.094, 0.125, 0.125, 0.055, 0.164]  # that run's steps 40-49
+    assert sum(noisy) / len(noisy) > CFG.lasting.format_errors
+    assert not stopped(kl_episode(noisy))  # down by 0.4 points, with a standard error of 1.1
+    assert stopped(kl_episode(noisy), MonitorConfig(stop_margin_sigmas=0.0))  # the rule without a margin
+    assert stopped(kl_episode([0.4, 0.5]))  # a format collapse
+    rng = random.Random(0)  # a reward fall well past both windows' noise, format errors healthy
+    assert stopped(kl_episode([0.02], reward=lambda t: (0.5 if t < 40 else 0.1) + rng.gauss(0, 0.03)))

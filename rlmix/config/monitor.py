@@ -93,6 +93,10 @@ class MonitorConfig:
     # opened and the run is still down by the lasting rule over its last lasting.window steps: a dip it
     # recovers from (the healthy runs' episodes in the calibration: 1-13 updates) does not stop it.
     stop_after: int = 20
+    # ... and only once it is down past the noise of ten batches: the latest lasting.window's format
+    # errors above lasting.format_errors, or its reward below the first window's, by more than this
+    # many standard errors (docs/monitor_and_report.md). The end-of-run verdict has no such margin.
+    stop_margin_sigmas: float = 2.0
     recover_steps: int = 5  # an episode ends, recovered, after this many updates with no rule firing
 
 
@@ -106,7 +110,8 @@ def check_monitor(cfg: MonitorConfig) -> None:
     ):
         if value < low:
             raise ConfigError(f"monitor.{key}={value}: must be >= {low}")
-    for key, value in (("noise_sigmas", cfg.noise_sigmas), ("reward.drop", cfg.reward.drop),
+    for key, value in (("noise_sigmas", cfg.noise_sigmas), ("stop_margin_sigmas", cfg.stop_margin_sigmas),
+                       ("reward.drop", cfg.reward.drop),
                        ("reward.min_drop", cfg.reward.min_drop), ("kl.factor", cfg.kl.factor),
                        ("format.rise", cfg.format.rise), ("grad.factor", cfg.grad.factor),
                        ("lasting.format_errors", cfg.lasting.format_errors)):

@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from rlmix.config.monitor import MonitorConfig, check_monitor
@@ -102,6 +102,11 @@ class _Signal:
             self.baseline_values.append(x)
         if track_peak:
             self.peak = ema if self.peak is None else max(self.peak, ema)
+
+
+def _std_error(values: Sequence[float]) -> float:
+    """The standard error of the mean of ``values`` (0 for fewer than two)."""
+    return statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0
 
 
 def _finite(metrics: Mapping[str, float], key: str) -> float | None:
@@ -227,18 +232,32 @@ class CollapseMonitor:
 
     def _judge_now(self, i: int) -> MonitorVerdict:
         """Collapsed as of now: an episode whose rules still fire ``stop_after`` updates after it opened,
-        and the run still down over the last ``lasting.window`` steps."""
+        and the run down past the noise over the last ``lasting.window`` steps (``_down_past_noise``)."""
         episodes, warnings = self._all_episodes(), tuple(self._warnings)
         if self._failed is not None:
             return replace(self._failed, episodes=episodes, warnings=warnings)
         open_ = self._open
         # The rules still fire now, and have since the episode opened stop_after updates ago.
         lasted = open_ is not None and open_.last_update == i and i - open_.start_update + 1 >= self.cfg.stop_after
-        if lasted and still_down(
-                window_mean(self._rewards_first, slice(None)), window_mean(self._rewards_last, slice(None)),
-                window_mean(self._formats_last, slice(None)), self.cfg.lasting):
+        if lasted and self._down_past_noise():
             return MonitorVerdict(True, open_.start, open_.reason, open_.rule, episodes, warnings)
         return MonitorVerdict(False, None, "", None, episodes, warnings)
+
+    def _down_past_noise(self) -> bool:
+        """``still_down`` past the noise, for the judgement ``action=stop`` acts on: the latest window's
+        mean format-error rate above ``lasting.format_errors``, or its mean reward below the first
+        window's, by more than ``stop_margin_sigmas`` standard errors (each window's own spread over
+        its steps; for the reward, Welch's error of the difference). Stricter than ``still_down``,
+        so a run stopped here ends collapsed."""
+        z, rule = self.cfg.stop_margin_sigmas, self.cfg.lasting
+        formats = [v for v in self._formats_last]
+        if formats and statistics.fmean(formats) - z * _std_error(formats) > rule.format_errors:
+            return True
+        first, last = self._rewards_first, list(self._rewards_last)
+        if not first or not last:
+            return False
+        margin = z * math.hypot(_std_error(first), _std_error(last))
+        return statistics.fmean(last) < statistics.fmean(first) - margin
 
     def _check_rules(self, spike: str) -> list[tuple[CollapseRule, str]]:
         checks = (
