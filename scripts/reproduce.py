@@ -129,7 +129,7 @@ POOL_KL = "mismatch/kl_k3/"  # + a pool's name: its per-token KL
 LOW_P_BINS = ("p0-0.001", "p0.001-0.01", "p0.01-0.1")
 WHERE_COLUMNS = {  # series name -> (page column, where/ keys summed)
     "tokens_low_p": ("tokens at p < 0.1", [f"{names.WHERE_TOKENS}/{b}" for b in LOW_P_BINS]),
-    "mismatch_low_p": ("their share of Σ|Δ log p|", [f"{names.WHERE_MISMATCH}/{b}" for b in LOW_P_BINS]),
+    "mismatch_low_p": ("their share of Σ \\|Δ log p\\|", [f"{names.WHERE_MISMATCH}/{b}" for b in LOW_P_BINS]),
     "grad_low_p": ("their share of the gradient", [f"{names.WHERE_GRAD}/{b}" for b in LOW_P_BINS]),
     "grad_top1pct": ("gradient held by the top 1% of tokens", [names.WHERE_GRAD_TOP]),
     "grad_ratio_tail": ("gradient held by p/q outside [0.2, 5]", [names.WHERE_GRAD_RATIO_TAIL]),
