@@ -17,6 +17,9 @@ from rlmix.correction.logprobs import log_ratio as clamped_log_ratio
 
 K3_TOKEN_CAP = 10.0  # §6: clamp k3 per token so one outlier cannot dominate the mean
 RATIO_TAIL_BAND = (0.2, 5.0)  # §6: share of tokens with r outside this band
+# Bins of the trainer's probability of the sampled token, [edges[i], edges[i+1]), the last closed:
+# where the mismatch and the gradient sit (the probe's rlmix.eval.where, training's rlmix.metrics.where).
+PROB_EDGES = (0.0, 1e-3, 1e-2, 0.1, 0.5, 0.9, 1.0)
 
 
 def _mean(x: Tensor) -> Tensor:
@@ -120,3 +123,14 @@ def check_alignment(
     if diff.numel() == 0:
         return diff.new_zeros(())
     return diff.amax()
+
+
+def bin_index(values: Tensor, edges: tuple[float, ...], *, closed_last: bool) -> Tensor:
+    """(N,) int64 bin of each value: i where ``edges[i] <= v < edges[i+1]``.
+
+    ``closed_last``: ``edges`` bound the values on both sides and the top edge belongs to the last
+    bin (len(edges) − 1 bins); otherwise values from ``edges[-1]`` up form one more, open bin
+    (len(edges) bins). Values below ``edges[0]`` go to bin 0.
+    """
+    inner = edges[1:-1] if closed_last else edges[1:]
+    return torch.bucketize(values, torch.tensor(inner, dtype=values.dtype), right=True)

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rlmix.correction.diagnostics import kl_k3_per_token
+from rlmix.correction.diagnostics import PROB_EDGES, bin_index, kl_k3_per_token
 
-# Bin edges: a token falls in [edges[i], edges[i+1]); the last bin is closed (probability) or open (position).
-PROB_EDGES = (0.0, 1e-3, 1e-2, 0.1, 0.5, 0.9, 1.0)
+# Bin edges: a token falls in [edges[i], edges[i+1]); the last bin is closed (probability, PROB_EDGES,
+# shared with training's where/ metrics) or open (position).
 POSITION_EDGES = (0, 8, 32, 128)
 # Policy tokens since the last environment token: -1 (none yet: the first turn), 0 (right after), 1-3, ...
 ENV_DISTANCE_EDGES = (-1, 0, 1, 4, 16, 64)
@@ -45,17 +45,6 @@ def env_distance_labels(edges: tuple[int, ...] = ENV_DISTANCE_EDGES) -> tuple[st
     """``first_turn`` for the tokens before any environment token, then ``a-b`` bins, the last open."""
     bins = [f"{a}" if b == a + 1 else f"{a}-{b - 1}" for a, b in zip(edges[1:-1], edges[2:])]
     return ("first_turn", *bins, f"{edges[-1]}+")
-
-
-def bin_index(values: Tensor, edges: tuple[float, ...], *, closed_last: bool) -> Tensor:
-    """(N,) int64 bin of each value: i where ``edges[i] <= v < edges[i+1]``.
-
-    ``closed_last``: ``edges`` bound the values on both sides and the top edge belongs to the last
-    bin (len(edges) − 1 bins); otherwise values from ``edges[-1]`` up form one more, open bin
-    (len(edges) bins). Values below ``edges[0]`` go to bin 0.
-    """
-    inner = edges[1:-1] if closed_last else edges[1:]
-    return torch.bucketize(values, torch.tensor(inner, dtype=values.dtype), right=True)
 
 
 def bin_sums(log_ratio: Tensor, index: Tensor, bins: int) -> dict[str, Tensor]:

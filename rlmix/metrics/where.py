@@ -7,7 +7,7 @@ gradient reaches the model through these). Σ_t g_t² is the squared norm of the
 logit gradient, so g_t² / Σ g² is each token's exact share of it; a gradient-norm spike shows up
 as a few tokens holding most of that sum (``where/grad_top1pct``).
 
-Tokens are binned by p_t with the probe's edges (``rlmix.eval.where.PROB_EDGES``). Per bin the step
+Tokens are binned by p_t with the probe's edges (``rlmix.correction.diagnostics.PROB_EDGES``). Per bin the step
 logs the bin's share of the tokens, of Σ |lr| and of Σ g² (names.py, where/). A step with no
 mismatch at all, or no gradient (every advantage zero), leaves the corresponding shares out.
 """
@@ -18,8 +18,7 @@ import math
 
 import torch
 
-from rlmix.correction.diagnostics import RATIO_TAIL_BAND
-from rlmix.eval.where import PROB_EDGES, bin_index
+from rlmix.correction.diagnostics import PROB_EDGES, RATIO_TAIL_BAND, bin_index
 from rlmix.metrics import names as m
 from rlmix.rollout import Rollouts
 
