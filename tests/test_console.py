@@ -87,6 +87,7 @@ def test_the_run_block_lists_recovered_episodes_and_warnings_under_a_clean_verdi
     block = run_block(summary, tmp_path, None, 150, [], log_dir=tmp_path)
     lines = {line.split()[0]: line.split(None, 1)[1] for line in block.splitlines()[1:] if line.startswith("  ")}
     assert lines["status"] == "completed" and lines["collapse"] == "none"
+    assert lines["last"].startswith("step ")  # the last step's values, not the report's tail mean
     assert lines["episodes"].startswith("steps 95-104 (10 steps, reward EMA fell 0.052, recovered)")
     assert lines["warnings"] == "at step 78: grad_spikes: 3 grad-norm spikes"
     quiet = dict(summary, collapse={"verdict": False, "step": None, "reason": "", "episodes": [], "warnings": []})

@@ -157,7 +157,7 @@ def run_block(
     rows = [
         ("status", str(summary.get("status", "completed"))),
         ("steps", f"{summary.get('steps', 0)}/{total_steps} in {_number(summary.get('wall_time_s'), ',.0f')} s"),
-        ("final", f"reward {_number(final.get('reward/mean'), '.3f')}  kl_k3 {_number(final.get('mismatch/kl_k3'), '.2e')}"
+        ("last step", f"reward {_number(final.get('reward/mean'), '.3f')}  kl_k3 {_number(final.get('mismatch/kl_k3'), '.2e')}"
                   f"  format errors {_number(final.get('format/error_rate'), '.3f')}"),
         ("collapse", collapse_text(summary.get("collapse"))),
         *[(key, text) for key, text in (("episodes", episodes_text(summary.get("collapse"))),
