@@ -340,6 +340,50 @@ def test_noise_floor_keeps_a_flat_noisy_low_reward_run_quiet():
     assert any(_first_alarm(MonitorConfig(noise_sigmas=0.0), s) is not None for s in streams)
 
 
+def _climbing_rewards(seed: int, steps: int = 300, fall_at: int | None = None) -> list[dict[str, float]]:
+    """A run that learns: reward 0.07 -> 0.15, its per-step noise growing with it (a binomial-like batch
+    mean, 0.03 at the start, 0.07 at the end). ``fall_at``: from there the reward drops to 0.01."""
+    rng = random.Random(seed)
+    stream = []
+    for i in range(steps):
+        level = 0.07 + 0.08 * i / steps
+        noise = 0.03 + 0.04 * i / steps
+        reward = 0.01 if fall_at is not None and i >= fall_at else min(max(rng.gauss(level, noise), 0.0), 1.0)
+        stream.append({"reward/mean": reward})
+    return stream
+
+
+def _first_flag(cfg: MonitorConfig, stream) -> int | None:
+    monitor = CollapseMonitor(cfg)
+    for step, metrics in enumerate(stream, start=1):
+        monitor.update(step, metrics)
+    episodes = monitor.finish().episodes
+    return episodes[0].start if episodes else None
+
+
+def test_the_noise_floor_follows_a_reward_that_gets_noisier_as_it_climbs():
+    """The baseline window sees the quiet start; a floor from it alone flags most learning runs on the
+    noise of their later, higher rewards. The recent values' successive differences see the noise at
+    its current level, and a real fall (the differences stay small at the new level) still flags."""
+    before = MonitorConfig(noise_window=0, noise_sigmas=7.0)  # the baseline's spread alone
+    flags = {name: [_first_flag(cfg, _climbing_rewards(seed)) for seed in range(40)]
+             for name, cfg in (("before", before), ("now", MonitorConfig()))}
+    assert sum(f is not None for f in flags["before"]) >= 25
+    assert sum(f is not None for f in flags["now"]) <= 15
+    quiet_until_200 = [seed for seed, f in enumerate(flags["now"]) if f is None or f > 200][:8]
+    assert len(quiet_until_200) == 8
+    for seed in quiet_until_200:
+        step = _first_flag(MonitorConfig(), _climbing_rewards(seed, fall_at=200))
+        assert step is not None and 200 < step <= 210, (seed, step)
+
+
+def test_successive_differences_ignore_a_trend():
+    from rlmix.metrics.monitor import _successive_std
+
+    assert _successive_std([0.0, 1.0] * 20) == pytest.approx(math.sqrt(0.5))
+    assert _successive_std([0.01 * i for i in range(30)]) == pytest.approx(0.01 / math.sqrt(2))
+
+
 def test_consecutive_skipped_steps_latch_a_nonfinite_verdict_from_the_first_step():
     from rlmix.metrics.verdict import CollapseRule
 

@@ -80,9 +80,13 @@ class MonitorConfig:
     warmup_steps: int = 5  # updates that only feed the EMAs (the first steps are the noisiest)
     baseline_steps: int = 10  # updates after warm-up whose raw means are the early baselines
     ema_span: int = 10  # EMA smoothing: alpha = 2 / (ema_span + 1)
-    # A reward fall must also exceed this many standard deviations of the reward EMA's own noise
-    # (estimated from the raw rewards of the baseline window), so a noisy but flat run stays quiet.
-    noise_sigmas: float = 7.0
+    # A reward fall must also exceed this many standard deviations of the reward EMA's own noise, so a
+    # noisy but flat run stays quiet. The per-step noise is the larger of the baseline window's spread
+    # and that of the last noise_window raw rewards, read from their successive differences (a trend
+    # or a fall barely moves those), since a reward that climbs is noisier than it was at the start.
+    # 0: the baseline window's spread alone.
+    noise_sigmas: float = 5.0
+    noise_window: int = 30
     reward: RewardDropRule = field(default_factory=RewardDropRule)
     kl: KLGrowthRule = field(default_factory=KLGrowthRule)
     format: FormatErrorRule = field(default_factory=FormatErrorRule)
@@ -105,7 +109,7 @@ def check_monitor(cfg: MonitorConfig) -> None:
     for key, value, low in (
         ("ema_span", cfg.ema_span, 1), ("warmup_steps", cfg.warmup_steps, 0), ("baseline_steps", cfg.baseline_steps, 1),
         ("grad.window", cfg.grad.window, 1), ("grad.count", cfg.grad.count, 1), ("nonfinite.count", cfg.nonfinite.count, 1),
-        ("lasting.window", cfg.lasting.window, 1), ("stop_after", cfg.stop_after, 1),
+        ("lasting.window", cfg.lasting.window, 1), ("stop_after", cfg.stop_after, 1), ("noise_window", cfg.noise_window, 0),
         ("recover_steps", cfg.recover_steps, 1),
     ):
         if value < low:

@@ -77,12 +77,15 @@ class _Ema:
 
 
 class _Signal:
-    """One metric's EMA plus its early-baseline mean and (for reward) the running peak of the EMA."""
+    """One metric's EMA plus its early-baseline mean, (for reward) the running peak of the EMA, and the
+    last ``noise_window`` raw values, for the noise at the current level."""
 
-    def __init__(self, alpha: float) -> None:
+    def __init__(self, alpha: float, noise_window: int = 0) -> None:
         self.ema = _Ema(alpha)
         self.baseline_values: list[float] = []
         self.peak: float | None = None
+        self.recent: deque[float] = deque(maxlen=noise_window or 1)
+        self.noise_window = noise_window
 
     @property
     def baseline(self) -> float | None:
@@ -90,18 +93,30 @@ class _Signal:
 
     @property
     def ema_std(self) -> float:
-        """Standard deviation of the EMA of i.i.d. noise with the baseline's spread: σ·sqrt(α/(2−α))."""
+        """Standard deviation of the EMA of i.i.d. noise of std σ: σ·sqrt(α/(2−α)). σ is the larger of
+        the baseline's spread and the recent values' (``_successive_std``), once ten of them are in."""
         if len(self.baseline_values) < 2:
             return 0.0
+        sigma = statistics.pstdev(self.baseline_values)
+        if self.noise_window and len(self.recent) >= 10:
+            sigma = max(sigma, _successive_std(self.recent))
         alpha = self.ema.alpha
-        return statistics.pstdev(self.baseline_values) * math.sqrt(alpha / (2.0 - alpha))
+        return sigma * math.sqrt(alpha / (2.0 - alpha))
 
     def update(self, x: float, in_baseline: bool, track_peak: bool) -> None:
+        self.recent.append(x)
         ema = self.ema.update(x)
         if in_baseline:
             self.baseline_values.append(x)
         if track_peak:
             self.peak = ema if self.peak is None else max(self.peak, ema)
+
+
+def _successive_std(values: Sequence[float]) -> float:
+    """σ of i.i.d. noise from successive differences, sqrt(mean((x_t − x_{t−1})²) / 2) (von Neumann):
+    a slow trend or a level shift adds little to it, where it would inflate a plain standard deviation."""
+    xs = list(values)
+    return math.sqrt(statistics.fmean((b - a) ** 2 for a, b in zip(xs, xs[1:])) / 2.0)
 
 
 def _std_error(values: Sequence[float]) -> float:
@@ -124,7 +139,7 @@ class CollapseMonitor:
         check_monitor(cfg)
         self.cfg = cfg
         alpha = 2.0 / (cfg.ema_span + 1)
-        self._reward = _Signal(alpha)
+        self._reward = _Signal(alpha, cfg.noise_window)
         self._kl = _Signal(alpha)
         self._format = _Signal(alpha)
         self._grad_history: deque[float] = deque(maxlen=cfg.grad.window)
