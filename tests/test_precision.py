@@ -10,6 +10,7 @@ from rlmix.samplers.accelerators import CATALOG, KernelFamily, PrecisionView, re
 from rlmix.samplers.precision import Precision
 from rlmix.samplers.precision import (
     e2m1_round,
+    fp8_qdq_tensor,
     nvfp4_qdq,
     quantize_dequantize,
     round_activation,
@@ -35,6 +36,18 @@ def test_fp8_per_channel_scale_and_grid():
     assert out[1].tolist() == [224.0, 8.0, 0.15625]
     e5 = quantize_dequantize(torch.tensor([[57344.0, 0.3, 40.0]]), Precision.fp8_e5m2)
     assert e5[0].tolist() == [57344.0, 0.3125, 40.0]
+
+
+def test_fp8_per_tensor_scale_and_the_rows_it_is_taken_over():
+    # One scale for the matrix (amax 448 -> 1): 0.3 -> 0.3125. Per channel the second row's amax 2
+    # gives s = 2/448, 0.3/s = 67.2 -> 64 (spacing 8 in [64, 128)), 64·s = 0.2857...
+    w = torch.tensor([[448.0, 1.0], [2.0, 0.3]])
+    assert quantize_dequantize(w, Precision.fp8_e4m3, per_tensor=True)[1].tolist() == [2.0, 0.3125]
+    assert quantize_dequantize(w, Precision.fp8_e4m3)[1].tolist() == pytest.approx([2.0, 64 * 2 / 448])
+    # Rows outside ``real`` do not set the scale (0.3 -> 64·2/448 again) but are rounded with it:
+    # 448 saturates at fmax·s = 2.
+    out = fp8_qdq_tensor(w, Precision.fp8_e4m3, real=torch.tensor([False, True]))
+    assert out[1].tolist() == pytest.approx([2.0, 64 * 2 / 448]) and out[0, 0].item() == 2.0
 
 
 def test_int8_per_channel_and_int4_groups():

@@ -189,6 +189,32 @@ def test_kv_cache_precision_is_applied(tiny_llama_dir, teacher):
     assert fp8_kv > 2 * bf16_kv
 
 
+def test_per_tensor_fp8_scales_share_one_scale_across_the_step_and_ignore_padding(tiny_llama_dir):
+    """vLLM's online fp8 scales each GEMM input once over all the step's tokens: a row's numbers then
+    depend on what it is batched with, unlike per-token scales, but never on padding, which an
+    engine does not compute (here the pad token's embedding is made huge, so including it would
+    coarsen every scale)."""
+    tensor = TorchSampler(tiny_llama_dir, resolve_view("H100", "fp8_e4m3", fp8_scales="tensor"), "h100_tensor")
+    assert tensor.model.view.label == "emulated:H100/fp8_e4m3+tensor_scales/kv=bf16/online_softmax_bf16"
+    row = torch.randint(3, 40, (1, 10), generator=torch.Generator().manual_seed(2))
+    alone = tensor.logits(row, torch.ones_like(row))[0]
+    tensor.model.embed[0] *= 300.0  # the pad token
+    padded = torch.cat([row, torch.zeros(1, 6, dtype=torch.long)], 1)
+    torch.testing.assert_close(tensor.logits(padded, (padded != 0).long())[0, :10], alone, atol=1e-5, rtol=1e-5)
+    # A batch-mate with much larger activations (a token the row does not hold) coarsens the row's scale.
+    tensor.model.embed[45] *= 300.0
+    crowd = torch.cat([padded, torch.full((1, 16), 45)], 0)
+    shared = tensor.logits(crowd, (crowd != 0).long())[0, :10]
+    assert (shared - alone).abs().max() > 1e-3
+
+
+def test_per_tensor_scales_are_for_fp8_pools_only():
+    with pytest.raises(ConfigError, match="fp8_scales=tensor applies to fp8 weights"):
+        resolve_view("A100", "bf16", fp8_scales="tensor")
+    with pytest.raises(ConfigError, match="fp8_scales='row': allowed: channel, tensor"):
+        resolve_view("H100", "fp8_e4m3", fp8_scales="row")
+
+
 # --- load-time behaviour -----------------------------------------------------------------
 
 

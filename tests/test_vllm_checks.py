@@ -37,6 +37,10 @@ def test_pool_rules_follow_the_pool_accelerator():
         check_pool("b200", vllm_pool("B200", "nvfp4"))
     with pytest.raises(ConfigError, match=r"fleet.pools.x.kv_precision=fp8_e4m3.*fleet.pools.x.vllm.kv_cache_dtype"):
         check_pool("x", vllm_pool("H100", kv="fp8_e4m3"))
+    scaled = vllm_pool("H100", "fp8_e4m3")
+    scaled.fp8_scales = "tensor"
+    with pytest.raises(ConfigError, match=r"fleet.pools.x.fp8_scales=tensor: vllm pools take the scales"):
+        check_pool("x", scaled)
 
 
 @pytest.mark.parametrize("accelerator, engine, match", [

@@ -23,7 +23,7 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
         raise ConfigError(one_line(err)) from None
     if isinstance(run, RunConfig) and run.fleet.precision is not None:
         for pool in run.fleet.pools.values():  # the fleet-wide format replaces each pool's
-            pool.precision, pool.kv_precision = run.fleet.precision, None
+            pool.precision, pool.kv_precision, pool.fp8_scales = run.fleet.precision, None, "channel"
     return run
 
 

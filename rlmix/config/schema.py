@@ -95,6 +95,8 @@ class PoolConfig:
     accelerator: str = "CPU"  # a key of rlmix.samplers.accelerators.CATALOG
     precision: str = "bf16"  # weight format: fp32 bf16 fp16 fp8_e4m3 fp8_e5m2 int8 int4 nvfp4
     kv_precision: Optional[str] = None  # None: the accelerator's default for this precision
+    # fp8 weights: channel (per-channel weights, per-token inputs) or tensor (vLLM's quantization=fp8)
+    fp8_scales: str = "channel"
     count: int = 1
     backend: SamplerBackend = SamplerBackend.torch
     top_p: Optional[float] = None  # None: the fleet's default

@@ -128,7 +128,7 @@ def factor_views(view: PrecisionView, reference: PrecisionView) -> dict[str, Pre
     return {
         "weights": dataclasses.replace(
             reference, weights=view.weights, activations=view.activations,
-            linear_inputs=view.linear_inputs, int4_group=view.int4_group,
+            linear_inputs=view.linear_inputs, int4_group=view.int4_group, fp8_scales=view.fp8_scales,
         ),
         "kv": dataclasses.replace(reference, kv_cache=view.kv_cache),
         "kernel": dataclasses.replace(reference, kernel=view.kernel),

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from rlmix.errors import ConfigError
 from rlmix.samplers.precision import Precision
 
-__all__ = ["CATALOG", "AcceleratorSpec", "KernelFamily", "PrecisionView", "resolve_view"]
+__all__ = ["CATALOG", "AcceleratorSpec", "Fp8Scales", "KernelFamily", "PrecisionView", "resolve_view"]
 
 
 class KernelFamily(enum.Enum):
@@ -37,6 +37,20 @@ class KernelFamily(enum.Enum):
     online_softmax_fp32acc = "online_softmax_fp32acc"
     online_softmax_bf16 = "online_softmax_bf16"
     online_softmax_fp16 = "online_softmax_fp16"
+
+
+class Fp8Scales(enum.Enum):
+    """How finely an fp8 pool's W8A8 GEMMs are scaled. Member names are the YAML spelling.
+
+    - ``channel``: a scale per output channel of each weight matrix, a dynamic scale per token of
+      each GEMM input (FP8-dynamic checkpoints; the default).
+    - ``tensor``: one scale per weight matrix, one dynamic scale per GEMM input over all the tokens
+      of the step (vLLM's online ``quantization=fp8``): a token's rounding then depends on the
+      largest activation of whatever it is batched with.
+    """
+
+    channel = "channel"
+    tensor = "tensor"
 
 
 _FLOAT = (Precision.fp32, Precision.bf16, Precision.fp16)
@@ -95,6 +109,7 @@ class PrecisionView:
     lm_head are stored in it too). ``linear_inputs``: format the inputs of the decoder's linear
     layers are quantised to (fp8 for W8A8 pools, else the activation dtype). ``kv_cache``: the
     KV-cache format. ``kernel``: attention-kernel family. ``int4_group``: int4 group size.
+    ``fp8_scales``: the scale granularity of fp8 weights and linear inputs (``Fp8Scales``).
     """
 
     accelerator: str
@@ -105,6 +120,12 @@ class PrecisionView:
     kernel: KernelFamily
     emulated_beyond_hardware: bool = False
     int4_group: int | None = None
+    fp8_scales: Fp8Scales = Fp8Scales.channel
+
+    @property
+    def per_tensor(self) -> bool:
+        """fp8 weights and linear inputs scaled per tensor (``Fp8Scales.tensor``)."""
+        return self.fp8_scales is Fp8Scales.tensor
 
     @classmethod
     def exact(cls) -> PrecisionView:
@@ -116,8 +137,9 @@ class PrecisionView:
     def label(self) -> str:
         """e.g. ``emulated:H100/fp8_e4m3/kv=bf16/online_softmax_bf16``; names beyond-hardware emulation."""
         tail = "+beyond_hardware" if self.emulated_beyond_hardware else ""
+        scales = "+tensor_scales" if self.fp8_scales is Fp8Scales.tensor else ""
         return (
-            f"emulated:{self.accelerator}/{self.weights.name}/kv={self.kv_cache.name}/{self.kernel.name}{tail}"
+            f"emulated:{self.accelerator}/{self.weights.name}{scales}/kv={self.kv_cache.name}/{self.kernel.name}{tail}"
         )
 
     def tags(self) -> dict[str, str]:
@@ -128,6 +150,7 @@ class PrecisionView:
             "activations": self.activations.name,
             "kv_precision": self.kv_cache.name,
             "kernel": self.kernel.name,
+            "fp8_scales": self.fp8_scales.name,
             "emulated": "true",
             "emulated_beyond_hardware": str(self.emulated_beyond_hardware).lower(),
             "view": self.label,
@@ -170,13 +193,15 @@ def resolve_view(
     kv_precision: str | None = None,
     allow_emulation: bool = False,
     int4_group: int | None = None,
+    fp8_scales: str = "channel",
 ) -> PrecisionView:
     """The view a pool of ``accelerator`` computes with when serving ``precision`` weights.
 
     Activations are bf16 (fp16 for fp16 weights, fp32 for fp32 weights); fp8 weights also
     quantise linear-layer inputs to fp8-e4m3 per token (W8A8, as fp8 serving does); int8/int4
     are weight-only; nvfp4 is emulated weight-only with bf16 activations. The KV cache defaults
-    to the activation dtype. Raises ConfigError for unknown names or unsupported formats.
+    to the activation dtype. ``fp8_scales`` (``Fp8Scales``): per channel and token, or per tensor,
+    for fp8 weights only. Raises ConfigError for unknown names or unsupported formats.
     """
     spec = lookup_accelerator(accelerator)
     weights = _parse_precision(precision, "precision")
@@ -188,4 +213,18 @@ def resolve_view(
         allowed = ", ".join(p.name for p in _KV_FP8)
         raise ConfigError(f"kv_precision={kv.name} is not a KV-cache format; allowed: {allowed}")
     beyond |= _check_native(spec, kv, spec.native_kv_precisions, "kv_precision", allow_emulation)
-    return PrecisionView(spec.name, weights, activations, linear_inputs, kv, spec.kernel_family, beyond, int4_group)
+    scales = _parse_scales(fp8_scales, weights)
+    return PrecisionView(spec.name, weights, activations, linear_inputs, kv, spec.kernel_family, beyond, int4_group,
+                         scales)
+
+
+def _parse_scales(value: str, weights: Precision) -> Fp8Scales:
+    try:
+        scales = Fp8Scales[value]
+    except KeyError:
+        allowed = ", ".join(s.name for s in Fp8Scales)
+        raise ConfigError(f"fp8_scales={value!r}: allowed: {allowed}") from None
+    if scales is not Fp8Scales.channel and weights not in _FP8:
+        raise ConfigError(f"fp8_scales={value} applies to fp8 weights (precision fp8_e4m3 or fp8_e5m2), "
+                          f"not precision={weights.name}")
+    return scales

@@ -23,7 +23,8 @@ def pool_view(name: str, pool: PoolConfig) -> PrecisionView | None:
     if pool.backend is not SamplerBackend.torch:
         return None
     try:
-        return resolve_view(pool.accelerator, pool.precision, pool.kv_precision, pool.allow_emulation)
+        return resolve_view(pool.accelerator, pool.precision, pool.kv_precision, pool.allow_emulation,
+                            fp8_scales=pool.fp8_scales)
     except ConfigError as err:
         raise ConfigError(f"fleet.pools.{name}: {err}") from None
 

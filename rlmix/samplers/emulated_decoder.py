@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from rlmix.samplers.accelerators import PrecisionView
 from rlmix.samplers.architectures import EXPERT_NAMES, ModelSpec, describe
 from rlmix.samplers.attention import attend
-from rlmix.samplers.precision import quantize_dequantize, round_activation, round_kv
+from rlmix.samplers.precision import fp8_qdq_tensor, quantize_dequantize, round_activation, round_kv
 
 _ATTENTION = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
 _MLP = ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
@@ -150,7 +150,7 @@ class EmulatedDecoder:
         act, view, spec = self.view.activations, self.view, self.shape.spec
 
         def w(name: str) -> torch.Tensor:
-            return quantize_dequantize(weights[name], view.weights, view.int4_group)
+            return quantize_dequantize(weights[name], view.weights, view.int4_group, per_tensor=view.per_tensor)
 
         def a(name: str) -> torch.Tensor:
             return round_activation(weights[name].float(), act)
@@ -185,7 +185,7 @@ class EmulatedDecoder:
         module, gate, up, down = EXPERT_NAMES[self.shape.spec.arch.experts]
 
         def w(t: torch.Tensor) -> torch.Tensor:
-            return quantize_dequantize(t, view.weights, view.int4_group)
+            return quantize_dequantize(t, view.weights, view.int4_group, per_tensor=view.per_tensor)
 
         if p + "mlp.experts.gate_up_proj" in weights:
             gate_up = torch.stack([w(t) for t in weights[p + "mlp.experts.gate_up_proj"]])
@@ -235,13 +235,19 @@ class EmulatedDecoder:
     def _act(self, x: torch.Tensor) -> torch.Tensor:
         return round_activation(x, self.view.activations)
 
-    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                real: torch.Tensor | None = None) -> torch.Tensor:
         """``x Wᵀ + b`` with inputs in the view's linear-input format, output rounded to the activation
         dtype (the bias is added in the GEMM epilogue, before that rounding).
 
-        Inputs already hold activation-dtype values, so they are re-quantised only for W8A8 views."""
+        Inputs already hold activation-dtype values, so they are re-quantised only for W8A8 views;
+        with per-tensor scales one scale covers the whole input, its amax over the ``real`` rows
+        (bool, ``x.shape[:-1]``: the step's tokens, not its left padding)."""
         if self.view.linear_inputs is not self.view.activations:
-            x = round_activation(x, self.view.linear_inputs)
+            if self.view.per_tensor:
+                x = fp8_qdq_tensor(x, self.view.linear_inputs, real)
+            else:
+                x = round_activation(x, self.view.linear_inputs)
         return self._act(F.linear(x, weight, bias))
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -269,9 +275,9 @@ class EmulatedDecoder:
             x = self._rms_norm(x, norm)
         return x.transpose(1, 2)
 
-    def _attention(self, x, layer: Layer, i: int, rope, cache: KVCache, start: int, allowed) -> torch.Tensor:
+    def _attention(self, x, layer: Layer, i: int, rope, cache: KVCache, start: int, allowed, real) -> torch.Tensor:
         s, (b, n, _) = self.shape, x.shape
-        qkv = self._linear(x, layer.w_qkv, layer.b_qkv)
+        qkv = self._linear(x, layer.w_qkv, layer.b_qkv, real)
         q, k, v = qkv.split([s.heads * s.head_dim, s.kv_heads * s.head_dim, s.kv_heads * s.head_dim], dim=-1)
         q = self._rope(self._heads(q, s.heads, layer.q_norm), *rope)
         k = self._rope(self._heads(k, s.kv_heads, layer.k_norm), *rope)
@@ -287,13 +293,13 @@ class EmulatedDecoder:
         out = attend(q, cache.k[i, :, :, :end], cache.v[i, :, :, :end], allowed,
                      s.head_dim**-0.5, self.view.activations, self.view.kernel)
         out = out.view(b, s.heads, n, s.head_dim).transpose(1, 2).reshape(b, n, s.heads * s.head_dim)
-        return self._linear(out, layer.w_o, layer.b_o)
+        return self._linear(out, layer.w_o, layer.b_o, real)
 
-    def _mlp(self, x: torch.Tensor, layer: Layer) -> torch.Tensor:
-        gate, up = self._linear(x, layer.w_gate_up).chunk(2, dim=-1)
-        return self._linear(self._act(F.silu(gate) * up), layer.w_down)
+    def _mlp(self, x: torch.Tensor, layer: Layer, real: torch.Tensor) -> torch.Tensor:
+        gate, up = self._linear(x, layer.w_gate_up, real=real).chunk(2, dim=-1)
+        return self._linear(self._act(F.silu(gate) * up), layer.w_down, real=real)
 
-    def _moe(self, x: torch.Tensor, experts: ExpertWeights) -> tuple[torch.Tensor, torch.Tensor]:
+    def _moe(self, x: torch.Tensor, experts: ExpertWeights, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A top-k mixture of SiLU-gated experts over ``x`` (B, L, hidden): its output (B, L, hidden)
         and the experts each position chose (B, L, k) int64, in descending router probability.
 
@@ -311,10 +317,11 @@ class EmulatedDecoder:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         weights = self._act(weights)
         out = torch.zeros_like(flat)
+        real = real.reshape(-1)
         for e in chosen.unique().tolist():
             token, slot = (chosen == e).nonzero(as_tuple=True)
-            gate, up = self._linear(flat[token], experts.gate_up[e]).chunk(2, dim=-1)
-            y = self._linear(self._act(F.silu(gate) * up), experts.down[e])
+            gate, up = self._linear(flat[token], experts.gate_up[e], real=real[token]).chunk(2, dim=-1)
+            y = self._linear(self._act(F.silu(gate) * up), experts.down[e], real=real[token])
             out.index_add_(0, token, self._act(y * weights[token, slot, None]))
         return self._act(out).view(b, n, hidden), chosen.view(b, n, moe.top_k)
 
@@ -349,16 +356,18 @@ class EmulatedDecoder:
         list, receives each sparse layer's chosen experts (B, L, k) in layer order.
         """
         masks = self._masks(key_valid, start, ids.shape[1])
+        real = key_valid[:, start:start + ids.shape[1]]  # the step's tokens: per-tensor fp8 scales span these
         rope = self._rope_tables(positions)
         h = self.embed[ids]
         for i, layer in enumerate(self.layers):
             allowed = masks[self.shape.spec.windows[i]]
-            h = self._act(h + self._attention(self._rms_norm(h, layer.ln_attn), layer, i, rope, cache, start, allowed))
+            h = self._act(h + self._attention(self._rms_norm(h, layer.ln_attn), layer, i, rope, cache, start, allowed,
+                                              real))
             normed = self._rms_norm(h, layer.ln_mlp)
             if layer.experts is None:
-                h = self._act(h + self._mlp(normed, layer))
+                h = self._act(h + self._mlp(normed, layer, real))
                 continue
-            mlp, chosen = self._moe(normed, layer.experts)
+            mlp, chosen = self._moe(normed, layer.experts, real)
             h = self._act(h + mlp)
             if routes is not None:
                 routes.append(chosen)

@@ -67,6 +67,19 @@ def fp8_qdq(x: torch.Tensor, fmt: Precision) -> torch.Tensor:
     return (x / scale).clamp(-fmax, fmax).to(dtype).float() * scale
 
 
+def fp8_qdq_tensor(x: torch.Tensor, fmt: Precision, real: torch.Tensor | None = None) -> torch.Tensor:
+    """fp8 with one symmetric scale for the whole tensor, ``s = amax/fmax``: a weight matrix stored
+    per tensor, or a GEMM input under a dynamic per-tensor scale, which every token of the step
+    shares. ``real`` (bool, ``x.shape[:-1]``): the rows the amax is taken over (left padding, which
+    an engine without padding never sees, stays out of it); all rows are rounded with that scale."""
+    dtype = _FP8_DTYPES[fmt]
+    fmax = torch.finfo(dtype).max
+    mag = x.abs().amax(dim=-1)
+    amax = (mag.masked_fill(~real, 0.0) if real is not None else mag).amax()
+    scale = _safe_scale(amax, fmax)
+    return (x / scale).clamp(-fmax, fmax).to(dtype).float() * scale
+
+
 def fp8_cast(x: torch.Tensor, fmt: Precision) -> torch.Tensor:
     """fp8 with unit scale (saturating), as an uncalibrated fp8 KV cache stores values."""
     dtype = _FP8_DTYPES[fmt]
@@ -122,11 +135,13 @@ def nvfp4_qdq(x: torch.Tensor, block: int = NVFP4_BLOCK) -> torch.Tensor:
     return q.reshape(shape)
 
 
-def quantize_dequantize(w: torch.Tensor, fmt: Precision, block_size: int | None = None) -> torch.Tensor:
+def quantize_dequantize(w: torch.Tensor, fmt: Precision, block_size: int | None = None,
+                        per_tensor: bool = False) -> torch.Tensor:
     """The values a weight matrix ``w`` (out, in) holds when stored in ``fmt``, as fp32.
 
     Scales run along the input dim: per output channel (fp8, int8), per ``block_size`` group
     (int4, default 64, or the whole row when smaller), per 16-element block (nvfp4).
+    ``per_tensor``: one scale for the whole matrix instead (fp8 only).
     """
     w = w.float()
     if fmt is Precision.fp32:
@@ -134,7 +149,7 @@ def quantize_dequantize(w: torch.Tensor, fmt: Precision, block_size: int | None 
     if fmt in _CAST_DTYPES:
         return round_to(w, _CAST_DTYPES[fmt])
     if fmt in _FP8_DTYPES:
-        return fp8_qdq(w, fmt)
+        return fp8_qdq_tensor(w, fmt) if per_tensor else fp8_qdq(w, fmt)
     if fmt is Precision.int8:
         return int_qdq(w, bits=8)
     if fmt is Precision.int4:

@@ -128,6 +128,9 @@ def resolve_engine(name: str, pool, model: Mapping | None = None) -> VllmEngine:
     if pool.kv_precision is not None:
         raise ConfigError(f"{key}.kv_precision={pool.kv_precision}: vllm pools set the KV cache format with "
                           f"{key}.vllm.kv_cache_dtype; set kv_precision to null")
+    if pool.fp8_scales != "channel":
+        raise ConfigError(f"{key}.fp8_scales={pool.fp8_scales}: vllm pools take the scales of the checkpoint or "
+                          f"of {key}.vllm.quantization (online fp8: per tensor); leave fp8_scales unset")
     _check_engine(key, pool.vllm, on_cpu, model)
     check_platform(dtype, quantization, on_cpu)
     e = pool.vllm
