@@ -67,6 +67,27 @@ def test_e2m1_grid_and_ties():
     assert e2m1_round(ties).tolist() == [0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, -4.0, 6.0, 0.5, 3.0]
 
 
+def _e2m1_by_search(x: torch.Tensor) -> torch.Tensor:
+    """The oracle: the nearest grid value by distance, a tie to the even grid index (mantissa 0)."""
+    grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
+    dist = (x.abs().double().clamp(max=6.0)[:, None] - grid).abs()
+    best = dist.min(dim=1, keepdim=True).values
+    candidates = torch.where(dist == best, torch.arange(8), 99)
+    even = torch.where(candidates % 2 == 0, candidates, 99).min(dim=1).values
+    idx = torch.where(even < 99, even, candidates.min(dim=1).values)
+    return (torch.sign(x).double() * grid[idx]).float()
+
+
+def test_e2m1_rounding_matches_the_nearest_grid_value_everywhere():
+    """Every float32 on a fine grid over [-8, 8] (every tie included) and random values of several
+    magnitudes round as the search over the grid says."""
+    fine = torch.linspace(-8.0, 8.0, 2**18 + 1)
+    g = torch.Generator().manual_seed(0)
+    spread = torch.cat([torch.randn(20_000, generator=g) * s for s in (0.2, 1.0, 3.0, 20.0)])
+    for x in (fine, spread):
+        torch.testing.assert_close(e2m1_round(x), _e2m1_by_search(x), atol=0, rtol=0)
+
+
 def test_nvfp4_two_level_scales():
     # Tensor amax 6 -> g = 1/448; block 0 amax 6 -> block scale fp8(448) = 448 -> unit step:
     # values round onto the e2m1 grid directly. Block 1 amax 0.6 -> scale fp8(44.8) = 44 (e4m3

@@ -42,7 +42,6 @@ class Precision(enum.Enum):
 _CAST_DTYPES = {Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}
 _FP8_DTYPES = {Precision.fp8_e4m3: torch.float8_e4m3fn, Precision.fp8_e5m2: torch.float8_e5m2}
 E2M1_GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
-_E2M1_MIDPOINTS = (E2M1_GRID[1:] + E2M1_GRID[:-1]) / 2
 NVFP4_BLOCK = 16
 INT4_DEFAULT_GROUP = 64
 
@@ -106,14 +105,15 @@ def int_qdq(x: torch.Tensor, bits: int, group: int | None = None) -> torch.Tenso
 def e2m1_round(x: torch.Tensor) -> torch.Tensor:
     """Round to the nearest signed e2m1 value (saturating at ±6), ties to even mantissa.
 
-    The grid index parity is the mantissa bit, so a tie goes to the even grid index
-    (0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4).
+    The grid is steps of 0.5 below 2, of 1 in [2, 4) and of 2 from 4 to 6, and on each of those an
+    even multiple of the step is an even mantissa, so ``torch.round`` (half to even) on the scaled
+    magnitude gives the tie rule (0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4,
+    5 -> 4). Arithmetic rather than a search over the grid: a weight load quantises every matrix.
     """
-    mag = x.abs().clamp(max=6.0)
-    idx = torch.bucketize(mag, _E2M1_MIDPOINTS)  # mag == midpoint -> lower index
-    at_tie = (idx < len(_E2M1_MIDPOINTS)) & (mag == _E2M1_MIDPOINTS[idx.clamp(max=len(_E2M1_MIDPOINTS) - 1)])
-    idx = torch.where(at_tie & (idx % 2 == 1), idx + 1, idx)
-    return torch.sign(x) * E2M1_GRID[idx]
+    mag = x.abs()
+    q = torch.where(mag < 2.0, torch.round(mag * 2.0) * 0.5,
+                    torch.where(mag < 4.0, torch.round(mag), (torch.round(mag * 0.5) * 2.0).clamp(max=6.0)))
+    return torch.copysign(q, x)
 
 
 def nvfp4_qdq(x: torch.Tensor, block: int = NVFP4_BLOCK) -> torch.Tensor:
