@@ -140,7 +140,8 @@ def test_probe_separates_a_bf16_pool_from_an_int4_pool(two_pools):
         assert r.multiplicative_error == pytest.approx(math.exp(r.logprob_abs_diff), rel=1e-5)
         assert 0.0 <= r.ratio_tail_frac <= 1.0 and 0.0 < r.sc_head_mass <= 1.0 + 1e-5
         assert r.sc_tail_ratio > 0
-    assert len(lines) == 2 and lines[0].startswith("[1/2] h100_fp8")
+        assert 0.0 < r.trainer_entropy <= math.log(52)  # nats per token over the tiny model's 52 tokens
+    assert len(lines) == 2 and lines[0].startswith("[1/2] h100_fp8") and "entropy=" in lines[0]
 
 
 def test_probe_summary_has_every_field_and_round_trips(two_pools, tmp_path):

@@ -50,7 +50,7 @@ import torch
 from torch import Tensor
 
 from rlmix.config.schema import RunConfig, TrainerConfig, TrainerPrecision
-from rlmix.correction import Correction, multiplicative_error, token_mismatch
+from rlmix.correction import Correction, multiplicative_error, token_entropy, token_mismatch
 from rlmix.correction.centering import centering_coefficients
 from rlmix.correction.diagnostics import centering_stats, mismatch_stats
 from rlmix.correction.logprobs import gather_logprobs
@@ -174,6 +174,9 @@ class PoolProbe:
     by_position: tuple[MismatchBin, ...]
     by_env_distance: tuple[MismatchBin, ...] | None  # episodes only: None when no token follows an observation
     router: RouterFlips | None  # None for a dense model
+    # The trainer's entropy at the sampled positions, nats per token, full vocabulary, at the
+    # sampling temperature: how much of the answer is still free (mismatch needs freedom to matter).
+    trainer_entropy: float = 0.0
 
 
 # -- measurement -------------------------------------------------------------------------------
@@ -219,7 +222,7 @@ def _chunk_measure(ctx: ProbeContext, chunk: Rollouts, view: PrecisionView | Non
     cand = tokens.candidates()
     logp_a, logp_h = gather_logprobs(trainer, tokens.sampled_ids, cand)
     out = {"trainer_logprobs": logp_a, "trainer_head": logp_h, "valid": cand.valid,
-           "sampler_head": cand.sampler_logprobs}
+           "sampler_head": cand.sampler_logprobs, "entropy": token_entropy(trainer)}
     if tokens.router_flip is not None:  # a mixture-of-experts model (the same for every chunk)
         out["router_flip"] = tokens.router_flip
     if view is None:
@@ -268,6 +271,7 @@ def measure(ctx: ProbeContext, batch: Rollouts, spec: SamplerSpec, tokens_per_s:
         by_position=by_position(lr, completion_positions(batch.mask)),
         by_env_distance=by_env_distance(lr, env_distances(batch.mask)),
         router=router_flips(lr, per_token["router_flip"]) if "router_flip" in per_token else None,
+        trainer_entropy=_mean(per_token["entropy"]),
         **stats,
         **sc,
     )
@@ -350,7 +354,8 @@ def probe_fleet(plan: RunPlan, progress=print) -> tuple[list[PoolProbe], dict]:
             results.append(result)
             progress(
                 f"[{i + 1}/{len(firsts)}] {spec.pool} ({result.label}): kl_k3={result.kl_k3:.3g} "
-                f"|dlogp|={result.logprob_abs_diff:.3g} {result.tokens_per_s:.0f} tok/s "
+                f"|dlogp|={result.logprob_abs_diff:.3g} entropy={result.trainer_entropy:.3g} "
+                f"{result.sequences} seqs {result.tokens} tokens {result.tokens_per_s:.0f} tok/s "
                 f"({time.perf_counter() - start:.1f} s)"
             )
     finally:
