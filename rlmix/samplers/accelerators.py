@@ -137,7 +137,7 @@ class PrecisionView:
     def label(self) -> str:
         """e.g. ``emulated:H100/fp8_e4m3/kv=bf16/online_softmax_bf16``; names beyond-hardware emulation."""
         tail = "+beyond_hardware" if self.emulated_beyond_hardware else ""
-        scales = "+tensor_scales" if self.fp8_scales is Fp8Scales.tensor else ""
+        scales = "+tensor_scales" if self.per_tensor else ""
         return (
             f"emulated:{self.accelerator}/{self.weights.name}{scales}/kv={self.kv_cache.name}/{self.kernel.name}{tail}"
         )

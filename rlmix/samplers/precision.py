@@ -10,7 +10,8 @@ Formats (``Precision``; member names are the YAML spelling):
 - ``fp32``: identity.
 - ``bf16`` / ``fp16``: cast round trip (round to nearest even).
 - ``fp8_e4m3`` / ``fp8_e5m2``: symmetric scale ``s = amax / fmax`` per output channel (weights)
-  or per token (activations), values cast to ``torch.float8_e4m3fn`` / ``float8_e5m2``.
+  or per token (activations), or one per tensor (``fp8_qdq_tensor``), values cast to
+  ``torch.float8_e4m3fn`` / ``float8_e5m2``.
 - ``int8``: symmetric per-channel ``s = amax / 127``, ``round(w / s)`` clamped to [-127, 127].
 - ``int4``: symmetric group-wise along the input dim (groups of ``block_size``, default 64),
   ``s = amax / 7``, ``round(w / s)`` clamped to [-8, 7] (GPTQ/AWQ-style weight-only).
@@ -41,7 +42,6 @@ class Precision(enum.Enum):
 
 _CAST_DTYPES = {Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}
 _FP8_DTYPES = {Precision.fp8_e4m3: torch.float8_e4m3fn, Precision.fp8_e5m2: torch.float8_e5m2}
-E2M1_GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 NVFP4_BLOCK = 16
 INT4_DEFAULT_GROUP = 64
 
@@ -58,12 +58,17 @@ def round_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x.to(dtype).float()
 
 
-def fp8_qdq(x: torch.Tensor, fmt: Precision) -> torch.Tensor:
-    """fp8 with a symmetric scale per row (last dim reduced): ``s·fp8(x/s)``, ``s = amax/fmax``."""
+def _fp8_scaled(x: torch.Tensor, fmt: Precision, amax: torch.Tensor) -> torch.Tensor:
+    """``s·fp8(x/s)`` with ``s = amax/fmax`` (``amax`` broadcast against ``x``), saturating."""
     dtype = _FP8_DTYPES[fmt]
     fmax = torch.finfo(dtype).max
-    scale = _safe_scale(x.abs().amax(dim=-1, keepdim=True), fmax)
+    scale = _safe_scale(amax, fmax)
     return (x / scale).clamp(-fmax, fmax).to(dtype).float() * scale
+
+
+def fp8_qdq(x: torch.Tensor, fmt: Precision) -> torch.Tensor:
+    """fp8 with a symmetric scale per row (last dim reduced): ``s·fp8(x/s)``, ``s = amax/fmax``."""
+    return _fp8_scaled(x, fmt, x.abs().amax(dim=-1, keepdim=True))
 
 
 def fp8_qdq_tensor(x: torch.Tensor, fmt: Precision, real: torch.Tensor | None = None) -> torch.Tensor:
@@ -71,12 +76,8 @@ def fp8_qdq_tensor(x: torch.Tensor, fmt: Precision, real: torch.Tensor | None = 
     per tensor, or a GEMM input under a dynamic per-tensor scale, which every token of the step
     shares. ``real`` (bool, ``x.shape[:-1]``): the rows the amax is taken over (left padding, which
     an engine without padding never sees, stays out of it); all rows are rounded with that scale."""
-    dtype = _FP8_DTYPES[fmt]
-    fmax = torch.finfo(dtype).max
     mag = x.abs().amax(dim=-1)
-    amax = (mag.masked_fill(~real, 0.0) if real is not None else mag).amax()
-    scale = _safe_scale(amax, fmax)
-    return (x / scale).clamp(-fmax, fmax).to(dtype).float() * scale
+    return _fp8_scaled(x, fmt, (mag.masked_fill(~real, 0.0) if real is not None else mag).amax())
 
 
 def fp8_cast(x: torch.Tensor, fmt: Precision) -> torch.Tensor:
