@@ -77,15 +77,14 @@ class _Ema:
 
 
 class _Signal:
-    """One metric's EMA plus its early-baseline mean, (for reward) the running peak of the EMA, and the
-    last ``noise_window`` raw values, for the noise at the current level."""
+    """One metric's EMA plus its early-baseline mean, (for reward) the running peak of the EMA, and
+    (with a ``noise_window``) the last raw values, for the noise at the current level."""
 
     def __init__(self, alpha: float, noise_window: int = 0) -> None:
         self.ema = _Ema(alpha)
         self.baseline_values: list[float] = []
         self.peak: float | None = None
-        self.recent: deque[float] = deque(maxlen=noise_window or 1)
-        self.noise_window = noise_window
+        self.recent: deque[float] | None = deque(maxlen=noise_window) if noise_window else None
 
     @property
     def baseline(self) -> float | None:
@@ -98,13 +97,14 @@ class _Signal:
         if len(self.baseline_values) < 2:
             return 0.0
         sigma = statistics.pstdev(self.baseline_values)
-        if self.noise_window and len(self.recent) >= 10:
+        if self.recent is not None and len(self.recent) >= 10:
             sigma = max(sigma, _successive_std(self.recent))
         alpha = self.ema.alpha
         return sigma * math.sqrt(alpha / (2.0 - alpha))
 
     def update(self, x: float, in_baseline: bool, track_peak: bool) -> None:
-        self.recent.append(x)
+        if self.recent is not None:
+            self.recent.append(x)
         ema = self.ema.update(x)
         if in_baseline:
             self.baseline_values.append(x)
@@ -265,7 +265,7 @@ class CollapseMonitor:
         its steps; for the reward, Welch's error of the difference). Stricter than ``still_down``,
         so a run stopped here ends collapsed."""
         z, rule = self.cfg.stop_margin_sigmas, self.cfg.lasting
-        formats = [v for v in self._formats_last]
+        formats = list(self._formats_last)
         if formats and statistics.fmean(formats) - z * _std_error(formats) > rule.format_errors:
             return True
         first, last = self._rewards_first, list(self._rewards_last)
