@@ -303,6 +303,11 @@ def test_config_is_a_valid_omegaconf_schema() -> None:
 def test_impossible_windows_are_config_errors() -> None:
     with pytest.raises(ConfigError, match="monitor.ema_span"):
         CollapseMonitor(MonitorConfig(ema_span=0))
+    # A noise window too short for the noise ever to be read from it would be silently ignored.
+    with pytest.raises(ConfigError, match=r"monitor.noise_window=5: must be 0 \(off\) or >= 10"):
+        CollapseMonitor(MonitorConfig(noise_window=5))
+    CollapseMonitor(MonitorConfig(noise_window=0))
+    CollapseMonitor(MonitorConfig(noise_window=10))
 
 
 def test_warmup_values_do_not_set_the_reward_peak() -> None:

@@ -72,6 +72,10 @@ class LastingRule:
     format_errors: float = 0.1
 
 
+# The recent rewards' spread counts once this many are in (rlmix.metrics.monitor._Signal.ema_std).
+MIN_NOISE_WINDOW = 10
+
+
 @dataclass
 class MonitorConfig:
     """Schema for ``monitor.*`` (not frozen: Hydra composes into it)."""
@@ -84,7 +88,7 @@ class MonitorConfig:
     # noisy but flat run stays quiet. The per-step noise is the larger of the baseline window's spread
     # and that of the last noise_window raw rewards, read from their successive differences (a trend
     # or a fall barely moves those), since a reward that climbs is noisier than it was at the start.
-    # 0: the baseline window's spread alone.
+    # 0: the baseline window's spread alone; otherwise at least MIN_NOISE_WINDOW.
     noise_sigmas: float = 5.0
     noise_window: int = 30
     reward: RewardDropRule = field(default_factory=RewardDropRule)
@@ -114,6 +118,8 @@ def check_monitor(cfg: MonitorConfig) -> None:
     ):
         if value < low:
             raise ConfigError(f"monitor.{key}={value}: must be >= {low}")
+    if 0 < cfg.noise_window < MIN_NOISE_WINDOW:  # fewer values than the noise is read from: never used
+        raise ConfigError(f"monitor.noise_window={cfg.noise_window}: must be 0 (off) or >= {MIN_NOISE_WINDOW}")
     for key, value in (("noise_sigmas", cfg.noise_sigmas), ("stop_margin_sigmas", cfg.stop_margin_sigmas),
                        ("reward.drop", cfg.reward.drop),
                        ("reward.min_drop", cfg.reward.min_drop), ("kl.factor", cfg.kl.factor),

@@ -42,7 +42,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from rlmix.config.monitor import MonitorConfig, check_monitor
+from rlmix.config.monitor import MIN_NOISE_WINDOW, MonitorConfig, check_monitor
 from rlmix.metrics.lasting import lasting, still_down, window_mean
 from rlmix.metrics.names import FORMAT_KEY, GRAD_NORM_KEY, KL_KEY, REWARD_KEY, SKIPPED_STEPS
 from rlmix.metrics.verdict import NO_COLLAPSE, CollapseRule, Episode, MonitorVerdict, MonitorWarning
@@ -93,11 +93,11 @@ class _Signal:
     @property
     def ema_std(self) -> float:
         """Standard deviation of the EMA of i.i.d. noise of std σ: σ·sqrt(α/(2−α)). σ is the larger of
-        the baseline's spread and the recent values' (``_successive_std``), once ten of them are in."""
+        the baseline's spread and the recent values' (``_successive_std``), once ``MIN_NOISE_WINDOW`` are in."""
         if len(self.baseline_values) < 2:
             return 0.0
         sigma = statistics.pstdev(self.baseline_values)
-        if self.recent is not None and len(self.recent) >= 10:
+        if self.recent is not None and len(self.recent) >= MIN_NOISE_WINDOW:
             sigma = max(sigma, _successive_std(self.recent))
         alpha = self.ema.alpha
         return sigma * math.sqrt(alpha / (2.0 - alpha))
