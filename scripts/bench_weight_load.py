@@ -6,8 +6,9 @@ With weights published every step, a sampler whose next request comes after a tr
 loads that step's weights, quantising every matrix by its pool's view (``rlmix.orchestration.loop``:
 weights travel with a request when the sampler holds another version). For each pool of the default
 fleet (``conf/fleet/emulated_hetero6.yaml``) this prints the median seconds of
-``TorchSampler.load_weights`` beside the median of one default request's generation (2 prompts x 8
-samples, 24 new tokens, K = 128 recorded), both on one thread, with the load average: the load's
+``TorchSampler.load_weights`` beside the median of one default-sized request's generation (2 minicode
+prompts, encoded without the chat template, x 8 samples, 24 new tokens, K = 128 recorded), both on
+one thread, with the load average: the load's
 share of a request is its cost in the loop (docs/performance.md, "The loop against its floor").
 """
 
@@ -16,12 +17,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import statistics
 import time
 from pathlib import Path
 
 import torch
+from perf_common import load_average
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,7 +74,7 @@ def main() -> None:
         load, generate = statistics.median(loads), statistics.median(generations)
         print(json.dumps({"pool": name, "load_ms": round(1000 * load, 1), "request_ms": round(1000 * generate, 1),
                           "load_share": round(load / (load + generate), 3),
-                          "load_avg": round(os.getloadavg()[0], 2)}), flush=True)
+                          "load_avg": load_average()}), flush=True)
 
 
 if __name__ == "__main__":
