@@ -253,3 +253,14 @@ def test_a_sweep_jobs_directory_is_a_path_hydra_accepts(tmp_path):
     assert args[1] == "seed=0,1" and args[3] == "model.path=missing=dir"  # sweeps and non-paths untouched
     cfg = compose_run_config(args[:3:2], for_training=False)
     assert (cfg.checkpoint, cfg.resume) == (str(job), str(job))
+
+
+def test_a_fleet_wide_precision_replaces_every_pool_knob_of_the_format():
+    """fleet.precision=fp16 (the FP16 remedy) serves every pool in fp16: a pool's KV format, fp8
+    scales, GEMM inputs and fp8 attention belong to its own format and are dropped with it."""
+    pool = "fleet.pools.b200_nvfp4"
+    cfg = compose_run_config(["fleet=emulated_hetero6", "fleet.precision=fp16", f"{pool}.linear_inputs=nvfp4",
+                              f"{pool}.kv_precision=fp8_e4m3", "fleet.pools.h100_fp8.fp8_attention=true"])
+    for p in cfg.fleet.pools.values():
+        assert (p.precision, p.kv_precision, p.fp8_scales, p.linear_inputs, p.fp8_attention) == (
+            "fp16", None, "channel", None, False)

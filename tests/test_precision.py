@@ -102,6 +102,18 @@ def test_nvfp4_two_level_scales():
     assert out[17:].abs().sum() == 0
 
 
+def test_nvfp4_activations_take_each_tokens_scale_alone():
+    """A GEMM input quantised to nvfp4 (W4A4) is scaled token by token: a batch-mate a thousand times
+    larger changes nothing in a row, where one scale over the tensor would coarsen its blocks."""
+    g = torch.Generator().manual_seed(0)
+    row = torch.randn(1, 32, generator=g)
+    big = 1000.0 * torch.randn(1, 32, generator=g)
+    together = round_activation(torch.cat([row, big]), Precision.nvfp4)
+    assert torch.equal(together[0], nvfp4_qdq(row)[0])
+    assert torch.equal(together[1], nvfp4_qdq(big)[0])
+    assert not torch.equal(nvfp4_qdq(torch.cat([row, big]))[0], together[0])
+
+
 def test_zero_rows_stay_zero_and_finite():
     w = torch.zeros(4, 64)
     for fmt in Precision:
@@ -168,6 +180,41 @@ def test_fp8_is_w8a8_and_int_is_weight_only():
     assert (int4.linear_inputs, int4.int4_group) == (Precision.bf16, 32)
     assert resolve_view("L4", "fp16").activations is Precision.fp16
     assert resolve_view("H200", "bf16", kv_precision="fp8_e5m2").kv_cache is Precision.fp8_e5m2
+
+
+def test_gemm_inputs_default_to_the_format_and_may_be_set():
+    """linear_inputs: the format's own GEMM input by default; the activation dtype (a 16-bit GEMM) or,
+    for int8 and nvfp4, the weight format itself (W8A8, W4A4) when a pool says so."""
+    assert resolve_view("B200", "nvfp4").linear_inputs is Precision.bf16
+    w4a4 = resolve_view("B200", "nvfp4", linear_inputs="nvfp4")
+    assert w4a4.linear_inputs is Precision.nvfp4 and w4a4.activations is Precision.bf16
+    assert w4a4.label == "emulated:B200/nvfp4+inputs=nvfp4/kv=bf16/online_softmax_fp16"
+    assert w4a4.tags()["linear_inputs"] == "nvfp4"
+    assert resolve_view("A100", "int8", linear_inputs="int8").linear_inputs is Precision.int8
+    assert resolve_view("H100", "fp8_e4m3", linear_inputs="bf16").label.startswith("emulated:H100/fp8_e4m3+inputs=bf16/")
+    assert resolve_view("H100", "fp8_e4m3", linear_inputs="fp8_e4m3") == resolve_view("H100", "fp8_e4m3")
+    for precision, inputs, allowed in (("nvfp4", "int8", "bf16, nvfp4"), ("int4", "int4", "bf16"),
+                                       ("fp8_e4m3", "nvfp4", "fp8_e4m3, bf16"), ("bf16", "fp8", "bf16")):
+        accelerator = "B200" if precision == "nvfp4" else "H100"
+        with pytest.raises(ConfigError) as err:
+            resolve_view(accelerator, precision, linear_inputs=inputs)
+        assert str(err.value) == f"linear_inputs={inputs!r} with precision={precision}: allowed: {allowed}"
+
+
+def test_fp8_attention_needs_an_e4m3_cache_and_hopper():
+    view = resolve_view("H100", "fp8_e4m3", kv_precision="fp8_e4m3", fp8_attention=True)
+    assert view.fp8_attention and not view.emulated_beyond_hardware
+    assert view.label == "emulated:H100/fp8_e4m3/kv=fp8_e4m3/fp8_attention"
+    assert view.tags()["fp8_attention"] == "true"
+    assert not resolve_view("H100", "fp8_e4m3", kv_precision="fp8_e4m3").fp8_attention
+    with pytest.raises(ConfigError, match="set kv_precision=fp8_e4m3 \\(it is bf16\\)"):
+        resolve_view("H200", "bf16", fp8_attention=True)
+    with pytest.raises(ConfigError, match="\\(it is fp8_e5m2\\)"):
+        resolve_view("H200", "bf16", kv_precision="fp8_e5m2", fp8_attention=True)
+    with pytest.raises(ConfigError, match="runs on Hopper \\(H100, H200\\), not B200"):
+        resolve_view("B200", "nvfp4", kv_precision="fp8_e4m3", fp8_attention=True)
+    beyond = resolve_view("B200", "nvfp4", kv_precision="fp8_e4m3", fp8_attention=True, allow_emulation=True)
+    assert beyond.emulated_beyond_hardware and beyond.label.endswith("fp8_attention+beyond_hardware")
 
 
 def test_unsupported_precision_is_refused_with_one_line():

@@ -11,8 +11,8 @@ import torch
 from rlmix.errors import ConfigError
 from rlmix.rollout import SamplingParams
 from rlmix.samplers.accelerators import KernelFamily, PrecisionView, resolve_view
-from rlmix.samplers.precision import Precision
-from rlmix.samplers.attention import attend
+from rlmix.samplers.precision import Precision, nvfp4_qdq, quantize_dequantize, round_to
+from rlmix.samplers.attention import FP8_BLOCK, attend
 from rlmix.samplers.emulated_decoder import DecoderShape
 from rlmix.samplers.sampling import draw, keep_mask
 from rlmix.samplers.torch_sampler import TorchSampler
@@ -189,6 +189,19 @@ def test_kv_cache_precision_is_applied(tiny_llama_dir, teacher):
     assert fp8_kv > 2 * bf16_kv
 
 
+def test_w4a4_quantises_every_gemm_input_and_adds_mismatch(tiny_llama_dir, teacher):
+    """nvfp4 W4A4: a decoder GEMM equals the dense product of the token's nvfp4 values (scaled alone)
+    and the nvfp4 weight, rounded to bf16; the pool's mismatch exceeds weight-only nvfp4's."""
+    w4a4 = TorchSampler(tiny_llama_dir, resolve_view("B200", "nvfp4", linear_inputs="nvfp4"), "b200_w4a4")
+    x = round_to(torch.randn(5, 64, generator=torch.Generator().manual_seed(3)), torch.bfloat16)
+    w = torch.randn(48, 64, generator=torch.Generator().manual_seed(4))
+    qw = quantize_dequantize(w, Precision.nvfp4)
+    oracle = torch.stack([round_to(nvfp4_qdq(x[i : i + 1])[0] @ qw.T, torch.bfloat16) for i in range(len(x))])
+    assert torch.equal(w4a4.model._linear(x, qw), oracle)
+    weight_only = _kl_to_exact(tiny_llama_dir, resolve_view("B200", "nvfp4"), *teacher)
+    assert _kl_to_exact(tiny_llama_dir, w4a4.model.view, *teacher) > 1.5 * weight_only
+
+
 def test_per_tensor_fp8_scales_share_one_scale_across_the_step_and_ignore_padding(tiny_llama_dir):
     """vLLM's online fp8 scales each GEMM input once over all the step's tokens: a row's numbers then
     depend on what it is batched with, unlike per-token scales, but never on padding, which an
@@ -283,6 +296,38 @@ def test_an_fp16_model_runs_every_kernel_family_in_fp16():
     err = {act: (attend(q, k, v, allowed, 0.25, act, KernelFamily.online_softmax_bf16) - ref).abs().mean().item()
            for act in (Precision.bf16, Precision.fp16)}
     assert err[Precision.fp16] < err[Precision.bf16] / 4, err
+
+
+def _fp8(x: torch.Tensor) -> torch.Tensor:
+    return x.clamp(-448, 448).to(torch.float8_e4m3fn).float()
+
+
+def test_fp8_attention_against_a_dense_oracle():
+    """Within one key block the fp8 path is a dense formula: query cast to e4m3, exact fp32 scores,
+    probabilities e4m3 after the 2^8 shift in the PV product only, fp32 row sum. Past a block it
+    stays within fp8's error of exact attention, and coarser than the fp32-accumulating kernel."""
+    g = torch.Generator().manual_seed(0)
+    q = 3 * torch.randn(2, 2, 6, 16, generator=g)
+    k, v = _fp8(torch.randn(2, 2, 300, 16, generator=g)), _fp8(torch.randn(2, 2, 300, 16, generator=g))
+    allowed = torch.rand(2, 1, 6, 300, generator=g) < 0.7
+    allowed[..., 0] = True
+    n = FP8_BLOCK
+    s = (_fp8(q) @ k[..., :n, :].transpose(-1, -2) * 0.25).masked_fill(~allowed[..., :n], float("-inf"))
+    p = torch.exp(s - s.amax(-1, keepdim=True))
+    oracle = (_fp8(256 * p) / 256) @ v[..., :n, :] / p.sum(-1, keepdim=True)
+    one_block = attend(q, k[..., :n, :], v[..., :n, :], allowed[..., :n], 0.25, Precision.fp32,
+                       KernelFamily.online_softmax_bf16, fp8=True)
+    torch.testing.assert_close(one_block, oracle, atol=1e-6, rtol=1e-5)
+    ref = attend(q, k, v, allowed, 0.25, Precision.fp32, KernelFamily.fp32_softmax)
+    fp8 = (attend(q, k, v, allowed, 0.25, Precision.fp32, KernelFamily.fp32_softmax, fp8=True) - ref).abs()
+    fa2 = (attend(q, k, v, allowed, 0.25, Precision.fp32, KernelFamily.online_softmax_fp32acc) - ref).abs()
+    assert 0 < fa2.mean() < fp8.mean() < 0.05
+
+
+def test_fp8_attention_is_applied_by_the_pool(tiny_llama_dir, teacher):
+    kv = resolve_view("H100", "bf16", kv_precision="fp8_e4m3")
+    fp8 = resolve_view("H100", "bf16", kv_precision="fp8_e4m3", fp8_attention=True)
+    assert _kl_to_exact(tiny_llama_dir, fp8, *teacher) > 1.2 * _kl_to_exact(tiny_llama_dir, kv, *teacher)
 
 
 def test_fp16_accumulators_saturate_instead_of_overflowing():

@@ -41,6 +41,14 @@ def test_pool_rules_follow_the_pool_accelerator():
     scaled.fp8_scales = "tensor"
     with pytest.raises(ConfigError, match=r"fleet.pools.x.fp8_scales=tensor: vllm pools take the scales"):
         check_pool("x", scaled)
+    w4a4 = vllm_pool("H100", "fp8_e4m3")
+    w4a4.linear_inputs = "bf16"
+    with pytest.raises(ConfigError, match=r"fleet.pools.x.linear_inputs=bf16: vllm pools take the GEMM input format"):
+        check_pool("x", w4a4)
+    attention = vllm_pool("H100", "fp8_e4m3")
+    attention.fp8_attention = True
+    with pytest.raises(ConfigError, match=r"fleet.pools.x.fp8_attention=true: on vllm pools attention follows"):
+        check_pool("x", attention)
 
 
 @pytest.mark.parametrize("accelerator, engine, match", [

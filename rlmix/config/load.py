@@ -24,6 +24,7 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     if isinstance(run, RunConfig) and run.fleet.precision is not None:
         for pool in run.fleet.pools.values():  # the fleet-wide format replaces each pool's
             pool.precision, pool.kv_precision, pool.fp8_scales = run.fleet.precision, None, "channel"
+            pool.linear_inputs, pool.fp8_attention = None, False
     return run
 
 

@@ -97,6 +97,9 @@ class PoolConfig:
     kv_precision: Optional[str] = None  # None: the accelerator's default for this precision
     # fp8 weights: channel (per-channel weights, per-token inputs) or tensor (vLLM's quantization=fp8)
     fp8_scales: str = "channel"
+    # GEMM input format; None: the precision's own (fp8 -> fp8 W8A8, else 16-bit); nvfp4: W4A4, int8: W8A8
+    linear_inputs: Optional[str] = None
+    fp8_attention: bool = False  # over an fp8 KV cache, query and probabilities in fp8 too (FlashAttention-3)
     count: int = 1
     backend: SamplerBackend = SamplerBackend.torch
     top_p: Optional[float] = None  # None: the fleet's default

@@ -131,7 +131,7 @@ def factor_views(view: PrecisionView, reference: PrecisionView) -> dict[str, Pre
             linear_inputs=view.linear_inputs, int4_group=view.int4_group, fp8_scales=view.fp8_scales,
         ),
         "kv": dataclasses.replace(reference, kv_cache=view.kv_cache),
-        "kernel": dataclasses.replace(reference, kernel=view.kernel),
+        "kernel": dataclasses.replace(reference, kernel=view.kernel, fp8_attention=view.fp8_attention),
     }
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from rlmix.errors import ConfigError
 from rlmix.samplers.precision import Precision
 
-__all__ = ["CATALOG", "AcceleratorSpec", "Fp8Scales", "KernelFamily", "PrecisionView", "resolve_view"]
+__all__ = ["CATALOG", "AcceleratorSpec", "Fp8Scales", "KernelFamily", "PrecisionView", "default_linear_inputs", "resolve_view"]
 
 
 class KernelFamily(enum.Enum):
@@ -56,6 +56,7 @@ class Fp8Scales(enum.Enum):
 _FLOAT = (Precision.fp32, Precision.bf16, Precision.fp16)
 _FP8 = (Precision.fp8_e4m3, Precision.fp8_e5m2)
 _WEIGHT_ONLY_INT = (Precision.int8, Precision.int4)
+_ACTIVATION_QUANT = (Precision.int8, Precision.nvfp4)  # weight formats whose GEMMs may quantise inputs too
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,8 @@ class PrecisionView:
     layers are quantised to (fp8 for W8A8 pools, else the activation dtype). ``kv_cache``: the
     KV-cache format. ``kernel``: attention-kernel family. ``int4_group``: int4 group size.
     ``fp8_scales``: the scale granularity of fp8 weights and linear inputs (``Fp8Scales``).
+    ``fp8_attention``: attention runs in fp8 over the fp8 KV cache, query and probabilities
+    included (FlashAttention-3 on Hopper; ``rlmix.samplers.attention.fp8_attention``).
     """
 
     accelerator: str
@@ -121,6 +124,7 @@ class PrecisionView:
     emulated_beyond_hardware: bool = False
     int4_group: int | None = None
     fp8_scales: Fp8Scales = Fp8Scales.channel
+    fp8_attention: bool = False
 
     @property
     def per_tensor(self) -> bool:
@@ -135,12 +139,13 @@ class PrecisionView:
 
     @property
     def label(self) -> str:
-        """e.g. ``emulated:H100/fp8_e4m3/kv=bf16/online_softmax_bf16``; names beyond-hardware emulation."""
+        """e.g. ``emulated:H100/fp8_e4m3/kv=bf16/online_softmax_bf16``; names beyond-hardware emulation,
+        GEMM inputs other than the format's usual ones (``+inputs=nvfp4``) and fp8 attention."""
         tail = "+beyond_hardware" if self.emulated_beyond_hardware else ""
         scales = "+tensor_scales" if self.per_tensor else ""
-        return (
-            f"emulated:{self.accelerator}/{self.weights.name}{scales}/kv={self.kv_cache.name}/{self.kernel.name}{tail}"
-        )
+        inputs = "" if self.linear_inputs is default_linear_inputs(self.weights) else f"+inputs={self.linear_inputs.name}"
+        kernel = "fp8_attention" if self.fp8_attention else self.kernel.name
+        return f"emulated:{self.accelerator}/{self.weights.name}{scales}{inputs}/kv={self.kv_cache.name}/{kernel}{tail}"
 
     def tags(self) -> dict[str, str]:
         """Rollout tags (string-valued) describing this view."""
@@ -148,9 +153,11 @@ class PrecisionView:
             "accelerator": self.accelerator,
             "precision": self.weights.name,
             "activations": self.activations.name,
+            "linear_inputs": self.linear_inputs.name,
             "kv_precision": self.kv_cache.name,
             "kernel": self.kernel.name,
             "fp8_scales": self.fp8_scales.name,
+            "fp8_attention": str(self.fp8_attention).lower(),
             "emulated": "true",
             "emulated_beyond_hardware": str(self.emulated_beyond_hardware).lower(),
             "view": self.label,
@@ -194,28 +201,70 @@ def resolve_view(
     allow_emulation: bool = False,
     int4_group: int | None = None,
     fp8_scales: str = "channel",
+    linear_inputs: str | None = None,
+    fp8_attention: bool = False,
 ) -> PrecisionView:
     """The view a pool of ``accelerator`` computes with when serving ``precision`` weights.
 
     Activations are bf16 (fp16 for fp16 weights, fp32 for fp32 weights); fp8 weights also
     quantise linear-layer inputs to fp8-e4m3 per token (W8A8, as fp8 serving does); int8/int4
-    are weight-only; nvfp4 is emulated weight-only with bf16 activations. The KV cache defaults
-    to the activation dtype. ``fp8_scales`` (``Fp8Scales``): per channel and token, or per tensor,
-    for fp8 weights only. Raises ConfigError for unknown names or unsupported formats.
+    are weight-only; nvfp4 is weight-only with bf16 activations unless ``linear_inputs=nvfp4``
+    (W4A4, Blackwell's FP4 GEMMs; ``int8`` likewise makes int8 W8A8, ``bf16`` makes fp8 W8A16).
+    The KV cache defaults to the activation dtype. ``fp8_scales`` (``Fp8Scales``): per channel and
+    token, or per tensor, for fp8 weights only. ``fp8_attention``: over an fp8-e4m3 KV cache, the
+    query and probabilities in fp8 too (FlashAttention-3, Hopper). Raises ConfigError for unknown
+    names or unsupported formats.
     """
     spec = lookup_accelerator(accelerator)
     weights = _parse_precision(precision, "precision")
     beyond = _check_native(spec, weights, spec.native_weight_precisions, "precision", allow_emulation)
     activations = weights if weights in _FLOAT else Precision.bf16
-    linear_inputs = Precision.fp8_e4m3 if weights in _FP8 else activations
+    inputs = _parse_inputs(linear_inputs, weights, activations)
     kv = activations if kv_precision is None else _parse_precision(kv_precision, "kv_precision")
     if kv not in _KV_FP8:
         allowed = ", ".join(p.name for p in _KV_FP8)
         raise ConfigError(f"kv_precision={kv.name} is not a KV-cache format; allowed: {allowed}")
     beyond |= _check_native(spec, kv, spec.native_kv_precisions, "kv_precision", allow_emulation)
     scales = _parse_scales(fp8_scales, weights)
-    return PrecisionView(spec.name, weights, activations, linear_inputs, kv, spec.kernel_family, beyond, int4_group,
-                         scales)
+    if fp8_attention:
+        beyond |= _check_fp8_attention(spec, kv, allow_emulation)
+    return PrecisionView(spec.name, weights, activations, inputs, kv, spec.kernel_family, beyond, int4_group,
+                         scales, fp8_attention)
+
+
+def default_linear_inputs(weights: Precision) -> Precision:
+    """What a weight format's GEMMs take as input unless a pool says otherwise: fp8 for fp8 weights
+    (W8A8), else the activation dtype (weight-only formats dequantise into a 16-bit GEMM)."""
+    if weights in _FP8:
+        return Precision.fp8_e4m3
+    return weights if weights in _FLOAT else Precision.bf16
+
+
+def _parse_inputs(value: str | None, weights: Precision, activations: Precision) -> Precision:
+    """``linear_inputs``: the format's default, the activation dtype (a 16-bit GEMM), or the weight
+    format itself where kernels quantise inputs to it (int8 W8A8, nvfp4 W4A4)."""
+    default = default_linear_inputs(weights)
+    if value is None:
+        return default
+    allowed = list(dict.fromkeys([default, activations, *([weights] if weights in _ACTIVATION_QUANT else [])]))
+    inputs = Precision.__members__.get(value)
+    if inputs not in allowed:
+        raise ConfigError(f"linear_inputs={value!r} with precision={weights.name}: allowed: "
+                          f"{', '.join(p.name for p in allowed)}")
+    return inputs
+
+
+def _check_fp8_attention(spec: AcceleratorSpec, kv: Precision, allow_emulation: bool) -> bool:
+    """fp8 attention needs an fp8-e4m3 KV cache; natively, FlashAttention-3's Hopper (True: beyond it)."""
+    if kv is not Precision.fp8_e4m3:
+        raise ConfigError(f"fp8_attention=true runs attention over an fp8 KV cache; set kv_precision=fp8_e4m3 "
+                          f"(it is {kv.name})")
+    if spec.generation == "hopper":
+        return False
+    if allow_emulation:
+        return True
+    raise ConfigError(f"fp8_attention=true is FlashAttention-3's fp8 path, which runs on Hopper (H100, H200), "
+                      f"not {spec.name} (or set allow_emulation=true to emulate it beyond the hardware)")
 
 
 def _parse_scales(value: str, weights: Precision) -> Fp8Scales:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from rlmix.samplers.accelerators import KernelFamily
-from rlmix.samplers.precision import Precision, round_activation
+from rlmix.samplers.precision import Precision, fp8_cast, round_activation
 
 
 @dataclass(frozen=True)
@@ -87,8 +87,48 @@ def online_attention(q, k, v, allowed, scale: float, act: Precision, num: Blockw
     return round_activation(o / l, act)
 
 
-def attend(q, k, v, allowed, scale: float, act: Precision, kernel: KernelFamily) -> torch.Tensor:
-    """Dispatch to the kernel family's numerics (in fp16 for an fp16 model)."""
+# FlashAttention-3's fp8 forward: keys in blocks of 128; the probabilities enter the PV GEMM as fp8
+# e4m3 after a shift of 2^8 (its ``Max_offset``: p ≤ 1 would leave most of e4m3's range unused).
+FP8_BLOCK = 128
+FP8_PROBS_OFFSET = 256.0
+
+
+def fp8_attention(q, k, v, allowed, scale: float, act: Precision) -> torch.Tensor:
+    """Attention in the fp8 domain, as vLLM runs it on Hopper (FlashAttention-3) over an fp8 KV cache:
+    the query is cast to fp8 e4m3 at unit scale like the cache (``k``, ``v`` already hold e4m3
+    values), both GEMMs take fp8 inputs, and the running max, row sum and output stay fp32::
+
+        m' = max(m, max_j s_j);  p_j = exp(s_j − m');  c = exp(m − m')
+        l' = c·l + Σ_j p_j;  o' = c·o + Σ_j fp8(2⁸·p_j)/2⁸ · v_j;  out = o / l
+
+    The row sum is taken before the probabilities are rounded (as the kernel sums in registers);
+    only the PV product sees them in fp8, where a probability under 2^-18 of the row's running
+    max becomes 0 and the rest keep at most 3 mantissa bits.
+    """
+    q = fp8_cast(q, Precision.fp8_e4m3)
+    shape = q.shape[:-1] + (1,)
+    m = torch.full(shape, float("-inf"))
+    l = torch.zeros(shape)
+    o = torch.zeros(q.shape)
+    for start in range(0, k.shape[-2], FP8_BLOCK):
+        kb, vb = k[..., start : start + FP8_BLOCK, :], v[..., start : start + FP8_BLOCK, :]
+        s = torch.matmul(q, kb.transpose(-1, -2)) * scale
+        s = s.masked_fill(~allowed[..., start : start + FP8_BLOCK], float("-inf"))
+        m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+        m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        p = torch.exp(s - m_safe)
+        c = torch.exp(m - m_safe)
+        l = c * l + p.sum(dim=-1, keepdim=True)
+        o = c * o + torch.matmul(fp8_cast(p * FP8_PROBS_OFFSET, Precision.fp8_e4m3) / FP8_PROBS_OFFSET, vb)
+        m = m_new
+    return round_activation(o / l, act)
+
+
+def attend(q, k, v, allowed, scale: float, act: Precision, kernel: KernelFamily, fp8: bool = False) -> torch.Tensor:
+    """Dispatch to the kernel family's numerics (in fp16 for an fp16 model); ``fp8``: FlashAttention-3's
+    fp8 path instead (``fp8_attention``)."""
+    if fp8:
+        return fp8_attention(q, k, v, allowed, scale, act)
     if kernel is KernelFamily.fp32_softmax:
         return exact_attention(q, k, v, allowed, scale, act)
     return online_attention(q, k, v, allowed, scale, act, BLOCKWISE[kernel].for_activations(act))

@@ -24,7 +24,8 @@ def pool_view(name: str, pool: PoolConfig) -> PrecisionView | None:
         return None
     try:
         return resolve_view(pool.accelerator, pool.precision, pool.kv_precision, pool.allow_emulation,
-                            fp8_scales=pool.fp8_scales)
+                            fp8_scales=pool.fp8_scales, linear_inputs=pool.linear_inputs,
+                            fp8_attention=pool.fp8_attention)
     except ConfigError as err:
         raise ConfigError(f"fleet.pools.{name}: {err}") from None
 

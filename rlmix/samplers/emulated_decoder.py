@@ -240,7 +240,8 @@ class EmulatedDecoder:
         """``x Wᵀ + b`` with inputs in the view's linear-input format, output rounded to the activation
         dtype (the bias is added in the GEMM epilogue, before that rounding).
 
-        Inputs already hold activation-dtype values, so they are re-quantised only for W8A8 views;
+        Inputs already hold activation-dtype values, so they are re-quantised only where the view's
+        GEMMs take another format (fp8 W8A8, int8 W8A8, nvfp4 W4A4);
         with per-tensor scales one scale covers the whole input, its amax over the ``real`` rows
         (bool, ``x.shape[:-1]``: the step's tokens, not its left padding)."""
         if self.view.linear_inputs is not self.view.activations:
@@ -291,7 +292,7 @@ class EmulatedDecoder:
         # Query heads sharing a KV head are stacked along the query axis: (B, Hkv, G·L, D).
         q = q.reshape(b, s.kv_heads, group * n, s.head_dim)
         out = attend(q, cache.k[i, :, :, :end], cache.v[i, :, :, :end], allowed,
-                     s.head_dim**-0.5, self.view.activations, self.view.kernel)
+                     s.head_dim**-0.5, self.view.activations, self.view.kernel, self.view.fp8_attention)
         out = out.view(b, s.heads, n, s.head_dim).transpose(1, 2).reshape(b, n, s.heads * s.head_dim)
         return self._linear(out, layer.w_o, layer.b_o, real)
 

@@ -117,18 +117,21 @@ def e2m1_round(x: torch.Tensor) -> torch.Tensor:
     return torch.copysign(q, x)
 
 
-def nvfp4_qdq(x: torch.Tensor, block: int = NVFP4_BLOCK) -> torch.Tensor:
+def nvfp4_qdq(x: torch.Tensor, block: int = NVFP4_BLOCK, per_row: bool = False) -> torch.Tensor:
     """NVFP4: e2m1 values, fp8-e4m3 scale per ``block`` elements of the last dim, fp32 tensor scale.
 
     ``g = amax(x) / (448·6)``; per block ``s_b = fp8_e4m3(amax_b / 6 / g)``; value
     ``e2m1(x / (s_b·g))·s_b·g``. A block whose scale underflows to 0 dequantises to 0.
+    ``per_row``: ``g`` from each row's amax instead of the whole tensor's (an activation: one
+    token's rounding then never depends on what it is batched with).
     """
     shape = x.shape
     if shape[-1] % block:
         raise ValueError(f"last dim {shape[-1]} is not a multiple of the nvfp4 block {block}")
     xb = x.reshape(*shape[:-1], shape[-1] // block, block)
     fp8_max = torch.finfo(torch.float8_e4m3fn).max
-    g = _safe_scale(x.abs().amax(), fp8_max * 6.0)
+    amax = x.abs().amax(dim=-1, keepdim=True).unsqueeze(-1) if per_row else x.abs().amax()
+    g = _safe_scale(amax, fp8_max * 6.0)
     block_scale = (xb.abs().amax(dim=-1, keepdim=True) / 6.0 / g).clamp(max=fp8_max)
     block_scale = block_scale.to(torch.float8_e4m3fn).float() * g
     safe = torch.where(block_scale > 0, block_scale, torch.ones_like(block_scale))
@@ -176,7 +179,7 @@ def round_activation(x: torch.Tensor, fmt: Precision) -> torch.Tensor:
     if fmt is Precision.int8:
         return int_qdq(x, bits=8)
     if fmt is Precision.nvfp4:
-        return nvfp4_qdq(x)
+        return nvfp4_qdq(x, per_row=True)
     raise ValueError(f"{fmt.name} is a weight-only format, not an activation format")
 
 

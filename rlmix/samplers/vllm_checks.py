@@ -131,6 +131,12 @@ def resolve_engine(name: str, pool, model: Mapping | None = None) -> VllmEngine:
     if pool.fp8_scales != "channel":
         raise ConfigError(f"{key}.fp8_scales={pool.fp8_scales}: vllm pools take the scales of the checkpoint or "
                           f"of {key}.vllm.quantization (online fp8: per tensor); leave fp8_scales unset")
+    if pool.linear_inputs is not None:
+        raise ConfigError(f"{key}.linear_inputs={pool.linear_inputs}: vllm pools take the GEMM input format from "
+                          f"the checkpoint's quantization; set linear_inputs to null")
+    if pool.fp8_attention:
+        raise ConfigError(f"{key}.fp8_attention=true: on vllm pools attention follows {key}.vllm.kv_cache_dtype and "
+                          "the attention backend (FlashAttention-3 runs fp8 over an fp8 cache); set fp8_attention to false")
     _check_engine(key, pool.vllm, on_cpu, model)
     check_platform(dtype, quantization, on_cpu)
     e = pool.vllm
