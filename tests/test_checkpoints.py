@@ -66,3 +66,30 @@ def test_resume_needs_a_complete_checkpoint(tmp_path):
         ck.check_resume(str(tmp_path))
     save(tmp_path, 3)
     ck.check_resume(str(tmp_path))
+
+
+def test_only_a_run_that_ended_at_its_checkpoint_resumes_to_nothing(tmp_path):
+    """``ended_run``: the summary of a run whose newest complete checkpoint is its last step, when
+    no step is left to train; anything else (a failed or interrupted run, a summary of another step,
+    more steps asked for) trains, and starts Ray to do it."""
+    import json
+
+    from rlmix.orchestration.runner import ended_run
+
+    def summary(status: str, steps: int) -> None:
+        (tmp_path / "summary.json").write_text(json.dumps({"status": status, "steps": steps}))
+
+    assert ended_run(tmp_path, 4) is None  # no summary
+    save(tmp_path, 4)
+    summary("completed", 4)
+    assert ended_run(tmp_path, 4) == {"status": "completed", "steps": 4}
+    assert ended_run(tmp_path, 3) is not None and ended_run(tmp_path, 6) is None
+    summary("collapsed", 4)
+    assert ended_run(tmp_path, 4)["status"] == "collapsed"
+    for status in ("failed", "interrupted"):
+        summary(status, 4)
+        assert ended_run(tmp_path, 4) is None
+    summary("completed", 6)  # the summary is of a step whose checkpoint is not there
+    assert ended_run(tmp_path, 6) is None
+    (tmp_path / "summary.json").write_text("{")
+    assert ended_run(tmp_path, 4) is None

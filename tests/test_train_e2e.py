@@ -154,7 +154,10 @@ def test_resume_continues_from_the_last_checkpoint(tmp_path, warm_ray):
     assert summary["steps"] == 5
     # Resumed once more, as the closing block prints it, a completed run trains nothing and keeps
     # what its summary reported (its final metrics were lost to an empty dict before).
-    rlmix_train_here(*common, "loop.steps=5", f"resume={run_dir}", f"hydra.run.dir={tmp_path / 'third'}", cwd=tmp_path)
+    out = rlmix_train_here(*common, "loop.steps=5", f"resume={run_dir}", f"hydra.run.dir={tmp_path / 'third'}",
+                           cwd=tmp_path)
+    assert "the run ended at step 5 (completed); nothing is left to train at loop.steps=5" in out.stdout
+    assert "Ray and" not in (tmp_path / "third" / "train.log").read_text()  # ... so nothing was started
     again = json.loads((run_dir / "summary.json").read_text())
     assert [r["step"] for r in read_metrics(run_dir)] == [1, 2, 3, 4, 5]
     assert again["status"] == "completed" and again["steps"] == 5

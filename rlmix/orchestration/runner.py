@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import time
@@ -12,7 +13,7 @@ from rlmix.config.schema import RunConfig
 from rlmix.errors import RunFailed, TrainerDied
 from rlmix.metrics.jsonl import keep_rows
 from rlmix.metrics.jsonl import METRICS_FILE
-from rlmix.metrics.logger import RunLogger
+from rlmix.metrics.logger import SUMMARY_FILE, RunLogger
 from rlmix.assembly import checkpoints
 from rlmix.assembly.checkpoints import RunState
 from rlmix.assembly.fleet import SamplerSpec, fleet_manifest, resolve_fleet
@@ -100,6 +101,10 @@ def train(plan: RunPlan, run_dir: Path, sweep_group: str | None = None, label: s
 
     cfg = plan.cfg
     run_dir = Path(run_dir)
+    if cfg.resume and (ended := ended_run(Path(cfg.resume), cfg.loop.steps)) is not None:
+        print(f"resume={cfg.resume}: the run ended at step {ended['steps']} ({ended['status']}); nothing is left to "
+              f"train at loop.steps={cfg.loop.steps} (raise it to go on)", flush=True)
+        return ended
     model_dir = resolve_model_dir(plan)
     tokenizer = load_fast_tokenizer(model_dir)
     # Before Ray: a prompt it cannot encode, or an answer the budget would cut, is one line.
@@ -250,6 +255,21 @@ class TrainerRestarts:
         log.warning("%s; restarted it (%d of %d) from %s: steps %d on are trained again",
                     died, self.count, limit, where, state.step + 1)
         return trainer, state
+
+
+def ended_run(run_dir: Path, steps: int) -> dict | None:
+    """The summary of a run that ended at or past ``steps`` with its newest complete checkpoint at
+    that step: resuming it trains nothing, so neither Ray nor a process is started. None otherwise."""
+    try:
+        summary = json.loads((run_dir / SUMMARY_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if summary.get("status") not in ("completed", "collapsed") or summary.get("steps", -1) < steps:
+        return None
+    checkpoint, _ = checkpoints.newest_complete(run_dir)
+    if checkpoint is None or checkpoints.read_run_state(checkpoint).step != summary["steps"]:
+        return None
+    return summary
 
 
 def resume(cfg: RunConfig, trainer, monitor, run_dir: Path) -> tuple[RunState, Path, dict]:
