@@ -73,10 +73,11 @@ W4A4 = [f"fleet.pools.{pool}.linear_inputs=nvfp4" for pool in ("b200_nvfp4", "b3
 # Mismatch doses: each an ordinary list of config overrides (physical knobs only: how far behind
 # the samplers run, how hard each step moves the policy, the samplers' number formats).
 DOSES: dict[str, list[str]] = {
-    # v2, lag removed: the fleet's numbers are the only mismatch (beside the matched control's bf16).
+    # v2, lag removed: the fleet's numbers are the only mismatch (beside the matched control's bf16),
+    # in rising dose (a map's rows come in this order).
+    "v2_matched": [*V2, "fleet=matched_bf16", "loop.lag=0"],  # every pool computes as the trainer does
     "v2_fleet": [*V2, "fleet=emulated_hetero6", "loop.lag=0"],  # the six-pool fleet as configured
     "v2_fp8kv": [*V2, "fleet=emulated_hetero6", "loop.lag=0", *FP8_KV],  # ... with fp8 KV caches (the headline)
-    "v2_matched": [*V2, "fleet=matched_bf16", "loop.lag=0"],  # every pool computes as the trainer does
     "v2_e5m2kv_w4a4": [*V2, "fleet=emulated_hetero6", "loop.lag=0", *E5M2_KV, *W4A4],  # ~4x the headline's KL
     # A step 3.3x the default's: uncorrected GRPO collapses here on the matched control too
     # (docs/results.md), so these doses test the optimizer, not the numbers.
