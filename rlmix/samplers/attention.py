@@ -21,11 +21,14 @@ from rlmix.samplers.precision import Precision, fp8_cast, round_activation
 @dataclass(frozen=True)
 class BlockwiseNumerics:
     """A flash-style kernel: keys in blocks of ``block``; probabilities rounded to ``probs``;
-    running sum and output accumulated (and rounded after every block) in ``acc``."""
+    running sum and output accumulated (and rounded after every block) in ``acc``. ``sum_rounded``:
+    the row sum adds the rounded probabilities (else the fp32 ones, only the PV product seeing them
+    rounded)."""
 
     block: int
     probs: Precision
     acc: Precision
+    sum_rounded: bool = True
 
     def for_activations(self, act: Precision) -> BlockwiseNumerics:
         """The kernel compiled for an fp16 model: its 16-bit probabilities and accumulators are
@@ -33,7 +36,8 @@ class BlockwiseNumerics:
         if act is not Precision.fp16:
             return self
         fp16 = {Precision.bf16: Precision.fp16}
-        return BlockwiseNumerics(self.block, fp16.get(self.probs, self.probs), fp16.get(self.acc, self.acc))
+        return BlockwiseNumerics(self.block, fp16.get(self.probs, self.probs), fp16.get(self.acc, self.acc),
+                                 self.sum_rounded)
 
 
 BLOCKWISE: dict[KernelFamily, BlockwiseNumerics] = {
@@ -41,6 +45,22 @@ BLOCKWISE: dict[KernelFamily, BlockwiseNumerics] = {
     KernelFamily.online_softmax_bf16: BlockwiseNumerics(16, Precision.bf16, Precision.bf16),
     KernelFamily.online_softmax_fp16: BlockwiseNumerics(32, Precision.fp16, Precision.fp16),
 }
+
+
+# FlashAttention-3's fp8 forward: keys in blocks of 128; the probabilities enter the PV GEMM as fp8
+# e4m3 after a shift of 2^8 (its ``Max_offset``: p ≤ 1 would leave most of e4m3's range unused); the
+# row sum, running max and output stay fp32.
+FP8_BLOCK = 128
+FP8_PROBS_OFFSET = 256.0
+FP8_ATTENTION = BlockwiseNumerics(FP8_BLOCK, Precision.fp8_e4m3, Precision.fp32, sum_rounded=False)
+
+
+def _round_probs(p: torch.Tensor, probs: Precision) -> torch.Tensor:
+    """Probabilities as the PV GEMM takes them: in fp8 at unit scale after the 2^8 shift, else rounded
+    to the 16/32-bit ``probs``."""
+    if probs is Precision.fp8_e4m3:
+        return fp8_cast(p * FP8_PROBS_OFFSET, probs) / FP8_PROBS_OFFSET
+    return round_activation(p, probs)
 
 
 def _accumulate(x: torch.Tensor, acc: Precision) -> torch.Tensor:
@@ -66,6 +86,8 @@ def online_attention(q, k, v, allowed, scale: float, act: Precision, num: Blockw
         m' = max(m, max_j s_j);  p_j = rnd_probs(exp(s_j − m'));  c = exp(m − m')
         l' = rnd_acc(c·l + Σ_j p_j);  o' = rnd_acc(c·o + Σ_j p_j v_j);  out = o / l
 
+    (with ``num.sum_rounded`` false, ``l`` sums the unrounded ``exp(s_j − m')``).
+
     The running max stays fp32 (a max is exact); a block a row may not see at all leaves that
     row's state unchanged (exp(−inf) = 0, guarded against −inf − (−inf)).
     """
@@ -79,24 +101,20 @@ def online_attention(q, k, v, allowed, scale: float, act: Precision, num: Blockw
         s = s.masked_fill(~allowed[..., start : start + num.block], float("-inf"))
         m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
         m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-        p = round_activation(torch.exp(s - m_safe), num.probs)
+        exact = torch.exp(s - m_safe)
+        p = _round_probs(exact, num.probs)
         c = torch.exp(m - m_safe)
-        l = _accumulate(c * l + p.sum(dim=-1, keepdim=True), num.acc)
+        l = _accumulate(c * l + (p if num.sum_rounded else exact).sum(dim=-1, keepdim=True), num.acc)
         o = _accumulate(c * o + torch.matmul(p, vb), num.acc)
         m = m_new
     return round_activation(o / l, act)
 
 
-# FlashAttention-3's fp8 forward: keys in blocks of 128; the probabilities enter the PV GEMM as fp8
-# e4m3 after a shift of 2^8 (its ``Max_offset``: p ≤ 1 would leave most of e4m3's range unused).
-FP8_BLOCK = 128
-FP8_PROBS_OFFSET = 256.0
-
-
 def fp8_attention(q, k, v, allowed, scale: float, act: Precision) -> torch.Tensor:
     """Attention in the fp8 domain, as vLLM runs it on Hopper (FlashAttention-3) over an fp8 KV cache:
     the query is cast to fp8 e4m3 at unit scale like the cache (``k``, ``v`` already hold e4m3
-    values), both GEMMs take fp8 inputs, and the running max, row sum and output stay fp32::
+    values), both GEMMs take fp8 inputs, and the running max, row sum and output stay fp32
+    (``FP8_ATTENTION``)::
 
         m' = max(m, max_j s_j);  p_j = exp(s_j − m');  c = exp(m − m')
         l' = c·l + Σ_j p_j;  o' = c·o + Σ_j fp8(2⁸·p_j)/2⁸ · v_j;  out = o / l
@@ -105,23 +123,7 @@ def fp8_attention(q, k, v, allowed, scale: float, act: Precision) -> torch.Tenso
     only the PV product sees them in fp8, where a probability under 2^-18 of the row's running
     max becomes 0 and the rest keep at most 3 mantissa bits.
     """
-    q = fp8_cast(q, Precision.fp8_e4m3)
-    shape = q.shape[:-1] + (1,)
-    m = torch.full(shape, float("-inf"))
-    l = torch.zeros(shape)
-    o = torch.zeros(q.shape)
-    for start in range(0, k.shape[-2], FP8_BLOCK):
-        kb, vb = k[..., start : start + FP8_BLOCK, :], v[..., start : start + FP8_BLOCK, :]
-        s = torch.matmul(q, kb.transpose(-1, -2)) * scale
-        s = s.masked_fill(~allowed[..., start : start + FP8_BLOCK], float("-inf"))
-        m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
-        m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-        p = torch.exp(s - m_safe)
-        c = torch.exp(m - m_safe)
-        l = c * l + p.sum(dim=-1, keepdim=True)
-        o = c * o + torch.matmul(fp8_cast(p * FP8_PROBS_OFFSET, Precision.fp8_e4m3) / FP8_PROBS_OFFSET, vb)
-        m = m_new
-    return round_activation(o / l, act)
+    return online_attention(fp8_cast(q, Precision.fp8_e4m3), k, v, allowed, scale, act, FP8_ATTENTION)
 
 
 def attend(q, k, v, allowed, scale: float, act: Precision, kernel: KernelFamily, fp8: bool = False) -> torch.Tensor:
