@@ -12,8 +12,12 @@ import re
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlmix.config.schema import RunConfig
+from rlmix.config.schema import PoolConfig, RunConfig
 from rlmix.errors import ConfigError
+
+
+# A pool's settings that belong to its own weight format: a fleet-wide precision resets them.
+FORMAT_KNOBS = ("kv_precision", "fp8_scales", "linear_inputs", "fp8_attention")
 
 
 def to_run_config(cfg: DictConfig) -> RunConfig:
@@ -22,9 +26,11 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     except Exception as err:  # MISSING values and the like surface here
         raise ConfigError(one_line(err)) from None
     if isinstance(run, RunConfig) and run.fleet.precision is not None:
-        for pool in run.fleet.pools.values():  # the fleet-wide format replaces each pool's
-            pool.precision, pool.kv_precision, pool.fp8_scales = run.fleet.precision, None, "channel"
-            pool.linear_inputs, pool.fp8_attention = None, False
+        default = PoolConfig()
+        for pool in run.fleet.pools.values():  # the fleet-wide format replaces each pool's, and its knobs
+            pool.precision = run.fleet.precision
+            for knob in FORMAT_KNOBS:
+                setattr(pool, knob, getattr(default, knob))
     return run
 
 

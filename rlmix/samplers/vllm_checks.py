@@ -112,6 +112,21 @@ def check_pool(name: str, pool, model: Mapping | None = None) -> None:
     resolve_engine(name, pool, model)
 
 
+# A torch pool's emulated number formats, which a vllm pool takes from its engine instead: (key, where).
+EMULATION_ONLY = (
+    ("kv_precision", "vllm pools set the KV cache format with {key}.vllm.kv_cache_dtype"),
+    ("fp8_scales", "vllm pools take the scales of the checkpoint or of {key}.vllm.quantization (online fp8: per tensor)"),
+    ("linear_inputs", "vllm pools take the GEMM input format from the checkpoint's quantization"),
+    ("fp8_attention", "on vllm pools attention follows {key}.vllm.kv_cache_dtype and the attention backend "
+                      "(FlashAttention-3 runs fp8 over an fp8 cache)"),
+)
+
+
+def _yaml(value) -> str:
+    """A config value as the user writes it: null, true/false, else as is."""
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def resolve_engine(name: str, pool, model: Mapping | None = None) -> VllmEngine:
     """The engine of a ``backend: vllm`` pool (``rlmix.config.schema.PoolConfig``), or ConfigError
     naming the pool's keys; ``model`` is the model's config.json when known (tensor-parallel head split)."""
@@ -125,18 +140,13 @@ def resolve_engine(name: str, pool, model: Mapping | None = None) -> VllmEngine:
                               "vLLM lacks; use bf16/fp32 on accelerator CPU or put this pool on a GPU")
         raise ConfigError(f"{key}.vllm.quantization={quantization!r}: allowed: "
                           f"{', '.join(q for q in allowed if q)} or null")
-    if pool.kv_precision is not None:
-        raise ConfigError(f"{key}.kv_precision={pool.kv_precision}: vllm pools set the KV cache format with "
-                          f"{key}.vllm.kv_cache_dtype; set kv_precision to null")
-    if pool.fp8_scales != "channel":
-        raise ConfigError(f"{key}.fp8_scales={pool.fp8_scales}: vllm pools take the scales of the checkpoint or "
-                          f"of {key}.vllm.quantization (online fp8: per tensor); leave fp8_scales unset")
-    if pool.linear_inputs is not None:
-        raise ConfigError(f"{key}.linear_inputs={pool.linear_inputs}: vllm pools take the GEMM input format from "
-                          f"the checkpoint's quantization; set linear_inputs to null")
-    if pool.fp8_attention:
-        raise ConfigError(f"{key}.fp8_attention=true: on vllm pools attention follows {key}.vllm.kv_cache_dtype and "
-                          "the attention backend (FlashAttention-3 runs fp8 over an fp8 cache); set fp8_attention to false")
+    from rlmix.config.schema import PoolConfig  # its defaults (the schema module imports torch; this one does not)
+
+    defaults = PoolConfig()
+    for field, why in EMULATION_ONLY:
+        value, default = getattr(pool, field), getattr(defaults, field)
+        if value != default:
+            raise ConfigError(f"{key}.{field}={_yaml(value)}: {why.format(key=key)}; set {field} to {_yaml(default)}")
     _check_engine(key, pool.vllm, on_cpu, model)
     check_platform(dtype, quantization, on_cpu)
     e = pool.vllm
