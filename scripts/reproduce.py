@@ -63,13 +63,15 @@ FREE_RUNNING = ["fleet=emulated_hetero6", "loop.concurrent_requests=6", "loop.ma
 # (loop.lag, docs/architecture.md): the batch trained at version k comes from version k − lag
 # whatever the machine's speed, so one seed gives one run and the lag is a number in the command.
 V2 = ["model=embedded_v2"]
+NVFP4_POOLS = ("b200_nvfp4", "b300_nvfp4")
+QUANTISED_POOLS = ("h100_fp8", "h200_fp8", *NVFP4_POOLS)  # the fleet's fp8 and nvfp4 pools
 # fp8 KV cache (unit scale, as vLLM stores one without calibrated scales) on the fp8 and nvfp4 pools.
-FP8_KV = [f"fleet.pools.{pool}.kv_precision=fp8_e4m3" for pool in ("h100_fp8", "h200_fp8", "b200_nvfp4", "b300_nvfp4")]
+FP8_KV = [f"fleet.pools.{pool}.kv_precision=fp8_e4m3" for pool in QUANTISED_POOLS]
 # The coarsest physical formats the fleet's pools can run: the fp8 KV cache in e5m2 (vLLM's
 # kv_cache_dtype=fp8_e5m2: two mantissa bits, no scale), and the nvfp4 pools' GEMMs W4A4, their inputs
 # in nvfp4 as Blackwell's FP4 kernels take them (rlmix probe: ~2e-3 KL per token on these pools).
-E5M2_KV = [f"fleet.pools.{pool}.kv_precision=fp8_e5m2" for pool in ("h100_fp8", "h200_fp8", "b200_nvfp4", "b300_nvfp4")]
-W4A4 = [f"fleet.pools.{pool}.linear_inputs=nvfp4" for pool in ("b200_nvfp4", "b300_nvfp4")]
+E5M2_KV = [f"fleet.pools.{pool}.kv_precision=fp8_e5m2" for pool in QUANTISED_POOLS]
+W4A4 = [f"fleet.pools.{pool}.linear_inputs=nvfp4" for pool in NVFP4_POOLS]
 # Mismatch doses: each an ordinary list of config overrides (physical knobs only: how far behind
 # the samplers run, how hard each step moves the policy, the samplers' number formats).
 DOSES: dict[str, list[str]] = {
@@ -78,7 +80,7 @@ DOSES: dict[str, list[str]] = {
     "v2_matched": [*V2, "fleet=matched_bf16", "loop.lag=0"],  # every pool computes as the trainer does
     "v2_fleet": [*V2, "fleet=emulated_hetero6", "loop.lag=0"],  # the six-pool fleet as configured
     "v2_fp8kv": [*V2, "fleet=emulated_hetero6", "loop.lag=0", *FP8_KV],  # ... with fp8 KV caches (the headline)
-    "v2_e5m2kv_w4a4": [*V2, "fleet=emulated_hetero6", "loop.lag=0", *E5M2_KV, *W4A4],  # ~4x the headline's KL
+    "v2_e5m2kv_w4a4": [*V2, "fleet=emulated_hetero6", "loop.lag=0", *E5M2_KV, *W4A4],  # ~2x the headline's KL in training
     # A step 3.3x the default's: uncorrected GRPO collapses here on the matched control too
     # (docs/results.md), so these doses test the optimizer, not the numbers.
     "v2_fp8kv_lr1e-3": [*V2, "fleet=emulated_hetero6", "loop.lag=0", *FP8_KV, "trainer.lr=1e-3"],
