@@ -1,17 +1,20 @@
-"""Episode throughput with 1 vs N concurrent episodes on the embedded agent model, with and without prefix reuse.
+"""Episode throughput with 1 vs N concurrent episodes on the embedded agent model: prefix reuse, continuous batching.
 
     python scripts/bench_agentic.py                     # throughput only (in-process, no Ray)
     python scripts/bench_agentic.py --repeats 3         # arms interleaved, medians of 3
+    python scripts/bench_agentic.py --batching continuous whole --prefix-cache on   # the batching arms
     python scripts/bench_agentic.py --train-steps 3     # also short `rlmix train` runs, one per concurrency
     python scripts/bench_agentic.py --model v2          # the v2 agent model (Qwen3-MoE, byte-level BPE)
 
 Throughput: one torch sampler (bf16 view) and the real local sandbox runtime run the same
 ``--episodes`` minicode_agent episodes (same problems, same seeds) through
 ``rlmix.agentic.train.EpisodeRollouts`` with ``concurrent_episodes`` = 1 and N, with the sampler's
-prefix cache on and off (``--prefix-cache``). Reported: episodes/s, policy tokens/s, the mean batch
-the sampler served per call, the share of episode wall time spent in the environment, and where
-generation time went: prefill (forwards of more than one position: seconds and positions fed) and
-decode (one position per row). Single-turn reference: the same sampler serves the episodes' first
+prefix cache on and off (``--prefix-cache``), turns batched continuously or in whole calls
+(``--batching``: ``task.continuous_batching``). Reported: episodes/s, policy tokens/s, policy tokens
+per decode step, the share of episode wall time spent in the environment, and where generation
+time went: prefill (forwards of more than one position: seconds and positions fed) and decode (one
+position per row); generating is the time inside sampler calls (whole) or decode-batch joins and
+steps (continuous). Single-turn reference: the same sampler serves the episodes' first
 prompts as a single-turn request would, all rows in one call, ``max_turn_tokens`` each, three calls
 from a cold prefix cache; the ratio is
 agentic policy tokens/s (over episode wall time) / single-turn tokens/s.
@@ -34,15 +37,23 @@ from pathlib import Path
 
 
 def _timed_forward(sampler) -> dict:
-    """Time the sampler's decoder forwards: prefill (more than one position fed) vs decode."""
+    """Time the sampler's decoder forwards (prefill: more than one position fed; decode) and its
+    generation: whole ``generate`` calls, or a decode batch's joins and steps."""
     split = {"generate_s": 0.0, "prefill_s": 0.0, "prefill_positions": 0, "decode_s": 0.0, "decode_steps": 0}
-    forward, generate = sampler.model.forward, sampler.generate
+    forward, generate, decode_batch = sampler.model.forward, sampler.generate, sampler.decode_batch
 
-    def timed_generate(prompts, params):
-        start = time.perf_counter()
-        out = generate(prompts, params)
-        split["generate_s"] += time.perf_counter() - start
-        return out
+    def timed_call(fn):
+        def call(*args, **kwargs):
+            start = time.perf_counter()
+            out = fn(*args, **kwargs)
+            split["generate_s"] += time.perf_counter() - start
+            return out
+        return call
+
+    def timed_decode_batch(params):
+        batch = decode_batch(params)
+        batch.join, batch.step = timed_call(batch.join), timed_call(batch.step)
+        return batch
 
     def timed(ids, *args, **kwargs):
         start = time.perf_counter()
@@ -52,12 +63,12 @@ def _timed_forward(sampler) -> dict:
         split["prefill_positions" if kind == "prefill" else "decode_steps"] += ids.numel() if kind == "prefill" else 1
         return out
 
-    sampler.model.forward, sampler.generate = timed, timed_generate
+    sampler.model.forward, sampler.generate, sampler.decode_batch = timed, timed_call(generate), timed_decode_batch
     return split
 
 
 def throughput(concurrency: int, episodes: int, group_size: int, seed: int, prefix_cache: bool = True,
-               model: str = "v1") -> dict:
+               model: str = "v1", continuous: bool = True) -> dict:
     import torch
 
     from rlmix.agentic.batching import TurnBatcher
@@ -80,7 +91,7 @@ def throughput(concurrency: int, episodes: int, group_size: int, seed: int, pref
     cache = {} if prefix_cache else {"prefix_cache_bytes": 0}
     sampler = TorchSampler(model_dir, resolve_view("CPU", "bf16"), pool="bench", **cache)
     split = _timed_forward(sampler)
-    cfg = replace(MiniCodeAgentConfig(), concurrent_episodes=concurrency)
+    cfg = replace(MiniCodeAgentConfig(), concurrent_episodes=concurrency, continuous_batching=continuous)
     task = make_task(cfg, seed)
     sizes: list[int] = []
     original = TurnBatcher.close
@@ -115,11 +126,13 @@ def throughput(concurrency: int, episodes: int, group_size: int, seed: int, pref
     col = {n: out.episode_stats[:, i] for i, n in enumerate(EPISODE_STATS)}
     policy_tokens_per_s = float(col["policy_tokens"].sum()) / wall
     single_tokens_per_s = single_tokens / single_s
-    return {"model": model, "concurrent_episodes": concurrency, "prefix_cache": prefix_cache, "episodes": len(out), "wall_s": wall,
+    return {"model": model, "concurrent_episodes": concurrency, "prefix_cache": prefix_cache,
+            "batching": "continuous" if continuous else "whole", "episodes": len(out), "wall_s": wall,
             "episodes_per_s": len(out) / wall, "policy_tokens_per_s": policy_tokens_per_s,
             "generate_s": agentic_split["generate_s"], "prefill_s": agentic_split["prefill_s"],
             "prefill_positions": agentic_split["prefill_positions"], "decode_s": agentic_split["decode_s"],
             "decode_steps": agentic_split["decode_steps"],
+            "tokens_per_decode_step": float(col["policy_tokens"].sum()) / max(agentic_split["decode_steps"], 1),
             "mean_batch": sum(sizes) / max(len(sizes), 1), "sampler_calls": len(sizes),
             "env_time_frac": float(col["env_s"].sum() / col["wall_s"].sum()),
             "reward_mean": float(out.rewards.mean()), "infra_errors": out.infra_errors,
@@ -147,24 +160,27 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--prefix-cache", choices=["on", "off"], nargs="+", default=["on", "off"])
+    ap.add_argument("--batching", choices=["continuous", "whole"], nargs="+", default=["continuous"],
+                    help="task.continuous_batching true (continuous) or false (whole calls)")
     ap.add_argument("--repeats", type=int, default=1, help="rounds; every arm once per round, interleaved")
     ap.add_argument("--train-steps", type=int, default=0, help="0 skips the trainer idle-fraction runs")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", choices=["v1", "v2"], default="v1", help="the embedded agent model (model=embedded_v2: v2)")
     args = ap.parse_args()
-    arms = [(c, cache == "on") for c in args.concurrency for cache in args.prefix_cache]
-    runs: dict[tuple[int, bool], list[dict]] = {arm: [] for arm in arms}
+    arms = [(c, cache == "on", how == "continuous") for c in args.concurrency for cache in args.prefix_cache
+            for how in args.batching]
+    runs: dict[tuple[int, bool, bool], list[dict]] = {arm: [] for arm in arms}
     for _ in range(args.repeats):
-        for c, cache in arms:
-            r = throughput(c, args.episodes, args.group_size, args.seed, cache, args.model)
+        for c, cache, continuous in arms:
+            r = throughput(c, args.episodes, args.group_size, args.seed, cache, args.model, continuous)
             r["load_avg_1min"] = os.getloadavg()[0]
             print(json.dumps(r), flush=True)
-            runs[(c, cache)].append(r)
+            runs[(c, cache, continuous)].append(r)
     keys = ("episodes_per_s", "policy_tokens_per_s", "single_turn_tokens_per_s", "ratio_to_single_turn",
-            "prefill_s", "decode_s", "generate_s", "env_time_frac", "mean_batch")
-    print("median of", args.repeats, "| concurrent | prefix cache | " + " | ".join(keys))
-    for (c, cache), rs in runs.items():
-        print(f"| {c} | {'on' if cache else 'off'} | "
+            "prefill_s", "decode_s", "generate_s", "env_time_frac", "tokens_per_decode_step")
+    print("median of", args.repeats, "| concurrent | prefix cache | batching | " + " | ".join(keys))
+    for (c, cache, continuous), rs in runs.items():
+        print(f"| {c} | {'on' if cache else 'off'} | {'continuous' if continuous else 'whole'} | "
               + " | ".join(f"{statistics.median(r[k] for r in rs):.3g}" for k in keys))
     if args.train_steps:
         for c in args.concurrency:

@@ -72,7 +72,8 @@ def test_a_failing_sampler_fails_every_waiting_turn():
 @pytest.mark.parametrize("precision", ["fp32", "fp8_e4m3"])
 def test_a_seeded_turn_draws_in_a_batch_what_it_draws_alone(tmp_path, precision):
     """Which turns arrive together is timing; what each draws must not be. Seeded turns batched
-    through a real torch sampler get the tokens (and log-probs) each gets from a call of its own."""
+    into whole calls of a real torch sampler get the tokens (and log-probs) each gets from a call of
+    its own (continuous batching: tests/test_continuous_batching.py)."""
     from rlmix.samplers.accelerators import resolve_view
     from rlmix.samplers.torch_sampler import TorchSampler
     from tests.agentic_models import tiny_agent_model
@@ -82,7 +83,7 @@ def test_a_seeded_turn_draws_in_a_batch_what_it_draws_alone(tmp_path, precision)
     prompts = [[1, 20 + i, 30, 40 + 2 * i][: 2 + i % 3] for i in range(6)]
     params = [SamplingParams(max_new_tokens=8 + i % 4, seed=1000 + 7 * i) for i in range(6)]
     alone = [sampler.generate([p], q) for p, q in zip(prompts, params)]
-    batcher, gate = TurnBatcher(sampler, seed=3), threading.Event()
+    batcher, gate = TurnBatcher(sampler, seed=3, continuous=False), threading.Event()
     generate = sampler.generate
     sampler.generate = lambda *a: gate.wait(5.0) and generate(*a)  # hold the first call so the rest pile up
     try:

@@ -9,9 +9,10 @@ directories. ``rlmix.assembly.parts.make_task`` picks one from the config.
 ``EpisodeRollouts`` is what a sampler process runs for one request: ``group_size`` episodes of
 each problem, up to ``concurrent_episodes`` at once in threads (the environment side: sandbox
 commands and grading run in their own processes, so a thread per episode mostly waits), their
-turns generated together by one ``TurnBatcher`` over the sampler. Each finished episode is graded
-in a fresh sandbox; one whose sandbox failed on every attempt is left out of its group (counted in
-``Rollouts.infra_errors``), never scored 0. See docs/agentic.md.
+turns generated together by one ``TurnBatcher`` over the sampler (continuously batched on torch
+pools). Each finished episode is graded in a fresh sandbox; one whose sandbox failed on every
+attempt is left out of its group (counted in ``Rollouts.infra_errors``), never scored 0. See
+docs/agentic.md.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ class EpisodeRollouts:
                  params: SamplingParams) -> Rollouts:
         params = replace(params, max_new_tokens=self.cfg.max_turn_tokens)
         jobs = [_Job(self.task.harbor_task(p), s, g) for p, g in zip(problems, group_ids) for s in range(group_size)]
-        batcher = TurnBatcher(sampler, seed=params.seed)
+        batcher = TurnBatcher(sampler, seed=params.seed, continuous=self.cfg.continuous_batching)
         workers = self.cfg.concurrent_episodes or len(jobs)
 
         def play(job: _Job) -> tuple[SampleResult, ModelPolicy]:

@@ -44,6 +44,9 @@ class AgentEnvConfig:
     command_output_cap_bytes: int = 1048576  # output read from one command; the rest is dropped while read
     # --- training: episodes run concurrently inside each sampler process (docs/agentic.md) ---
     concurrent_episodes: int = 16  # episodes in flight per sampler; 0 = every episode of a request at once
+    # A turn joins the torch sampler's running decode batch at the next step, and returns when it is
+    # done (continuous batching); false: turns wait for the sampler's current call to end.
+    continuous_batching: bool = True
     # --- grading ---
     grade_retries: int = 2  # extra attempts after an infrastructure failure (agent phase or grading)
     grade_network: bool = False  # give the verifier the network (the agent phase never has it)

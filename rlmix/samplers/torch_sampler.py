@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -25,7 +26,8 @@ import torch
 from rlmix.errors import ConfigError
 from rlmix.rollout import FINISH_LENGTH, FINISH_STOP, Rollouts, SamplingParams, concat_rollouts
 from rlmix.samplers.accelerators import PrecisionView
-from rlmix.samplers.emulated_decoder import DecoderShape, EmulatedDecoder
+from rlmix.samplers.continuous import DecodeBatch
+from rlmix.samplers.emulated_decoder import DecoderShape, EmulatedDecoder, KVCache
 from rlmix.samplers.model_config import read_config
 from rlmix.samplers.prefix_cache import CachedPrefix, PrefixCache
 from rlmix.samplers.sampling import draw
@@ -102,6 +104,10 @@ class TorchSampler:
         cache = self.model.new_cache(*input_ids.shape)
         return self.model.forward(input_ids, positions, attention_mask, cache, 0)
 
+    def decode_batch(self, params: SamplingParams) -> DecodeBatch:
+        """A running batch that turns join and leave one by one (continuous batching; continuous.py)."""
+        return DecodeBatch(self, params)
+
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> Rollouts:
         """Sample one completion per prompt (record semantics: rlmix/rollout.py, sampling.py)."""
@@ -112,7 +118,7 @@ class TorchSampler:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
         start = time.perf_counter()
-        uniforms = self._uniforms(len(prompts), params)
+        uniforms = self.uniforms(len(prompts), params)
         parts = [
             self._generate_batch(prompts[i : i + self.max_batch], params, uniforms[i : i + self.max_batch])
             for i in range(0, len(prompts), self.max_batch)
@@ -120,7 +126,7 @@ class TorchSampler:
         out = parts[0] if len(parts) == 1 else concat_rollouts(parts, self.pad_id)
         return out.replace(gen_time_s=time.perf_counter() - start, tags={**self.view.tags(), "backend": "torch"})
 
-    def _uniforms(self, rows: int, params: SamplingParams) -> torch.Tensor:
+    def uniforms(self, rows: int, params: SamplingParams) -> torch.Tensor:
         """(rows, max_new_tokens): from ``params.row_seeds``, one generator per row; else from
         ``params.seed`` (or the sampler's own generator), row after row."""
         steps = params.max_new_tokens
@@ -133,29 +139,12 @@ class TorchSampler:
 
     def _generate_batch(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                         uniforms: torch.Tensor) -> Rollouts:
-        """Left-padded prefill, then one decode step per token. Cache columns [0, start) of each row
-        come from the prefix cache where an earlier call ran the same tokens; the forward feeds the
-        columns from ``start`` on, so the column layout (and each row's padding) is the one a
-        prefill of the whole prompts has."""
-        b, steps = len(prompts), params.max_new_tokens
-        lens = torch.tensor([len(p) for p in prompts])
-        width = int(lens.max())
-        pad = width - lens
-        left = torch.full((b, width), self.pad_id, dtype=torch.long)
-        right = torch.full((b, width), self.pad_id, dtype=torch.long)
-        for i, p in enumerate(prompts):
-            left[i, width - len(p):] = torch.as_tensor(p, dtype=torch.long)
-            right[i, : len(p)] = left[i, width - len(p):]
-        key_valid = torch.ones((b, width + steps), dtype=torch.bool)
-        key_valid[:, :width] = torch.arange(width)[None] >= pad[:, None]
-        positions = (torch.arange(width)[None] - pad[:, None]).clamp(min=0)
-        cache = self.model.new_cache(b, width + steps)
-        moe = self.model.shape.spec.moe
-        routes = _Routes(pad, width, steps, moe) if moe is not None else None
-        start = self._reuse_prefixes(prompts, cache, pad, width, routes)
-        logits = self.model.forward(left[:, start:], positions[:, start:], key_valid[:, :width], cache, start,
-                                    last_only=True, routes=routes.prefill(start) if routes else None)[:, 0]
-        rec = _Recorder(b, steps, params, self.pad_id)
+        """Left-padded prefill (``prefill``), then one decode step per token for the whole batch."""
+        steps = params.max_new_tokens
+        pre = self.prefill(prompts, steps)
+        lens, width, cache, key_valid, routes = pre.lens, pre.width, pre.cache, pre.key_valid, pre.routes
+        logits = pre.logits
+        rec = _Recorder(len(prompts), steps, params, self.pad_id)
         for t in range(steps):
             step = draw(logits, uniforms[:, t], params.temperature, params.top_k, params.top_p,
                         params.num_candidates, params.support_slots)
@@ -165,9 +154,32 @@ class TorchSampler:
             logits = self.model.forward(step.tokens[:, None], (lens + t)[:, None], key_valid[:, : width + t + 1],
                                         cache, width + t, last_only=True,
                                         routes=routes.step(t, ~rec.done) if routes else None)[:, 0]
-        self._keep_prefixes(prompts, rec, cache, pad, width, routes)
-        out = rec.rollouts(right, lens, self._version, self.pool, params)
+        self._keep_prefixes(prompts, rec, cache, pre.pad, width, routes)
+        out = rec.rollouts(pre.right_padded(prompts, self.pad_id), lens, self._version, self.pool, params)
         return out if routes is None else out.replace(routed_experts=routes.record(lens, rec.steps))
+
+    def prefill(self, prompts: Sequence[Sequence[int]], steps: int) -> Prefill:
+        """Run ``prompts`` left-padded to one width, ending at the same cache column, with room for
+        ``steps`` more columns. Cache columns [0, start) of each row come from the prefix cache where
+        an earlier call ran the same tokens; the forward feeds the columns from ``start`` on, so the
+        column layout (and each row's padding) is the one a prefill of the whole prompts has."""
+        b = len(prompts)
+        lens = torch.tensor([len(p) for p in prompts])
+        width = int(lens.max())
+        pad = width - lens
+        left = torch.full((b, width), self.pad_id, dtype=torch.long)
+        for i, p in enumerate(prompts):
+            left[i, width - len(p):] = torch.as_tensor(p, dtype=torch.long)
+        key_valid = torch.ones((b, width + steps), dtype=torch.bool)
+        key_valid[:, :width] = torch.arange(width)[None] >= pad[:, None]
+        positions = (torch.arange(width)[None] - pad[:, None]).clamp(min=0)
+        cache = self.model.new_cache(b, width + steps)
+        moe = self.model.shape.spec.moe
+        routes = _Routes(pad, width, steps, moe) if moe is not None else None
+        start = self._reuse_prefixes(prompts, cache, pad, width, routes)
+        logits = self.model.forward(left[:, start:], positions[:, start:], key_valid[:, :width], cache, start,
+                                    last_only=True, routes=routes.prefill(start) if routes else None)[:, 0]
+        return Prefill(logits, cache, key_valid, lens, pad, width, routes)
 
     def _reuse_prefixes(self, prompts: Sequence[Sequence[int]], cache, pad: torch.Tensor, width: int,
                         routes: _Routes | None) -> int:
@@ -208,6 +220,26 @@ class TorchSampler:
             self.prefix_cache.store(CachedPrefix(tokens, cache.k[:, i, :, cols].clone(),
                                                  cache.v[:, i, :, cols].clone(), self._version,
                                                  columns[i, cols].clone() if columns is not None else None))
+
+
+@dataclass
+class Prefill:
+    """Prompts run through the decoder, left-padded to ``width`` cache columns (``TorchSampler.prefill``)."""
+
+    logits: torch.Tensor  # (B, V): each row's next-token logits
+    cache: KVCache  # (.., B, .., width + steps, ..): columns [0, width) written
+    key_valid: torch.Tensor  # (B, width + steps) bool: False on each row's left padding
+    lens: torch.Tensor  # (B,) prompt lengths
+    pad: torch.Tensor  # (B,) left padding: width - lens
+    width: int
+    routes: _Routes | None  # mixture-of-experts models: the experts chosen so far, by cache column
+
+    def right_padded(self, prompts: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
+        """(B, width) the prompts from column 0, as ``Rollouts.prompt_ids`` holds them."""
+        out = torch.full((len(prompts), self.width), pad_id, dtype=torch.long)
+        for i, p in enumerate(prompts):
+            out[i, : len(p)] = torch.as_tensor(p, dtype=torch.long)
+        return out
 
 
 class _Routes:
