@@ -77,11 +77,13 @@ test-fast: setup
 bench: setup
 	$(BIN)/python scripts/bench_correction.py
 
-# Start-up, the loop against its compute floor, per-job sweep overhead (docs/performance.md).
+# Start-up, the loop against its compute floor, per-job sweep overhead, multi-turn generation against
+# single-turn (docs/performance.md).
 bench-perf: setup
 	$(BIN)/python scripts/bench_startup.py
 	$(BIN)/python scripts/bench_loop.py
 	$(BIN)/python scripts/bench_sweep.py
+	$(BIN)/python scripts/bench_agentic.py --model v2 --concurrency 16 --batching continuous whole --prefix-cache on --repeats 3
 
 # rlmix against TRL's GRPOTrainer on the same workload, runs interleaved, ratios per round
 # (docs/performance.md, "Against TRL"); PEER_REPEATS=6 for the issue's six rounds. TRL lives in its own

@@ -35,6 +35,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from perf_common import verdict
+
 
 def _timed_forward(sampler) -> dict:
     """Time the sampler's decoder forwards (prefill: more than one position fed; decode) and its
@@ -165,6 +167,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1, help="rounds; every arm once per round, interleaved")
     ap.add_argument("--train-steps", type=int, default=0, help="0 skips the trainer idle-fraction runs")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--goal", type=float, default=0.5, help="agentic / single-turn policy tokens/s to reach")
     ap.add_argument("--model", choices=["v1", "v2"], default="v1", help="the embedded agent model (model=embedded_v2: v2)")
     args = ap.parse_args()
     arms = [(c, cache == "on", how == "continuous") for c in args.concurrency for cache in args.prefix_cache
@@ -182,6 +185,11 @@ def main() -> None:
     for (c, cache, continuous), rs in runs.items():
         print(f"| {c} | {'on' if cache else 'off'} | {'continuous' if continuous else 'whole'} | "
               + " | ".join(f"{statistics.median(r[k] for r in rs):.3g}" for k in keys))
+    for (c, cache, continuous), rs in runs.items():
+        print(f"agentic / single-turn tokens/s, {c} concurrent, prefix cache {'on' if cache else 'off'}, "
+              f"{'continuous' if continuous else 'whole-call'} batching:",
+              verdict(statistics.median(r["ratio_to_single_turn"] for r in rs), args.goal, unit="x", at_least=True),
+              f"(median of {len(rs)}, load average {statistics.median(r['load_avg_1min'] for r in rs):.1f})")
     if args.train_steps:
         for c in args.concurrency:
             print(json.dumps(idle_fraction(c, args.train_steps)))

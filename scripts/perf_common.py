@@ -74,8 +74,11 @@ def median(values: list[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
-def verdict(value: float, goal: float, unit: str = "s") -> str:
-    return f"{value:.2f}{unit} vs goal {goal:.2f}{unit}: ratio {value / goal:.2f} ({'met' if value <= goal else 'NOT met'})"
+def verdict(value: float, goal: float, unit: str = "s", at_least: bool = False) -> str:
+    """``value`` against a goal it must stay under (or, ``at_least``, reach)."""
+    met = value >= goal if at_least else value <= goal
+    bound = ">= " if at_least else ""
+    return f"{value:.2f}{unit} vs goal {bound}{goal:.2f}{unit}: ratio {value / goal:.2f} ({'met' if met else 'NOT met'})"
 
 
 def isolated_step(cfg, model_dir: Path, *, stop: bool = True, random_rewards: bool = False, reps: int = 3) -> dict:
