@@ -14,6 +14,7 @@ import torch
 
 from rlmix.agentic.batching import TurnBatcher
 from rlmix.rollout import SamplingParams
+from rlmix.samplers import continuous
 from rlmix.samplers.accelerators import KernelFamily, PrecisionView
 from rlmix.samplers.precision import Precision
 from rlmix.samplers.torch_sampler import TorchSampler
@@ -49,7 +50,10 @@ def _assert_same(row, one, view: str) -> None:
 
 @pytest.mark.parametrize("model", ["llama", "qwen3_moe"])
 @pytest.mark.parametrize("view", list(VIEWS))
-def test_rows_that_join_and_leave_get_what_a_call_of_their_own_gets(model, view, tiny_llama_dir, tiny_qwen3_moe_dir):
+@pytest.mark.parametrize("grow", [64, 2])  # 2: the cache grows every other step
+def test_rows_that_join_and_leave_get_what_a_call_of_their_own_gets(model, view, grow, tiny_llama_dir,
+                                                                    tiny_qwen3_moe_dir, monkeypatch):
+    monkeypatch.setattr(continuous, "GROW_COLUMNS", grow)
     model_dir = tiny_llama_dir if model == "llama" else tiny_qwen3_moe_dir
     sampler = TorchSampler(model_dir, VIEWS[view], "p", prefix_cache_bytes=0)
     rng = random.Random(0)

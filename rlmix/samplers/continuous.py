@@ -37,6 +37,12 @@ from rlmix.samplers.sampling import StepDraw, draw
 SHARED_PARAMS = ("temperature", "top_k", "top_p", "num_candidates", "support_slots", "stop_token_ids")
 
 
+# Cache columns allocated ahead of the longest live row: a join copies the running rows' columns,
+# so it allocates only this much room (or what the rows' budgets can use, if less) and a step that
+# reaches the end grows the cache by at least as much (by half its width on long contexts).
+GROW_COLUMNS = 64
+
+
 def shared_params(params: SamplingParams) -> tuple:
     return tuple(getattr(params, name) for name in SHARED_PARAMS)
 
@@ -153,7 +159,7 @@ class DecodeBatch:
         pre = self.sampler.prefill(prompts, 0)
         old, new, width = len(self), len(prompts), pre.width
         end = max(self.end, width)
-        capacity = end + int(torch.cat([self.budgets - self.drawn, budgets]).max())
+        capacity = end + min(int(torch.cat([self.budgets - self.drawn, budgets]).max()), GROW_COLUMNS)
 
         cache = self.sampler.model.new_cache(0, 0)  # (layers, B, Hkv, capacity, D) each, set here
         cache.k = _columns(self.cache.k if old else None, pre.cache.k, old, end, self.end, width, capacity)
@@ -240,6 +246,8 @@ class DecodeBatch:
 
     def _feed(self, tokens: torch.Tensor) -> None:
         """Feed each live row's latest token at column ``end`` and keep the next logits."""
+        if self.end == self.key_valid.shape[1]:
+            self._grow(max(GROW_COLUMNS, self.end // 2))
         self.key_valid[:, self.end] = True
         routes: list[torch.Tensor] | None = [] if self.moe else None
         self.logits = self.sampler.model.forward(tokens[:, None], self.fed[:, None], self.key_valid[:, : self.end + 1],
@@ -247,6 +255,15 @@ class DecodeBatch:
         if routes is not None:
             self.routes[:, self.end] = torch.stack(routes, dim=2)[:, 0].to(torch.int16)  # (B, M, k)
         self.end += 1
+
+
+    def _grow(self, columns: int) -> None:
+        """``columns`` more empty columns on the right of the cache, validity and expert record."""
+        self.cache.k = F.pad(self.cache.k, (0, 0, 0, columns))
+        self.cache.v = F.pad(self.cache.v, (0, 0, 0, columns))
+        self.key_valid = F.pad(self.key_valid, (0, columns))
+        if self.routes is not None:
+            self.routes = F.pad(self.routes, (0, 0, 0, 0, 0, columns), value=-1)
 
 
 def _columns(mine: torch.Tensor | None, theirs: torch.Tensor, old: int, end: int, mine_end: int, width: int,
