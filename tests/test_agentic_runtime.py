@@ -25,7 +25,19 @@ def test_every_runtime_kind_has_a_factory():
     assert set(RUNTIMES) == set(RuntimeKind)
 
 
-def test_local_memory_limit_and_working_copy(task):
+@pytest.fixture(params=["exec_chain", "preexec_fn"])
+def launch(request, monkeypatch):
+    """Commands start through prlimit/setpriv where util-linux has them, else by a preexec_fn (process.py)."""
+    from rlmix.isolation import process
+
+    if request.param == "exec_chain" and process._exec_chain_tools() is None:
+        pytest.skip("prlimit or setpriv is not installed")
+    if request.param == "preexec_fn":
+        monkeypatch.setattr(process, "_exec_chain_tools", lambda: None)
+    return request.param
+
+
+def test_local_memory_limit_and_working_copy(task, launch):
     sb = LocalRuntime(memory_mb=256, max_procs=512, cpu_s=None, turn_timeout_s=10.0, trusted=TRUSTED).start(task, network=False)
     try:
         big = sb.run("python3 -c 'x = bytearray(512 * 1024 * 1024)'", timeout_s=20.0)
@@ -42,8 +54,26 @@ def test_local_memory_limit_and_working_copy(task):
     assert (task.repo_dir / "test_calc.py").is_file()  # the task's own copy is never touched
 
 
+def test_a_command_runs_under_every_limit_and_as_the_sandbox_user(task, launch):
+    import os
+
+    from rlmix.isolation.bwrap import SANDBOX_UID, sandbox_user
+
+    sb = LocalRuntime(memory_mb=300, max_procs=77, cpu_s=9, turn_timeout_s=10.0, trusted=TRUSTED).start(task, network=False)
+    try:
+        out = sb.run("ulimit -Hv; ulimit -Hu; ulimit -Ht; ulimit -v; ulimit -u; ulimit -t; id -u; id -G", timeout_s=10.0)
+    finally:
+        sb.close()
+    lines = out.output.split()
+    assert lines[:6] == [str(300 * 1024), "77", "9"] * 2  # soft = hard: the command cannot raise them
+    if sandbox_user():  # root runs commands as nobody, with no supplementary groups of ours
+        assert lines[6] == str(SANDBOX_UID) and "0" not in lines[7:]
+    else:
+        assert lines[6] == str(os.getuid())
+
+
 @pytest.mark.slow  # burns CPU until its limit: a second
-def test_local_cpu_limit(task):
+def test_local_cpu_limit(task, launch):
     sb = LocalRuntime(memory_mb=None, max_procs=512, cpu_s=1, turn_timeout_s=10.0, trusted=TRUSTED).start(task, network=False)
     try:
         res = sb.run("python3 -c 'while True: pass'", timeout_s=20.0)
