@@ -10,7 +10,8 @@ Throughput: one torch sampler (bf16 view) and the real local sandbox runtime run
 ``--episodes`` minicode_agent episodes (same problems, same seeds) through
 ``rlmix.agentic.train.EpisodeRollouts`` with ``concurrent_episodes`` = 1 and N, with the sampler's
 prefix cache on and off (``--prefix-cache``), turns batched continuously or in whole calls
-(``--batching``: ``task.continuous_batching``). Reported: episodes/s, policy tokens/s, policy tokens
+(``--batching``: ``task.continuous_batching``), sandbox commands started through prlimit/setpriv or
+by forking the sampler process (``--launch``). Reported: episodes/s, policy tokens/s, policy tokens
 per decode step, the share of episode wall time spent in the environment, and where generation
 time went: prefill (forwards of more than one position: seconds and positions fed) and decode (one
 position per row); generating is the time inside sampler calls (whole) or decode-batch joins and
@@ -70,7 +71,7 @@ def _timed_forward(sampler) -> dict:
 
 
 def throughput(concurrency: int, episodes: int, group_size: int, seed: int, prefix_cache: bool = True,
-               model: str = "v1", continuous: bool = True) -> dict:
+               model: str = "v1", continuous: bool = True, launch: str = "exec_chain") -> dict:
     import torch
 
     from rlmix.agentic.batching import TurnBatcher
@@ -103,6 +104,11 @@ def throughput(concurrency: int, episodes: int, group_size: int, seed: int, pref
         sizes.extend(self.batch_sizes)
 
     TurnBatcher.close = close
+    from rlmix.isolation import process
+
+    chain = process._exec_chain_tools
+    if launch == "preexec_fn":  # sandbox commands start by forking this process (rlmix/isolation/process.py)
+        process._exec_chain_tools = lambda: None
     params = SamplingParams(stop_token_ids=(tokenizer.eos_token_id,), seed=seed)
     groups = episodes // group_size
     problems = tuple(task.sample(groups, seed=seed))
@@ -124,12 +130,13 @@ def throughput(concurrency: int, episodes: int, group_size: int, seed: int, pref
             sampler.prefix_cache.clear()
     finally:
         TurnBatcher.close = original
+        process._exec_chain_tools = chain
         task.close()
     col = {n: out.episode_stats[:, i] for i, n in enumerate(EPISODE_STATS)}
     policy_tokens_per_s = float(col["policy_tokens"].sum()) / wall
     single_tokens_per_s = single_tokens / single_s
     return {"model": model, "concurrent_episodes": concurrency, "prefix_cache": prefix_cache,
-            "batching": "continuous" if continuous else "whole", "episodes": len(out), "wall_s": wall,
+            "batching": "continuous" if continuous else "whole", "launch": launch, "episodes": len(out), "wall_s": wall,
             "episodes_per_s": len(out) / wall, "policy_tokens_per_s": policy_tokens_per_s,
             "generate_s": agentic_split["generate_s"], "prefill_s": agentic_split["prefill_s"],
             "prefill_positions": agentic_split["prefill_positions"], "decode_s": agentic_split["decode_s"],
@@ -164,30 +171,35 @@ def main() -> None:
     ap.add_argument("--prefix-cache", choices=["on", "off"], nargs="+", default=["on", "off"])
     ap.add_argument("--batching", choices=["continuous", "whole"], nargs="+", default=["continuous"],
                     help="task.continuous_batching true (continuous) or false (whole calls)")
+    ap.add_argument("--launch", choices=["exec_chain", "preexec_fn"], nargs="+", default=["exec_chain"],
+                    help="how sandbox commands start: prlimit/setpriv (vfork) or a preexec_fn (fork)")
     ap.add_argument("--repeats", type=int, default=1, help="rounds; every arm once per round, interleaved")
     ap.add_argument("--train-steps", type=int, default=0, help="0 skips the trainer idle-fraction runs")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--goal", type=float, default=0.5, help="agentic / single-turn policy tokens/s to reach")
     ap.add_argument("--model", choices=["v1", "v2"], default="v1", help="the embedded agent model (model=embedded_v2: v2)")
     args = ap.parse_args()
-    arms = [(c, cache == "on", how == "continuous") for c in args.concurrency for cache in args.prefix_cache
-            for how in args.batching]
-    runs: dict[tuple[int, bool, bool], list[dict]] = {arm: [] for arm in arms}
+    arms = [(c, cache == "on", how == "continuous", launch) for c in args.concurrency for cache in args.prefix_cache
+            for how in args.batching for launch in args.launch]
+    runs: dict[tuple, list[dict]] = {arm: [] for arm in arms}
     for _ in range(args.repeats):
-        for c, cache, continuous in arms:
-            r = throughput(c, args.episodes, args.group_size, args.seed, cache, args.model, continuous)
+        for arm in arms:
+            c, cache, continuous, launch = arm
+            r = throughput(c, args.episodes, args.group_size, args.seed, prefix_cache=cache, model=args.model,
+                           continuous=continuous, launch=launch)
             r["load_avg_1min"] = os.getloadavg()[0]
             print(json.dumps(r), flush=True)
-            runs[(c, cache, continuous)].append(r)
+            runs[arm].append(r)
     keys = ("episodes_per_s", "policy_tokens_per_s", "single_turn_tokens_per_s", "ratio_to_single_turn",
             "prefill_s", "decode_s", "generate_s", "env_time_frac", "tokens_per_decode_step")
-    print("median of", args.repeats, "| concurrent | prefix cache | batching | " + " | ".join(keys))
-    for (c, cache, continuous), rs in runs.items():
-        print(f"| {c} | {'on' if cache else 'off'} | {'continuous' if continuous else 'whole'} | "
+    print("median of", args.repeats, "| concurrent | prefix cache | batching | launch | " + " | ".join(keys))
+    name = {True: "continuous", False: "whole"}
+    for (c, cache, continuous, launch), rs in runs.items():
+        print(f"| {c} | {'on' if cache else 'off'} | {name[continuous]} | {launch} | "
               + " | ".join(f"{statistics.median(r[k] for r in rs):.3g}" for k in keys))
-    for (c, cache, continuous), rs in runs.items():
+    for (c, cache, continuous, launch), rs in runs.items():
         print(f"agentic / single-turn tokens/s, {c} concurrent, prefix cache {'on' if cache else 'off'}, "
-              f"{'continuous' if continuous else 'whole-call'} batching:",
+              f"{name[continuous]} batching, {launch}:",
               verdict(statistics.median(r["ratio_to_single_turn"] for r in rs), args.goal, unit="x", at_least=True),
               f"(median of {len(rs)}, load average {statistics.median(r['load_avg_1min'] for r in rs):.1f})")
     if args.train_steps:
