@@ -8,6 +8,7 @@ import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import pytest
 import torch
@@ -28,10 +29,12 @@ VIEWS = {
 # relative (rtol 1e-5), which an fp8 KV cache can turn into one rounding step on a value near a boundary.
 ATOL = {"exact": 1e-5, "exact_kv_fp8": 1e-3}
 PARAMS = SamplingParams(max_new_tokens=12, num_candidates=4, stop_token_ids=(2,))
+# Truncated sampling: the record carries each step's kept set too (top-k 20 plus ties fits 24 slots).
+TOP_P = replace(PARAMS, top_p=0.8, top_k=20, support_slots=24)
 
 
-def _alone(sampler: TorchSampler, prompt: list[int], budget: int, seed: int):
-    return sampler.generate([prompt], SamplingParams(**{**PARAMS.__dict__, "max_new_tokens": budget, "seed": seed}))
+def _alone(sampler: TorchSampler, prompt: list[int], budget: int, seed: int, params: SamplingParams = PARAMS):
+    return sampler.generate([prompt], replace(params, max_new_tokens=budget, seed=seed))
 
 
 def _assert_same(row, one, view: str) -> None:
@@ -40,6 +43,11 @@ def _assert_same(row, one, view: str) -> None:
     assert row.completion_ids[0, :n].tolist() == one.completion_ids[0, :n].tolist()
     torch.testing.assert_close(row.sampler_logprobs[0, :n], one.sampler_logprobs[0, :n], atol=ATOL[view], rtol=1e-5)
     assert torch.equal(row.head_ids[0, :n], one.head_ids[0, :n])
+    if one.support_ids is not None:
+        assert torch.equal(row.support_ids[0, :n], one.support_ids[0, :n])
+        torch.testing.assert_close(row.support_probs[0, :n], one.support_probs[0, :n], atol=ATOL[view], rtol=1e-5)
+    else:
+        assert row.support_ids is None
     if one.routed_experts is not None:  # the positions fed (a whole call's row is laid out to its batch's width)
         fed = int(one.prompt_lens[0]) + n - 1
         assert torch.equal(row.routed_experts[0, :fed], one.routed_experts[0, :fed])
@@ -51,7 +59,8 @@ def _assert_same(row, one, view: str) -> None:
 @pytest.mark.parametrize("model", ["llama", "qwen3_moe"])
 @pytest.mark.parametrize("view", list(VIEWS))
 @pytest.mark.parametrize("grow", [64, 2])  # 2: the cache grows every other step
-def test_rows_that_join_and_leave_get_what_a_call_of_their_own_gets(model, view, grow, tiny_llama_dir,
+@pytest.mark.parametrize("params", [PARAMS, TOP_P], ids=["full", "top_p"])
+def test_rows_that_join_and_leave_get_what_a_call_of_their_own_gets(model, view, grow, params, tiny_llama_dir,
                                                                     tiny_qwen3_moe_dir, monkeypatch):
     monkeypatch.setattr(continuous, "GROW_COLUMNS", grow)
     model_dir = tiny_llama_dir if model == "llama" else tiny_qwen3_moe_dir
@@ -59,11 +68,11 @@ def test_rows_that_join_and_leave_get_what_a_call_of_their_own_gets(model, view,
     rng = random.Random(0)
     prompts = [[1] + [rng.randrange(3, 50) for _ in range(n)] for n in (20, 3, 35, 9, 14, 27)]
     budgets, seeds = [12, 3, 7, 12, 1, 10], [100 + i for i in range(6)]
-    batch, results = sampler.decode_batch(PARAMS), {}
+    batch, results = sampler.decode_batch(params), {}
 
     def join(rows: list[int]) -> None:
-        each = [SamplingParams(**{**PARAMS.__dict__, "max_new_tokens": budgets[i]}) for i in rows]
-        seeded = SamplingParams(**{**PARAMS.__dict__, "row_seeds": tuple(seeds[i] for i in rows)})
+        each = [replace(params, max_new_tokens=budgets[i]) for i in rows]
+        seeded = replace(params, row_seeds=tuple(seeds[i] for i in rows))
         batch.join([prompts[i] for i in rows], each, sampler.uniforms(len(rows), seeded), rows)
 
     schedule = {0: [0, 1], 2: [2], 3: [3, 4], 9: [5]}  # decode step -> rows that join before it
@@ -76,7 +85,7 @@ def test_rows_that_join_and_leave_get_what_a_call_of_their_own_gets(model, view,
         step += 1
     assert sorted(results) == list(range(6))
     for i, (p, b, s) in enumerate(zip(prompts, budgets, seeds)):
-        _assert_same(results[i], _alone(sampler, p, b, s), view)
+        _assert_same(results[i], _alone(sampler, p, b, s, params), view)
     assert results[4].completion_ids.shape == (1, 1)  # a budget of one: drawn at the join's first step, never fed
 
 
@@ -92,7 +101,7 @@ def test_a_finished_row_feeds_its_episodes_next_turn_from_the_prefix_cache(model
     for turn in range(3):
         batch, rows = cached.decode_batch(PARAMS), {}
         seeds = (10 * turn, 10 * turn + 1)
-        params = SamplingParams(**{**PARAMS.__dict__, "row_seeds": seeds})
+        params = replace(PARAMS, row_seeds=seeds)
         batch.join(prompts, [PARAMS] * 2, cached.uniforms(2, params), [0, 1])
         while len(batch):
             rows.update(batch.step())
@@ -108,7 +117,7 @@ def test_the_turn_batcher_serves_staggered_turns_as_if_each_came_alone(continuou
     sampler = TorchSampler(tiny_qwen3_moe_dir, VIEWS["exact"], "p", prefix_cache_bytes=0)
     rng = random.Random(2)
     prompts = [[1] + [rng.randrange(3, 50) for _ in range(n)] for n in (4, 18, 9, 30, 6, 12, 22, 3)]
-    params = [SamplingParams(**{**PARAMS.__dict__, "max_new_tokens": 4 + i % 9, "seed": 500 + i}) for i in range(8)]
+    params = [replace(PARAMS, max_new_tokens=4 + i % 9, seed=500 + i) for i in range(8)]
     alone = [sampler.generate([p], q) for p, q in zip(prompts, params)]
     batcher = TurnBatcher(sampler, seed=3, continuous=continuous)
     assert batcher.continuous == continuous
@@ -162,7 +171,7 @@ def test_turns_that_disagree_on_how_to_draw_are_refused(tiny_llama_dir):
     sampler = TorchSampler(tiny_llama_dir, VIEWS["exact"], "p")
     batch = sampler.decode_batch(PARAMS)
     with pytest.raises(ValueError, match="must share temperature"):
-        batch.join([[1, 2]], [SamplingParams(**{**PARAMS.__dict__, "temperature": 0.5})], torch.rand(1, 12), [0])
+        batch.join([[1, 2]], [replace(PARAMS, temperature=0.5)], torch.rand(1, 12), [0])
     with pytest.raises(ValueError, match="at least one token"):
-        batch.join([[1, 2]], [SamplingParams(**{**PARAMS.__dict__, "max_new_tokens": 0})], torch.rand(1, 12), [0])
+        batch.join([[1, 2]], [replace(PARAMS, max_new_tokens=0)], torch.rand(1, 12), [0])
     assert len(batch) == 0

@@ -56,34 +56,33 @@ class _Draws:
         self.fields: dict[str, torch.Tensor] = {}
         self.kept_max = torch.zeros(0, dtype=torch.long)
 
+    def _fill(self, name: str):
+        """What a field holds past a row's last step (``Rollouts``' padding)."""
+        return {"tokens": self.pad_id, "logprobs": 0.0, "head_ids": -1, "head_logprobs": float("-inf"),
+                "support_ids": -1, "support_probs": 0.0}[name]
+
     def _new(self, rows: int, steps: int) -> dict[str, torch.Tensor]:
         p, k, s = self.params, self.params.num_candidates, self.params.support_slots
-        out = {"tokens": torch.full((rows, steps), self.pad_id, dtype=torch.long),
-               "logprobs": torch.zeros((rows, steps))}
+        shapes = {"tokens": (), "logprobs": ()}
         if k > 0:
-            out["head_ids"] = torch.full((rows, steps, k), -1, dtype=torch.long)
-            out["head_logprobs"] = torch.full((rows, steps, k), float("-inf"))
+            shapes |= {"head_ids": (k,), "head_logprobs": (k,)}
         if p.truncates and s > 0:
-            out["support_ids"] = torch.full((rows, steps, s), -1, dtype=torch.long)
-            out["support_probs"] = torch.zeros((rows, steps, s))
-        return out
+            shapes |= {"support_ids": (s,), "support_probs": (s,)}
+        return {name: torch.full((rows, steps, *shape), self._fill(name),
+                                 dtype=torch.long if name in ("tokens", "head_ids", "support_ids") else torch.float32)
+                for name, shape in shapes.items()}
 
     def join(self, rows: int, steps: int) -> None:
         new = self._new(rows, steps)
-        if not self.fields:
-            self.fields = new
-        else:
+        if self.fields:
             width = max(steps, self.fields["tokens"].shape[1])
 
-            def wide(x: torch.Tensor, fill) -> torch.Tensor:
-                if x.shape[1] == width:
-                    return x
-                pad = x.new_full((x.shape[0], width - x.shape[1], *x.shape[2:]), fill)
-                return torch.cat([x, pad], dim=1)
+            def wide(name: str, x: torch.Tensor) -> torch.Tensor:
+                extra = x.new_full((x.shape[0], width - x.shape[1], *x.shape[2:]), self._fill(name))
+                return torch.cat([x, extra], dim=1)
 
-            fill = {"tokens": self.pad_id, "logprobs": 0.0, "head_ids": -1, "head_logprobs": float("-inf"),
-                    "support_ids": -1, "support_probs": 0.0}
-            self.fields = {n: torch.cat([wide(x, fill[n]), wide(new[n], fill[n])]) for n, x in self.fields.items()}
+            new = {name: torch.cat([wide(name, self.fields[name]), wide(name, x)]) for name, x in new.items()}
+        self.fields = new
         self.kept_max = torch.cat([self.kept_max, torch.zeros(rows, dtype=torch.long)])
 
     def record(self, t: torch.Tensor, step: StepDraw) -> None:
