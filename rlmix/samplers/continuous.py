@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from rlmix.rollout import FINISH_LENGTH, FINISH_STOP, Rollouts, SamplingParams
 from rlmix.samplers.prefix_cache import CachedPrefix
-from rlmix.samplers.sampling import StepDraw, draw
+from rlmix.samplers.sampling import StepDraw, check_support, draw
 
 # The fields of ``SamplingParams`` every row of one batch must share (a row brings its own budget
 # and seed): they decide how the whole batch's logits are turned into draws.
@@ -99,10 +99,8 @@ class _Draws:
 
     def row(self, i: int, n: int) -> dict[str, torch.Tensor]:
         """Row i's first ``n`` steps, each field (1, n[, ...])."""
-        slots = self.params.support_slots
-        if "support_ids" in self.fields and int(self.kept_max[i]) > slots:
-            raise ValueError(f"the kept set reached {int(self.kept_max[i])} tokens but support_slots={slots}; "
-                             "raise support_slots to at least the vocabulary size or top_k plus ties")
+        if "support_ids" in self.fields:
+            check_support(int(self.kept_max[i]), self.params.support_slots)
         return {n_: x[i : i + 1, :n].clone() for n_, x in self.fields.items()}
 
 
@@ -254,7 +252,6 @@ class DecodeBatch:
         if routes is not None:
             self.routes[:, self.end] = torch.stack(routes, dim=2)[:, 0].to(torch.int16)  # (B, M, k)
         self.end += 1
-
 
     def _grow(self, columns: int) -> None:
         """``columns`` more empty columns on the right of the cache, validity and expert record."""

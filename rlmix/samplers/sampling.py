@@ -98,3 +98,10 @@ def draw(logits: torch.Tensor, uniforms: torch.Tensor, temperature: float, top_k
         support_probs=support_probs,
         kept=kept,
     )
+
+
+def check_support(kept_max: int, slots: int) -> None:
+    """Refuse a record whose kept set outgrew its ``slots`` support slots (it would be cut silently)."""
+    if kept_max > slots:
+        raise ValueError(f"the kept set reached {kept_max} tokens but support_slots={slots}; "
+                         "raise support_slots to at least the vocabulary size or top_k plus ties")

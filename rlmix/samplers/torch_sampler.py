@@ -30,7 +30,7 @@ from rlmix.samplers.continuous import DecodeBatch
 from rlmix.samplers.emulated_decoder import DecoderShape, EmulatedDecoder, KVCache
 from rlmix.samplers.model_config import read_config
 from rlmix.samplers.prefix_cache import CachedPrefix, PrefixCache
-from rlmix.samplers.sampling import draw
+from rlmix.samplers.sampling import check_support, draw
 
 log = logging.getLogger(__name__)
 
@@ -332,11 +332,8 @@ class _Recorder:
         self.done |= hit
 
     def rollouts(self, prompt_ids, lens, version: int, pool: str, params: SamplingParams) -> Rollouts:
-        if self.support_ids is not None and int(self.kept_max.max()) > self.slots:
-            raise ValueError(
-                f"the kept set reached {int(self.kept_max.max())} tokens but support_slots={self.slots}; "
-                "raise support_slots to at least the vocabulary size or top_k plus ties"
-            )
+        if self.support_ids is not None:
+            check_support(int(self.kept_max.max()), self.slots)
         n = self.steps
 
         def cut(x: torch.Tensor | None) -> torch.Tensor | None:
