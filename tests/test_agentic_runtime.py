@@ -59,13 +59,15 @@ def test_a_command_runs_under_every_limit_and_as_the_sandbox_user(task, launch):
 
     from rlmix.isolation.bwrap import SANDBOX_UID, sandbox_user
 
-    sb = LocalRuntime(memory_mb=300, max_procs=77, cpu_s=9, turn_timeout_s=10.0, trusted=TRUSTED).start(task, network=False)
+    # RLIMIT_NPROC counts every process of the sandbox user on the machine (other tests' sandboxes,
+    # other runs): far above what they reach, so the command starts and the value can be read back.
+    sb = LocalRuntime(memory_mb=300, max_procs=3001, cpu_s=9, turn_timeout_s=10.0, trusted=TRUSTED).start(task, network=False)
     try:
         out = sb.run("ulimit -Hv; ulimit -Hu; ulimit -Ht; ulimit -v; ulimit -u; ulimit -t; id -u; id -G", timeout_s=10.0)
     finally:
         sb.close()
     lines = out.output.split()
-    assert lines[:6] == [str(300 * 1024), "77", "9"] * 2  # soft = hard: the command cannot raise them
+    assert lines[:6] == [str(300 * 1024), "3001", "9"] * 2  # soft = hard: the command cannot raise them
     if sandbox_user():  # root runs commands as nobody, with no supplementary groups of ours
         assert lines[6] == str(SANDBOX_UID) and "0" not in lines[7:]
     else:
