@@ -1,5 +1,5 @@
 """Shared by the performance benchmarks (scripts/bench_startup.py, bench_loop.py, bench_sweep.py, bench_scaling.py,
-bench_peer.py, bench_weight_load.py).
+bench_peer.py, bench_weight_load.py, bench_trainer_step.py).
 
 Each runs the real ``rlmix`` command in a subprocess, stamps every line it prints with the time
 since launch, and records the machine's load average beside each number: on a shared machine the
@@ -84,28 +84,43 @@ def verdict(value: float, goal: float, unit: str = "s", at_least: bool = False) 
 def isolated_step(cfg, model_dir: Path, *, stop: bool = True, random_rewards: bool = False, reps: int = 3) -> dict:
     """One step's compute with nothing else running, in this process on one thread.
 
+    The step's batch is generated as ``step_batch`` does, then the trainer trains on it: one
+    warm-up step, then ``reps`` timed ones. Returns ``generate_s``, ``train_s`` (median),
+    ``tokens`` and ``rows`` of the batch.
+    """
+    from rlmix.orchestration.workers import TrainerWorker
+
+    batch, generate_s, correction = step_batch(cfg, model_dir, stop=stop, random_rewards=random_rewards)
+    cfg.trainer.num_threads = 1
+    trainer = TrainerWorker(str(model_dir), cfg.trainer, correction, cfg.seed)
+    times = step_times(trainer, batch, reps)
+    return {"generate_s": generate_s, "train_s": median(times), "tokens": int(batch.num_tokens), "rows": len(batch)}
+
+
+def step_batch(cfg, model_dir: Path, *, stop: bool = True, random_rewards: bool = False):
+    """(batch, generate_s, correction): one step's batch of the run ``cfg``, on one thread.
+
     The step's requests are generated in turn by the fleet's samplers (the tokens the loop would
-    generate), then the trainer trains on that batch: one warm-up step, then ``reps`` timed ones.
-    ``stop=False`` empties every sampler's stop tokens so completions run to ``loop.max_new_tokens``;
-    ``random_rewards`` draws one reward per sequence so no group is constant.
-    Returns ``generate_s``, ``train_s`` (median), ``tokens`` and ``rows`` of the batch.
+    generate), after one untimed warm-up request each. ``stop=False`` empties every sampler's stop
+    tokens so completions run to ``loop.max_new_tokens``; ``random_rewards`` draws one reward per
+    sequence so no group is constant.
     """
     import dataclasses
 
     import torch
 
     from rlmix.assembly.fleet import resolve_fleet
+    from rlmix.assembly.parts import make_task
     from rlmix.assembly.plan import plan_run
     from rlmix.models.tokenizer_file import load_fast_tokenizer
-    from rlmix.orchestration.workers import SamplerWorker, TrainerWorker, make_request
-    from rlmix.assembly.parts import make_task
-    from rlmix.seeds import derive_seed
+    from rlmix.orchestration.workers import SamplerWorker, make_request
     from rlmix.rollout import concat_rollouts
+    from rlmix.seeds import derive_seed
 
     torch.set_num_threads(1)
     plan = plan_run(cfg)
-    correction = plan.correction
-    specs = resolve_fleet(plan, load_fast_tokenizer(model_dir).eos_token_id)
+    tokenizer = load_fast_tokenizer(model_dir)
+    specs = resolve_fleet(plan, tokenizer.eos_token_id)
     if not stop:
         specs = [dataclasses.replace(s, params=dataclasses.replace(s.params, stop_token_ids=())) for s in specs]
     samplers = [SamplerWorker(s, str(model_dir), plan.task, derive_seed(cfg.seed, s.name), 1) for s in specs]
@@ -117,13 +132,10 @@ def isolated_step(cfg, model_dir: Path, *, stop: bool = True, random_rewards: bo
     start = time.perf_counter()
     parts = [samplers[i % len(samplers)].generate(r, loop.group_size, None, 0) for i, r in enumerate(requests)]
     generate_s = time.perf_counter() - start
-    cfg.trainer.num_threads = 1
-    trainer = TrainerWorker(str(model_dir), cfg.trainer, correction, cfg.seed)
-    batch = concat_rollouts(parts, trainer.trainer.pad_id)
+    batch = concat_rollouts(parts, tokenizer.pad_token_id)
     if random_rewards:
         batch = batch.replace(rewards=torch.rand(len(batch), generator=torch.Generator().manual_seed(0)))
-    times = step_times(trainer, batch, reps)
-    return {"generate_s": generate_s, "train_s": median(times), "tokens": int(batch.num_tokens), "rows": len(batch)}
+    return batch, generate_s, plan.correction
 
 
 def step_times(trainer, batch, reps: int) -> list[float]:

@@ -74,10 +74,12 @@ def torch_reference(model_dir: Path, batch: Rollouts, cfg: TrainerConfig, corr: 
     GLOBAL token count ties the shards' losses and gradients into the one step's.
     """
     from rlmix.models.io import load_causal_lm
+    from rlmix.trainers.attention import use_dense_backward
     from rlmix.trainers.deepspeed_trainer import shard_rows
 
     master = load_causal_lm(model_dir, dtype=torch.float32)
     model = load_causal_lm(model_dir, dtype=torch.float32).train()
+    use_dense_backward(model)  # the attention backward both trainers run on the CPU (rlmix/trainers/attention.py)
     for p in model.parameters():  # parameters only: buffers such as RoPE's inv_freq stay fp32, as in DeepSpeed
         p.data = p.data.to(torch.bfloat16)
     advantages = advantages_for(batch, corr)

@@ -41,6 +41,14 @@ class TrainerBackend(enum.Enum):
     deepspeed = "deepspeed"
 
 
+class AttentionBackward(enum.Enum):
+    """The trainer's attention backward on the CPU (rlmix/trainers/attention.py); the forward is the
+    same either way."""
+
+    dense = "dense"  # recomputed fp32 probabilities, dense products: faster on the CPU at short lengths
+    fused = "fused"  # PyTorch's fused flash-attention backward (transformers' sdpa as it comes)
+
+
 class TrainerPrecision(enum.Enum):
     """What the trainer's forward and backward compute in, over fp32 master weights; samplers get
     the weights in this format (fp32: bf16)."""
@@ -185,6 +193,10 @@ class TrainerConfig:
     # Recompute each decoder layer in the backward instead of keeping its activations (HF
     # gradient_checkpointing_enable): less memory for longer sequences, one more forward, same gradients.
     activation_checkpointing: bool = False
+    # The attention backward on the CPU: dense (rlmix/trainers/attention.py) or fused (PyTorch's
+    # kernel, what every run used before dense existed). The forward is the same; the gradients
+    # differ at bf16 rounding, so a run repeats bit for bit only with the setting it ran with.
+    attention_backward: AttentionBackward = AttentionBackward.dense
     ref_on_cpu: bool = False  # correction.kl_coef > 0: the reference model in host memory, not the trainer's device
     # Deaths of the trainer actor the run survives: each one starts a new trainer process from the
     # newest complete checkpoint (or the start weights before the first), and the steps after it

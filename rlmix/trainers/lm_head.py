@@ -95,7 +95,7 @@ def chunked_logits(
     module.set_output_embeddings(layer)
     try:
         with autocast_context(input_ids.device.type, autocast):
-            packed = model(input_ids=input_ids).logits  # (N·C + 2N,)
+            packed = model(input_ids=input_ids, use_cache=False).logits  # (N·C + 2N,); no KV cache to fill
     finally:
         module.set_output_embeddings(head)
     n, c = columns.shape

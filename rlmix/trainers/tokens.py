@@ -70,7 +70,7 @@ def masked_logits(model: torch.nn.Module, batch: Rollouts, pad_id: int, autocast
     """Trainer logits for the generated tokens, (N, V) fp32, divided by the sampling temperature."""
     input_ids, target_pos = sequence_input_ids(batch, pad_id)
     with autocast_context(input_ids.device.type, autocast):
-        logits = model(input_ids=input_ids).logits  # (B, L, V)
+        logits = model(input_ids=input_ids, use_cache=False).logits  # (B, L, V); no KV cache to fill
     V = logits.shape[-1]
     picked = logits.gather(1, target_pos[..., None].expand(-1, -1, V))  # (B, T, V)
     return picked[batch.mask].float() / batch.temperature  # (N, V)

@@ -1,0 +1,79 @@
+"""The trainer step with transformers' fused SDPA backward against rlmix's dense one (rlmix/trainers/attention.py).
+
+    .venv/bin/python scripts/bench_trainer_step.py [--rounds 7] [--threads 1] [--out F] [--override K=V ...]
+
+One step's batch of a run (by default the v2 headline's: ``+experiment=sc_mis model=embedded_v2
+fleet=emulated_hetero6 loop.lag=0``, the fp8 KV caches on) is generated as the loop generates it
+(scripts/perf_common.py, ``step_batch``). Two torch trainers start from the same weights, on
+``--threads`` threads: ``sdpa`` (``trainer.attention_backward=fused``: transformers' attention
+with PyTorch's fused CPU backward) and ``dense`` (the default: the same forward, rlmix's dense
+fp32 backward). Each
+round times one step of each, the order alternating; after one warm-up step each. Prints the
+median step of each, the median of the per-round ratios dense / sdpa, and the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+from perf_common import load_average, median, step_batch
+
+HEADLINE = ["+experiment=sc_mis", "model=embedded_v2", "fleet=emulated_hetero6", "loop.lag=0", "logger=disabled",
+            *(f"fleet.pools.{pool}.kv_precision=fp8_e4m3" for pool in ("h100_fp8", "h200_fp8", "b200_nvfp4",
+                                                                        "b300_nvfp4"))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="the trainer's threads: 1 as the default run gives it on 2 cores, 2 as a synchronous run")
+    parser.add_argument("--override", action="append", default=[], help="a config override (repeatable)")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+
+    from rlmix.assembly.parts import resolve_model_dir
+    from rlmix.commands.compose import compose_plan
+    from rlmix.orchestration.workers import TrainerWorker
+    from rlmix.config.schema import AttentionBackward
+    from rlmix.trainers.attention import NAME
+
+    plan = compose_plan(HEADLINE + args.override)
+    cfg, model_dir = plan.cfg, resolve_model_dir(plan)
+    batch, _, correction = step_batch(cfg, model_dir)
+    trainers = {name: TrainerWorker(str(model_dir), dataclasses.replace(
+                    cfg.trainer, num_threads=args.threads, attention_backward=AttentionBackward(backward)),
+                    correction, cfg.seed)
+                for name, backward in (("sdpa", "fused"), ("dense", "dense"))}
+    assert trainers["dense"].trainer.model.config._attn_implementation == NAME
+    for trainer in trainers.values():
+        trainer.train_step(batch)  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in trainers}
+    load = [load_average()]
+    for r in range(args.rounds):
+        for name in (("sdpa", "dense") if r % 2 == 0 else ("dense", "sdpa")):
+            start = time.perf_counter()
+            trainers[name].train_step(batch)
+            times[name].append(time.perf_counter() - start)
+        load.append(load_average())
+        print(f"round {r + 1}/{args.rounds}: sdpa {times['sdpa'][-1]:.3f} s, dense {times['dense'][-1]:.3f} s",
+              flush=True)
+    ratios = [d / s for d, s in zip(times["dense"], times["sdpa"])]
+    result = {"overrides": HEADLINE + args.override, "threads": args.threads, "rows": len(batch), "tokens": int(batch.num_tokens),
+              "sdpa_step_s": [round(t, 3) for t in times["sdpa"]], "dense_step_s": [round(t, 3) for t in times["dense"]],
+              "sdpa_median_s": round(median(times["sdpa"]), 3), "dense_median_s": round(median(times["dense"]), 3),
+              "ratio_median": round(median(ratios), 3), "load_avg": [min(load), max(load)]}
+    print(json.dumps(result, indent=2))
+    print(f"trainer step, dense backward / sdpa's: {result['ratio_median']:.2f}x (median of {args.rounds} "
+          f"rounds; {result['dense_median_s']:.3f} s against {result['sdpa_median_s']:.3f} s; "
+          f"load average {min(load)}-{max(load)})")
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
