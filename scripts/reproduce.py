@@ -17,7 +17,8 @@
 Every run is an ordinary ``rlmix train -m`` sweep (one per dose: the overrides in ``DOSES``); every
 final checkpoint is scored with ``rlmix eval`` on the held-out ``test`` split (pass@1, the fp32
 reference sampler). The v2 doses run under the controlled lag (``loop.lag=0``: each batch from the
-trainer's current weights, one seed one run); the v1 doses free-running, with the staleness set by
+trainer's current weights; ``v2_fp8kv_lag4``: from the weights 4 versions back; one seed one
+run); the v1 doses free-running, with the staleness set by
 the buffer depth. Seeds are fixed before the runs (0, 1, 2) and every run is reported. What is
 written: ``docs/results_<profile>.md`` (tables), its figures in ``docs/results_<profile>/``, and the
 raw per-run records in ``docs/results_<profile>/runs.json``.
@@ -84,6 +85,8 @@ DOSES: dict[str, list[str]] = {
     "v2_fleet": [*V2, "fleet=emulated_hetero6", "loop.lag=0"],  # the six-pool fleet as configured
     "v2_fp8kv": [*V2, "fleet=emulated_hetero6", "loop.lag=0", *FP8_KV],  # ... with fp8 KV caches (the headline)
     "v2_e5m2kv_w4a4": [*V2, "fleet=emulated_hetero6", "loop.lag=0", *E5M2_KV, *W4A4],  # ~2x the headline's KL in training
+    # The lag dose beside them: the headline's numbers, every batch drawn from weights 4 versions old.
+    "v2_fp8kv_lag4": [*V2, "fleet=emulated_hetero6", "loop.lag=4", *FP8_KV],
     # A step 3.3x the default's: uncorrected GRPO collapses here on the matched control too
     # (docs/results.md), so these doses test the optimizer, not the numbers.
     "v2_fp8kv_lr1e-3": [*V2, "fleet=emulated_hetero6", "loop.lag=0", *FP8_KV, "trainer.lr=1e-3"],
