@@ -45,6 +45,16 @@ def test_the_v2_doses_run_the_v2_workload_under_the_controlled_lag():
         cfg = compose_run_config(R.sweep_overrides(dose, ("grpo",), seeds=1, steps=2))
         assert cfg.loop.lag == 0 and cfg.model.embedded_version.value == "v2"
     assert {dose for dose, _ in R.PROFILES["quick"].plan} == {R.HEADLINE, "v2_matched"}
+    lagged = compose_run_config(R.sweep_overrides("v2_fp8kv_lag4", ("grpo",), seeds=1, steps=2))
+    assert lagged.loop.lag == 4
+
+
+def test_every_v2_dose_trains_with_the_attention_backward_of_the_pages():
+    # The results pages' runs used PyTorch's fused backward; the default has changed since, and a
+    # new cell of the map must be trained as its neighbours were.
+    for dose in (d for d in R.DOSES if d.startswith("v2_")):
+        cfg = compose_run_config(R.sweep_overrides(dose, ("sc_mis",), seeds=1, steps=2))
+        assert cfg.trainer.attention_backward.value == "fused", dose
 
 
 def test_a_resumed_dose_keeps_the_runs_that_ended_and_sweeps_the_rest(tmp_path):
