@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 
 from perf_common import load_average, median, step_batch
+from reproduce import DOSES, HEADLINE
 
-HEADLINE = ["+experiment=sc_mis", "model=embedded_v2", "fleet=emulated_hetero6", "loop.lag=0", "logger=disabled",
-            *(f"fleet.pools.{pool}.kv_precision=fp8_e4m3" for pool in ("h100_fp8", "h200_fp8", "b200_nvfp4",
-                                                                        "b300_nvfp4"))]
+# The headline's dose as scripts/reproduce.py runs it; each trainer below sets its own attention backward.
+RUN = ["+experiment=sc_mis", "logger=disabled", *DOSES[HEADLINE]]
 
 
 def main() -> None:
@@ -42,7 +42,7 @@ def main() -> None:
     from rlmix.orchestration.workers import TrainerWorker
     from rlmix.trainers.attention import NAME
 
-    plan = compose_plan(HEADLINE + args.override)
+    plan = compose_plan(RUN + args.override)
     cfg, model_dir = plan.cfg, resolve_model_dir(plan)
     batch, _, correction = step_batch(cfg, model_dir)
     trainers = {name: TrainerWorker(str(model_dir), dataclasses.replace(
@@ -63,7 +63,7 @@ def main() -> None:
         print(f"round {r + 1}/{args.rounds}: fused {times['fused'][-1]:.3f} s, dense {times['dense'][-1]:.3f} s",
               flush=True)
     ratios = [d / f for d, f in zip(times["dense"], times["fused"])]
-    result = {"overrides": HEADLINE + args.override, "threads": args.threads, "rows": len(batch), "tokens": int(batch.num_tokens),
+    result = {"overrides": RUN + args.override, "threads": args.threads, "rows": len(batch), "tokens": int(batch.num_tokens),
               "fused_step_s": [round(t, 3) for t in times["fused"]], "dense_step_s": [round(t, 3) for t in times["dense"]],
               "fused_median_s": round(median(times["fused"]), 3), "dense_median_s": round(median(times["dense"]), 3),
               "ratio_median": round(median(ratios), 3), "load_avg": [min(load), max(load)]}
