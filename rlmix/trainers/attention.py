@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from rlmix.config.schema import AttentionBackward
+
 NAME = "rlmix_sdpa"
 CHUNK_ELEMENTS = 1 << 24  # fp32 scores held at once by the backward: 64 MiB per (rows, heads, L, L) tensor
 
@@ -97,6 +99,12 @@ def attention(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor
             key, value = repeat_kv(key, module.num_key_value_groups), repeat_kv(value, module.num_key_value_groups)
     out = _DenseBackwardSdpa.apply(query, key, value, scaling, gqa)
     return out.transpose(1, 2).contiguous(), None
+
+
+def set_attention_backward(model: torch.nn.Module, setting: AttentionBackward) -> None:
+    """``trainer.attention_backward`` on a freshly loaded trainer model (both trainers call this)."""
+    if setting is AttentionBackward.dense:
+        use_dense_backward(model)
 
 
 def use_dense_backward(model: torch.nn.Module) -> bool:

@@ -22,8 +22,7 @@ import torch
 
 from rlmix.rollout import Rollouts
 from rlmix.config.deepspeed import CommBackend
-from rlmix.config.schema import AttentionBackward
-from rlmix.trainers.attention import use_dense_backward
+from rlmix.trainers.attention import set_attention_backward
 from rlmix.trainers.deepspeed_config import deepspeed_json
 from rlmix.metrics.aggregate import StepResult
 from rlmix.trainers.precision import autocast_dtype, published_dtype
@@ -124,8 +123,7 @@ class DeepSpeedRank:
         self.pad_id = load_tokenizer(self.model_dir).pad_token_id
         model = load_causal_lm(self.model_dir, dtype=torch.float32)
         model.train()
-        if cfg.attention_backward is AttentionBackward.dense:
-            use_dense_backward(model)  # on the CPU: sdpa's forward, a faster backward (trainers/attention.py)
+        set_attention_backward(model, cfg.attention_backward)  # on the CPU, dense: a faster backward
         checkpoint_activations(model, cfg.activation_checkpointing)
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas),
                                       weight_decay=cfg.weight_decay)

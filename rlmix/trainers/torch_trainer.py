@@ -7,10 +7,10 @@ from pathlib import Path
 
 import torch
 
-from rlmix.config.schema import AttentionBackward, TrainerConfig, TrainerPrecision
+from rlmix.config.schema import TrainerConfig, TrainerPrecision
 from rlmix.correction import Correction
 from rlmix.rollout import Rollouts
-from rlmix.trainers.attention import use_dense_backward
+from rlmix.trainers.attention import set_attention_backward
 from rlmix.trainers.precision import autocast_dtype, published_dtype
 from rlmix.trainers.schedule import scheduled_lr
 from rlmix.trainers.step import (
@@ -39,8 +39,7 @@ class TorchTrainer:
         self.cfg, self.correction = cfg, correction
         self.model = load_causal_lm(model_dir, dtype=torch.float32)
         self.model.train()
-        if cfg.attention_backward is AttentionBackward.dense:
-            use_dense_backward(self.model)  # on the CPU: sdpa's forward, a faster backward (trainers/attention.py)
+        set_attention_backward(self.model, cfg.attention_backward)  # on the CPU, dense: a faster backward
         checkpoint_activations(self.model, cfg.activation_checkpointing)
         self.reference = reference_model(model_dir, correction, "cpu" if cfg.ref_on_cpu else self.model.device)
         self.tokenizer = load_tokenizer(model_dir)
