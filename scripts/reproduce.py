@@ -83,7 +83,9 @@ DOSES: dict[str, list[str]] = {
     # in rising dose (a map's rows come in this order).
     "v2_matched": [*V2, "fleet=matched_bf16", "loop.lag=0"],  # every pool computes as the trainer does
     "v2_fleet": [*V2, "fleet=emulated_hetero6", "loop.lag=0"],  # the six-pool fleet as configured
-    "v2_fp8kv": [*V2, "fleet=emulated_hetero6", "loop.lag=0", *FP8_KV],  # ... with fp8 KV caches (the headline)
+    "v2_fp8": [*V2, "fleet=emulated_fp8", "loop.lag=0"],  # every pool fp8 W8A8, six kernel families' worth
+    "v2_fp8kv": [*V2, "fleet=emulated_hetero6", "loop.lag=0", *FP8_KV],  # hetero6 with fp8 KV caches (the headline)
+    "v2_nvfp4_fp8kv": [*V2, "fleet=emulated_nvfp4", "loop.lag=0"],  # every pool nvfp4 with an fp8 KV cache
     "v2_e5m2kv_w4a4": [*V2, "fleet=emulated_hetero6", "loop.lag=0", *E5M2_KV, *W4A4],  # ~2x the headline's KL in training
     # The lag dose beside them: the headline's numbers, every batch drawn from weights 4 versions old.
     "v2_fp8kv_lag4": [*V2, "fleet=emulated_hetero6", "loop.lag=4", *FP8_KV],

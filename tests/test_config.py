@@ -28,8 +28,8 @@ OPTIONS = sorted(p.relative_to(CONF) for p in CONF.rglob("*.yaml") if p.parent !
 
 
 def test_every_option_is_seen():
-    # 6 fleets + 6 corrections + 2 trainers + 2 models + 5 tasks + 2 loggers + 13 experiments
-    assert len(OPTIONS) == 36, OPTIONS
+    # 8 fleets + 6 corrections + 2 trainers + 2 models + 5 tasks + 2 loggers + 13 experiments
+    assert len(OPTIONS) == 38, OPTIONS
 
 
 @pytest.mark.parametrize("option", OPTIONS, ids=str)

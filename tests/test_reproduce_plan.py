@@ -41,7 +41,7 @@ def test_every_sweep_of_the_script_composes(dose, arms):
 def test_the_v2_doses_run_the_v2_workload_under_the_controlled_lag():
     # One seed gives one run only where the lag is set; the headline compares its fleet to the
     # matched control at the same lag.
-    for dose in (R.HEADLINE, "v2_fleet", "v2_matched", "v2_matched_lr1e-3"):
+    for dose in (R.HEADLINE, "v2_fleet", "v2_fp8", "v2_nvfp4_fp8kv", "v2_matched", "v2_matched_lr1e-3"):
         cfg = compose_run_config(R.sweep_overrides(dose, ("grpo",), seeds=1, steps=2))
         assert cfg.loop.lag == 0 and cfg.model.embedded_version.value == "v2"
     assert {dose for dose, _ in R.PROFILES["quick"].plan} == {R.HEADLINE, "v2_matched"}
