@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from pathlib import Path
 
 import pytest
@@ -204,3 +205,53 @@ def test_subset_only_evaluates_the_subset(tmp_path):
     summary = run_swebench_eval(cfg, ScriptedPolicy(_script), ks=[1], samples=1, out_dir=tmp_path / "run")
     assert sorted(p.name for p in (tmp_path / "run" / "tasks").iterdir()) == ["c.json"]
     assert summary["sets"]["hard1"]["pass@1"]["mean"] == 1.0 and summary["sets"]["all"]["num_tasks"] == 1
+
+
+class _Threads(ScriptedPolicy):
+    """Records the threads its turns were asked from."""
+
+    def __init__(self, script):
+        super().__init__(script)
+        self.threads: set[str] = set()
+
+    def act(self, transcript):
+        self.threads.add(threading.current_thread().name)
+        return super().act(transcript)
+
+
+@pytest.mark.slow
+def test_concurrent_episodes_report_what_one_at_a_time_reports_in_task_order(tmp_path):
+    for t in ("a", "b", "c"):
+        make_task(tmp_path / "tasks", t)
+    cfg = _cfg(tmp_path, max_format_errors=2)
+    summaries, lines, threads = [], [], []
+    for concurrent in (1, 0):  # one at a time; all twelve at once
+        out, policy = tmp_path / f"run{concurrent}", _Threads(_script)
+        summaries.append(run_swebench_eval(cfg, policy, ks=[1, 2], samples=4, out_dir=out,
+                                           progress=lines.append, concurrent=concurrent))
+        assert json.loads((out / "tasks" / "a.json").read_text())["c"] == 2
+        threads.append(len(policy.threads))
+    assert summaries[1] == summaries[0]
+    assert threads == [1, 12]
+    assert [line.split("]")[0] for line in lines[12:]] == [f"[{i}/12" for i in range(1, 13)]
+
+
+class _Failing:
+    """A policy whose every turn raises, counting the episodes that reached it."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def act(self, transcript):
+        self.calls += 1
+        raise RuntimeError("policy down")
+
+
+def test_an_episode_that_raises_ends_the_evaluation_without_starting_the_rest(tmp_path):
+    for t in ("a", "b", "c"):
+        make_task(tmp_path / "tasks", t)
+    policy = _Failing()
+    with pytest.raises(RuntimeError, match="policy down"):
+        run_swebench_eval(_cfg(tmp_path), policy, ks=[1], samples=4, out_dir=tmp_path / "run", concurrent=2)
+    assert policy.calls < 12
+    assert not (tmp_path / "run" / "eval.json").exists()

@@ -3,7 +3,10 @@
 For each task and sample: start a sandbox (network off), snapshot the repository, run the episode,
 capture the patch, close the sandbox; then grade the patch in a fresh sandbox (``grading.py``).
 Infrastructure failures of the agent phase are retried ``grade_retries`` times, like grading's.
-Samples run one after another; a line per finished episode goes to ``progress``.
+Up to ``concurrent`` episodes run at once, in threads (an episode mostly waits: on its sandbox's
+commands, which run in their own processes, and on the policy, which a ``TurnBatcher`` serves to
+many episodes in one batch); a line per finished episode goes to ``progress``, in the order they
+finish, and eval.json lists them in task order whatever that order was.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,9 +142,10 @@ def _progress_line(done: int, total: int, o: SampleOutcome) -> str:
 
 def run_swebench_eval(cfg: SwebenchProConfig, policy: AgentPolicy, ks: list[int], samples: int, out_dir: Path,
                       progress: Callable[[str], None] | None = None, wandb_run=None,
-                      groups: Mapping[str, Sequence[str]] | None = None) -> dict:
+                      groups: Mapping[str, Sequence[str]] | None = None, concurrent: int = 1) -> dict:
     """Evaluate ``policy`` on the configured tasks; writes the run directory and returns eval.json's content
-    (pass@k also per named group of task ids in ``groups``)."""
+    (pass@k also per named group of task ids in ``groups``). ``concurrent``: episodes at once (0: all),
+    each calling ``policy.act`` from its own thread, so a policy shared by them must allow that."""
     check_ks(ks, samples)
     runtime = check_runtime(cfg)
     tasks, subset_ids = resolve_tasks(cfg)
@@ -150,15 +155,21 @@ def run_swebench_eval(cfg: SwebenchProConfig, policy: AgentPolicy, ks: list[int]
                           + "\n".join(f"  {p}" for p in problems))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    outcomes: list[SampleOutcome] = []
-    total = len(tasks) * samples
-    for task in tasks:
-        for sample in range(samples):
-            result = run_sample(task, sample, policy, runtime, cfg)
-            write_episode(out_dir, result.episode, result.outcome)
-            outcomes.append(result.outcome)
-            if progress is not None:
-                progress(_progress_line(len(outcomes), total, result.outcome))
+    jobs = [(task, sample) for task in tasks for sample in range(samples)]
+    outcomes: list[SampleOutcome | None] = [None] * len(jobs)
+    with ThreadPoolExecutor(max_workers=concurrent or len(jobs), thread_name_prefix="episode") as pool:
+        futures = {pool.submit(run_sample, task, sample, policy, runtime, cfg): i for i, (task, sample) in enumerate(jobs)}
+        try:
+            for done, future in enumerate(as_completed(futures), 1):
+                result = future.result()
+                write_episode(out_dir, result.episode, result.outcome)
+                outcomes[futures[future]] = result.outcome
+                if progress is not None:
+                    progress(_progress_line(done, len(jobs), result.outcome))
+        except BaseException:  # an episode's error or an interrupt: start no other episode
+            for future in futures:
+                future.cancel()
+            raise
     summary = summarize(outcomes, ks, samples, cfg.subset, subset_ids, groups)
     write_results(out_dir, outcomes, summary)
     log_wandb(wandb_run, outcomes, summary, subset_ids)

@@ -160,7 +160,13 @@ class Evaluation:
     def episodes(self, task_cfg, split: str, groups: dict[str, list[str]] | None = None) -> dict:
         """Multi-turn episodes of ``task_cfg`` in sandboxes, graded in fresh ones (rlmix.agentic), with
         the episode code training uses; a policy turn may generate task.max_turn_tokens. pass@k is
-        reported per named group of task ids too (``groups``)."""
+        reported per named group of task ids too (``groups``).
+
+        ``task.concurrent_episodes`` episodes run at once, as in training: their turns are generated
+        together by one ``TurnBatcher`` over the reference sampler (continuously batched unless
+        ``task.continuous_batching=false``). Each turn draws from its own seed, so an episode is the
+        one it would be alone, up to the reference kernel's rounding in another batch (docs/agentic.md)."""
+        from rlmix.agentic.batching import TurnBatcher
         from rlmix.agentic.policy import ModelPolicy
         from rlmix.agentic.run import run_swebench_eval
         from rlmix.models.tokenizer_file import load_fast_tokenizer
@@ -175,10 +181,16 @@ class Evaluation:
             seed=cfg.seed,
         )
         out_dir = Path(cfg.eval.out_dir) if cfg.eval.out_dir else default_out_dir(cfg, split)
-        policy = ModelPolicy(tokenizer, sampler, params)
+        concurrent = task_cfg.concurrent_episodes
+        batcher = TurnBatcher(sampler, seed=cfg.seed, continuous=task_cfg.continuous_batching) if concurrent != 1 else None
+        policy = ModelPolicy(tokenizer, batcher or sampler, params)
         run = _wandb_run(cfg, out_dir)
-        summary = run_swebench_eval(task_cfg, policy, self.ks, cfg.eval.samples, out_dir, progress=self.progress,
-                                    wandb_run=run, groups=groups)
+        try:
+            summary = run_swebench_eval(task_cfg, policy, self.ks, cfg.eval.samples, out_dir, progress=self.progress,
+                                        wandb_run=run, groups=groups, concurrent=concurrent)
+        finally:
+            if batcher is not None:
+                batcher.close()
         if run is not None:
             run.finish()
         self.progress(f"reference {label}; wrote {out_dir / EVAL_FILE}")
