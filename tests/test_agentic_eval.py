@@ -255,3 +255,27 @@ def test_an_episode_that_raises_ends_the_evaluation_without_starting_the_rest(tm
         run_swebench_eval(_cfg(tmp_path), policy, ks=[1], samples=4, out_dir=tmp_path / "run", concurrent=2)
     assert policy.calls < 12
     assert not (tmp_path / "run" / "eval.json").exists()
+
+
+class _Interrupted(ScriptedPolicy):
+    """Ten actions an episode; the first turn of task b's first sample is a Ctrl-C."""
+
+    def __init__(self):
+        super().__init__(lambda task_id, sample: ["<bash>true</bash>"] * 9 + [SUBMIT])
+        self.turns = 0
+
+    def act(self, transcript):
+        self.turns += 1
+        if (transcript.task_id, transcript.sample, len(transcript.messages)) == ("b", 0, 2):
+            raise KeyboardInterrupt
+        return super().act(transcript)
+
+
+@pytest.mark.slow
+def test_an_interrupt_ends_the_running_episodes_at_their_next_turn(tmp_path):
+    for t in ("a", "b", "c"):
+        make_task(tmp_path / "tasks", t)
+    policy = _Interrupted()
+    with pytest.raises(KeyboardInterrupt):
+        run_swebench_eval(_cfg(tmp_path), policy, ks=[1], samples=4, out_dir=tmp_path / "run", concurrent=0)
+    assert policy.turns < 12 * 3  # 120 had every episode run to its end

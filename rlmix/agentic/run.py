@@ -6,12 +6,14 @@ Infrastructure failures of the agent phase are retried ``grade_retries`` times, 
 Up to ``concurrent`` episodes run at once, in threads (an episode mostly waits: on its sandbox's
 commands, which run in their own processes, and on the policy, which a ``TurnBatcher`` serves to
 many episodes in one batch); a line per finished episode goes to ``progress``, in the order they
-finish, and eval.json lists them in task order whatever that order was.
+finish, and eval.json lists them in task order whatever that order was. An episode's error or an
+interrupt starts no other episode and ends the running ones at their next turn, sandboxes closed.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -134,6 +136,24 @@ def run_sample(task: HarborTask, sample: int, policy: AgentPolicy, runtime: Runt
     return SampleResult(episode, outcome, patch)
 
 
+class EvaluationStopped(Exception):
+    """Raised into a running episode at its next turn once its evaluation has failed or been interrupted."""
+
+
+class _Stoppable:
+    """``policy`` for episodes that end at their next turn once ``stop`` is set, closing their
+    sandboxes on the way out (an interrupted evaluation waits for its running episodes' current
+    command and turn, not for the episodes to finish)."""
+
+    def __init__(self, policy: AgentPolicy):
+        self.policy, self.stop = policy, threading.Event()
+
+    def act(self, transcript):
+        if self.stop.is_set():
+            raise EvaluationStopped(f"{transcript.task_id} #{transcript.sample}: the evaluation stopped")
+        return self.policy.act(transcript)
+
+
 def _progress_line(done: int, total: int, o: SampleOutcome) -> str:
     verdict = f"infra failure ({o.infra_error[:80]})" if o.infra_error else f"reward {o.reward:g}"
     return (f"[{done}/{total}] {o.task_id} #{o.sample}: {verdict}, {o.end_reason} after {o.actions} actions, "
@@ -157,8 +177,10 @@ def run_swebench_eval(cfg: SwebenchProConfig, policy: AgentPolicy, ks: list[int]
     out_dir.mkdir(parents=True, exist_ok=True)
     jobs = [(task, sample) for task in tasks for sample in range(samples)]
     outcomes: list[SampleOutcome | None] = [None] * len(jobs)
+    stoppable = _Stoppable(policy)
     with ThreadPoolExecutor(max_workers=concurrent or len(jobs), thread_name_prefix="episode") as pool:
-        futures = {pool.submit(run_sample, task, sample, policy, runtime, cfg): i for i, (task, sample) in enumerate(jobs)}
+        futures = {pool.submit(run_sample, task, sample, stoppable, runtime, cfg): i
+                   for i, (task, sample) in enumerate(jobs)}
         try:
             for done, future in enumerate(as_completed(futures), 1):
                 result = future.result()
@@ -166,7 +188,8 @@ def run_swebench_eval(cfg: SwebenchProConfig, policy: AgentPolicy, ks: list[int]
                 outcomes[futures[future]] = result.outcome
                 if progress is not None:
                     progress(_progress_line(done, len(jobs), result.outcome))
-        except BaseException:  # an episode's error or an interrupt: start no other episode
+        except BaseException:  # an episode's error or an interrupt: start no other episode, end the running ones
+            stoppable.stop.set()
             for future in futures:
                 future.cancel()
             raise
