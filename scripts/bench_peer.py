@@ -44,7 +44,7 @@ from pathlib import Path
 from rlmix.metrics.names import STALENESS_MAX
 
 from peer_workload import MODEL, Workload, build_workload
-from perf_common import load_average, median, read_metrics, run_rlmix, run_stamped, verdict
+from perf_common import cpu_model, load_average, median, read_metrics, run_rlmix, run_stamped, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 GROUPS, GROUP_SIZE, MAX_NEW_TOKENS = 16, 8, 24
@@ -143,10 +143,7 @@ def summarise(rounds: list[dict]) -> dict:
 
 
 def machine() -> dict:
-    cpuinfo = Path("/proc/cpuinfo")
-    names = [line.split(":", 1)[1].strip() for line in (cpuinfo.read_text().splitlines() if cpuinfo.exists() else [])
-             if line.startswith("model name")]
-    return {"cpu": names[0] if names else None, "cores": os.cpu_count()}
+    return {"cpu": cpu_model(), "cores": os.cpu_count()}
 
 
 def print_verdicts(result: dict) -> None:

@@ -43,6 +43,8 @@ from rlmix.config.monitor import LastingRule
 from rlmix.metrics import names
 from rlmix.metrics.lasting import lasting as is_lasting
 
+from perf_common import cpu_model
+
 ROOT = Path(__file__).resolve().parents[1]
 RLMIX = str(Path(sys.executable).with_name("rlmix"))
 
@@ -196,7 +198,8 @@ def run(cmd: list[str], quiet: bool = False) -> None:
 
 def machine() -> str:
     mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{platform.machine()}, {os.cpu_count()} cores, {mem_gib:.0f} GiB, no GPU"
+    cpu = cpu_model()
+    return f"{platform.machine()}{f' {cpu}' if cpu else ''}, {os.cpu_count()} cores, {mem_gib:.0f} GiB, no GPU"
 
 
 def sweep_overrides(dose: str, arms: tuple[str, ...], seeds: int | tuple[int, ...], steps: int) -> list[str]:
