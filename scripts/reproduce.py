@@ -210,6 +210,22 @@ def sweep_overrides(dose: str, arms: tuple[str, ...], seeds: int | tuple[int, ..
             "loop.checkpoint_every=0", "logger.wandb.mode=disabled", *DOSES[dose]]
 
 
+def plan_problem(plan: list[tuple[str, tuple[str, ...]]], steps: int) -> str | None:
+    """The first arm x dose of ``plan`` that cannot run (one line), or None: checked before anything
+    runs, so a cell no machine can train (``fp16`` on the CPU pools of ``v2_matched``) does not end
+    an invocation halfway through."""
+    from rlmix.commands.compose import compose_run_config, expand_jobs
+    from rlmix.errors import ConfigError
+
+    for dose, arms in plan:
+        for arm in arms:
+            try:
+                compose_run_config(expand_jobs(sweep_overrides(dose, (arm,), 1, steps), multirun=True)[0])
+            except ConfigError as err:
+                return f"{arm} at {dose}: {err}"
+    return None
+
+
 def sweep(out: Path, dose: str, arms: tuple[str, ...], seeds: int | tuple[int, ...], steps: int) -> list[str]:
     overrides = sweep_overrides(dose, arms, seeds, steps)
     run([RLMIX, "train", "-m", *overrides, f"hydra.sweep.dir={out}"])
@@ -539,6 +555,18 @@ def main() -> None:
         plan = [(dose, dict(plan).get(dose, plan_arms(plan))) for dose in args.doses.split(",")]
     if args.arms:
         plan = [(dose, tuple(args.arms.split(","))) for dose, _ in plan]
+    if problem := plan_problem(plan, args.steps):
+        parser.error(problem)
+    try:
+        reproduce(args, plan, base)
+    except subprocess.CalledProcessError as err:  # rlmix printed why; the runs that ended are kept
+        sys.exit(f"reproduce: `{' '.join(err.cmd[1:3])}` exited with {err.returncode} (above); "
+                 f"to go on from here: --resume {base}")
+
+
+def reproduce(args: argparse.Namespace, plan: list[tuple[str, tuple[str, ...]]], base: Path) -> None:
+    """Run ``plan``'s sweeps under ``base`` (keeping the runs a stopped invocation finished there),
+    evaluate every run and write the page."""
     runs = sum(len(arms) for _, arms in plan) * args.seeds
     start, how, results, ran = time.time(), [], [], False
     for i, (dose, arms) in enumerate(plan, 1):

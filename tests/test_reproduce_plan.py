@@ -191,3 +191,10 @@ def test_a_resume_reuses_the_evaluation_a_run_already_has(tmp_path, monkeypatch)
     monkeypatch.setattr(R, "run", rlmix_eval)
     assert R.evaluation(tmp_path, 4)["mean"] == 0.25 and not calls  # the run's own evaluation
     assert R.evaluation(tmp_path, 8)["mean"] == 0.5 and len(calls) == 1  # other samples: scored again
+
+
+def test_a_cell_no_machine_can_train_is_refused_before_anything_runs():
+    # The FP16 arm asks every pool for fp16, which the matched control's CPU pools do not have.
+    problem = R.plan_problem([(R.HEADLINE, ("grpo", "fp16")), ("v2_matched", ("grpo", "fp16"))], steps=2)
+    assert problem.startswith("fp16 at v2_matched: fleet.pools.cpu_bf16_a: accelerator CPU has no native")
+    assert R.plan_problem([(R.HEADLINE, R.MAP_ARMS)], steps=2) is None
