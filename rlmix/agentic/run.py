@@ -178,7 +178,7 @@ def run_swebench_eval(cfg: SwebenchProConfig, policy: AgentPolicy, ks: list[int]
     jobs = [(task, sample) for task in tasks for sample in range(samples)]
     outcomes: list[SampleOutcome | None] = [None] * len(jobs)
     stoppable = _Stoppable(policy)
-    with ThreadPoolExecutor(max_workers=concurrent or len(jobs), thread_name_prefix="episode") as pool:
+    with ThreadPoolExecutor(max_workers=max(1, concurrent or len(jobs)), thread_name_prefix="episode") as pool:
         futures = {pool.submit(run_sample, task, sample, stoppable, runtime, cfg): i
                    for i, (task, sample) in enumerate(jobs)}
         try:
