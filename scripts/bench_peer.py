@@ -41,10 +41,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from rlmix.machine import cpu_model
 from rlmix.metrics.names import STALENESS_MAX
 
 from peer_workload import MODEL, Workload, build_workload
-from perf_common import cpu_model, load_average, median, read_metrics, run_rlmix, run_stamped, verdict
+from perf_common import load_average, median, read_metrics, run_rlmix, run_stamped, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 GROUPS, GROUP_SIZE, MAX_NEW_TOKENS = 16, 8, 24

@@ -27,15 +27,6 @@ def load_average() -> float:
     return round(os.getloadavg()[0], 2)
 
 
-def cpu_model() -> str | None:
-    """The CPU's model name (/proc/cpuinfo), or None where that is not readable. Results pages name
-    it: the embedded models build, and runs train, differently on different CPUs' kernels."""
-    cpuinfo = Path("/proc/cpuinfo")
-    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
-    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
-    return names[0] if names else None
-
-
 @dataclass
 class Launch:
     lines: list[tuple[float, str]]  # (seconds since launch, line)

@@ -40,10 +40,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlmix.config.monitor import LastingRule
+from rlmix.machine import cpu_model
 from rlmix.metrics import names
 from rlmix.metrics.lasting import lasting as is_lasting
-
-from perf_common import cpu_model
 
 ROOT = Path(__file__).resolve().parents[1]
 RLMIX = str(Path(sys.executable).with_name("rlmix"))

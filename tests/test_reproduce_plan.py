@@ -16,8 +16,6 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "reproduce.py"
 
 
 def load_script():
-    if str(SCRIPT.parent) not in sys.path:  # as when run: the scripts import their neighbours (perf_common)
-        sys.path.insert(0, str(SCRIPT.parent))
     spec = importlib.util.spec_from_file_location("reproduce", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses resolve their module's annotations through it
