@@ -43,7 +43,8 @@ class AgentEnvConfig:
     max_output_chars: int = 4000  # command output shown to the policy (head and tail kept)
     command_output_cap_bytes: int = 1048576  # output read from one command; the rest is dropped while read
     # --- episodes run concurrently: inside each sampler process in training, and in rlmix eval (docs/agentic.md) ---
-    concurrent_episodes: int = 16  # episodes in flight per sampler (per evaluation); 0 = all of a request (of it) at once
+    # Episodes in flight per sampler (in rlmix eval: in the evaluation); 0 = a whole request (evaluation) at once.
+    concurrent_episodes: int = 16
     # A turn joins the torch sampler's running decode batch at the next step, and returns when it is
     # done (continuous batching); false: turns wait for the sampler's current call to end.
     continuous_batching: bool = True
