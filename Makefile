@@ -107,10 +107,11 @@ bench-peer: setup $(PEER_STAMP)
 # The study's comparison on the embedded default, every run scored on held-out pass@1 (docs/results.md).
 # reproduce-quick: the headline on the v2 workload with the lag removed (loop.lag=0): reinforce, grpo
 # and sc_mis on the six-pool fleet with fp8 KV caches, grpo on the matched bf16 control; seeds 0-2,
-# 12 runs of 300 steps. reproduce: v1's stability map (8 arms x 2 doses x seeds 0-2, FP16 among the
-# arms) and SC against SC+MIS at K = 2 (54 runs). Run times: docs/results.md.
+# 12 runs of 300 steps. reproduce: the map on v2 (10 arms x 5 precision doses and a lag dose x seeds
+# 0-2, 177 runs of 300 steps: ~12 h on 2 cores; a stopped one goes on with
+# `scripts/reproduce.py --profile map --resume multirun/reproduce_<stamp>`). Run times: docs/results.md.
 reproduce: setup
-	$(BIN)/python scripts/reproduce.py --profile full
+	$(BIN)/python scripts/reproduce.py --profile map
 
 reproduce-quick: setup
 	$(BIN)/python scripts/reproduce.py --profile quick

@@ -1,14 +1,16 @@
 """Reproduce the study's comparison on the embedded default (docs/math.md §5, docs/results.md).
 
     python scripts/reproduce.py --profile quick     # make reproduce-quick: the headline, v2 at lag 0 (12 runs of 300 steps)
-    python scripts/reproduce.py --profile full      # make reproduce: v1's map (8 arms x 2 doses) and SC at K = 2 (54 runs)
+    python scripts/reproduce.py --profile map       # make reproduce: the map on v2, 10 arms x 6 doses (177 runs, ~12 h on 2 cores)
+    python scripts/reproduce.py --profile map --doses v2_fp8 --arms grpo,sc_mis   # one slice of it
+    python scripts/reproduce.py --profile full      # v1's map (8 arms x 2 doses) and SC at K = 2 (54 runs)
     python scripts/reproduce.py --profile v1_quick  # v1's free-running headline regime: 5 arms x 3 seeds
     python scripts/reproduce.py --profile sc        # v1: SC alone and SC+MIS at K = 32 (exact) and K = 2 (a real tail)
     python scripts/reproduce.py --doses v2_fleet    # one dose, with the profile's arms
     python scripts/reproduce.py --arms mis,icepop   # other arms (any experiment preset) at the headline dose
     python scripts/reproduce.py --steps 500         # longer runs
     python scripts/reproduce.py --seeds 1 --steps 20   # a look, not a result
-    python scripts/reproduce.py --merge docs/results_full/runs.json,docs/results_x/runs.json --name map
+    python scripts/reproduce.py --merge docs/results_full/runs.json,docs/results_x/runs.json --name v2_map
                                                     # one page (tables, map) from earlier invocations' runs
     python scripts/reproduce.py --profile quick --resume multirun/reproduce_<stamp>
                                                     # an invocation that was stopped: its finished runs are
@@ -54,6 +56,9 @@ HEADLINE_ARMS = ("reinforce", "grpo", "icepop", "ppo_bypass", "sc_mis")
 # and samplers, no correction.
 MAP_ARMS = ("reinforce", "grpo", "icepop", "ppo_bypass", "mis", "mis_seq", "sc_mis", "fp16")
 SC_ARMS = ("sc", "sc_mis")  # when centering matters over masking (MIS alone: the map's stale2 row; K-free)
+# The v2 map's arms: v1's, SC alone (K = 128 is below v2's 1,024 tokens, so its tail is modelled) and
+# SC+MIS with routing replay (the trainer reuses each sampler's experts).
+V2_MAP_ARMS = ("reinforce", "grpo", "icepop", "ppo_bypass", "mis", "mis_seq", "sc", "sc_mis", "sc_mis_replay", "fp16")
 
 # The v1 doses: every sampler generates at once, as on a real fleet where each has its own
 # accelerator: the samplers then run ahead of the trainer and the buffer depth sets the staleness.
@@ -134,6 +139,13 @@ PROFILES: dict[str, Profile] = {
     "full": Profile([("stale2", MAP_ARMS), (V1_HEADLINE, MAP_ARMS), ("stale2_k2", SC_ARMS)], 60,
                     "v1's stability map: 8 arms x 2 doses and SC at K = 2 (54 runs)"),
     "sc": Profile([("stale2", SC_ARMS), ("stale2_k2", SC_ARMS)], 60, "v1: SC and SC+MIS at K = 32 (exact) and K = 2"),
+    # The map on v2 (make reproduce): every arm at each precision dose, in rising mismatch, and at the
+    # lag dose. FP16 asks every pool for fp16, which the matched control's CPU pools lack; its cell
+    # there is the control itself.
+    "map": Profile([("v2_matched", tuple(a for a in V2_MAP_ARMS if a != "fp16")), ("v2_fp8", V2_MAP_ARMS),
+                    (HEADLINE, V2_MAP_ARMS), ("v2_nvfp4_fp8kv", V2_MAP_ARMS), ("v2_e5m2kv_w4a4", V2_MAP_ARMS),
+                    ("v2_fp8kv_lag4", V2_MAP_ARMS)], 300,
+                   "the map on v2: 10 arms x 5 precision doses and a lag dose, lag 0 otherwise (177 runs)"),
 }
 # v1: 60 steps kept `make reproduce` within an hour on the 2 cores of docs/results_full.md (a run: ~55 s
 # of training, ~7 s of evaluation; 5-7 min and ~20 s on the slower AMD EPYC of docs/results_v1_quick.md).
@@ -569,8 +581,10 @@ def reproduce(args: argparse.Namespace, plan: list[tuple[str, tuple[str, ...]]],
     runs = sum(len(arms) for _, arms in plan) * args.seeds
     start, how, results, ran = time.time(), [], [], False
     for i, (dose, arms) in enumerate(plan, 1):
+        pace = sum(r.run_s for r in results) / len(results) if results else float("nan")
+        left = f", ~{(runs - len(results)) * pace / 3600:.1f} h of runs left at {pace:.0f} s a run" if pace == pace else ""
         print(f"[reproduce] dose {i}/{len(plan)} `{dose}`: {len(arms) * args.seeds} runs "
-              f"({len(results)}/{runs} done, {(time.time() - start) / 60:.1f} min)", flush=True)
+              f"({len(results)}/{runs} done, {(time.time() - start) / 60:.1f} min{left})", flush=True)
         out = base / dose
         began = time.time()
         kept = {key for key, (ended, _) in runs_in(out).items() if ended and key[0] in arms and key[1] < args.seeds}

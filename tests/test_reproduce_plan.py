@@ -196,3 +196,14 @@ def test_a_cell_no_machine_can_train_is_refused_before_anything_runs():
     problem = R.plan_problem([(R.HEADLINE, ("grpo", "fp16")), ("v2_matched", ("grpo", "fp16"))], steps=2)
     assert problem.startswith("fp16 at v2_matched: fleet.pools.cpu_bf16_a: accelerator CPU has no native")
     assert R.plan_problem([(R.HEADLINE, R.MAP_ARMS)], steps=2) is None
+
+
+def test_make_reproduce_runs_the_v2_map_and_every_cell_of_it_can_train():
+    # make reproduce is the map on v2: every arm at every precision dose and at the lag dose, each
+    # cell checked as the script checks it before a 12-hour invocation starts.
+    assert "scripts/reproduce.py --profile map" in (SCRIPT.parents[1] / "Makefile").read_text()
+    plan = dict(R.PROFILES["map"].plan)
+    assert list(plan) == ["v2_matched", "v2_fp8", R.HEADLINE, "v2_nvfp4_fp8kv", "v2_e5m2kv_w4a4", "v2_fp8kv_lag4"]
+    assert all(arms == R.V2_MAP_ARMS for dose, arms in plan.items() if dose != "v2_matched")
+    assert set(R.V2_MAP_ARMS) - set(plan["v2_matched"]) == {"fp16"}  # the control's CPU pools have no fp16
+    assert R.plan_problem(R.PROFILES["map"].plan, steps=2) is None
