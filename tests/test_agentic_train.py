@@ -119,3 +119,41 @@ def test_every_arm_trains_on_episodes_and_environment_tokens_get_no_gradient(epi
 
 def test_every_correction_mode_is_covered():
     assert {m for m, _ in ARMS} == set(CorrectionMode)
+
+
+def test_a_request_s_episodes_come_back_in_job_order_and_one_error_ends_the_others_at_their_next_turn():
+    # run_episodes is the unit; each "episode" here is a loop of policy turns, as run_sample's is.
+    import time
+    from collections import Counter
+    from types import SimpleNamespace
+
+    from rlmix.agentic.run import EpisodesStopped, run_episodes
+
+    turns, stopped, failing = Counter(), [], []
+
+    class Turns:
+        def __init__(self, job):
+            self.job = job
+
+        def act(self, transcript):
+            turns[self.job] += 1
+            if self.job in failing and turns[self.job] == 2:
+                raise RuntimeError("sampler process lost")
+            time.sleep(0.01)
+
+    def play(job, policy, length=50):
+        try:
+            for _ in range(length - 5 * (job % 3)):  # finishing out of order
+                policy.act(SimpleNamespace(task_id=f"t{job}", sample=0))
+        except EpisodesStopped:
+            stopped.append(job)
+            raise
+        return job
+
+    assert run_episodes(lambda j, p: play(j, p, 12), range(6), Turns, workers=2) == list(range(6))
+    turns.clear()
+    failing.append(3)
+    with pytest.raises(RuntimeError, match="sampler process lost"):
+        run_episodes(play, range(8), Turns, workers=4)
+    assert set(turns) == {0, 1, 2, 3}  # jobs 4-7 never started
+    assert sorted(stopped) == [0, 1, 2] and all(turns[j] < 40 for j in (0, 1, 2))  # 40-50 turns had they run on

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from rlmix.agentic.actions import SYSTEM_PROMPT
 from rlmix.config.swebench import AgentEnvConfig, RuntimeKind, SwebenchProConfig
@@ -33,6 +34,7 @@ from rlmix.agentic.sandbox import InfraError, Runtime, capture_patch, snapshot_b
 from rlmix.errors import ConfigError
 
 log = logging.getLogger(__name__)
+R = TypeVar("R")
 
 RUNTIMES: dict[RuntimeKind, Callable[[AgentEnvConfig], Runtime]] = {
     RuntimeKind.local: lambda cfg: LocalRuntime(memory_mb=cfg.local_memory_mb, max_procs=cfg.local_max_procs,
@@ -136,22 +138,56 @@ def run_sample(task: HarborTask, sample: int, policy: AgentPolicy, runtime: Runt
     return SampleResult(episode, outcome, patch)
 
 
-class EvaluationStopped(Exception):
-    """Raised into a running episode at its next turn once its evaluation has failed or been interrupted."""
+class EpisodesStopped(Exception):
+    """Raised into a running episode at its next turn once an episode beside it has failed or its
+    caller was interrupted."""
 
 
 class _Stoppable:
-    """``policy`` for episodes that end at their next turn once ``stop`` is set, closing their
-    sandboxes on the way out (an interrupted evaluation waits for its running episodes' current
-    command and turn, not for the episodes to finish)."""
+    """``policy`` for an episode that ends at its next turn once ``stop`` is set, closing its sandbox
+    on the way out."""
 
-    def __init__(self, policy: AgentPolicy):
-        self.policy, self.stop = policy, threading.Event()
+    def __init__(self, policy: AgentPolicy, stop: threading.Event):
+        self.policy, self.stop = policy, stop
 
     def act(self, transcript):
         if self.stop.is_set():
-            raise EvaluationStopped(f"{transcript.task_id} #{transcript.sample}: the evaluation stopped")
+            raise EpisodesStopped(f"{transcript.task_id} #{transcript.sample}: stopped with the episodes beside it")
         return self.policy.act(transcript)
+
+
+def run_episodes(play: Callable[[object, AgentPolicy], R], jobs: Sequence, policies: Callable[[object], AgentPolicy],
+                 workers: int, done: Callable[[int, R], None] | None = None) -> list[R]:
+    """``play(job, policy)`` for every job, ``workers`` at a time in threads (0: all at once), with
+    ``policies(job)`` as the episode's policy; results in job order, and ``done(index, result)`` as
+    each finishes. The first error or an interrupt starts no further job and ends the running ones
+    at their next turn (their sandboxes closed): waited for are their current command and turn,
+    not the episodes, and then the error is raised."""
+    stop = threading.Event()
+    results: list = [None] * len(jobs)
+
+    def guarded(job, policy: _Stoppable):
+        if stop.is_set():  # a job the pool had already handed out when an episode beside it failed
+            raise EpisodesStopped("not started: an episode beside it failed")
+        try:
+            return play(job, policy)
+        except BaseException:
+            stop.set()  # here, before this thread takes the next job
+            raise
+
+    with ThreadPoolExecutor(max_workers=max(1, workers or len(jobs)), thread_name_prefix="episode") as pool:
+        futures = {pool.submit(guarded, job, _Stoppable(policies(job), stop)): i for i, job in enumerate(jobs)}
+        try:
+            for future in as_completed(futures):
+                results[futures[future]] = result = future.result()
+                if done is not None:
+                    done(futures[future], result)
+        except BaseException:
+            stop.set()
+            for future in futures:
+                future.cancel()
+            raise
+    return results
 
 
 def _progress_line(done: int, total: int, o: SampleOutcome) -> str:
@@ -176,23 +212,18 @@ def run_swebench_eval(cfg: SwebenchProConfig, policy: AgentPolicy, ks: list[int]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     jobs = [(task, sample) for task in tasks for sample in range(samples)]
-    outcomes: list[SampleOutcome | None] = [None] * len(jobs)
-    stoppable = _Stoppable(policy)
-    with ThreadPoolExecutor(max_workers=max(1, concurrent or len(jobs)), thread_name_prefix="episode") as pool:
-        futures = {pool.submit(run_sample, task, sample, stoppable, runtime, cfg): i
-                   for i, (task, sample) in enumerate(jobs)}
-        try:
-            for done, future in enumerate(as_completed(futures), 1):
-                result = future.result()
-                write_episode(out_dir, result.episode, result.outcome)
-                outcomes[futures[future]] = result.outcome
-                if progress is not None:
-                    progress(_progress_line(done, len(jobs), result.outcome))
-        except BaseException:  # an episode's error or an interrupt: start no other episode, end the running ones
-            stoppable.stop.set()
-            for future in futures:
-                future.cancel()
-            raise
+    finished = 0
+
+    def done(_: int, result: SampleResult) -> None:
+        nonlocal finished
+        finished += 1
+        write_episode(out_dir, result.episode, result.outcome)
+        if progress is not None:
+            progress(_progress_line(finished, len(jobs), result.outcome))
+
+    results = run_episodes(lambda job, stoppable: run_sample(*job, stoppable, runtime, cfg), jobs,
+                           lambda _: policy, concurrent, done)
+    outcomes = [r.outcome for r in results]
     summary = summarize(outcomes, ks, samples, cfg.subset, subset_ids, groups)
     write_results(out_dir, outcomes, summary)
     log_wandb(wandb_run, outcomes, summary, subset_ids)

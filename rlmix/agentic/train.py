@@ -10,7 +10,7 @@ directories. ``rlmix.assembly.parts.make_task`` picks one from the config.
 each problem, up to ``concurrent_episodes`` at once in threads (the environment side: sandbox
 commands and grading run in their own processes, so a thread per episode mostly waits), their
 turns generated together by one ``TurnBatcher`` over the sampler (continuously batched on torch
-pools). Each finished episode is graded in a fresh sandbox; one whose sandbox failed on every
+pools). An episode's error ends the others at their next turn and fails the request. Each finished episode is graded in a fresh sandbox; one whose sandbox failed on every
 attempt is left out of its group (counted in ``Rollouts.infra_errors``), never scored 0. See
 docs/agentic.md.
 """
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import random
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -27,7 +26,7 @@ from rlmix.agentic.batching import TurnBatcher
 from rlmix.agentic.harbor import HarborTask
 from rlmix.agentic.policy import ModelPolicy
 from rlmix.agentic.records import episode_stat_row, episodes_to_rollouts
-from rlmix.agentic.run import SampleResult, check_runtime, resolve_tasks, run_sample
+from rlmix.agentic.run import SampleResult, check_runtime, resolve_tasks, run_episodes, run_sample
 from rlmix.config.swebench import AgentEnvConfig, SwebenchProConfig
 from rlmix.rollout import Rollouts, SamplingParams
 from rlmix.tasks.base import Problem
@@ -98,15 +97,14 @@ class EpisodeRollouts:
         params = replace(params, max_new_tokens=self.cfg.max_turn_tokens)
         jobs = [_Job(self.task.harbor_task(p), s, g) for p, g in zip(problems, group_ids) for s in range(group_size)]
         batcher = TurnBatcher(sampler, seed=params.seed, continuous=self.cfg.continuous_batching)
-        workers = self.cfg.concurrent_episodes or len(jobs)
+        policies = [ModelPolicy(self.tokenizer, batcher, params) for _ in jobs]  # each times its own turns
 
-        def play(job: _Job) -> tuple[SampleResult, ModelPolicy]:
-            policy = ModelPolicy(self.tokenizer, batcher, params)
-            return run_sample(job.task, job.sample, policy, self.runtime, self.cfg), policy
+        def play(i: int, policy) -> SampleResult:
+            return run_sample(jobs[i].task, jobs[i].sample, policy, self.runtime, self.cfg)
 
-        try:
-            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="episode") as pool:
-                results = list(pool.map(play, jobs))
+        try:  # an episode's error ends the request at the others' next turn, not when they finish
+            results = list(zip(run_episodes(play, range(len(jobs)), policies.__getitem__, self.cfg.concurrent_episodes),
+                               policies))
         finally:
             batcher.close()
             for task in {job.task.path: job.task for job in jobs}.values():
