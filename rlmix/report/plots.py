@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlmix.metrics.names import FORMAT_KEY, KL_KEY, REWARD_KEY, WHERE_GRAD_TOP
+from rlmix.metrics.names import FORMAT_KEY, KL_KEY, REWARD_KEY, WHERE_GRAD_RATIO_TAIL, WHERE_GRAD_TOP
 from rlmix.report.runs import RunRecord
 
 
@@ -30,6 +30,9 @@ PLOTS = (
     PlotSpec("format_errors.png", FORMAT_KEY, "Format-error rate", "format/error_rate"),
     # Near 1: a handful of tokens carry each update (before the lr 1e-3 fleet collapse, docs/results.md).
     PlotSpec("grad_top1pct.png", WHERE_GRAD_TOP, "Gradient share of the top 1% of tokens", "where/grad_top1pct"),
+    # The gradient the tokens far from the sampler carry: what a MIS mask drops (0 under it by construction).
+    PlotSpec("grad_ratio_tail.png", WHERE_GRAD_RATIO_TAIL, "Gradient share of tokens with p/q outside [0.2, 5]",
+             "where/grad_ratio_tail"),
 )
 
 
