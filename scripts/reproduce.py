@@ -1,8 +1,8 @@
 """Reproduce the study's comparison on the embedded default (docs/math.md §5, docs/results.md).
 
     python scripts/reproduce.py --profile quick     # make reproduce-quick: the headline, v2 at lag 0 (12 runs of 300 steps)
-    python scripts/reproduce.py --profile map       # make reproduce: the map on v2, 10 arms x 6 doses (177 runs, ~12 h on 2 cores)
-    python scripts/reproduce.py --profile map --doses v2_fp8 --arms grpo,sc_mis   # one slice of it
+    python scripts/reproduce.py --profile v2_map    # make reproduce: the map on v2, 10 arms x 6 doses (177 runs, ~12 h on 2 cores)
+    python scripts/reproduce.py --profile v2_map --doses v2_fp8 --arms grpo,sc_mis   # one slice of it
     python scripts/reproduce.py --profile full      # v1's map (8 arms x 2 doses) and SC at K = 2 (54 runs)
     python scripts/reproduce.py --profile v1_quick  # v1's free-running headline regime: 5 arms x 3 seeds
     python scripts/reproduce.py --profile sc        # v1: SC alone and SC+MIS at K = 32 (exact) and K = 2 (a real tail)
@@ -10,8 +10,9 @@
     python scripts/reproduce.py --arms mis,icepop   # other arms (any experiment preset) at the headline dose
     python scripts/reproduce.py --steps 500         # longer runs
     python scripts/reproduce.py --seeds 1 --steps 20   # a look, not a result
-    python scripts/reproduce.py --merge docs/results_full/runs.json,docs/results_x/runs.json --name v2_map
+    python scripts/reproduce.py --merge docs/results_a/runs.json,docs/results_b/runs.json --name v2_map
                                                     # one page (tables, map) from earlier invocations' runs
+                                                    # (of one machine: it refuses pages of two CPU models)
     python scripts/reproduce.py --profile quick --resume multirun/reproduce_<stamp>
                                                     # an invocation that was stopped: its finished runs are
                                                     # kept, the rest are run, then the page is written
@@ -142,10 +143,10 @@ PROFILES: dict[str, Profile] = {
     # The map on v2 (make reproduce): every arm at each precision dose, in rising mismatch, and at the
     # lag dose. FP16 asks every pool for fp16, which the matched control's CPU pools lack; its cell
     # there is the control itself.
-    "map": Profile([("v2_matched", tuple(a for a in V2_MAP_ARMS if a != "fp16")), ("v2_fp8", V2_MAP_ARMS),
-                    (HEADLINE, V2_MAP_ARMS), ("v2_nvfp4_fp8kv", V2_MAP_ARMS), ("v2_e5m2kv_w4a4", V2_MAP_ARMS),
-                    ("v2_fp8kv_lag4", V2_MAP_ARMS)], 300,
-                   "the map on v2: 10 arms x 5 precision doses and a lag dose, lag 0 otherwise (177 runs)"),
+    "v2_map": Profile([("v2_matched", tuple(a for a in V2_MAP_ARMS if a != "fp16")), ("v2_fp8", V2_MAP_ARMS),
+                       (HEADLINE, V2_MAP_ARMS), ("v2_nvfp4_fp8kv", V2_MAP_ARMS), ("v2_e5m2kv_w4a4", V2_MAP_ARMS),
+                       ("v2_fp8kv_lag4", V2_MAP_ARMS)], 300,
+                      "the map on v2: 10 arms x 5 precision doses and a lag dose, lag 0 otherwise (177 runs)"),
 }
 # v1: 60 steps kept `make reproduce` within an hour on the 2 cores of docs/results_full.md (a run: ~55 s
 # of training, ~7 s of evaluation; 5-7 min and ~20 s on the slower AMD EPYC of docs/results_v1_quick.md).
@@ -491,7 +492,9 @@ def runs_json(results: list[RunResult]) -> str:
 
 
 def write(profile: str, how: list[str], results: list[RunResult], doses: list[str], arms: tuple[str, ...],
-          steps: int, wall_s: float | None) -> Path:
+          steps: int, wall_s: float | None, machines: str | None = None) -> Path:
+    """The page ``docs/results_<profile>.md``, its figures and runs.json. ``machines``: what the runs
+    ran on, where that is not this machine (a merge of earlier pages)."""
     out = ROOT / "docs" / f"results_{profile}.md"  # profile: the profile's name, or with its --doses
     figures = out.with_suffix("")
     figures.mkdir(parents=True, exist_ok=True)
@@ -501,7 +504,7 @@ def write(profile: str, how: list[str], results: list[RunResult], doses: list[st
     head = [r for r in results if r.dose == headline]
     plot_curves(head, arms, figures / "headline.png")
     parts = [f"# Reproduction on the embedded default — profile `{profile}`\n",
-             f"Machine: {machine()}  \n"
+             f"Machine: {machines or machine()}  \n"
              + (f"Wall time: {wall_s / 60:.1f} min  \n" if wall_s is not None else "")
              + (f"Run time: {run_min:.1f} min, the runs' own wall times added up  \n" if run_min == run_min else "")
              + f"Steps per run: {steps}\n",
@@ -553,7 +556,10 @@ def main() -> None:
                              "(give the same --profile, --doses, --arms, --seeds and --steps)")
     args = parser.parse_args()
     if args.merge:
-        return merge([Path(p) for p in args.merge.split(",")], args.name or "merged")
+        paths = [Path(p) for p in args.merge.split(",")]
+        if missing := [str(p) for p in paths if not p.is_file()]:
+            parser.error(f"--merge: no such runs.json: {', '.join(missing)}")
+        return merge(paths, args.name or "merged")
     if args.doses and not set(args.doses.split(",")) <= set(DOSES):
         parser.error(f"--doses: each of {', '.join(DOSES)}")
 
@@ -615,8 +621,35 @@ def reproduce(args: argparse.Namespace, plan: list[tuple[str, tuple[str, ...]]],
           time.time() - start if ran else None)
 
 
+def page_machine(runs_json: Path) -> str | None:
+    """The Machine line of the page a runs.json belongs to (``docs/results_x/runs.json`` ->
+    ``docs/results_x.md``), or None where the page is missing or has none."""
+    page = runs_json.parent.with_suffix(".md")
+    lines = page.read_text().splitlines() if page.exists() else []
+    return next((line.removeprefix("Machine:").strip() for line in lines if line.startswith("Machine:")), None)
+
+
+def merge_problem(machines: dict[Path, str | None]) -> str | None:
+    """Why the pages cannot be merged (one line), or None. The embedded models build, and runs train,
+    differently on different CPUs, so runs of two named CPU models are not cells of one map. A page
+    from before the Machine line named the CPU (``x86_64, 2 cores, ...``) does not say, and merges."""
+    def cpu(line: str) -> str | None:
+        arch, _, rest = line.partition(",")[0].partition(" ")
+        return rest or None
+
+    named = {path: cpu(line) for path, line in machines.items() if line and cpu(line)}
+    if len(set(named.values())) > 1:
+        (a, ca), (b, cb) = next(((x, y) for x in named.items() for y in named.items() if x[1] != y[1]))
+        return (f"--merge: {a.parent.name} ran on {ca}, {b.parent.name} on {cb}; the embedded model builds "
+                f"differently on each CPU, so merge the pages of one machine")
+    return None
+
+
 def merge(paths: list[Path], name: str) -> None:
     """One page from the runs of earlier invocations (each page keeps its commands and wall time)."""
+    machines = {path: page_machine(path) for path in paths}
+    if problem := merge_problem(machines):
+        sys.exit(problem)
     runs = {path: load_runs(path) for path in paths}
     results = [r for path in paths for r in runs[path]]
     known = list(dict.fromkeys(MAP_ARMS + SC_ARMS))
@@ -624,7 +657,9 @@ def merge(paths: list[Path], name: str) -> None:
     doses = [d for d in DOSES if any(r.dose == d for r in results)]
     how = ["Drawn from the runs of earlier invocations (their pages hold the commands and wall times):\n",
            *[f"- [{p.parent.name}.md]({p.parent.name}.md) ({len(runs[p])} runs)" for p in paths]]
-    write(name, how, results, doses, arms, max(len(r.rewards) for r in results), None)
+    stated = sorted({line for line in machines.values() if line})
+    write(name, how, results, doses, arms, max(len(r.rewards) for r in results), None,
+          machines="; ".join(stated) + " (as the pages drawn from state)" if stated else "not stated by the pages drawn from")
 
 
 if __name__ == "__main__":

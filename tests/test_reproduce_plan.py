@@ -201,9 +201,40 @@ def test_a_cell_no_machine_can_train_is_refused_before_anything_runs():
 def test_make_reproduce_runs_the_v2_map_and_every_cell_of_it_can_train():
     # make reproduce is the map on v2: every arm at every precision dose and at the lag dose, each
     # cell checked as the script checks it before a 12-hour invocation starts.
-    assert "scripts/reproduce.py --profile map" in (SCRIPT.parents[1] / "Makefile").read_text()
-    plan = dict(R.PROFILES["map"].plan)
+    assert "scripts/reproduce.py --profile v2_map" in (SCRIPT.parents[1] / "Makefile").read_text()
+    plan = dict(R.PROFILES["v2_map"].plan)
     assert list(plan) == ["v2_matched", "v2_fp8", R.HEADLINE, "v2_nvfp4_fp8kv", "v2_e5m2kv_w4a4", "v2_fp8kv_lag4"]
     assert all(arms == R.V2_MAP_ARMS for dose, arms in plan.items() if dose != "v2_matched")
     assert set(R.V2_MAP_ARMS) - set(plan["v2_matched"]) == {"fp16"}  # the control's CPU pools have no fp16
-    assert R.plan_problem(R.PROFILES["map"].plan, steps=2) is None
+    assert R.plan_problem(R.PROFILES["v2_map"].plan, steps=2) is None
+
+
+def test_a_merge_states_the_machines_of_its_pages_and_refuses_two_cpus(tmp_path):
+    def page(name, machine):
+        runs = tmp_path / name / "runs.json"
+        runs.parent.mkdir()
+        runs.write_text("[]")
+        if machine is not None:
+            (tmp_path / f"{name}.md").write_text(f"# page\n\nMachine: {machine}  \nSteps per run: 300\n")
+        return runs
+
+    amd = page("results_a", "x86_64 AMD EPYC, 2 cores, 24 GiB, no GPU")
+    intel = page("results_b", "x86_64 Intel(R) Xeon(R) Processor, 2 cores, 24 GiB, no GPU")
+    older = page("results_c", "x86_64, 2 cores, 24 GiB, no GPU")  # from before the line named the CPU
+    bare = page("results_d", None)
+    assert R.page_machine(amd) == "x86_64 AMD EPYC, 2 cores, 24 GiB, no GPU" and R.page_machine(bare) is None
+    machines = {p: R.page_machine(p) for p in (amd, intel, older, bare)}
+    problem = R.merge_problem(machines)
+    assert problem.startswith("--merge: results_a ran on AMD EPYC, results_b on Intel(R) Xeon(R) Processor;")
+    assert R.merge_problem({p: machines[p] for p in (intel, older, bare)}) is None
+
+
+def test_every_merged_page_in_docs_draws_on_one_cpu():
+    docs = SCRIPT.parents[1] / "docs"
+    merged = [p for p in docs.glob("results_*.md") if "Drawn from the runs of earlier invocations" in p.read_text()]
+    assert merged
+    for page in merged:
+        sources = [docs / line.split("](", 1)[1].split(")", 1)[0] for line in page.read_text().splitlines()
+                   if line.startswith("- [results_")]
+        machines = {src.with_suffix("") / "runs.json": R.page_machine(src.with_suffix("") / "runs.json") for src in sources}
+        assert R.merge_problem(machines) is None, page.name
