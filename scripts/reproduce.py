@@ -622,8 +622,8 @@ def reproduce(args: argparse.Namespace, plan: list[tuple[str, tuple[str, ...]]],
 
 
 def page_machine(runs_json: Path) -> str | None:
-    """The Machine line of the page a runs.json belongs to (``docs/results_x/runs.json`` ->
-    ``docs/results_x.md``), or None where the page is missing or has none."""
+    """The Machine line of the page a runs.json belongs to (``docs/results_v2_map/runs.json`` ->
+    ``docs/results_v2_map.md``), or None where the page is missing or has none."""
     page = runs_json.parent.with_suffix(".md")
     lines = page.read_text().splitlines() if page.exists() else []
     return next((line.removeprefix("Machine:").strip() for line in lines if line.startswith("Machine:")), None)
