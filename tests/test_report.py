@@ -105,7 +105,7 @@ def test_summarize_matches_hand_computed_values(multirun: Path) -> None:
     assert grpo.final_reward == pytest.approx(0.1)
     assert grpo.peak_reward == pytest.approx(0.6)
     assert grpo.kl_growth == pytest.approx(10.0)
-    assert grpo.final_format_error == pytest.approx(0.7)
+    assert grpo.final_format_error == pytest.approx(0.7) and grpo.peak_format_error == pytest.approx(0.7)
     assert (grpo.collapse, grpo.collapse_step, grpo.wall_time_s) == (True, 16, 123.4)
     assert grpo.collapse_reason.startswith("reward_drop")
     # sc_mis: mean of 0.3 + 0.01 t over t = 15..19 is 0.47, also its peak (monotone); no summary, so
@@ -113,7 +113,7 @@ def test_summarize_matches_hand_computed_values(multirun: Path) -> None:
     assert sc_mis.final_reward == pytest.approx(0.47)
     assert sc_mis.peak_reward == pytest.approx(0.47)
     assert sc_mis.kl_growth == pytest.approx(1.0)
-    assert sc_mis.final_format_error == pytest.approx(0.1)
+    assert sc_mis.final_format_error == pytest.approx(0.1) and sc_mis.peak_format_error == pytest.approx(0.1)
     assert (sc_mis.collapse, sc_mis.collapse_step, sc_mis.wall_time_s) == (False, None, 38.0)
 
 
@@ -128,8 +128,8 @@ def test_write_report_writes_table_and_plots(multirun: Path) -> None:
     out = write_report(multirun)
     assert out == multirun / "report"
     md = (out / "report.md").read_text()
-    assert "| arm | seed |" in md and "| grpo | 0 | 20 | 0.100 | 0.600 | 10.00x | 0.700 | yes | 16 | 123.4 | 0 |" in md
-    assert "| sc_mis | 0 | 20 | 0.470 | 0.470 | 1.00x | 0.100 | no | - | 38.0 | 1 |" in md
+    assert "| arm | seed |" in md and "| grpo | 0 | 20 | 0.100 | 0.600 | 10.00x | 0.700 | 0.700 | yes | 16 | 123.4 | 0 |" in md
+    assert "| sc_mis | 0 | 20 | 0.470 | 0.470 | 1.00x | 0.100 | 0.100 | no | - | 38.0 | 1 |" in md
     assert "reward_drop: reward EMA fell" in md and "![Reward](reward.png)" in md
     with (out / "report.csv").open() as f:
         table = list(csv.DictReader(f))
@@ -256,3 +256,13 @@ def test_the_report_judges_collapse_by_the_lasting_rule(tmp_path: Path) -> None:
     # Reward 0.1 over the last 10 steps' half: their mean (0.35) is above the first 10's (0.2), but the
     # format errors (0.7 x 5 + 0.2 x 5) / 10 = 0.45 are above 10%: still down, so collapsed from step 12.
     assert (rows["going"].collapse, rows["going"].collapse_step) == (True, 12)
+
+
+def test_a_format_episode_that_recovered_shows_in_the_peak_not_the_final_rate(tmp_path: Path) -> None:
+    rows = stable_rows()
+    for t in range(5, 10):  # five steps of 90% format errors, then back to 10%
+        rows[t]["format/error_rate"] = 0.9
+    write_run(tmp_path / "run", "mis", 1, rows)
+    (row,) = summarize(collect_runs(tmp_path / "run"))
+    assert row.final_format_error == pytest.approx(0.1) and row.peak_format_error == pytest.approx(0.9)
+    assert not row.collapse

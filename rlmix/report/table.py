@@ -7,7 +7,9 @@ Definitions (over the rows of ``metrics.jsonl`` that carry the metric, in step o
 - KL growth = mean ``mismatch/kl_k3`` over the last ``final_steps`` rows / its mean over the early
   window: rows ``[skip_steps, skip_steps + early_steps)`` (the defaults mirror the collapse monitor's
   ``warmup_steps`` and ``baseline_steps``); n/a when no row falls in the early window or its mean is 0;
-- final format-error rate = mean of ``format/error_rate`` over the last ``final_steps`` rows;
+- final format-error rate = mean of ``format/error_rate`` over the last ``final_steps`` rows; peak
+  format-error rate = max over its trailing means, as for the reward (a run that went to 90% format
+  errors and recovered shows it here, not in the final rate or the lasting verdict);
 - collapse verdict, step and reason = the lasting rule (``RunRecord.collapse``): flagged by
   ``summary.json``'s ``collapse`` (or, without a summary, a row with ``monitor/collapse`` or
   ``monitor/episode`` = 1) and still down over the last 10 steps;
@@ -43,6 +45,7 @@ class RunRow:
     peak_reward: float | None
     kl_growth: float | None
     final_format_error: float | None
+    peak_format_error: float | None
     collapse: bool
     collapse_step: int | None
     collapse_reason: str
@@ -69,6 +72,7 @@ def _row(run: RunRecord, w: ReportWindows) -> RunRow:
         peak_reward=max(_trailing_means(reward, w.final_steps), default=None),
         kl_growth=_ratio(_tail_mean(kl, w.final_steps), _mean(kl[w.skip_steps : w.skip_steps + w.early_steps])),
         final_format_error=_tail_mean(fmt, w.final_steps),
+        peak_format_error=max(_trailing_means(fmt, w.final_steps), default=None),
         collapse=collapse,
         collapse_step=step,
         collapse_reason=reason,
@@ -116,6 +120,7 @@ _COLUMNS: tuple[tuple[str, str, Callable], ...] = (
     ("peak reward", "peak_reward", _num(".3f")),
     ("KL growth", "kl_growth", lambda v: "n/a" if v is None else f"{v:.2f}x"),
     ("final fmt err", "final_format_error", _num(".3f")),
+    ("peak fmt err", "peak_format_error", _num(".3f")),
     ("collapse", "collapse", lambda v: "yes" if v else "no"),
     ("collapse step", "collapse_step", lambda v: "-" if v is None else str(v)),
     ("wall time (s)", "wall_time_s", _num(".1f")),
