@@ -184,6 +184,7 @@ class RunResult:
     reward_last: float  # ... and the last 10
     kl_last: float
     format_last: float
+    format_peak: float  # the worst 5-step mean of format errors: an episode the run recovered from shows here
     masked_frac: float  # MIS: fraction of tokens masked, mean over the run
     tail_ratio_max: float  # SC: the largest per-step mean tail ratio ρ (1 = consistent tail)
     clip_frac: float  # PPO: share of tokens on the clipped branch, mean over the run
@@ -291,6 +292,7 @@ def collect(run_dir: Path, dose: str, eval_samples: int) -> RunResult:
         reward_first=mean_of(rows, "reward/mean", slice(0, 10)), reward_last=mean_of(rows, "reward/mean", slice(-10, None)),
         kl_last=mean_of(rows, "mismatch/kl_k3", slice(-10, None)),
         format_last=mean_of(rows, "format/error_rate", slice(-10, None)),
+        format_peak=worst_window(rows, "format/error_rate", 5),
         masked_frac=mean_of(rows, "correction/masked_frac", slice(None)),
         tail_ratio_max=max((r["correction/sc_tail_ratio"] for r in rows if "correction/sc_tail_ratio" in r),
                            default=float("nan")),
@@ -302,6 +304,12 @@ def collect(run_dir: Path, dose: str, eval_samples: int) -> RunResult:
                   for key in dict.fromkeys(k for r in rows for k in r if k.startswith(POOL_KL) and "/lag_" not in k)},
         where=where_series(rows),
     )
+
+
+def worst_window(rows: list[dict], key: str, n: int) -> float:
+    """The largest mean of ``key`` over ``n`` consecutive rows (NaN where no row has it)."""
+    means = [mean_of(rows, key, slice(i, i + n)) for i in range(max(1, len(rows) - n + 1))]
+    return max((m for m in means if m == m), default=float("nan"))
 
 
 def where_series(rows: list[dict]) -> dict[str, list[float]]:
@@ -332,8 +340,8 @@ def mean_se(values: list[float]) -> tuple[float, float]:
 
 def arm_table(results: list[RunResult], arms: tuple[str, ...]) -> str:
     lines = ["| arm | collapsed | collapse steps | reward, first 10 | reward, last 10 | kl_k3, last 10 | "
-             "format errors, last 10 | MIS masked | SC ρ, max | PPO clipped | pass@1 test |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "format errors, last 10 | format errors, worst 5 steps | MIS masked | SC ρ, max | PPO clipped | pass@1 test |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for arm in arms:
         mine = [r for r in results if r.arm == arm]
         if not mine:
@@ -344,10 +352,12 @@ def arm_table(results: list[RunResult], arms: tuple[str, ...]) -> str:
                  steps]
         for values, fmt in (([r.reward_first for r in mine], ".3f"), ([r.reward_last for r in mine], ".3f"),
                             ([r.kl_last for r in mine], ".1e"), ([r.format_last for r in mine], ".3f"),
+                            ([r.format_peak for r in mine], ".3f"),
                             ([r.masked_frac for r in mine], ".1e"), ([r.tail_ratio_max for r in mine], ".2f"),
                             ([r.clip_frac for r in mine], ".1e"), ([r.pass1 for r in mine], ".3f")):
             m, se = mean_se(values)
-            cells.append("—" if m != m else f"{m:{fmt}} ± {se:{fmt}}")  # nan: the arm does not have it
+            # nan: the arm does not have it; one run has no standard error
+            cells.append("—" if m != m else f"{m:{fmt}}" + ("" if se != se else f" ± {se:{fmt}}"))
         lines.append(f"| {arm} | {' | '.join(cells)} |")
     return "\n".join(lines)
 

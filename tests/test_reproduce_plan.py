@@ -238,3 +238,18 @@ def test_every_merged_page_in_docs_draws_on_one_cpu():
                    if line.startswith("- [results_")]
         machines = {src.with_suffix("") / "runs.json": R.page_machine(src.with_suffix("") / "runs.json") for src in sources}
         assert R.merge_problem(machines) is None, page.name
+
+
+def test_a_run_s_worst_format_window_is_kept_beside_its_last_10_steps(tmp_path):
+    # A run that went to 90% format errors for six steps and recovered: the last 10 steps read 2%.
+    rows = [{"step": t + 1, "reward/mean": 0.1, "format/error_rate": 0.9 if 20 <= t < 26 else 0.02} for t in range(60)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "summary.json").write_text(json.dumps({
+        "name": "mis", "seed": 1, "wall_time_s": 1.0,
+        "collapse": {"verdict": False, "step": None, "reason": "", "episodes": [{"start": 21, "reason": "format_errors"}]}}))
+    run = R.collect(tmp_path, R.HEADLINE, eval_samples=4)
+    assert run.format_last == pytest.approx(0.02) and run.format_peak == pytest.approx(0.9)
+    assert run.collapsed and not run.lasting
+    assert R.worst_window([{"x": 1.0}], "x", 5) == 1.0 and R.worst_window([{}], "x", 5) != R.worst_window([{}], "x", 5)
+    table = R.arm_table([run], ("mis",))
+    assert "| format errors, last 10 | format errors, worst 5 steps |" in table and "| 0.020 | 0.900 |" in table
