@@ -108,7 +108,7 @@ bench-peer: setup $(PEER_STAMP)
 # reproduce-quick: the headline on the v2 workload with the lag removed (loop.lag=0): reinforce, grpo
 # and sc_mis on the six-pool fleet with fp8 KV caches, grpo on the matched bf16 control; seeds 0-2,
 # 12 runs of 300 steps. reproduce: the map on v2 (10 arms x 5 precision doses and a lag dose x seeds
-# 0-2, 177 runs of 300 steps: ~12 h on 2 cores; a stopped one goes on with
+# 0-2, 177 runs of 300 steps: ~10-12 h on 2 cores; a stopped one goes on with
 # `scripts/reproduce.py --profile v2_map --resume multirun/reproduce_<stamp>`). Run times: docs/results.md.
 reproduce: setup
 	$(BIN)/python scripts/reproduce.py --profile v2_map

@@ -1,7 +1,7 @@
 """Reproduce the study's comparison on the embedded default (docs/math.md §5, docs/results.md).
 
     python scripts/reproduce.py --profile quick     # make reproduce-quick: the headline, v2 at lag 0 (12 runs of 300 steps)
-    python scripts/reproduce.py --profile v2_map    # make reproduce: the map on v2, 10 arms x 6 doses (177 runs, ~12 h on 2 cores)
+    python scripts/reproduce.py --profile v2_map    # make reproduce: the map on v2, 10 arms x 6 doses (177 runs, ~10-12 h on 2 cores)
     python scripts/reproduce.py --profile v2_map --doses v2_fp8 --arms grpo,sc_mis   # one slice of it
     python scripts/reproduce.py --profile full      # v1's map (8 arms x 2 doses) and SC at K = 2 (54 runs)
     python scripts/reproduce.py --profile v1_quick  # v1's free-running headline regime: 5 arms x 3 seeds
