@@ -46,6 +46,7 @@ from rlmix.config.monitor import LastingRule
 from rlmix.machine import cpu_model
 from rlmix.metrics import names
 from rlmix.metrics.lasting import lasting as is_lasting
+from rlmix.report.table import trailing_means
 
 ROOT = Path(__file__).resolve().parents[1]
 RLMIX = str(Path(sys.executable).with_name("rlmix"))
@@ -307,9 +308,9 @@ def collect(run_dir: Path, dose: str, eval_samples: int) -> RunResult:
 
 
 def worst_window(rows: list[dict], key: str, n: int) -> float:
-    """The largest mean of ``key`` over ``n`` consecutive rows (NaN where no row has it)."""
-    means = [mean_of(rows, key, slice(i, i + n)) for i in range(max(1, len(rows) - n + 1))]
-    return max((m for m in means if m == m), default=float("nan"))
+    """The largest mean of ``key`` over ``n`` consecutive rows that have it (NaN where none has): the
+    peak ``rlmix report`` reads."""
+    return max(trailing_means([r[key] for r in rows if key in r and r[key] == r[key]], n), default=float("nan"))
 
 
 def where_series(rows: list[dict]) -> dict[str, list[float]]:
@@ -643,16 +644,16 @@ def merge_problem(machines: dict[Path, str | None]) -> str | None:
     """Why the pages cannot be merged (one line), or None. The embedded models build, and runs train,
     differently on different CPUs, so runs of two named CPU models are not cells of one map. A page
     from before the Machine line named the CPU (``x86_64, 2 cores, ...``) does not say, and merges."""
-    def cpu(line: str) -> str | None:
-        arch, _, rest = line.partition(",")[0].partition(" ")
-        return rest or None
+    def cpu(line: str) -> str:  # "x86_64 AMD EPYC, 2 cores, ..." -> "AMD EPYC"; "" where not named
+        return line.partition(",")[0].partition(" ")[2]
 
-    named = {path: cpu(line) for path, line in machines.items() if line and cpu(line)}
-    if len(set(named.values())) > 1:
-        (a, ca), (b, cb) = next(((x, y) for x in named.items() for y in named.items() if x[1] != y[1]))
-        return (f"--merge: {a.parent.name} ran on {ca}, {b.parent.name} on {cb}; the embedded model builds "
-                f"differently on each CPU, so merge the pages of one machine")
-    return None
+    named = [(path, cpu(line)) for path, line in machines.items() if line and cpu(line)]
+    other = next(((path, name) for path, name in named if name != named[0][1]), None)
+    if other is None:
+        return None
+    (a, ca), (b, cb) = named[0], other
+    return (f"--merge: {a.parent.name} ran on {ca}, {b.parent.name} on {cb}; the embedded model builds "
+            f"differently on each CPU, so merge the pages of one machine")
 
 
 def merge(paths: list[Path], name: str) -> None:

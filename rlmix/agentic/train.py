@@ -10,9 +10,9 @@ directories. ``rlmix.assembly.parts.make_task`` picks one from the config.
 each problem, up to ``concurrent_episodes`` at once in threads (the environment side: sandbox
 commands and grading run in their own processes, so a thread per episode mostly waits), their
 turns generated together by one ``TurnBatcher`` over the sampler (continuously batched on torch
-pools). An episode's error ends the others at their next turn and fails the request. Each finished episode is graded in a fresh sandbox; one whose sandbox failed on every
-attempt is left out of its group (counted in ``Rollouts.infra_errors``), never scored 0. See
-docs/agentic.md.
+pools). An episode's error ends the others at their next turn and fails the request. Each
+finished episode is graded in a fresh sandbox; one whose sandbox failed on every attempt is left
+out of its group (counted in ``Rollouts.infra_errors``), never scored 0. See docs/agentic.md.
 """
 
 from __future__ import annotations

@@ -69,10 +69,10 @@ def _row(run: RunRecord, w: ReportWindows) -> RunRow:
         seed=run.seed,
         steps=len(run.metrics),
         final_reward=_tail_mean(reward, w.final_steps),
-        peak_reward=max(_trailing_means(reward, w.final_steps), default=None),
+        peak_reward=max(trailing_means(reward, w.final_steps), default=None),
         kl_growth=_ratio(_tail_mean(kl, w.final_steps), _mean(kl[w.skip_steps : w.skip_steps + w.early_steps])),
         final_format_error=_tail_mean(fmt, w.final_steps),
-        peak_format_error=max(_trailing_means(fmt, w.final_steps), default=None),
+        peak_format_error=max(trailing_means(fmt, w.final_steps), default=None),
         collapse=collapse,
         collapse_step=step,
         collapse_reason=reason,
@@ -89,7 +89,7 @@ def _tail_mean(values: Sequence[float], n: int) -> float | None:
     return _mean(values[-n:])
 
 
-def _trailing_means(values: Sequence[float], n: int) -> list[float]:
+def trailing_means(values: Sequence[float], n: int) -> list[float]:
     """Means of every window of ``n`` consecutive values (one mean of all when fewer than ``n``)."""
     if len(values) <= n:
         return [statistics.fmean(values)] if values else []
