@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rlmix.metrics import names as m
-from rlmix.metrics.where import prob_bin_names, where_metrics
+from rlmix.metrics.where import prob_bin_names, ratio_bin_names, where_metrics
 from rlmix.rollout import Rollouts
 
 
@@ -27,7 +27,7 @@ def _batch(sampler_logprobs: list[list[float]], mask: list[list[bool]]) -> Rollo
 def test_shares_by_trainer_probability_by_hand():
     # Trainer probabilities 0.0005, 0.05, 0.3 | 0.95, 0.95 (row 0's third position is padding).
     p = [0.0005, 0.05, 0.3, 0.95, 0.95]
-    q = [0.001, 0.05, 0.3, 0.95, 0.1]  # tokens 0 and 4 mismatched
+    q = [0.0008, 0.05, 0.3, 0.95, 0.1]  # tokens 0 and 4 mismatched
     lr = torch.tensor([math.log(a / b) for a, b in zip(p, q)])
     sampler = [[math.log(q[0]), math.log(q[1]), 0.0], [math.log(q[2]), math.log(q[3]), math.log(q[4])]]
     batch = _batch(sampler, [[True, True, False], [True, True, True]])
@@ -45,15 +45,23 @@ def test_shares_by_trainer_probability_by_hand():
     assert out[f"{m.WHERE_GRAD}/p0.9-1"] == pytest.approx(0.1)
     assert sum(out[f"{m.WHERE_GRAD}/{b}"] for b in bins) == pytest.approx(1.0)
     assert out[m.WHERE_GRAD_TOP] == pytest.approx(0.9)  # 1% of 5 tokens rounds up to one token
-    # ratio outside [0.2, 5]: token 0 (p/q = 0.5) is inside, token 4 (9.5) is not
+    # ratio outside [0.2, 5]: token 0 (p/q = 0.625) is inside, token 4 (9.5) is not
     assert out[m.WHERE_GRAD_RATIO_TAIL] == pytest.approx(0.1)
+    # by the ratio: token 0 in r0.5-0.8, tokens 1-3 match (r = 1), token 4 above 5
+    bands = ratio_bin_names()
+    assert bands == ("r0-0.2", "r0.2-0.5", "r0.5-0.8", "r0.8-1.25", "r1.25-2", "r2-5", "r5-inf")
+    by_ratio = {"r0.5-0.8": (1 / 5, 0.9), "r0.8-1.25": (3 / 5, 0.0), "r5-inf": (1 / 5, 0.1)}
+    for band in bands:
+        tokens_share, grad_share = by_ratio.get(band, (0.0, 0.0))
+        assert out[f"{m.WHERE_TOKENS}/{band}"] == pytest.approx(tokens_share)
+        assert out[f"{m.WHERE_GRAD}/{band}"] == pytest.approx(grad_share)
 
 
 def test_a_step_without_gradient_or_mismatch_leaves_those_shares_out():
     batch = _batch([[-1.0, -2.0]], [[True, True]])
     lr = torch.zeros(2)
     out = where_metrics(batch, {"log_ratio": lr, "logit_grad_norm": torch.zeros(2)})
-    assert set(out) == {f"{m.WHERE_TOKENS}/{b}" for b in prob_bin_names()}
+    assert set(out) == {f"{m.WHERE_TOKENS}/{b}" for b in prob_bin_names() + ratio_bin_names()}
     unfilled = where_metrics(batch, {"log_ratio": lr + 0.1, "logit_grad_norm": torch.full((2,), float("nan"))})
     assert not any(k.startswith(m.WHERE_GRAD) for k in unfilled) and f"{m.WHERE_MISMATCH}/p0.1-0.5" in unfilled
     assert where_metrics(batch, {}) == {}
@@ -72,4 +80,6 @@ def test_a_trainer_step_logs_where_its_gradient_went(tiny_llama_dir):
     got = trainer.train_step(fixed_batch(tiny_llama_dir))
     for family in (m.WHERE_TOKENS, m.WHERE_MISMATCH, m.WHERE_GRAD):
         assert sum(got[f"{family}/{b}"] for b in prob_bin_names()) == pytest.approx(1.0)
+    for family in (m.WHERE_TOKENS, m.WHERE_GRAD):
+        assert sum(got[f"{family}/{b}"] for b in ratio_bin_names()) == pytest.approx(1.0)
     assert 0.0 < got[m.WHERE_GRAD_TOP] <= 1.0 and 0.0 <= got[m.WHERE_GRAD_RATIO_TAIL] <= 1.0

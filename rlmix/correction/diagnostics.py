@@ -20,6 +20,10 @@ RATIO_TAIL_BAND = (0.2, 5.0)  # §6: share of tokens with r outside this band
 # Bins of the trainer's probability of the sampled token, [edges[i], edges[i+1]), the last closed:
 # where the mismatch and the gradient sit (the probe's rlmix.eval.where, training's rlmix.metrics.where).
 PROB_EDGES = (0.0, 1e-3, 1e-2, 0.1, 0.5, 0.9, 1.0)
+# Bins of the ratio r = p/q of the sampled token, [edges[i], edges[i+1]), the last open to ∞: which
+# band of the ratio carries the gradient (training's rlmix.metrics.where). Its edges include the
+# bands' edges the corrections use (MIS's default [0.5, 5], RATIO_TAIL_BAND's [0.2, 5]).
+RATIO_EDGES = (0.0, 0.2, 0.5, 0.8, 1.25, 2.0, 5.0)
 
 
 def _mean(x: Tensor) -> Tensor:

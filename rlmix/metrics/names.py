@@ -52,6 +52,7 @@ ROUTER_FLIP = "mismatch/router_flip"
 # where/: which generated tokens hold the mismatch and carry the gradient (rlmix/metrics/where.py).
 # + /p<a>-<b>: tokens binned by the trainer's probability of the sampled token; each is a share of
 # the step's total, so a bin's where/mismatch or where/grad above its where/tokens is where it sits.
+# + /r<a>-<b> (where/tokens and where/grad): the same shares with tokens binned by the ratio p/q.
 WHERE_TOKENS = "where/tokens"  # share of generated tokens
 WHERE_MISMATCH = "where/mismatch"  # share of Σ |log p − log q|
 WHERE_GRAD = "where/grad"  # share of Σ ‖∂loss/∂ℓ_t‖², ℓ_t the token's logits: the logit gradient's squared norm
