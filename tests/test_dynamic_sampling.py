@@ -34,6 +34,18 @@ def test_uniform_groups():
     assert uniform_groups(torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0]), 2).tolist() == [False, True, True]
 
 
+def test_every_step_logs_its_share_of_uniform_groups():
+    """reward/uniform_groups_frac counts groups by id, whatever their size or order (episodes may be
+    left out of a group), and is logged whether or not dynamic sampling drops them."""
+    from rlmix.metrics.aggregate import reward_metrics, uniform_groups_frac
+
+    rewards = torch.tensor([0.0, 1.0, 0.5, 0.0, 0.5, 0.0, 1.0])
+    groups = torch.tensor([7, 7, 3, 9, 3, 9, 5])  # 7: mixed; 3, 9, 5 (one row): uniform
+    assert uniform_groups_frac(groups, rewards) == pytest.approx(3 / 4)
+    assert reward_metrics(part([1, 1, 0, 1, 0, 0]))["reward/uniform_groups_frac"] == pytest.approx(2 / 3)
+    assert "reward/uniform_groups_frac" not in reward_metrics(replace(part([1, 0]), group_ids=None))
+
+
 def test_the_defaults_leave_every_group_as_it_came():
     p = part([1, 1, 0, 0], cut=(1,))
     out = filter_part(p, CFG)

@@ -53,8 +53,16 @@ def _format_error_rate(batch: Rollouts, rows: torch.Tensor) -> float:
     return float(stats[:, EPISODE_STATS.index("format_errors")].sum() / actions.clamp(min=1.0))
 
 
+def uniform_groups_frac(group_ids: torch.Tensor, rewards: torch.Tensor) -> float:
+    """Share of the groups (rows sharing a ``group_ids`` value) whose rewards are all equal."""
+    groups, index = torch.unique(group_ids, return_inverse=True)
+    high = torch.full((len(groups),), -torch.inf).scatter_reduce(0, index, rewards, "amax")
+    low = torch.full((len(groups),), torch.inf).scatter_reduce(0, index, rewards, "amin")
+    return float((high == low).float().mean())
+
+
 def reward_metrics(batch: Rollouts) -> dict[str, float]:
-    """Reward, pass rate, format errors (overall and per pool) and response length."""
+    """Reward, pass rate, format errors (overall and per pool), response length, uniform groups."""
     rewards = batch.rewards.float()
     everything = torch.ones(len(batch), dtype=torch.bool)
     out = {
@@ -63,6 +71,8 @@ def reward_metrics(batch: Rollouts) -> dict[str, float]:
         m.FORMAT_KEY: _format_error_rate(batch, everything),
         m.RESPONSE_LEN: float(batch.mask.sum(1).float().mean()),
     }
+    if batch.group_ids is not None and len(batch):
+        out[m.UNIFORM_GROUPS_FRAC] = uniform_groups_frac(batch.group_ids, rewards)
     if batch.reward_errors is not None:
         out[m.REWARD_ERRORS] = float(batch.reward_errors.sum())
     if batch.exploit_suspected is not None:

@@ -25,6 +25,9 @@ OVERLONG_FRAC = "sampling/overlong_frac"  # completions cut at max_new_tokens / 
 # reward/ and format/: what the task said about the batch
 REWARD_KEY = "reward/mean"
 PASS_RATE = "reward/pass_rate"
+# groups whose samples all got one reward: a group baseline leaves them no advantage, so they add
+# no gradient (a batch that fails every sample teaches nothing; loop.dynamic_sampling drops them)
+UNIFORM_GROUPS_FRAC = "reward/uniform_groups_frac"
 REWARD_ERRORS = "reward/errors"  # samples whose reward function raised (reward 0, out of their group)
 EXPLOIT_SUSPECTED = "reward/exploit_suspected"  # samples the grader caught at a known reward hack (python_tests)
 FORMAT_KEY = "format/error_rate"
