@@ -139,8 +139,9 @@ def test_write_report_writes_table_and_plots(multirun: Path) -> None:
     for name in ("reward.png", "kl.png", "format_errors.png"):
         data = (out / name).read_bytes()
         assert data[:8] == PNG_MAGIC and len(data) > 10_000, name
-    # The where/ plots: these runs logged none, so each is a "no data" plot, always written and linked.
-    for name in ("grad_top1pct.png", "grad_ratio_tail.png"):
+    # The uniform-groups and where/ plots: these runs logged none, so each is a "no data" plot, always
+    # written and linked.
+    for name in ("uniform_groups.png", "grad_top1pct.png", "grad_ratio_tail.png"):
         assert (out / name).read_bytes()[:8] == PNG_MAGIC and f"]({name})" in md, name
 
 

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlmix.metrics.names import FORMAT_KEY, KL_KEY, REWARD_KEY, WHERE_GRAD_RATIO_TAIL, WHERE_GRAD_TOP
+from rlmix.metrics.names import (FORMAT_KEY, KL_KEY, REWARD_KEY, UNIFORM_GROUPS_FRAC, WHERE_GRAD_RATIO_TAIL,
+                                 WHERE_GRAD_TOP)
 from rlmix.report.runs import RunRecord
 
 
@@ -28,6 +29,10 @@ PLOTS = (
     PlotSpec("reward.png", REWARD_KEY, "Reward", "reward/mean"),
     PlotSpec("kl.png", KL_KEY, "Sampler–trainer KL (k3)", "mismatch/kl_k3 (log scale)", log=True),
     PlotSpec("format_errors.png", FORMAT_KEY, "Format-error rate", "format/error_rate"),
+    # Near 1: the batch's groups got one reward each, so a group baseline leaves nothing to learn from
+    # (a run that fails every sample cannot climb back on its own gradient).
+    PlotSpec("uniform_groups.png", UNIFORM_GROUPS_FRAC, "Share of groups whose samples all got one reward",
+             "reward/uniform_groups_frac"),
     # Near 1: a handful of tokens carry each update (before the lr 1e-3 fleet collapse, docs/results.md).
     PlotSpec("grad_top1pct.png", WHERE_GRAD_TOP, "Gradient share of the top 1% of tokens", "where/grad_top1pct"),
     # The gradient the tokens far from the sampler carry: what a MIS mask drops (0 under it by construction).
