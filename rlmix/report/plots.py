@@ -31,7 +31,7 @@ PLOTS = (
     PlotSpec("format_errors.png", FORMAT_KEY, "Format-error rate", "format/error_rate"),
     # Near 1: the batch's groups got one reward each, so a group baseline leaves nothing to learn from
     # (a run that fails every sample cannot climb back on its own gradient).
-    PlotSpec("uniform_groups.png", UNIFORM_GROUPS_FRAC, "Share of groups whose samples all got one reward",
+    PlotSpec("uniform_groups.png", UNIFORM_GROUPS_FRAC, "Groups with one reward for all samples",
              "reward/uniform_groups_frac"),
     # Near 1: a handful of tokens carry each update (before the lr 1e-3 fleet collapse, docs/results.md).
     PlotSpec("grad_top1pct.png", WHERE_GRAD_TOP, "Gradient share of the top 1% of tokens", "where/grad_top1pct"),
@@ -111,7 +111,8 @@ def _plot(runs: Sequence[RunRecord], spec: PlotSpec, path: Path) -> Path:
         ax.set_yscale("log")
     if not curves:
         ax.text(0.5, 0.5, f"no data for {spec.key}", ha="center", va="center", transform=ax.transAxes)
-    ax.set_title(f"{spec.title} by arm (mean over seeds, band = min–max, x = collapse)")
+    # Two lines: the longer titles ran past an 8-inch figure's edges on one.
+    ax.set_title(f"{spec.title}\nby arm: mean over seeds, band = min–max, x = collapse", fontsize="medium")
     ax.set_xlabel("trainer step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are integers; no 2.5 ticks on short runs
     ax.set_ylabel(spec.ylabel)
