@@ -157,14 +157,17 @@ PROFILES: dict[str, Profile] = {
 LASTING_FORMAT_ERRORS = LastingRule().format_errors  # the lasting rule's, for the page text
 POOL_KL = "mismatch/kl_k3/"  # + a pool's name: its per-token KL
 # The where/ series a page keeps (rlmix/metrics/where.py): shares of the step's tokens, mismatch and
-# squared logit gradient held by low-probability tokens (the trainer's p < 0.1), and where the gradient sat.
+# squared logit gradient held by low-probability tokens (the trainer's p < 0.1), and where the gradient sat:
+# the down-weighted tokens (p/q < 0.8, the bands under lag carried most of it: docs/results.md).
 LOW_P_BINS = ("p0-0.001", "p0.001-0.01", "p0.01-0.1")
+LOW_RATIO_BANDS = ("r0-0.2", "r0.2-0.5", "r0.5-0.8")
 WHERE_COLUMNS = {  # series name -> (page column, where/ keys summed)
     "tokens_low_p": ("tokens at p < 0.1", [f"{names.WHERE_TOKENS}/{b}" for b in LOW_P_BINS]),
     "mismatch_low_p": ("their share of Σ \\|Δ log p\\|", [f"{names.WHERE_MISMATCH}/{b}" for b in LOW_P_BINS]),
     "grad_low_p": ("their share of the gradient", [f"{names.WHERE_GRAD}/{b}" for b in LOW_P_BINS]),
     "grad_top1pct": ("gradient held by the top 1% of tokens", [names.WHERE_GRAD_TOP]),
     "grad_ratio_tail": ("gradient held by p/q outside [0.2, 5]", [names.WHERE_GRAD_RATIO_TAIL]),
+    "grad_low_ratio": ("gradient held by p/q < 0.8", [f"{names.WHERE_GRAD}/{b}" for b in LOW_RATIO_BANDS]),
 }
 
 
@@ -410,6 +413,11 @@ def pool_table(results: list[RunResult], arms: tuple[str, ...]) -> str:
     return "\n".join(lines)
 
 
+def _early_late_cell(pair: tuple[float, float]) -> str:
+    """``early → late``; "—" for a series none of the runs logged (runs from before it existed)."""
+    return "—" if all(v != v for v in pair) else "{:.3f} → {:.3f}".format(*pair)
+
+
 def where_table(results: list[RunResult], arms: tuple[str, ...]) -> str:
     """Which tokens held the mismatch and carried the gradient (WHERE_COLUMNS), early → before the first flag."""
     lines = ["| arm | " + " | ".join(title for title, _ in WHERE_COLUMNS.values()) + " |",
@@ -417,7 +425,7 @@ def where_table(results: list[RunResult], arms: tuple[str, ...]) -> str:
     for arm in arms:
         mine = [r for r in results if r.arm == arm and r.where]
         if mine:
-            cells = ("{:.3f} → {:.3f}".format(*early_and_late(mine, lambda r: r.where[name])) for name in WHERE_COLUMNS)
+            cells = (_early_late_cell(early_and_late(mine, lambda r: r.where.get(name, []))) for name in WHERE_COLUMNS)
             lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     return "\n".join(lines) if len(lines) > 2 else ""
 
@@ -528,7 +536,8 @@ def write(profile: str, how: list[str], results: list[RunResult], doses: list[st
              *(["\nWhich tokens held the mismatch and carried the gradient (`where/`, docs/monitor_and_report.md): "
                 "the tokens the trainer gives p < 0.1, their share of the step's tokens, of its Σ |log p − log q| "
                 "and of its squared logit gradient; the share of that gradient the largest 1% of tokens held, "
-                "and the tokens whose p/q lay outside [0.2, 5]. The same windows and medians.\n",
+                "the tokens whose p/q lay outside [0.2, 5], and those at p/q < 0.8 (down-weighted; \"—\": "
+                "runs from before the ratio bands were logged). The same windows and medians.\n",
                 where_table(head, arms)] if any(r.where for r in head) else []),
              f"\n![reward and KL]({figures.name}/headline.png)\n"]
     # The map's axis is the mismatch dose: the doses the uncorrected arm ran at (a K variant for the

@@ -160,7 +160,8 @@ def test_the_where_table_reads_a_run_s_own_metrics_before_it_was_flagged():
         out = {f"where/tokens/{b}": 0.1 if b in R.LOW_P_BINS else 0.7 / 3 for b in bins}
         out |= {f"where/mismatch/{b}": 0.2 if b in R.LOW_P_BINS else 0.4 / 3 for b in bins}
         out |= {f"where/grad/{b}": low_grad / 3 if b in R.LOW_P_BINS else (1 - low_grad) / 3 for b in bins}
-        return out | {"where/grad_top1pct": 0.05, "where/grad_ratio_tail": 0.0}
+        bands = {f"where/grad/{b}": 0.1 for b in ("r0-0.2", "r0.2-0.5", "r0.5-0.8", "r0.8-1.25", "r1.25-2", "r2-5")}
+        return out | bands | {"where/grad/r5-inf": 0.4, "where/grad_top1pct": 0.05, "where/grad_ratio_tail": 0.0}
 
     series = R.where_series([row(0.3)] * 60 + [row(0.9)] * 20 + [row(0.1)] * 20)
     assert series["tokens_low_p"][0] == pytest.approx(0.3) and series["grad_low_p"][70] == pytest.approx(0.9)
@@ -168,8 +169,11 @@ def test_the_where_table_reads_a_run_s_own_metrics_before_it_was_flagged():
     fields = {k: float("nan") for k in R.RunResult.__dataclass_fields__}
     fields.update(arm="grpo", seed=0, dose=R.HEADLINE, collapsed=True, collapse_step=81, pool_kls={}, where=series)
     table = R.where_table([R.RunResult(**fields)], ("grpo", "sc_mis"))
-    assert "| grpo | 0.300 → 0.300 | 0.600 → 0.600 | 0.300 → 0.900 | 0.050 → 0.050 | 0.000 → 0.000 |" in table
+    assert "| grpo | 0.300 → 0.300 | 0.600 → 0.600 | 0.300 → 0.900 | 0.050 → 0.050 | 0.000 → 0.000 | 0.300 → 0.300 |" in table
     assert "sc_mis" not in table and R.where_table([], ("grpo",)) == ""
+    # A run from before the ratio bands (its runs.json has no such series) shows a dash there.
+    fields.update(where={k: v for k, v in series.items() if k != "grad_low_ratio"})
+    assert "| 0.000 → 0.000 | — |" in R.where_table([R.RunResult(**fields)], ("grpo",))
 
 
 def test_a_resume_reuses_the_evaluation_a_run_already_has(tmp_path, monkeypatch):
