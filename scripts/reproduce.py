@@ -413,19 +413,15 @@ def pool_table(results: list[RunResult], arms: tuple[str, ...]) -> str:
     return "\n".join(lines)
 
 
-def _early_late_cell(pair: tuple[float, float]) -> str:
-    """``early → late``; "—" for a series none of the runs logged (runs from before it existed)."""
-    return "—" if all(v != v for v in pair) else "{:.3f} → {:.3f}".format(*pair)
-
-
 def where_table(results: list[RunResult], arms: tuple[str, ...]) -> str:
-    """Which tokens held the mismatch and carried the gradient (WHERE_COLUMNS), early → before the first flag."""
-    lines = ["| arm | " + " | ".join(title for title, _ in WHERE_COLUMNS.values()) + " |",
-             "|---|" + "---|" * len(WHERE_COLUMNS)]
+    """Which tokens held the mismatch and carried the gradient (WHERE_COLUMNS), early → before the first
+    flag. A column none of the runs logged (runs from before its metric existed) is left out."""
+    logged = [name for name in WHERE_COLUMNS if any(v == v for r in results for v in r.where.get(name, []))]
+    lines = ["| arm | " + " | ".join(WHERE_COLUMNS[name][0] for name in logged) + " |", "|---|" + "---|" * len(logged)]
     for arm in arms:
         mine = [r for r in results if r.arm == arm and r.where]
         if mine:
-            cells = (_early_late_cell(early_and_late(mine, lambda r: r.where.get(name, []))) for name in WHERE_COLUMNS)
+            cells = ("{:.3f} → {:.3f}".format(*early_and_late(mine, lambda r: r.where.get(name, []))) for name in logged)
             lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     return "\n".join(lines) if len(lines) > 2 else ""
 
@@ -536,8 +532,8 @@ def write(profile: str, how: list[str], results: list[RunResult], doses: list[st
              *(["\nWhich tokens held the mismatch and carried the gradient (`where/`, docs/monitor_and_report.md): "
                 "the tokens the trainer gives p < 0.1, their share of the step's tokens, of its Σ |log p − log q| "
                 "and of its squared logit gradient; the share of that gradient the largest 1% of tokens held, "
-                "the tokens whose p/q lay outside [0.2, 5], and those at p/q < 0.8 (down-weighted; \"—\": "
-                "runs from before the ratio bands were logged). The same windows and medians.\n",
+                "the tokens whose p/q lay outside [0.2, 5], and (where the runs logged the ratio bands) those "
+                "at p/q < 0.8, the down-weighted ones. The same windows and medians.\n",
                 where_table(head, arms)] if any(r.where for r in head) else []),
              f"\n![reward and KL]({figures.name}/headline.png)\n"]
     # The map's axis is the mismatch dose: the doses the uncorrected arm ran at (a K variant for the

@@ -171,9 +171,11 @@ def test_the_where_table_reads_a_run_s_own_metrics_before_it_was_flagged():
     table = R.where_table([R.RunResult(**fields)], ("grpo", "sc_mis"))
     assert "| grpo | 0.300 → 0.300 | 0.600 → 0.600 | 0.300 → 0.900 | 0.050 → 0.050 | 0.000 → 0.000 | 0.300 → 0.300 |" in table
     assert "sc_mis" not in table and R.where_table([], ("grpo",)) == ""
-    # A run from before the ratio bands (its runs.json has no such series) shows a dash there.
+    # Runs from before the ratio bands (their runs.json has no such series): the table goes without it.
     fields.update(where={k: v for k, v in series.items() if k != "grad_low_ratio"})
-    assert "| 0.000 → 0.000 | — |" in R.where_table([R.RunResult(**fields)], ("grpo",))
+    older = R.where_table([R.RunResult(**fields)], ("grpo",))
+    assert "p/q < 0.8" not in older
+    assert older.endswith("| grpo | 0.300 → 0.300 | 0.600 → 0.600 | 0.300 → 0.900 | 0.050 → 0.050 | 0.000 → 0.000 |")
 
 
 def test_a_resume_reuses_the_evaluation_a_run_already_has(tmp_path, monkeypatch):
