@@ -21,8 +21,9 @@ pytestmark = pytest.mark.slow
 
 RLMIX = str(Path(sys.executable).with_name("rlmix"))
 REQUIRED_KEYS = {
-    "step", "time", "reward/mean", "reward/pass_rate", "format/error_rate", "mismatch/kl_k3", "mismatch/kl_k1",
-    "mismatch/logprob_abs_diff", "mismatch/ratio_tail_frac", "correction/weight_mean", "correction/masked_frac",
+    "step", "time", "reward/mean", "reward/pass_rate", "reward/uniform_groups_frac", "format/error_rate",
+    "mismatch/kl_k3", "mismatch/kl_k1", "mismatch/logprob_abs_diff", "mismatch/ratio_tail_frac",
+    "correction/weight_mean", "correction/masked_frac",
     "correction/ess", "correction/sc_tail_ratio", "correction/sc_head_mass", "correction/sc_coef_l1", "train/loss",
     "train/grad_norm", "train/entropy", "train/response_len", "staleness/mean", "staleness/max",
     "throughput/trainer_tokens_per_s", "time/step_s", "time/weight_sync_s", "time/trainer_idle_frac",
