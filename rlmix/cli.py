@@ -68,13 +68,15 @@ def probe(ctx: typer.Context) -> None:
 def report(
     path: str = typer.Argument(..., help="A run directory, a multirun directory, or a folder of them."),
     out: Optional[str] = typer.Option(None, help="Where to write report.md and the plots (default: PATH/report/)."),
+    where: bool = typer.Option(False, "--where", help="Also one figure per run: where each step's gradient came "
+                                                      "from, by p/q and by the trainer's probability (where/)."),
 ) -> None:
     """Table and plots across the runs of a sweep."""
     from rlmix.errors import ConfigError
     from rlmix.commands.report import run_report
 
     try:
-        run_report(path, out)
+        run_report(path, out, where)
     except ConfigError as err:
         _fail(str(err))
 

@@ -267,3 +267,34 @@ def test_a_format_episode_that_recovered_shows_in_the_peak_not_the_final_rate(tm
     (row,) = summarize(collect_runs(tmp_path / "run"))
     assert row.final_format_error == pytest.approx(0.1) and row.peak_format_error == pytest.approx(0.9)
     assert not row.collapse
+
+
+def test_where_figures_one_per_run_with_steps_without_gradient_shaded(tmp_path: Path) -> None:
+    """`rlmix report --where`: a figure per run, linked from report.md, for runs with the ratio
+    bands, runs from before them, and steps with no gradient (their shares absent)."""
+    from typer.testing import CliRunner
+
+    from rlmix.cli import app
+    from rlmix.metrics.where import prob_bin_names, ratio_bin_names
+    from rlmix.report.where_plot import where_plot_name
+
+    def with_where(t: int) -> dict:
+        row = stable_rows()[t] | {"reward/uniform_groups_frac": 1.0 if t in (5, 6) else 0.7}
+        if t in (5, 6):  # every group uniform: no gradient, no shares
+            return row
+        row |= {f"where/grad/{b}": 1 / 7 for b in ratio_bin_names()}
+        return row | {f"where/grad/{b}": 1 / 6 for b in prob_bin_names()}
+
+    sweep = tmp_path / "multirun"
+    write_run(sweep / "0", "mis", 0, [with_where(t) for t in range(N)])
+    write_run(sweep / "1", "mis", 1, stable_rows())  # before where/ existed
+    result = CliRunner().invoke(app, ["report", str(sweep), "--where"])
+    assert result.exit_code == 0, result.output
+    md = (sweep / "report" / "report.md").read_text()
+    for run in collect_runs(sweep):
+        figure = sweep / "report" / "where" / where_plot_name(run)
+        assert figure.read_bytes()[:8] == PNG_MAGIC and f"(where/{figure.name})" in md
+    assert "2 figure(s) in where/" in result.output
+    plain = tmp_path / "plain"
+    write_report(sweep, plain)
+    assert not (plain / "where").exists() and "where/" not in (plain / "report.md").read_text()
