@@ -298,3 +298,16 @@ def test_where_figures_one_per_run_with_steps_without_gradient_shaded(tmp_path: 
     plain = tmp_path / "plain"
     write_report(sweep, plain)
     assert not (plain / "where").exists() and "where/" not in (plain / "report.md").read_text()
+
+
+def test_a_report_without_where_never_imports_torch(multirun: Path, tmp_path: Path) -> None:
+    """`rlmix report` reads JSON and draws with matplotlib; torch (~2.5 core-s to import) comes only
+    with `--where`, whose bin names live beside the trainer's where/ metrics."""
+    import subprocess
+    import sys
+
+    code = (f"import contextlib, io, sys\nfrom rlmix.commands.report import run_report\n"
+            f"with contextlib.redirect_stdout(io.StringIO()): run_report({str(multirun)!r}, {str(tmp_path / 'r')!r})\n"
+            f"assert 'torch' not in sys.modules, 'rlmix report imported torch'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

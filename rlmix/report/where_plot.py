@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rlmix.metrics.names import FORMAT_KEY, UNIFORM_GROUPS_FRAC, WHERE_GRAD
-from rlmix.metrics.where import prob_bin_names, ratio_bin_names
 from rlmix.report.runs import RunRecord
 
 WHERE_DIRNAME = "where"
@@ -50,6 +49,9 @@ def _stack(ax, run: RunRecord, bins: Sequence[str], title: str) -> None:
 def write_where_plot(run: RunRecord, path: Path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+
+    # The bin names come with torch (rlmix.metrics.where): only a --where report pays that import.
+    from rlmix.metrics.where import prob_bin_names, ratio_bin_names
 
     fig = Figure(figsize=(9, 8), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
