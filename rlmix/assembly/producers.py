@@ -22,6 +22,12 @@ log = logging.getLogger(__name__)
 ERROR_GROUP_BASE = 1 << 48
 
 
+def request_group(group_id: int, group_size: int) -> int:
+    """A row's group in its request: a failed reward's row gets an id of its own (``score_rollouts``),
+    but it still came from, and sits among the rows of, its problem's group."""
+    return (group_id - ERROR_GROUP_BASE) // group_size if group_id >= ERROR_GROUP_BASE else group_id
+
+
 @dataclass(frozen=True)
 class Request:
     """``groups`` prompts for one sampler call, each to be sampled ``group_size`` times."""

@@ -28,3 +28,12 @@ def group_advantages(rewards: Tensor, group_ids: Tensor, normalize_std: bool, ep
         return centred
     var = zeros.index_add(0, group, centred.square()) / (counts - 1.0).clamp_min(1.0)
     return centred / (var.sqrt()[group] + eps)
+
+
+def uniform_groups(rewards: Tensor, group: Tensor, groups: int) -> Tensor:
+    """(groups,) bool: which groups' rewards are all equal, so that every advantage in them is 0.
+    ``group`` (B,) is each row's group index in ``[0, groups)``."""
+    rewards = rewards.to(torch.promote_types(rewards.dtype, torch.float32))
+    high = rewards.new_full((groups,), -torch.inf).scatter_reduce(0, group, rewards, "amax")
+    low = rewards.new_full((groups,), torch.inf).scatter_reduce(0, group, rewards, "amin")
+    return high == low

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from rlmix.correction import effective_sample_size, multiplicative_error
+from rlmix.correction.advantages import uniform_groups
 from rlmix.metrics import names as m
 from rlmix.metrics.names import STAT_NAMES
 from rlmix.metrics.where import where_metrics
@@ -55,10 +56,8 @@ def _format_error_rate(batch: Rollouts, rows: torch.Tensor) -> float:
 
 def uniform_groups_frac(group_ids: torch.Tensor, rewards: torch.Tensor) -> float:
     """Share of the groups (rows sharing a ``group_ids`` value) whose rewards are all equal."""
-    groups, index = torch.unique(group_ids, return_inverse=True)
-    high = torch.full((len(groups),), -torch.inf).scatter_reduce(0, index, rewards, "amax")
-    low = torch.full((len(groups),), torch.inf).scatter_reduce(0, index, rewards, "amin")
-    return float((high == low).float().mean())
+    labels, group = torch.unique(group_ids, return_inverse=True)
+    return float(uniform_groups(rewards, group, len(labels)).float().mean())
 
 
 def reward_metrics(batch: Rollouts) -> dict[str, float]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlmix.assembly.producers import ERROR_GROUP_BASE
+from rlmix.assembly.producers import request_group
 from rlmix.rollout import Rollouts
 
 
@@ -46,9 +46,5 @@ class LagSchedule:
 
 
 def request_of(part: Rollouts, group_size: int, groups_per_request: int) -> int:
-    """The request a buffered part came from (its first row's group; a failed reward's row has its
-    own group id above ``ERROR_GROUP_BASE``, from which the original group is recovered)."""
-    group = int(part.group_ids[0])
-    if group >= ERROR_GROUP_BASE:
-        group = (group - ERROR_GROUP_BASE) // group_size
-    return group // groups_per_request
+    """The request a buffered part came from (its first row's group, ``request_group``)."""
+    return request_group(int(part.group_ids[0]), group_size) // groups_per_request

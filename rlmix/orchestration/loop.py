@@ -39,7 +39,7 @@ from rlmix.metrics.names import (
     BUFFERED_GROUPS, OVERLONG_FRAC, REQUESTS_REISSUED, SAMPLER_BUSY_FRAC, SAMPLER_RESTARTS, STEP_S,
     TRAINER_IDLE_FRAC, TRAINER_RESTARTS, UNIFORM_DROPPED_FRAC,
 )
-from rlmix.orchestration.filters import filter_part, take_groups
+from rlmix.orchestration.filters import count_groups, filter_part, take_groups
 from rlmix.orchestration.lag import LagSchedule, request_of
 from rlmix.orchestration.workers import NotHeld, make_request
 from rlmix.rollout import Rollouts, concat_rollouts
@@ -111,7 +111,8 @@ class _Window:
     sampler_busy_s: float = 0.0  # summed over samplers: time with a request in flight
     groups: int = 0  # groups collected
     uniform_dropped: int = 0  # of them, dropped for equal rewards (loop.dynamic_sampling)
-    overlong: int = 0  # completions collected that were cut at max_new_tokens
+    completions: int = 0  # completions collected
+    overlong: int = 0  # of them, cut at max_new_tokens
 
 
 class AsyncLoop:
@@ -171,7 +172,7 @@ class AsyncLoop:
 
     # -- request bookkeeping -------------------------------------------------------------
     def _groups_ahead(self) -> int:
-        buffered = sum(len(b) for b in self.buffer) // self.cfg.group_size
+        buffered = count_groups(self.buffer, self.cfg.group_size)
         requests = sum(1 for s in self.samplers if s.inflight) + len(self.orphans)
         return buffered + requests * self.cfg.groups_per_request
 
@@ -243,15 +244,14 @@ class AsyncLoop:
         keep = []
         for part in self.buffer:
             if self.version - int(part.policy_version.min()) > self.cfg.max_staleness:
-                self.window.dropped_groups += len(part) // self.cfg.group_size
+                self.window.dropped_groups += count_groups([part], self.cfg.group_size)
             else:
                 keep.append(part)
         self.buffer = keep
 
     def _take_batch(self) -> Rollouts | None:
         self._drop_stale()
-        need = self.cfg.groups_per_step * self.cfg.group_size
-        if sum(len(b) for b in self.buffer) < need:
+        if count_groups(self.buffer, self.cfg.group_size) < self.cfg.groups_per_step:
             return None
         # Oldest requests first; sorting by request id makes a batch independent of arrival order.
         self.buffer.sort(key=self._request_of)
@@ -267,7 +267,7 @@ class AsyncLoop:
         belong in front of it), so the batch is the same whichever request finished first."""
         count, last = 0, -1
         for part in self.buffer:
-            count += len(part) // self.cfg.group_size
+            count += count_groups([part], self.cfg.group_size)
             if count >= self.cfg.groups_per_step:
                 last = self._request_of(part)
                 break
@@ -422,6 +422,7 @@ class AsyncLoop:
         self.window.tokens[slot.pool] = self.window.tokens.get(slot.pool, 0) + part.num_tokens
         filtered = filter_part(part, self.cfg)
         self.window.groups += filtered.groups
+        self.window.completions += len(part)
         self.window.uniform_dropped += filtered.dropped
         self.window.overlong += filtered.overlong
         if filtered.part is not None:
@@ -542,7 +543,7 @@ class AsyncLoop:
         if self.cfg.dynamic_sampling:
             metrics[UNIFORM_DROPPED_FRAC] = self.window.uniform_dropped / max(self.window.groups, 1)
         if self.cfg.overlong is not Overlong.keep:
-            metrics[OVERLONG_FRAC] = self.window.overlong / max(self.window.groups * self.cfg.group_size, 1)
+            metrics[OVERLONG_FRAC] = self.window.overlong / max(self.window.completions, 1)
         metrics[REQUESTS_REISSUED] = float(self.requests_reissued)
         metrics[SAMPLER_RESTARTS] = float(self.sampler_restarts)
         metrics[TRAINER_RESTARTS] = float(self.trainer_restarts)
@@ -552,6 +553,6 @@ class AsyncLoop:
         # Sampler-bound: the trainer idles and the samplers are busy; trainer-bound: the samplers
         # wait (buffer full or staleness bound) and finished groups queue up.
         metrics[SAMPLER_BUSY_FRAC] = min(self.window.sampler_busy_s / (elapsed * self._sampler_lanes()), 1.0)
-        metrics[BUFFERED_GROUPS] = float(sum(len(b) for b in self.buffer) // self.cfg.group_size)
+        metrics[BUFFERED_GROUPS] = float(count_groups(self.buffer, self.cfg.group_size))
         self.window = _Window()
         return StepReport(step=self.version, metrics=metrics, version=self.version)
