@@ -77,11 +77,12 @@ test-fast: setup
 bench: setup
 	$(BIN)/python scripts/bench_correction.py
 
-# Start-up, the loop against its compute floor, per-job sweep overhead, multi-turn generation against
-# single-turn (docs/performance.md).
+# Start-up, the loop against its compute floor, the hand-offs between processes, per-job sweep
+# overhead, multi-turn generation against single-turn (docs/performance.md).
 bench-perf: setup
 	$(BIN)/python scripts/bench_startup.py
 	$(BIN)/python scripts/bench_loop.py
+	$(BIN)/python scripts/bench_transport.py
 	$(BIN)/python scripts/bench_sweep.py
 	$(BIN)/python scripts/bench_agentic.py --model v2 --concurrency 16 --batching continuous whole --prefix-cache on --repeats 3
 

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rlmix.transport import Layout, out_of_band, pack, packable, unpack
+
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
 
@@ -115,6 +117,17 @@ class Rollouts:
     def replace(self, **changes) -> Rollouts:
         return dataclasses.replace(self, **changes)
 
+    def __reduce_ex__(self, protocol: int):
+        """Pickled with its tensors in one buffer (``rlmix.transport``): how a sampler's rows reach
+        the driver and a batch the trainer."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        tensors = {name: v for name, v in values.items() if isinstance(v, torch.Tensor)}
+        if not packable(tensors):
+            return super().__reduce_ex__(protocol)
+        rest = {name: v for name, v in values.items() if name not in tensors}
+        layout, buffer = pack(tensors)
+        return _rebuild_rollouts, (rest, layout, out_of_band(buffer, protocol))
+
     def rows(self, rows: slice | torch.Tensor) -> Rollouts:
         """The sequences ``rows`` (a slice or an index tensor): every per-sequence tensor and tuple is cut along dim 0."""
         n, changes = len(self), {}
@@ -155,6 +168,10 @@ def sequence_input_ids(batch: Rollouts, pad_id: int) -> tuple[torch.Tensor, torc
     completion_pos = lens[:, None] + torch.arange(T, device=device)[None, :]  # (B, T)
     input_ids.scatter_(1, completion_pos, batch.completion_ids)
     return input_ids, completion_pos - 1
+
+
+def _rebuild_rollouts(rest: dict, layout: Layout, buffer) -> Rollouts:
+    return Rollouts(**rest, **unpack(layout, buffer))
 
 
 def _pad_cat(tensors: list[torch.Tensor | None], value: float | int) -> torch.Tensor | None:

@@ -21,6 +21,7 @@ from rlmix.config.schema import TrainerConfig
 from rlmix.correction import Correction
 from rlmix.rollout import Rollouts
 from rlmix.seeds import derive_seed
+from rlmix.transport import TensorDict
 from rlmix.tasks.base import OrderedTask, Task
 
 
@@ -157,7 +158,7 @@ class TrainerWorker:
         return self.trainer.version
 
     def published_weights(self) -> dict[str, torch.Tensor]:
-        return self.trainer.published_weights()
+        return TensorDict(self.trainer.published_weights())  # to every sampler as one buffer
 
     def save_checkpoint(self, path: str) -> None:
         self.trainer.save_checkpoint(Path(path))
