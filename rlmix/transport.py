@@ -4,10 +4,10 @@ Pickled one by one, each torch tensor goes through torch's own serializer, an ar
 tensor, and Ray copies what it reads back out of its object store into each of them. A
 ``Rollouts`` holds about fifteen tensors and the weights every sampler loads after every step
 dozens more, so each hand-off paid that per tensor. Here a message's CPU tensors are packed into
-one byte buffer, which pickle protocol 5 hands to Ray out of band (Ray's store keeps it without
-another copy), beside their names, dtypes and shapes. The receiver copies the buffer once into
-memory of its own, so the tensors it gets are ordinary writable tensors that share nothing with
-the sender or the store. Values, dtypes and shapes are exactly the sender's.
+one byte buffer, which pickle protocol 5 hands to Ray out of band (written into the store as it
+is, not inside the pickle), beside their names, dtypes and shapes. The receiver copies the buffer
+once into memory of its own, so the tensors it gets are ordinary writable tensors that share
+nothing with the sender or the store. Values, dtypes and shapes are exactly the sender's.
 
 ``Rollouts`` pickles this way (``rlmix.rollout``), and ``TensorDict`` is a plain ``dict`` of
 tensors that does (``TrainerWorker.published_weights``). A tensor that is not on the CPU, or a
