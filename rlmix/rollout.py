@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rlmix.transport import Layout, out_of_band, pack, packable, unpack
+from rlmix.transport import TensorDict
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
@@ -121,12 +121,9 @@ class Rollouts:
         """Pickled with its tensors in one buffer (``rlmix.transport``): how a sampler's rows reach
         the driver and a batch the trainer."""
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        tensors = {name: v for name, v in values.items() if isinstance(v, torch.Tensor)}
-        if not packable(tensors):
-            return super().__reduce_ex__(protocol)
+        tensors = TensorDict((name, v) for name, v in values.items() if isinstance(v, torch.Tensor))
         rest = {name: v for name, v in values.items() if name not in tensors}
-        layout, buffer = pack(tensors)
-        return _rebuild_rollouts, (rest, layout, out_of_band(buffer, protocol))
+        return _rebuild_rollouts, (rest, tensors)
 
     def rows(self, rows: slice | torch.Tensor) -> Rollouts:
         """The sequences ``rows`` (a slice or an index tensor): every per-sequence tensor and tuple is cut along dim 0."""
@@ -170,8 +167,8 @@ def sequence_input_ids(batch: Rollouts, pad_id: int) -> tuple[torch.Tensor, torc
     return input_ids, completion_pos - 1
 
 
-def _rebuild_rollouts(rest: dict, layout: Layout, buffer) -> Rollouts:
-    return Rollouts(**rest, **unpack(layout, buffer))
+def _rebuild_rollouts(rest: dict, tensors: dict[str, torch.Tensor]) -> Rollouts:
+    return Rollouts(**rest, **tensors)
 
 
 def _pad_cat(tensors: list[torch.Tensor | None], value: float | int) -> torch.Tensor | None:

@@ -9,9 +9,10 @@ is, not inside the pickle), beside their names, dtypes and shapes. The receiver 
 once into memory of its own, so the tensors it gets are ordinary writable tensors that share
 nothing with the sender or the store. Values, dtypes and shapes are exactly the sender's.
 
-``Rollouts`` pickles this way (``rlmix.rollout``), and ``TensorDict`` is a plain ``dict`` of
-tensors that does (``TrainerWorker.published_weights``). A tensor that is not on the CPU, or a
-value that is not a tensor, leaves the message to ordinary pickling.
+``TensorDict`` is a plain ``dict`` of tensors that pickles this way: the published weights are one
+(``TrainerWorker.published_weights``), and ``Rollouts`` pickles its tensors as one
+(``rlmix.rollout``). A tensor that is not on the CPU, or a value that is not a tensor, leaves the
+dict to ordinary pickling.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ ALIGN = 16  # bytes: every tensor starts at a multiple, so it can be viewed at i
 Layout = tuple[tuple[str, torch.dtype, tuple[int, ...], int, int], ...]  # name, dtype, shape, offset, bytes
 
 
-def packable(tensors: Mapping[str, object]) -> bool:
+def _packable(tensors: Mapping[str, object]) -> bool:
     return all(isinstance(t, torch.Tensor) and t.device.type == "cpu" and not t.is_sparse for t in tensors.values())
 
 
@@ -53,7 +54,7 @@ def unpack(layout: Layout, buffer) -> dict[str, torch.Tensor]:
             for name, dtype, shape, start, size in layout}
 
 
-def out_of_band(buffer: bytearray, protocol: int) -> object:
+def _out_of_band(buffer: bytearray, protocol: int) -> object:
     """The buffer as pickle should carry it: out of band where the protocol allows (5 and up)."""
     return pickle.PickleBuffer(buffer) if protocol >= 5 else bytes(buffer)
 
@@ -66,7 +67,7 @@ class TensorDict(dict):
     """A ``dict`` of tensors that crosses a process boundary as one buffer (module docstring)."""
 
     def __reduce_ex__(self, protocol: int):
-        if not packable(self):
+        if not _packable(self):
             return dict, (dict(self),)
         layout, buffer = pack(self)
-        return _tensor_dict, (layout, out_of_band(buffer, protocol))
+        return _tensor_dict, (layout, _out_of_band(buffer, protocol))

@@ -21,8 +21,8 @@ from rlmix.config.schema import TrainerConfig
 from rlmix.correction import Correction
 from rlmix.rollout import Rollouts
 from rlmix.seeds import derive_seed
-from rlmix.transport import TensorDict
 from rlmix.tasks.base import OrderedTask, Task
+from rlmix.transport import TensorDict
 
 
 class NotHeld(RuntimeError):
