@@ -258,16 +258,23 @@ def test_an_episode_that_raises_ends_the_evaluation_without_starting_the_rest(tm
 
 
 class _Interrupted(ScriptedPolicy):
-    """Ten actions an episode; the first turn of task b's first sample is a Ctrl-C."""
+    """Ten actions an episode; once every episode is at its first turn, task b's first sample is a Ctrl-C."""
 
-    def __init__(self):
+    def __init__(self, episodes: int):
         super().__init__(lambda task_id, sample: ["<bash>true</bash>"] * 9 + [SUBMIT])
-        self.turns = 0
+        self.all_running = threading.Barrier(episodes, timeout=60)
+        self.interrupted = threading.Event()
+        self.turns_after: dict[tuple[str, int], int] = {}
 
     def act(self, transcript):
-        self.turns += 1
-        if (transcript.task_id, transcript.sample, len(transcript.messages)) == ("b", 0, 2):
-            raise KeyboardInterrupt
+        episode = (transcript.task_id, transcript.sample)
+        if self.interrupted.is_set():
+            self.turns_after[episode] = self.turns_after.get(episode, 0) + 1
+        if len(transcript.messages) == 2:
+            self.all_running.wait()
+            if episode == ("b", 0):
+                self.interrupted.set()
+                raise KeyboardInterrupt
         return super().act(transcript)
 
 
@@ -275,7 +282,10 @@ class _Interrupted(ScriptedPolicy):
 def test_an_interrupt_ends_the_running_episodes_at_their_next_turn(tmp_path):
     for t in ("a", "b", "c"):
         make_task(tmp_path / "tasks", t)
-    policy = _Interrupted()
+    policy = _Interrupted(episodes=12)
     with pytest.raises(KeyboardInterrupt):
         run_swebench_eval(_cfg(tmp_path), policy, ks=[1], samples=4, out_dir=tmp_path / "run", concurrent=0)
-    assert policy.turns < 12 * 3  # 120 had every episode run to its end
+    # Every episode was running when the interrupt came. An episode already inside its turn then
+    # finishes that turn; none starts another (each would take nine more without the stop).
+    assert all(n <= 1 for n in policy.turns_after.values()), policy.turns_after
+    assert not (tmp_path / "run" / "eval.json").exists()

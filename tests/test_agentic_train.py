@@ -3,6 +3,8 @@ and sandbox, and the loss of every correction arm on an episode batch (environme
 
 from __future__ import annotations
 
+import threading
+
 import random
 
 import pytest
@@ -157,3 +159,47 @@ def test_a_request_s_episodes_come_back_in_job_order_and_one_error_ends_the_othe
         run_episodes(play, range(8), Turns, workers=4)
     assert set(turns) == {0, 1, 2, 3}  # jobs 4-7 never started
     assert sorted(stopped) == [0, 1, 2] and all(turns[j] < 40 for j in (0, 1, 2))  # 40-50 turns had they run on
+
+
+def test_the_failure_is_raised_not_the_episode_it_stopped_and_the_stop_does_not_wait_for_its_cleanup():
+    # Episode 0's turn fails and its cleanup (closing its sandbox) lasts until episode 1 has ended;
+    # episode 1 takes its next turn only after the failure. It must be stopped there, and the caller
+    # must get episode 0's error although episode 1's EpisodesStopped comes back first.
+    from types import SimpleNamespace
+
+    from rlmix.agentic.run import EpisodesStopped, run_episodes
+
+    second_started, failed, second_over = threading.Event(), threading.Event(), threading.Event()
+    second = []
+
+    class Policy:
+        def __init__(self, job):
+            self.job = job
+
+        def act(self, transcript):
+            if self.job == 0:
+                failed.set()
+                raise RuntimeError("sampler process lost")
+
+    def play(job, policy):
+        transcript = SimpleNamespace(task_id=f"t{job}", sample=0)
+        if job == 0:
+            try:
+                assert second_started.wait(10)
+                policy.act(transcript)
+            finally:
+                assert second_over.wait(10)  # the sandbox closes slowly
+        try:
+            second_started.set()
+            assert failed.wait(10)
+            policy.act(transcript)
+            second.append("played on")
+        except EpisodesStopped:
+            second.append("stopped")
+            raise
+        finally:
+            second_over.set()
+
+    with pytest.raises(RuntimeError, match="sampler process lost"):
+        run_episodes(play, [0, 1], Policy, workers=2)
+    assert second == ["stopped"]

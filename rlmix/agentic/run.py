@@ -153,7 +153,11 @@ class _Stoppable:
     def act(self, transcript):
         if self.stop.is_set():
             raise EpisodesStopped(f"{transcript.task_id} #{transcript.sample}: stopped with the episodes beside it")
-        return self.policy.act(transcript)
+        try:
+            return self.policy.act(transcript)
+        except BaseException:
+            self.stop.set()  # now, not once this episode's sandbox has closed: the others stop at their next turn
+            raise
 
 
 def run_episodes(play: Callable[[object, AgentPolicy], R], jobs: Sequence, policies: Callable[[object], AgentPolicy],
@@ -179,6 +183,8 @@ def run_episodes(play: Callable[[object, AgentPolicy], R], jobs: Sequence, polic
         futures = {pool.submit(guarded, job, _Stoppable(policies(job), stop)): i for i, job in enumerate(jobs)}
         try:
             for future in as_completed(futures):
+                if isinstance(future.exception(), EpisodesStopped):
+                    continue  # an episode the failure stopped: raised is the failure, which is still to come
                 results[futures[future]] = result = future.result()
                 if done is not None:
                     done(futures[future], result)
