@@ -206,6 +206,25 @@ def test_a_signal_finishes_the_step_writes_a_checkpoint_and_exits_128_plus_n(tmp
     assert "Traceback" not in run.text()
 
 
+def test_a_second_ctrl_c_stops_at_once_quietly_and_names_the_newest_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    # W&B on (offline), as a user runs it: its service process gets the Ctrl-C too.
+    run = Run(tmp_path, "+experiment=smoke", "loop.steps=500", "loop.checkpoint_every=2", f"hydra.run.dir={run_dir}")
+    # The step in flight cannot finish while the trainer is held, so the second Ctrl-C lands inside it.
+    run.hold_inside(run_dir, "TrainerWorker.train_step", 3, "the trainer stopped inside step 4 or later")
+    saved = complete(run_dir)[-1]
+    os.killpg(run.proc.pid, signal.SIGINT)
+    run.wait_for(lambda: "send it again to stop at once" in run.text(), "the first Ctrl-C's line")
+    os.killpg(run.proc.pid, signal.SIGINT)
+    assert run.finish() == 130, run.text()
+    result = summary(run_dir)
+    assert result["status"] == "interrupted" and result["stopped_at_once"] and result["signal"] == "SIGINT"
+    assert result["steps"] == rows(run_dir)[-1]["step"] and result["checkpoint"] == str(run_dir / "checkpoints" / f"step_{saved}")
+    err = run.err.read_text()
+    assert "stopped at once" in err and f"resume={run_dir}" in err, err
+    assert "Traceback" not in run.text() and "Connection lost" not in run.text()
+
+
 def test_a_run_whose_steps_are_all_non_finite_fails(tmp_path, tiny_llama_dir):
     from transformers import AutoModelForCausalLM
 

@@ -100,7 +100,14 @@ def say(summary: dict, overrides: list[str]) -> None:
     status, step = summary["status"], summary["steps"]
     resume_cmd = f"continue with: {command_line(overrides)} resume={summary['run_dir']}"
     train_cmd = command_line([o for o in overrides if not o.startswith(("hydra.", "+hydra."))])
-    if status == "interrupted":
+    if status == "interrupted" and summary.get("stopped_at_once"):
+        newest = Path(summary["checkpoint"]).name if summary["checkpoint"] else None
+        lost = "" if newest == f"step_{step}" else " (the steps after it train again)"
+        saved = f"newest checkpoint {newest}{lost}" if newest else "no checkpoint"
+        then = resume_cmd if summary["checkpoint"] else f"start again with: {train_cmd}"
+        print(f"interrupted at step {step} ({summary['signal']} twice: stopped at once), {saved}; {then}",
+              file=sys.stderr, flush=True)
+    elif status == "interrupted":
         saved = f"checkpoint {Path(summary['checkpoint']).name}" if summary["checkpoint"] else "no step to save"
         then = resume_cmd if summary["checkpoint"] else f"start again with: {train_cmd}"
         print(f"interrupted at step {step} ({summary['signal']}), {saved}; {then}", file=sys.stderr, flush=True)

@@ -16,6 +16,7 @@ from typing import Any, TextIO
 from rlmix.config.schema import WandbConfig, WandbMode
 from rlmix.metrics.console import StepDisplay
 from rlmix.metrics.jsonl import METRICS_FILE, keep_rows
+from rlmix.metrics.quiet import quiet_console
 from rlmix.metrics.wandb_tables import finish_wandb
 
 log = logging.getLogger(__name__)
@@ -81,15 +82,25 @@ class RunLogger:
         self._wandb_from = max(self._wandb_from, self._logged + 1)
         return rows
 
-    def finish(self, summary: dict) -> dict:
-        """Write summary.json (with the wall time) and close every sink; returns what was written."""
+    def finish(self, summary: dict, at_once: bool = False) -> dict:
+        """Write summary.json (with the wall time) and close every sink; returns what was written.
+
+        ``at_once``: the run was stopped by a second signal. W&B's service process got the same
+        Ctrl-C, so its run is closed without the final tables, and what W&B reports about a
+        service that is gone goes to train.log, not the console."""
         summary = {"wall_time_s": round(time.time() - self.start, 3)} | summary
         tmp = self.run_dir / (SUMMARY_FILE + ".tmp")
         tmp.write_text(json.dumps(summary, indent=2, default=str))
         tmp.replace(self.run_dir / SUMMARY_FILE)  # atomic: never a half-written summary
         self._jsonl.close()
         self.display.close()
-        if self.wandb is not None:
+        if self.wandb is not None and at_once:
+            quiet_console("wandb")
+            try:
+                self.wandb.finish(exit_code=1)
+            except Exception as err:
+                log.debug("W&B finish after a stop at once failed (%s)", err)
+        elif self.wandb is not None:
             try:
                 finish_wandb(self.wandb, summary, self.run_dir / METRICS_FILE)
             except Exception as err:

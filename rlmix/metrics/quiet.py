@@ -142,6 +142,15 @@ def _to_file(logger: logging.Logger, path: Path, formatter: logging.Formatter | 
     logger.propagate = False
 
 
+def quiet_console(name: str) -> None:
+    """``name``'s errors stop reaching the console too (they still go to train.log): for a library
+    whose failures the run expects, e.g. W&B's after a Ctrl-C has ended its service process."""
+    logger = logging.getLogger(name)
+    for handler in [h for h in logger.handlers if isinstance(h, _ThirdPartyErrors)]:
+        logger.removeHandler(handler)
+        handler.close()
+
+
 def worker_warnings(run_dir: Path) -> tuple[int, int]:
     """(warning lines, distinct warnings) in the run's workers.log: the once-per-run summary."""
     path = Path(run_dir) / WORKERS_LOG

@@ -5,7 +5,7 @@ one line on stderr and an exit code).
 |---------------|--------------------------------------------------------------|------------|
 | `completed`   | every step ran; no collapse that lasted (recovered episodes and warnings are listed) | 0 |
 | `collapsed`   | the monitor flagged the run and it was still down at the end (the run is data) | 0 |
-| `interrupted` | SIGINT / SIGTERM: the step in flight finished, then a checkpoint | 130 / 143 |
+| `interrupted` | SIGINT / SIGTERM: the step in flight finished, then a checkpoint (a second signal: at once, no checkpoint) | 130 / 143 |
 | `failed`      | a trainer dead more often than `trainer.max_restarts`, no sampler left, the watchdog, non-finite steps | 1 |
 
 docs/reliability.md lists each fault and what the run does about it.
@@ -61,7 +61,18 @@ class StopRequest:
 
 
 def finish(loop, steps, stop: StopRequest, facts: dict) -> dict:
-    """Run the loop to its end, then write the checkpoint and summary the outcome calls for."""
+    """Run the loop to its end, then write the checkpoint and summary the outcome calls for.
+
+    A second signal (``KeyboardInterrupt``) stops at once, in the loop or in the final save: the
+    summary is written without a new checkpoint, and names the newest one there is.
+    """
+    try:
+        return _finish(loop, steps, stop, facts)
+    except KeyboardInterrupt:
+        return _stopped_at_once(loop, steps, stop, facts)
+
+
+def _finish(loop, steps, stop: StopRequest, facts: dict) -> dict:
     from rlmix.assembly.checkpoints import latest_checkpoint
     from rlmix.metrics.verdict import CollapseRule
 
@@ -93,6 +104,23 @@ def finish(loop, steps, stop: StopRequest, facts: dict) -> dict:
     if stop.signum is not None:
         summary["signal"] = signal.Signals(stop.signum).name
     return steps.logger.finish(summary)  # with the accumulated wall time
+
+
+def _stopped_at_once(loop, steps, stop: StopRequest, facts: dict) -> dict:
+    from rlmix.assembly.checkpoints import latest_checkpoint
+
+    checkpoint = latest_checkpoint(steps.run_dir)
+    summary = {"status": Status.interrupted.value} | facts | {
+        "steps": loop.version,
+        "final": steps.last,
+        "collapse": steps.monitor.finish().as_summary(),
+        "checkpoint": str(checkpoint) if checkpoint else None,
+        "fault": {"sampler_restarts": loop.sampler_restarts, "requests_reissued": loop.requests_reissued,
+                  "trainer_restarts": loop.trainer_restarts},
+        "signal": signal.Signals(stop.signum or signal.SIGINT).name,
+        "stopped_at_once": True,
+    }
+    return steps.logger.finish(summary, at_once=True)
 
 
 def _status(failure: str, stop: StopRequest, collapse: bool) -> Status:
