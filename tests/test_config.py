@@ -185,6 +185,11 @@ def test_bad_input_is_one_line_naming_the_key(overrides, key):
     assert key in message and "\n" not in message, message
 
 
+def test_a_key_with_no_default_says_to_set_it():
+    with pytest.raises(ConfigError, match=r"^task.train_files: not set, and it has no default; give task.train_files=\.\.\.$"):
+        compose_run_config(["task=dataset"])
+
+
 def test_deepspeed_fp16_without_cuda_is_refused_before_ray():
     from rlmix.orchestration.hardware import check_machine, visible_gpus
 

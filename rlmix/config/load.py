@@ -37,12 +37,14 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
 
 def one_line(err: BaseException) -> str:
     """A composition/validation error as one line: the key at fault and what is allowed."""
-    from omegaconf.errors import OmegaConfBaseException
+    from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
     causes = [err]
     while causes[-1].__cause__ is not None:
         causes.append(causes[-1].__cause__)
     for cause in reversed(causes):
+        if isinstance(cause, MissingMandatoryValue) and getattr(cause, "full_key", None):
+            return f"{cause.full_key}: not set, and it has no default; give {cause.full_key}=..."
         if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
             msg = str(cause).splitlines()[0].strip()
             return f"{cause.full_key}: {msg}"
