@@ -225,6 +225,20 @@ def test_a_second_ctrl_c_stops_at_once_quietly_and_names_the_newest_checkpoint(t
     assert "Traceback" not in run.text() and "Connection lost" not in run.text()
 
 
+def test_ctrl_c_twice_while_the_run_starts_is_one_line_and_exit_130(tmp_path):
+    run_dir = tmp_path / "run"
+    run = Run(tmp_path, *SMOKE, "loop.steps=5", f"hydra.run.dir={run_dir}")
+    # Held inside its __init__, the trainer keeps the run in its start-up.
+    run.hold_inside(run_dir, "TrainerWorker.__init__", 0, "the trainer stopped while it starts")
+    os.killpg(run.proc.pid, signal.SIGINT)
+    run.wait_for(lambda: "send it again to stop at once" in run.text(), "the first Ctrl-C's line")
+    os.killpg(run.proc.pid, signal.SIGINT)
+    assert run.finish() == 130, run.text()
+    err = run.err.read_text()
+    assert "interrupted while the run was starting" in err and "start again with: rlmix train" in err, err
+    assert "Traceback" not in run.text() and not (run_dir / "summary.json").exists()
+
+
 def test_a_run_whose_steps_are_all_non_finite_fails(tmp_path, tiny_llama_dir):
     from transformers import AutoModelForCausalLM
 

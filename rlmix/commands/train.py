@@ -11,6 +11,7 @@ A failed job of a sweep does not stop the sweep; the command exits 1 once every 
 
 from __future__ import annotations
 
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -138,6 +139,12 @@ def run_train(args: list[str]) -> None:
         if _FAILED:
             print(f"error: {len(_FAILED)} job(s) of the sweep failed: {', '.join(_FAILED)}", file=sys.stderr)
             sys.exit(1)
+    except KeyboardInterrupt:
+        # Ctrl-C twice before a run's loop began (a run that trained ends through its summary instead).
+        again = " ".join(["rlmix", "train", *map(shlex.quote, args)])
+        print(f"interrupted while the run was starting (SIGINT: stopped at once), nothing trained; start again "
+              f"with: {again}", file=sys.stderr, flush=True)
+        sys.exit(128 + signal.SIGINT.value)
     finally:
         _planned.clear()
         SESSION.end_command()  # a sweep kept Ray and its processes warm between jobs
