@@ -21,6 +21,12 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
+def _interrupted(command: str, result: str) -> None:
+    """Ctrl-C during ``command``, whose ``result`` file is written only at its end: one line, exit 130."""
+    typer.echo(f"interrupted (SIGINT): rlmix {command} stopped, no {result} was written", err=True)
+    raise typer.Exit(code=130)
+
+
 @app.command(context_settings=_PASSTHROUGH, add_help_option=False)
 def train(ctx: typer.Context) -> None:
     """Train with Hydra overrides, e.g. `rlmix train +experiment=sc_mis seed=1`.
@@ -49,6 +55,8 @@ def eval(ctx: typer.Context) -> None:  # noqa: A001 - the command is called eval
         run_eval(quote_paths(ctx.args))
     except ConfigError as err:
         _fail(str(err))
+    except KeyboardInterrupt:
+        _interrupted("eval", "eval.json")
 
 
 @app.command(context_settings=_PASSTHROUGH)
@@ -62,6 +70,8 @@ def probe(ctx: typer.Context) -> None:
         run_probe(quote_paths(ctx.args))
     except ConfigError as err:
         _fail(str(err))
+    except KeyboardInterrupt:
+        _interrupted("probe", "probe.json")
 
 
 @app.command()

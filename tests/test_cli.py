@@ -57,6 +57,29 @@ def test_the_console_script_refuses_in_one_line_without_a_traceback(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
+def test_ctrl_c_during_eval_is_one_line_exit_130_and_no_results_file(tmp_path):
+    import os
+    import signal
+
+    from tests.cli import RLMIX
+
+    proc = subprocess.Popen([RLMIX, "eval", "eval.samples=1", "eval.k=[1]"], cwd=tmp_path, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("[1/"):  # the first problem scored: the evaluation is under way
+                os.killpg(proc.pid, signal.SIGINT)
+                break
+        assert proc.wait(timeout=120) == 130
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    err = proc.stderr.read()
+    assert err.strip().splitlines()[-1] == "interrupted (SIGINT): rlmix eval stopped, no eval.json was written", err
+    assert "Traceback" not in err and not list(tmp_path.rglob("eval.json"))
+
+
 @pytest.mark.parametrize(
     ("args", "key"),
     [
