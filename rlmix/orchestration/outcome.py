@@ -95,8 +95,7 @@ def _finish(loop, steps, stop: StopRequest, facts: dict) -> dict:
         "final": steps.last,
         "collapse": verdict.as_summary(),
         "checkpoint": str(checkpoint) if checkpoint else None,
-        "fault": {"sampler_restarts": loop.sampler_restarts, "requests_reissued": loop.requests_reissued,
-                  "trainer_restarts": loop.trainer_restarts},
+        "fault": _faults(loop),
     }
     if failure:
         summary["error"] = failure
@@ -104,6 +103,11 @@ def _finish(loop, steps, stop: StopRequest, facts: dict) -> dict:
     if stop.signum is not None:
         summary["signal"] = signal.Signals(stop.signum).name
     return steps.logger.finish(summary)  # with the accumulated wall time
+
+
+def _faults(loop) -> dict:
+    return {"sampler_restarts": loop.sampler_restarts, "requests_reissued": loop.requests_reissued,
+            "trainer_restarts": loop.trainer_restarts}
 
 
 def _stopped_at_once(loop, steps, stop: StopRequest, facts: dict) -> dict:
@@ -115,8 +119,7 @@ def _stopped_at_once(loop, steps, stop: StopRequest, facts: dict) -> dict:
         "final": steps.last,
         "collapse": steps.monitor.finish().as_summary(),
         "checkpoint": str(checkpoint) if checkpoint else None,
-        "fault": {"sampler_restarts": loop.sampler_restarts, "requests_reissued": loop.requests_reissued,
-                  "trainer_restarts": loop.trainer_restarts},
+        "fault": _faults(loop),
         "signal": signal.Signals(stop.signum or signal.SIGINT).name,
         "stopped_at_once": True,
     }
