@@ -64,8 +64,12 @@ def test_ctrl_c_during_eval_is_one_line_exit_130_and_no_results_file(tmp_path):
 
     from tests.cli import RLMIX
 
-    proc = subprocess.Popen([RLMIX, "eval", "eval.samples=1", "eval.k=[1]"], cwd=tmp_path, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    # As from a terminal: SIGINT at its default (a pytest-xdist worker ignores it, and a child
+    # inherits that), and no PYTHONUNBUFFERED for the progress lines to arrive through the pipe.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    proc = subprocess.Popen([RLMIX, "eval", "eval.samples=1", "eval.k=[1]"], cwd=tmp_path, text=True, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         for line in proc.stdout:
             if line.startswith("[1/"):  # the first problem scored: the evaluation is under way
