@@ -3,9 +3,8 @@ and sandbox, and the loss of every correction arm on an episode batch (environme
 
 from __future__ import annotations
 
-import threading
-
 import random
+import threading
 
 import pytest
 import torch

@@ -3,12 +3,14 @@ Typer app in this process."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 
 import pytest
 
-from tests.cli import rlmix, rlmix_refusing
+from tests.cli import RLMIX, rlmix, rlmix_refusing
 
 
 def test_help_imports_nothing_heavy():  # a bare interpreter importing rlmix.cli: ~0.3 s, kept fast
@@ -59,11 +61,6 @@ def test_the_console_script_refuses_in_one_line_without_a_traceback(tmp_path):
 
 @pytest.mark.slow
 def test_ctrl_c_during_eval_is_one_line_exit_130_and_no_results_file(tmp_path):
-    import os
-    import signal
-
-    from tests.cli import RLMIX
-
     # As from a terminal: SIGINT at its default (a pytest-xdist worker ignores it, and a child
     # inherits that), and no PYTHONUNBUFFERED for the progress lines to arrive through the pipe.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}

@@ -101,17 +101,16 @@ def say(summary: dict, overrides: list[str]) -> None:
     status, step = summary["status"], summary["steps"]
     resume_cmd = f"continue with: {command_line(overrides)} resume={summary['run_dir']}"
     train_cmd = command_line([o for o in overrides if not o.startswith(("hydra.", "+hydra."))])
-    if status == "interrupted" and summary.get("stopped_at_once"):
-        newest = Path(summary["checkpoint"]).name if summary["checkpoint"] else None
-        lost = "" if newest == f"step_{step}" else " (the steps after it train again)"
-        saved = f"newest checkpoint {newest}{lost}" if newest else "no checkpoint"
-        then = resume_cmd if summary["checkpoint"] else f"start again with: {train_cmd}"
-        print(f"interrupted at step {step} ({summary['signal']} twice: stopped at once), {saved}; {then}",
-              file=sys.stderr, flush=True)
-    elif status == "interrupted":
-        saved = f"checkpoint {Path(summary['checkpoint']).name}" if summary["checkpoint"] else "no step to save"
-        then = resume_cmd if summary["checkpoint"] else f"start again with: {train_cmd}"
-        print(f"interrupted at step {step} ({summary['signal']}), {saved}; {then}", file=sys.stderr, flush=True)
+    if status == "interrupted":
+        checkpoint = Path(summary["checkpoint"]).name if summary["checkpoint"] else None
+        then = resume_cmd if checkpoint else f"start again with: {train_cmd}"
+        if summary.get("stopped_at_once"):  # a second signal: no checkpoint of the last steps
+            how = f"{summary['signal']} twice: stopped at once"
+            lost = "" if checkpoint == f"step_{step}" else " (the steps after it train again)"
+            saved = f"newest checkpoint {checkpoint}{lost}" if checkpoint else "no checkpoint"
+        else:
+            how, saved = summary["signal"], f"checkpoint {checkpoint}" if checkpoint else "no step to save"
+        print(f"interrupted at step {step} ({how}), {saved}; {then}", file=sys.stderr, flush=True)
     elif status == "failed":
         then = resume_cmd if summary["resumable"] else f"no checkpoint was written yet; start again with: {train_cmd}"
         print(f"error: run failed at step {step}: {summary['error']}; {then}", file=sys.stderr, flush=True)

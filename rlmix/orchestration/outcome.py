@@ -90,13 +90,7 @@ def _finish(loop, steps, stop: StopRequest, facts: dict) -> dict:
             checkpoint = steps.checkpoint(loop.version)
         except RunFailed as err:  # the final save: no step is left to train again after a restart
             failure, status = str(err), Status.failed
-    summary = {"status": status.value} | facts | {
-        "steps": loop.version,
-        "final": steps.last,
-        "collapse": verdict.as_summary(),
-        "checkpoint": str(checkpoint) if checkpoint else None,
-        "fault": _faults(loop),
-    }
+    summary = _summary(status, facts, loop, steps, verdict, checkpoint)
     if failure:
         summary["error"] = failure
         summary["resumable"] = latest_checkpoint(steps.run_dir) is not None
@@ -105,24 +99,22 @@ def _finish(loop, steps, stop: StopRequest, facts: dict) -> dict:
     return steps.logger.finish(summary)  # with the accumulated wall time
 
 
-def _faults(loop) -> dict:
-    return {"sampler_restarts": loop.sampler_restarts, "requests_reissued": loop.requests_reissued,
-            "trainer_restarts": loop.trainer_restarts}
+def _summary(status: Status, facts: dict, loop, steps, verdict, checkpoint) -> dict:
+    return {"status": status.value} | facts | {
+        "steps": loop.version,
+        "final": steps.last,
+        "collapse": verdict.as_summary(),
+        "checkpoint": str(checkpoint) if checkpoint else None,
+        "fault": {"sampler_restarts": loop.sampler_restarts, "requests_reissued": loop.requests_reissued,
+                  "trainer_restarts": loop.trainer_restarts},
+    }
 
 
 def _stopped_at_once(loop, steps, stop: StopRequest, facts: dict) -> dict:
     from rlmix.assembly.checkpoints import latest_checkpoint
 
-    checkpoint = latest_checkpoint(steps.run_dir)
-    summary = {"status": Status.interrupted.value} | facts | {
-        "steps": loop.version,
-        "final": steps.last,
-        "collapse": steps.monitor.finish().as_summary(),
-        "checkpoint": str(checkpoint) if checkpoint else None,
-        "fault": _faults(loop),
-        "signal": signal.Signals(stop.signum or signal.SIGINT).name,
-        "stopped_at_once": True,
-    }
+    summary = _summary(Status.interrupted, facts, loop, steps, steps.monitor.finish(), latest_checkpoint(steps.run_dir))
+    summary |= {"signal": signal.Signals(stop.signum or signal.SIGINT).name, "stopped_at_once": True}
     return steps.logger.finish(summary, at_once=True)
 
 
