@@ -225,17 +225,19 @@ def test_a_second_ctrl_c_stops_at_once_quietly_and_names_the_newest_checkpoint(t
     assert "Traceback" not in run.text() and "Connection lost" not in run.text()
 
 
-def test_ctrl_c_twice_while_the_run_starts_is_one_line_and_exit_130(tmp_path):
+@pytest.mark.parametrize(
+    ("signum", "to_group", "code"), [(signal.SIGINT, True, 130), (signal.SIGTERM, False, 143)], ids=["ctrl_c", "sigterm"],
+)
+def test_a_signal_while_the_run_starts_stops_it_at_once_with_one_line(tmp_path, signum, to_group, code):
     run_dir = tmp_path / "run"
     run = Run(tmp_path, *SMOKE, "loop.steps=5", f"hydra.run.dir={run_dir}")
-    # Held inside its __init__, the trainer keeps the run in its start-up.
+    # Held inside its __init__, the trainer keeps the run in its start-up: waiting for it would never end.
     run.hold_inside(run_dir, "TrainerWorker.__init__", 0, "the trainer stopped while it starts")
-    os.killpg(run.proc.pid, signal.SIGINT)
-    run.wait_for(lambda: "send it again to stop at once" in run.text(), "the first Ctrl-C's line")
-    os.killpg(run.proc.pid, signal.SIGINT)
-    assert run.finish() == 130, run.text()
+    (os.killpg if to_group else os.kill)(run.proc.pid, signum)
+    assert run.finish() == code, run.text()
     err = run.err.read_text()
-    assert "interrupted while the run was starting" in err and "start again with: rlmix train" in err, err
+    assert f"interrupted while the run was starting ({signum.name}: stopped at once), nothing trained" in err, err
+    assert "start again with: rlmix train" in err and "step in flight" not in err, err
     assert "Traceback" not in run.text() and not (run_dir / "summary.json").exists()
 
 

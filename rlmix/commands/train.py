@@ -138,12 +138,15 @@ def run_train(args: list[str]) -> None:
         if _FAILED:
             print(f"error: {len(_FAILED)} job(s) of the sweep failed: {', '.join(_FAILED)}", file=sys.stderr)
             sys.exit(1)
-    except KeyboardInterrupt:
-        # Ctrl-C twice before a run's loop began (a run that trained ends through its summary instead).
+    except KeyboardInterrupt as stopped:
+        # A signal before a run's loop began (a run that trained ends through its summary instead).
+        signum = getattr(stopped, "signum", signal.SIGINT)  # a bare KeyboardInterrupt: Ctrl-C before Ray
         again = " ".join(["rlmix", "train", *map(shlex.quote, args)])
-        print(f"interrupted while the run was starting (SIGINT: stopped at once), nothing trained; start again "
-              f"with: {again}", file=sys.stderr, flush=True)
-        sys.exit(128 + signal.SIGINT.value)
+        trained = f"{len(_finished)} run(s) of the sweep had finished, that one trained nothing" if _finished \
+            else "nothing trained"
+        print(f"interrupted while the run was starting ({signal.Signals(signum).name}: stopped at once), {trained}; "
+              f"start again with: {again}", file=sys.stderr, flush=True)
+        sys.exit(128 + signum)
     finally:
         _planned.clear()
         SESSION.end_command()  # a sweep kept Ray and its processes warm between jobs

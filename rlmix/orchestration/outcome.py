@@ -6,6 +6,9 @@ one line on stderr and an exit code).
 | `completed`   | every step ran; no collapse that lasted (recovered episodes and warnings are listed) | 0 |
 | `collapsed`   | the monitor flagged the run and it was still down at the end (the run is data) | 0 |
 | `interrupted` | SIGINT / SIGTERM: the step in flight finished, then a checkpoint (a second signal: at once, no checkpoint) | 130 / 143 |
+
+A signal while Ray and the actors start writes no summary: ``StoppedWhileStarting`` ends the
+command at once (rlmix.commands.train says so in one line), since nothing has trained.
 | `failed`      | a trainer dead more often than `trainer.max_restarts`, no sampler left, the watchdog, non-finite steps | 1 |
 
 docs/reliability.md lists each fault and what the run does about it.
@@ -30,21 +33,36 @@ class Status(enum.Enum):
     failed = "failed"
 
 
+class StoppedWhileStarting(KeyboardInterrupt):
+    """A signal before the loop began: nothing trained, so there is no step to finish or to save."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
 class StopRequest:
-    """The first SIGINT/SIGTERM asks the loop to stop after the step in flight; a second stops at once."""
+    """While the run starts, a SIGINT/SIGTERM stops it at once (``StoppedWhileStarting``). Once the
+    loop runs (``training()``), the first asks it to stop after the step in flight; a second stops at once."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self.started = False
 
     def __call__(self) -> bool:
         return self.signum is not None
 
+    def training(self) -> None:
+        self.started = True
+
     def _handle(self, signum: int, frame) -> None:
-        if self.signum is not None:
+        if self.started and self.signum is not None:
             raise KeyboardInterrupt
         self.signum = signum
+        if not self.started:
+            raise StoppedWhileStarting(signum)
         log.warning("%s: finishing the step in flight, then a checkpoint (send it again to stop at once)",
                     signal.Signals(signum).name)
 

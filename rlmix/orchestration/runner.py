@@ -97,7 +97,7 @@ def train(plan: RunPlan, run_dir: Path, sweep_group: str | None = None, label: s
     from rlmix.models.tokenizer_file import load_fast_tokenizer
     from rlmix.metrics.monitor import CollapseMonitor
     from rlmix.orchestration.loop import AsyncLoop
-    from rlmix.orchestration.outcome import StopRequest, finish
+    from rlmix.orchestration.outcome import StopRequest, StoppedWhileStarting, finish
 
     cfg = plan.cfg
     run_dir = Path(run_dir)
@@ -145,6 +145,7 @@ def train(plan: RunPlan, run_dir: Path, sweep_group: str | None = None, label: s
             steps.loop = loop
             facts = {"name": cfg.name, "seed": cfg.seed, "run_dir": str(run_dir), "fleet": manifest,
                      "model_dir": str(model_dir), "versions": package_versions()}
+            stop.training()
             summary = finish(loop, steps, stop, facts)
             # Only after an orderly end are the processes trusted with the next job of a sweep (a
             # sampler that died may still be restarting, and has used up some of Ray's restarts).
@@ -152,8 +153,10 @@ def train(plan: RunPlan, run_dir: Path, sweep_group: str | None = None, label: s
             clean = summary.get("status") in ("completed", "collapsed") and not any(slot.deaths for slot in slots)
             keep_warm = keep_warm and clean
             return summary
-    except BaseException:
+    except BaseException as err:
         keep_warm = False
+        if isinstance(err, KeyboardInterrupt) and not stop.started and stop.signum is not None:
+            raise StoppedWhileStarting(stop.signum) from None  # ray.get raises a KeyboardInterrupt of its own
         raise
     finally:
         SESSION.release(keep=keep_warm)  # parked processes are reset before any reuse
