@@ -25,8 +25,8 @@ def _job(overrides: list[str], run_dir):
     cfg, correction = plan.cfg, plan.correction
     model_dir = resolve_model_dir(plan)
     specs = resolve_fleet(plan, load_fast_tokenizer(model_dir).eos_token_id)
-    runtime_env = start_ray(cfg, specs, log_dir=run_dir)
-    trainer, slots, ready = start_actors(plan, specs, model_dir, core_plan(cfg, specs), runtime_env["env_vars"])
+    env_vars = start_ray(cfg, specs, log_dir=run_dir)
+    trainer, slots, ready = start_actors(plan, specs, model_dir, core_plan(cfg, specs), env_vars)
     return cfg, trainer, slots, ray.get(ready)
 
 
@@ -76,6 +76,8 @@ def test_jobs_of_a_sweep_reuse_ray_and_processes_with_fresh_state(tmp_path):
     try:
         cfg, trainer, slots, versions = _job([], tmp_path / "0")
         assert versions == [0, 0, 0]
+        # No runtime_env (each would start through a second interpreter); the actors took theirs.
+        assert not ray.get_runtime_context().runtime_env and (tmp_path / "0" / "workers.log").is_file()
         gcs = ray.get_runtime_context().gcs_address
         assert _train_one_step(cfg, trainer, slots) == 1
         ids = [trainer._actor_id] + [s.actor._actor_id for s in slots]

@@ -10,8 +10,9 @@ Two sources, two routes:
 * the Ray workers (samplers, trainer): vLLM, DeepSpeed and torch print from C++ and from child
   processes too, so logging filters cannot catch it all. Each worker process points its own
   stdout and stderr (file descriptors 1 and 2, which child processes inherit) at
-  ``workers.log`` in the run directory, from Ray's worker set-up hook, and Ray does not
-  forward worker output to the driver.
+  ``workers.log`` in the run directory when it takes on the run's environment
+  (``adopt_worker_env``, first thing in each actor's constructor), and Ray does not forward
+  worker output to the driver.
 
 ``logger.verbose=true`` turns both routes off: everything streams to the console as before.
 """
@@ -34,17 +35,41 @@ _SOURCE = re.compile(r"([\w.-]+\.py:\d+)")
 _WARNING = re.compile(r"\bWARN(ING)?\b|Warning|^\[W\d|\(raylet\).*warn", re.IGNORECASE)
 
 
-def worker_runtime_env(run_dir: Path, verbose: bool) -> dict:
-    """Ray ``runtime_env`` for every worker of a run."""
+def worker_env(run_dir: Path, verbose: bool) -> dict[str, str]:
+    """The environment every worker of a run takes on (``adopt_worker_env``)."""
     env = dict(WORKER_ENV)
-    if verbose:
-        return {"env_vars": env}
-    env[_LOG_ENV] = str(Path(run_dir).resolve() / WORKERS_LOG)
-    return {"env_vars": env, "worker_process_setup_hook": f"{__name__}.redirect_worker_output"}
+    if not verbose:
+        env[_LOG_ENV] = str(Path(run_dir).resolve() / WORKERS_LOG)
+    return env
+
+
+_ADOPTED: dict[str, str] = {}  # this process's run environment, for the actors it starts itself
+
+
+def adopt_worker_env(env_vars: dict[str, str]) -> None:
+    """This process takes on a run's worker environment: its variables, and its output goes to the
+    run's workers.log. Actors get it as a constructor argument rather than as Ray's ``runtime_env``,
+    which would start each worker through a second interpreter and Ray's runtime-env agent
+    (docs/performance.md, Start-up)."""
+    os.environ.update(env_vars)
+    _ADOPTED.clear()
+    _ADOPTED.update(env_vars)
+    redirect_worker_output()  # a no-op when the run streams worker output to the console
+
+
+def inherited_runtime_env() -> dict:
+    """Ray ``runtime_env`` for the actors a worker starts itself (DeepSpeed's ranks): the run's
+    worker environment as this process adopted it, output included."""
+    if not _ADOPTED:
+        return {}
+    env: dict = {"env_vars": dict(_ADOPTED)}
+    if _LOG_ENV in _ADOPTED:
+        env["worker_process_setup_hook"] = f"{__name__}.redirect_worker_output"
+    return env
 
 
 def redirect_worker_output() -> None:
-    """Ray's worker set-up hook: this process's stdout and stderr append to the run's workers.log.
+    """This process's stdout and stderr append to the run's workers.log (also Ray's worker set-up hook).
 
     On a remote node that cannot see the run directory the worker keeps Ray's own log files.
     """

@@ -25,18 +25,17 @@ from rlmix.orchestration.session import SESSION, TRAINER_RESOURCE, ActorRequest
 log = logging.getLogger(__name__)
 
 
-def start_ray(cfg: RunConfig, specs: list[SamplerSpec], log_dir: Path) -> dict:
+def start_ray(cfg: RunConfig, specs: list[SamplerSpec], log_dir: Path) -> dict[str, str]:
     """Start or join Ray (a sweep's previous job's instance is kept where it fits); returns the
-    runtime environment of this run's actors (their output goes to ``log_dir``/workers.log)."""
-    from rlmix.metrics.quiet import route_driver_logs, worker_runtime_env
+    environment this run's actors take on (their output goes to ``log_dir``/workers.log)."""
+    from rlmix.metrics.quiet import route_driver_logs, worker_env
     from rlmix.orchestration.workers import LAUNCH_DIR_ENV
 
     route_driver_logs(log_dir, cfg.logger.verbose)
-    runtime_env = worker_runtime_env(log_dir, cfg.logger.verbose)
-    runtime_env["env_vars"][LAUNCH_DIR_ENV] = os.getcwd()
+    env_vars = worker_env(log_dir, cfg.logger.verbose) | {LAUNCH_DIR_ENV: os.getcwd()}
     resources = {spec.resource for spec in specs} | {TRAINER_RESOURCE}
-    SESSION.ensure_ray(cfg.cluster.address, cfg.cluster.num_cpus, resources, runtime_env, cfg.logger.verbose)
-    return runtime_env
+    SESSION.ensure_ray(cfg.cluster.address, cfg.cluster.num_cpus, resources, env_vars, cfg.logger.verbose)
+    return env_vars
 
 
 def core_plan(cfg: RunConfig, specs: list[SamplerSpec]) -> CorePlan:
@@ -117,7 +116,7 @@ def train(plan: RunPlan, run_dir: Path, sweep_group: str | None = None, label: s
     for pool, entry in manifest.items():
         log.info("pool %s: %d x %s", pool, entry["count"], entry["label"])
     launched = time.perf_counter()
-    runtime_env = start_ray(cfg, specs, log_dir=run_dir)
+    env_vars = start_ray(cfg, specs, log_dir=run_dir)
     stop = StopRequest()
     # The next job of this sweep (or, under SESSION.hold(), the next command) reuses Ray and the processes.
     keep_warm = sweep_group is not None or SESSION.held
@@ -125,7 +124,7 @@ def train(plan: RunPlan, run_dir: Path, sweep_group: str | None = None, label: s
         with stop.installed():
             cores = core_plan(cfg, specs)
             log.info("%s", cores.describe())
-            trainer, slots, ready = start_actors(plan, specs, model_dir, cores, runtime_env["env_vars"])
+            trainer, slots, ready = start_actors(plan, specs, model_dir, cores, env_vars)
             # Every process up before the clock starts: an engine that takes 20 s to start would
             # otherwise sit out the first steps of a short run. All are awaited together, once.
             ray.get(ready)

@@ -99,11 +99,15 @@ class Session:
         self.job += 1
         return self.job
 
-    def ensure_ray(self, address: str | None, num_cpus: int | None, resources: set[str], runtime_env: dict,
+    def ensure_ray(self, address: str | None, num_cpus: int | None, resources: set[str], env_vars: dict[str, str],
                    log_to_driver: bool) -> None:
         """Start (or join) Ray unless the running instance already offers everything asked for.
 
-        ``runtime_env`` is the first job's; each actor also carries its own run's ``env_vars``.
+        Each actor takes on its own run's ``env_vars`` in its constructor. A local instance gets
+        no ``runtime_env``: with one, Ray starts every worker through a second interpreter
+        (``setup_worker.py``) and its runtime-env agent, about 1 core-second per actor; its
+        processes inherit this one's environment (``RLMIX_SCRATCH``) instead. Joining a cluster,
+        ``env_vars`` (the first job's) go as the job's ``runtime_env``, for the nodes' processes.
         """
         import ray
 
@@ -114,8 +118,8 @@ class Session:
             return
         self.close()
         self.scratch = open_scratch()  # before Ray starts: its processes inherit RLMIX_SCRATCH
-        env = runtime_env | {"env_vars": runtime_env.get("env_vars", {}) | {SCRATCH_ENV: str(self.scratch)}}
         if address is not None:
+            env = {"env_vars": env_vars | {SCRATCH_ENV: str(self.scratch)}}
             ray.init(address=address, runtime_env=env, log_to_driver=log_to_driver)
         else:
             cpus = num_cpus or os.cpu_count() or 1
@@ -131,7 +135,6 @@ class Session:
                 include_dashboard=False,
                 log_to_driver=log_to_driver,
                 configure_logging=False,
-                runtime_env=env,
                 # Ray caps concurrent worker start-ups at the core count: lift it so every
                 # actor of the run imports torch at the same time.
                 _system_config={"worker_maximum_startup_concurrency": 64},
@@ -212,8 +215,7 @@ class Session:
 def _start(req: ActorRequest):
     import ray
 
-    options = req.options | {"runtime_env": {"env_vars": req.env_vars}}
-    return ray.remote(req.cls).options(**options).remote(*req.args)
+    return ray.remote(req.cls).options(**req.options).remote(*req.args, run_env=req.env_vars)
 
 
 SESSION = Session()

@@ -19,6 +19,7 @@ from rlmix.assembly.producers import Request
 from rlmix.assembly.task_kinds import TaskKind
 from rlmix.config.schema import TrainerConfig
 from rlmix.correction import Correction
+from rlmix.metrics.quiet import adopt_worker_env
 from rlmix.rollout import Rollouts
 from rlmix.seeds import derive_seed
 from rlmix.tasks.base import OrderedTask, Task
@@ -65,25 +66,19 @@ def enter_launch_dir() -> None:
         sys.path.insert(0, launch)
 
 
-def adopt_run_env(env_vars: Mapping[str, str]) -> None:
-    """A reused process takes on the new run's worker environment: its output goes to that run."""
-    import os
-
-    from rlmix.metrics.quiet import redirect_worker_output
-
-    os.environ.update(env_vars)
-    redirect_worker_output()  # a no-op when the run streams worker output to the console
-
-
 class SamplerWorker:
     """One sampler instance: loads published weights between requests, produces scored rollouts."""
 
-    def __init__(self, spec: SamplerSpec, model_dir: str, task: TaskKind, seed: int, threads: int, job: int = 0):
+    def __init__(self, spec: SamplerSpec, model_dir: str, task: TaskKind, seed: int, threads: int, job: int = 0,
+                 run_env: Mapping[str, str] | None = None):
         """``task``: the run's task and its kind, which makes the rollout producer (``RunPlan.task``).
         ``job``: the token of the job whose arguments these are; every request carries its own
-        job's token, so a process Ray re-created from an earlier job's arguments is recognised."""
+        job's token, so a process Ray re-created from an earlier job's arguments is recognised.
+        ``run_env``: the run's worker environment (``rlmix.metrics.quiet.adopt_worker_env``)."""
         from rlmix.models.tokenizer_file import load_fast_tokenizer
 
+        if run_env is not None:
+            adopt_worker_env(run_env)
         torch.set_num_threads(threads or 1)
         enter_launch_dir()  # before the task is made: its reward may be the user's module
         self._job = job
@@ -128,15 +123,17 @@ class SamplerWorker:
     def reset(self, env_vars: Mapping[str, str], *args) -> int:
         """Become a new worker in this process (the next job of a sweep); returns the version."""
         self.sampler.close()
-        adopt_run_env(env_vars)
-        self.__init__(*args)
+        self.__init__(*args, run_env=env_vars)
         return self.sampler.version
 
 
 class TrainerWorker:
     """The trainer process: wraps a backend and hands out versioned weights."""
 
-    def __init__(self, model_dir: str, cfg: TrainerConfig, correction: Correction, seed: int):
+    def __init__(self, model_dir: str, cfg: TrainerConfig, correction: Correction, seed: int,
+                 run_env: Mapping[str, str] | None = None):
+        if run_env is not None:
+            adopt_worker_env(run_env)
         if cfg.num_threads:  # None only outside a run (the runner always assigns a number)
             torch.set_num_threads(cfg.num_threads)
         self.trainer = build_trainer(model_dir, cfg, correction, seed)
@@ -153,8 +150,7 @@ class TrainerWorker:
         close = getattr(self.trainer, "close", None)
         if close is not None:
             close()
-        adopt_run_env(env_vars)
-        self.__init__(*args)
+        self.__init__(*args, run_env=env_vars)
         return self.trainer.version
 
     def published_weights(self) -> dict[str, torch.Tensor]:

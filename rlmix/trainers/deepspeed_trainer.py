@@ -73,7 +73,10 @@ class DeepSpeedTrainer:
             import ray
 
             gpus = 1 if comm_backend(cfg.deepspeed.comm_backend) == "nccl" else 0
-            actor = ray.remote(num_cpus=0, num_gpus=gpus)(DeepSpeedRank)
+            from rlmix.metrics.quiet import inherited_runtime_env
+
+            # The ranks write where this trainer writes (the run's workers.log).
+            actor = ray.remote(num_cpus=0, num_gpus=gpus, runtime_env=inherited_runtime_env())(DeepSpeedRank)
             self._local = None
             self._actors = [actor.remote(str(model_dir), cfg, correction, seed) for _ in range(self.ranks_n)]
             addr, port = ray.get(self._actors[0].endpoint.remote())
