@@ -172,6 +172,14 @@ def test_runs_in_natural_order_and_arms_split_by_differing_overrides(tmp_path: P
     assert [r.arm for r in runs] == ["sc trainer.lr=1e-5", "sc trainer.lr=3e-5"]  # shared fleet= dropped
 
 
+def test_the_search_stops_at_run_directories_and_skips_hidden_ones(multirun: Path) -> None:
+    # A run directory's own folders (checkpoints, W&B files) and hidden ones (.git, .venv) hold no runs.
+    write_run(multirun / "0" / "checkpoints" / "step_5", "inner", 0, stable_rows())
+    write_run(multirun / ".venv" / "x", "hidden", 0, stable_rows())
+    assert [r.label for r in collect_runs(multirun)] == ["0", "1"]
+    assert [r.label for r in collect_runs(multirun / "0")] == ["."]
+
+
 def test_log_axis_drops_non_positive_kl_and_missing_metric_still_plots(tmp_path: Path) -> None:
     rows = [{"step": t, "time": t, "reward/mean": 0.5, "mismatch/kl_k3": 0.0 if t < 3 else 1e-3} for t in range(8)]
     write_run(tmp_path / "run", "tiny", 0, rows)

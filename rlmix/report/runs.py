@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -85,11 +86,25 @@ def collect_runs(path: str | Path) -> list[RunRecord]:
     root = Path(path)
     if not root.is_dir():
         raise ConfigError(f"report: {root} is not a directory (give a run or multirun directory)")
-    run_dirs = sorted({p.parent for p in root.rglob("metrics.jsonl")}, key=_natural_key)
+    run_dirs = sorted(find_run_dirs(root), key=_natural_key)
     if not run_dirs:
         raise ConfigError(f"report: no run directories (with metrics.jsonl) under {root}")
     runs = [_load_run(d, root) for d in run_dirs]
     return _label_arms(runs)
+
+
+def find_run_dirs(root: Path) -> list[Path]:
+    """Directories at or below ``root`` holding ``metrics.jsonl``. The walk does not go into a run
+    directory (its checkpoints and W&B files hold no runs), nor into hidden directories (``.git``,
+    a virtual environment), nor through symbolic links."""
+    found = []
+    for here, dirs, files in os.walk(root):
+        if "metrics.jsonl" in files:
+            found.append(Path(here))
+            dirs.clear()
+        else:
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+    return found
 
 
 def _natural_key(path: Path) -> list[tuple[int, int | str]]:
