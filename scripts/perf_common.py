@@ -1,5 +1,6 @@
-"""Shared by the performance benchmarks (scripts/bench_startup.py, bench_loop.py, bench_sweep.py, bench_scaling.py,
-bench_peer.py, bench_weight_load.py, bench_trainer_step.py, bench_transport.py).
+"""Shared by the performance benchmarks (scripts/bench_startup.py, bench_actor_start.py, bench_loop.py,
+bench_sweep.py, bench_scaling.py, bench_peer.py, bench_weight_load.py, bench_trainer_step.py,
+bench_transport.py).
 
 Each runs the real ``rlmix`` command in a subprocess, stamps every line it prints with the time
 since launch, and records the machine's load average beside each number: on a shared machine the
