@@ -206,6 +206,36 @@ def test_a_signal_finishes_the_step_writes_a_checkpoint_and_exits_128_plus_n(tmp
     assert "Traceback" not in run.text()
 
 
+def test_a_sigterm_to_the_whole_group_still_lets_a_long_step_finish_and_be_saved(tmp_path):
+    """``timeout``, ``kill -- -PGID`` and schedulers signal every process of the group, Ray's own
+    processes (its raylet, which would end every actor) included. These hold the signal blocked, so
+    a step that takes long (the trainer is held inside one) still finishes and is saved."""
+    run_dir = tmp_path / "run"
+    run = Run(tmp_path, *SMOKE, "loop.steps=500", f"hydra.run.dir={run_dir}")
+    held = run.hold_inside(run_dir, "TrainerWorker.train_step", 2, "the trainer stopped inside step 3 or later")
+    raylet = next(pid for pid in session_pids(run.proc.pid) if title(pid).endswith("/raylet"))
+    os.killpg(run.proc.pid, signal.SIGTERM)
+    # Either the raylet acted on the signal (it is gone, and the actors with it) or it holds it pending.
+    run.wait_for(lambda: not title(raylet) or sigterm_pending(raylet), "the raylet to get the SIGTERM")
+    assert title(raylet), "the raylet ended on the group's SIGTERM"
+    os.kill(held, signal.SIGCONT)
+    assert run.finish() == 143, run.text()
+    result = summary(run_dir)
+    assert result["status"] == "interrupted" and result["signal"] == "SIGTERM"
+    assert complete(run_dir)[-1] == result["steps"] == rows(run_dir)[-1]["step"] >= 3
+    assert "died" not in run.text() and "Traceback" not in run.text()
+
+
+def sigterm_pending(pid: int) -> bool:
+    """Whether SIGTERM waits, blocked, on process ``pid``."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:  # gone
+        return False
+    shared = int(status.split("ShdPnd:")[1].split()[0], 16)
+    return bool(shared & (1 << (signal.SIGTERM - 1)))
+
+
 def test_a_second_ctrl_c_stops_at_once_quietly_and_names_the_newest_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     # W&B on (offline), as a user runs it: its service process gets the Ctrl-C too.

@@ -24,6 +24,13 @@ One process may run several commands in turn (a test session does): inside ``Ses
 every job ends as a sweep's does, so the next command reuses Ray and the parked processes in the
 same way; the instance ends when the hold does.
 
+A signal to the whole process group (``timeout``, ``kill -- -PGID``, a scheduler ending a job)
+reaches Ray's own processes too, which sit in the driver's group: Ray's raylet would end every
+actor at once and the driver with them, before the run could save its step. A local instance
+is therefore started with SIGTERM blocked, as Ray blocks SIGINT in them for Ctrl-C; its
+processes keep the block, the driver alone handles the signal (rlmix.orchestration.outcome),
+and each actor, in its own process group, takes SIGTERM back (``workers.own_sigterm``).
+
 The processes share one scratch directory (rlmix.isolation.scratch) for their sandboxes and task
 directories; it lives as long as Ray does here and is removed, with any process still running
 from it, when Ray is shut down (``Session.close``).
@@ -33,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,19 +134,20 @@ class Session:
             # Emulated accelerator types are declared as Ray's own accelerator_type resources,
             # so the same placement code runs unchanged on a real heterogeneous cluster. Each
             # is declared many times over so later jobs of a sweep with more instances fit too.
-            ray.init(
-                # "local": always a new instance of our own, never another process's `ray start`
-                # cluster found on this machine (which would refuse num_cpus and resources).
-                address="local",
-                num_cpus=cpus,
-                resources={name: 64.0 for name in resources},
-                include_dashboard=False,
-                log_to_driver=log_to_driver,
-                configure_logging=False,
-                # Ray caps concurrent worker start-ups at the core count: lift it so every
-                # actor of the run imports torch at the same time.
-                _system_config={"worker_maximum_startup_concurrency": 64},
-            )
+            with _sigterm_blocked():
+                ray.init(
+                    # "local": always a new instance of our own, never another process's `ray start`
+                    # cluster found on this machine (which would refuse num_cpus and resources).
+                    address="local",
+                    num_cpus=cpus,
+                    resources={name: 64.0 for name in resources},
+                    include_dashboard=False,
+                    log_to_driver=log_to_driver,
+                    configure_logging=False,
+                    # Ray caps concurrent worker start-ups at the core count: lift it so every
+                    # actor of the run imports torch at the same time.
+                    _system_config={"worker_maximum_startup_concurrency": 64},
+                )
         self.ray_key = key
 
     def _covers(self, key: tuple) -> bool:
@@ -206,10 +215,41 @@ class Session:
 
         self.idle, self.running, self.ray_key = [], [], None
         if ray.is_initialized():
+            _end_helpers()
             ray.shutdown()
         if self.scratch is not None:
             remove_scratch(self.scratch)  # and whatever the processes started that still runs from it
             self.scratch = None
+
+
+@contextmanager
+def _sigterm_blocked():
+    """The processes started in the block inherit SIGTERM blocked (the module docstring)."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+# Ray's Python helpers of a local instance: state-free, and with SIGTERM blocked ray.shutdown would
+# wait a second on each before it kills it.
+_HELPERS = ("monitor", "dashboard", "log_monitor")
+
+
+def _end_helpers() -> None:
+    """End the local instance's helper processes at once, before ``ray.shutdown``. Best effort: a
+    Ray without these internals shuts down as it always does, only slower."""
+    from ray._private import worker as ray_worker
+
+    node = getattr(ray_worker, "_global_node", None)
+    if node is None or not node.is_head():
+        return
+    for kind in _HELPERS:
+        for info in getattr(node, "all_processes", {}).get(kind, []):
+            if info.process.poll() is None:
+                info.process.kill()
+                info.process.wait(timeout=5)
 
 
 def _start(req: ActorRequest):

@@ -8,6 +8,7 @@ request's rows with its task kind's rollout producer (``rlmix.assembly.producers
 from __future__ import annotations
 
 import dataclasses
+import signal
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -66,6 +67,13 @@ def enter_launch_dir() -> None:
         sys.path.insert(0, launch)
 
 
+def own_sigterm() -> None:
+    """Take SIGTERM back: a local Ray instance starts its processes with it blocked, for the
+    driver's process group (rlmix.orchestration.session); an actor sits in a group of its own, and
+    what it starts (an engine's processes) should end on SIGTERM as usual."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
 class SamplerWorker:
     """One sampler instance: loads published weights between requests, produces scored rollouts."""
 
@@ -77,6 +85,7 @@ class SamplerWorker:
         ``run_env``: the run's worker environment (``rlmix.metrics.quiet.adopt_worker_env``)."""
         from rlmix.models.tokenizer_file import load_fast_tokenizer
 
+        own_sigterm()
         if run_env is not None:
             adopt_worker_env(run_env)
         torch.set_num_threads(threads or 1)
@@ -132,6 +141,7 @@ class TrainerWorker:
 
     def __init__(self, model_dir: str, cfg: TrainerConfig, correction: Correction, seed: int,
                  run_env: Mapping[str, str] | None = None):
+        own_sigterm()
         if run_env is not None:
             adopt_worker_env(run_env)
         if cfg.num_threads:  # None only outside a run (the runner always assigns a number)
