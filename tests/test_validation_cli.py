@@ -72,3 +72,8 @@ def test_resume_without_a_complete_checkpoint_is_refused(tmp_path):
 def test_resume_of_a_directory_that_does_not_exist_is_refused(tmp_path):
     refused(rlmix_refusing("train", "+experiment=smoke", f"resume={Path(tmp_path) / 'nope'}", cwd=tmp_path), "resume")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_completion_budget_the_models_context_cannot_hold_is_refused(tmp_path):
+    # The embedded model takes 256 positions, prompt included (checked once the model is there).
+    refused(rlmix_refusing("train", "+experiment=smoke", "loop.max_new_tokens=256", cwd=tmp_path), "loop.max_new_tokens")

@@ -51,9 +51,9 @@ class TaskKind(ABC):
         ``key``) does not fit the task."""
 
     @abstractmethod
-    def check_run(self, task, tokenizer, model_dir: Path) -> None:
+    def check_run(self, task, tokenizer, model_dir: Path, max_new_tokens: int | None = None) -> None:
         """What else about a run with the model in ``model_dir`` can be wrong before a process starts,
-        as a one-line ConfigError."""
+        as a one-line ConfigError (``max_new_tokens``: ``loop.max_new_tokens``)."""
 
     @abstractmethod
     def producer(self, seed: int, tokenizer, pool: str) -> RolloutProducer:
@@ -95,8 +95,13 @@ class SingleTurnKind(TaskKind):
                                   f"split takes {longest} tokens with this model's tokenizer; set {key}>={longest}")
         return task
 
-    def check_run(self, task, tokenizer, model_dir: Path) -> None:
-        """Nothing beyond ``build``'s checks."""
+    def check_run(self, task, tokenizer, model_dir: Path, max_new_tokens: int | None = None) -> None:
+        """A completion budget that leaves the model's context no room for a prompt."""
+        positions = model_max_positions(model_dir)
+        if max_new_tokens is not None and positions is not None and max_new_tokens >= positions:
+            raise ConfigError(f"loop.max_new_tokens={max_new_tokens}: the model takes {positions} positions in all "
+                              f"(max_position_embeddings in {Path(model_dir) / 'config.json'}), the prompt's "
+                              f"included; use less than {positions}")
 
     def producer(self, seed: int, tokenizer, pool: str) -> RolloutProducer:
         return SingleTurn(self.make(seed), tokenizer, self.config.chat_template)
@@ -126,7 +131,7 @@ class EpisodeKind(TaskKind):
         """``make``: an episode task is checked by ``check_run``."""
         return self.make(seed)
 
-    def check_run(self, task, tokenizer, model_dir: Path) -> None:
+    def check_run(self, task, tokenizer, model_dir: Path, max_new_tokens: int | None = None) -> None:
         """The runtime, the tasks and the model's room for one turn (``rlmix.agentic.train.check_agent_run``)."""
         from rlmix.agentic.train import check_agent_run
 

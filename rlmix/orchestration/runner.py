@@ -109,7 +109,8 @@ def train(plan: RunPlan, run_dir: Path, sweep_group: str | None = None, label: s
     # Before Ray: a prompt it cannot encode, or an answer the budget would cut, is one line.
     task = plan.task.build(cfg.seed, tokenizer, cfg.loop.max_new_tokens)
     specs = resolve_fleet(plan, tokenizer.eos_token_id)
-    plan.task.check_run(task, tokenizer, model_dir)  # an episode task's runtime, tasks and context: one line
+    # An episode task's runtime, tasks and context; a completion budget the context cannot hold: one line.
+    plan.task.check_run(task, tokenizer, model_dir, cfg.loop.max_new_tokens)
     if cfg.loop.lag is not None and (caveat := plan.task.rerun_caveat()):
         log.warning("loop.lag=%d: %s", cfg.loop.lag, caveat)
     manifest = fleet_manifest(specs)

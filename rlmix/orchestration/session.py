@@ -24,7 +24,7 @@ One process may run several commands in turn (a test session does): inside ``Ses
 every job ends as a sweep's does, so the next command reuses Ray and the parked processes in the
 same way; the instance ends when the hold does.
 
-A signal to the whole process group (``timeout``, ``kill -- -PGID``, a scheduler ending a job)
+A signal to the whole process group (``timeout``, ``kill -- -PGID``)
 reaches Ray's own processes too, which sit in the driver's group: Ray's raylet would end every
 actor at once and the driver with them, before the run could save its step. A local instance
 is therefore started with SIGTERM blocked, as Ray blocks SIGINT in them for Ctrl-C; its
