@@ -179,3 +179,9 @@ def test_the_vllm_and_deepspeed_console_holds_only_rlmix_lines(tmp_path):
     assert "vLLM" in workers or "vllm" in workers  # the engine's own lines are kept, in the run dir
     assert (run_dir / "train.log").is_file()
     assert "warnings of" in console  # ... and summarised once, in the closing block
+
+
+def test_training_on_a_held_out_split_says_so(tmp_path):
+    out = rlmix_train_here("+experiment=smoke", "task.split=hard51", "loop.steps=1", "logger=disabled",
+                           f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert "task.split=hard51: training on a held-out split" in out.stdout + out.stderr
