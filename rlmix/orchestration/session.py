@@ -24,12 +24,12 @@ One process may run several commands in turn (a test session does): inside ``Ses
 every job ends as a sweep's does, so the next command reuses Ray and the parked processes in the
 same way; the instance ends when the hold does.
 
-A signal to the whole process group (``timeout``, ``kill -- -PGID``)
-reaches Ray's own processes too, which sit in the driver's group: Ray's raylet would end every
-actor at once and the driver with them, before the run could save its step. A local instance
-is therefore started with SIGTERM blocked, as Ray blocks SIGINT in them for Ctrl-C; its
-processes keep the block, the driver alone handles the signal (rlmix.orchestration.outcome),
-and each actor, in its own process group, takes SIGTERM back (``workers.own_sigterm``).
+A signal to the whole process group (``timeout``, ``kill -- -PGID``) reaches Ray's own processes
+too, which sit in the driver's group: Ray's raylet would end every actor at once and the driver
+with them, before the run could save its step. A local instance is therefore started with SIGTERM
+blocked, as Ray blocks SIGINT in them for Ctrl-C; its processes keep the block, the driver alone
+handles the signal (rlmix.orchestration.outcome), and each actor, in its own process group, takes
+SIGTERM back (``workers.own_sigterm``).
 
 The processes share one scratch directory (rlmix.isolation.scratch) for their sandboxes and task
 directories; it lives as long as Ray does here and is removed, with any process still running
