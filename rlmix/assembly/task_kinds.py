@@ -71,6 +71,10 @@ class TaskKind(ABC):
         """Why two runs of one seed under ``loop.lag`` may differ in their digits (None: they do not)."""
         return None
 
+    def train_caveat(self) -> str | None:
+        """What a user should hear about training on this task as configured (None: nothing)."""
+        return None
+
 
 class SingleTurnKind(TaskKind):
     """One completion per prompt, rendered through the task's chat template and scored as text."""
@@ -102,6 +106,13 @@ class SingleTurnKind(TaskKind):
             raise ConfigError(f"loop.max_new_tokens={max_new_tokens}: the model takes {positions} positions in all "
                               f"(max_position_embeddings in {Path(model_dir) / 'config.json'}), the prompt's "
                               f"included; use less than {positions}")
+
+    def train_caveat(self) -> str | None:
+        """minicode trains on the split it is given: a held-out one is the one ``rlmix eval`` scores."""
+        if isinstance(self.config, MiniCodeTaskConfig) and self.config.split != "train":
+            return (f"task.split={self.config.split}: training on a held-out split, the one `rlmix eval` scores "
+                    "(task.split=train is the training stream)")
+        return None
 
     def producer(self, seed: int, tokenizer, pool: str) -> RolloutProducer:
         return SingleTurn(self.make(seed), tokenizer, self.config.chat_template)

@@ -9,7 +9,7 @@ import os
 import time
 from pathlib import Path
 
-from rlmix.config.schema import MiniCodeTaskConfig, RunConfig
+from rlmix.config.schema import RunConfig
 from rlmix.errors import RunFailed, TrainerDied
 from rlmix.metrics.jsonl import keep_rows
 from rlmix.metrics.jsonl import METRICS_FILE
@@ -113,9 +113,8 @@ def train(plan: RunPlan, run_dir: Path, sweep_group: str | None = None, label: s
     plan.task.check_run(task, tokenizer, model_dir, cfg.loop.max_new_tokens)
     if cfg.loop.lag is not None and (caveat := plan.task.rerun_caveat()):
         log.warning("loop.lag=%d: %s", cfg.loop.lag, caveat)
-    if isinstance(plan.task.config, MiniCodeTaskConfig) and plan.task.config.split != "train":
-        log.warning("task.split=%s: training on a held-out split, the one `rlmix eval` scores (task.split=train "
-                    "is the training stream)", plan.task.config.split)
+    if caveat := plan.task.train_caveat():
+        log.warning("%s", caveat)
     manifest = fleet_manifest(specs)
     for pool, entry in manifest.items():
         log.info("pool %s: %d x %s", pool, entry["count"], entry["label"])
