@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from rlmix.errors import ConfigError
-from rlmix.metrics.jsonl import read_metrics
+from rlmix.metrics.jsonl import METRICS_FILE, read_metrics
 from rlmix.metrics.lasting import lasting_series
 from rlmix.metrics.names import FORMAT_KEY, REWARD_KEY
 
@@ -99,7 +99,7 @@ def find_run_dirs(root: Path) -> list[Path]:
     a virtual environment), nor through symbolic links."""
     found = []
     for here, dirs, files in os.walk(root):
-        if "metrics.jsonl" in files:
+        if METRICS_FILE in files:
             found.append(Path(here))
             dirs.clear()
         else:
@@ -124,7 +124,7 @@ def _load_run(run_dir: Path, root: Path) -> RunRecord:
         arm=str(config.get("name", run_dir.name)),
         seed=seed if isinstance(seed, int) else None,
         overrides=tuple(str(o) for o in overrides) if isinstance(overrides, list) else (),
-        metrics=tuple(read_metrics(run_dir / "metrics.jsonl")),
+        metrics=tuple(read_metrics(run_dir / METRICS_FILE)),
         summary=_read_json(summary_path) if summary_path.is_file() else None,
     )
 
