@@ -113,7 +113,7 @@ class Session:
 
         Each actor takes on its own run's ``env_vars`` in its constructor. A local instance gets
         no ``runtime_env``: with one, Ray starts every worker through a second interpreter
-        (``setup_worker.py``) and its runtime-env agent, about 1 core-second per actor; its
+        (``setup_worker.py``) and its runtime-env agent, 0.5-1 core-second per actor; its
         processes inherit this one's environment (``RLMIX_SCRATCH``) instead. Joining a cluster,
         ``env_vars`` (the first job's) go as the job's ``runtime_env``, for the nodes' processes.
         """
