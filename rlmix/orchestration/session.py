@@ -29,7 +29,7 @@ too, which sit in the driver's group: Ray's raylet would end every actor at once
 with them, before the run could save its step. A local instance is therefore started with SIGTERM
 blocked, as Ray blocks SIGINT in them for Ctrl-C; its processes keep the block, the driver alone
 handles the signal (rlmix.orchestration.outcome), and each actor, in its own process group, takes
-SIGTERM back (``workers.own_sigterm``).
+SIGTERM back (``workers.become_worker``).
 
 The processes share one scratch directory (rlmix.isolation.scratch) for their sandboxes and task
 directories; it lives as long as Ray does here and is removed, with any process still running

@@ -67,11 +67,14 @@ def enter_launch_dir() -> None:
         sys.path.insert(0, launch)
 
 
-def own_sigterm() -> None:
-    """Take SIGTERM back: a local Ray instance starts its processes with it blocked, for the
-    driver's process group (rlmix.orchestration.session); an actor sits in a group of its own, and
-    what it starts (an engine's processes) should end on SIGTERM as usual."""
+def become_worker(run_env: Mapping[str, str] | None) -> None:
+    """First thing in an actor's constructor: take SIGTERM back (a local Ray instance starts its
+    processes with it blocked, for the driver's process group: rlmix.orchestration.session; an actor
+    sits in a group of its own, and what it starts, an engine's processes, should end on SIGTERM as
+    usual), then the run's worker environment (``rlmix.metrics.quiet.adopt_worker_env``)."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    if run_env is not None:
+        adopt_worker_env(run_env)
 
 
 class SamplerWorker:
@@ -85,9 +88,7 @@ class SamplerWorker:
         ``run_env``: the run's worker environment (``rlmix.metrics.quiet.adopt_worker_env``)."""
         from rlmix.models.tokenizer_file import load_fast_tokenizer
 
-        own_sigterm()
-        if run_env is not None:
-            adopt_worker_env(run_env)
+        become_worker(run_env)
         torch.set_num_threads(threads or 1)
         enter_launch_dir()  # before the task is made: its reward may be the user's module
         self._job = job
@@ -141,9 +142,7 @@ class TrainerWorker:
 
     def __init__(self, model_dir: str, cfg: TrainerConfig, correction: Correction, seed: int,
                  run_env: Mapping[str, str] | None = None):
-        own_sigterm()
-        if run_env is not None:
-            adopt_worker_env(run_env)
+        become_worker(run_env)
         if cfg.num_threads:  # None only outside a run (the runner always assigns a number)
             torch.set_num_threads(cfg.num_threads)
         self.trainer = build_trainer(model_dir, cfg, correction, seed)
