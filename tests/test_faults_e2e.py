@@ -7,11 +7,16 @@ behind. docs/reliability.md maps each fault to its test here.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import select
+import shlex
 import signal
 import subprocess
 import sys
+import termios
+import threading
 import time
 from pathlib import Path
 
@@ -34,12 +39,16 @@ class Run:
             self.proc = subprocess.Popen([RLMIX, "train", *args], cwd=tmp_path, stdout=out, stderr=err,
                                          start_new_session=True)
 
-    def wait_for(self, condition, what: str) -> None:
+    def wait_for(self, condition, what: str, running: bool = True) -> None:
+        """Wait until ``condition()``; fails once the deadline passes, or (``running``) if the run ends first."""
         deadline = time.monotonic() + DEADLINE_S
         while not condition():
-            assert self.proc.poll() is None, f"exited {self.proc.returncode} before {what}:\n{self.text()}"
+            assert not running or self.alive(), f"exited {self.proc.poll()} before {what}:\n{self.text()}"
             assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{self.text()}"
             time.sleep(0.2)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
 
     def hold_inside(self, run_dir: Path, method: str, after_steps: int, what: str) -> int:
         """Once ``after_steps`` steps are logged, stop (SIGSTOP) a process of this run that is running
@@ -216,7 +225,7 @@ def test_a_sigterm_to_the_whole_group_still_lets_a_long_step_finish_and_be_saved
     raylet = next(pid for pid in session_pids(run.proc.pid) if title(pid).endswith("/raylet"))
     os.killpg(run.proc.pid, signal.SIGTERM)
     # Either the raylet acted on the signal (it is gone, and the actors with it) or it holds it pending.
-    run.wait_for(lambda: not title(raylet) or sigterm_pending(raylet), "the raylet to get the SIGTERM")
+    run.wait_for(lambda: not title(raylet) or pending(raylet, signal.SIGTERM), "the raylet to get the SIGTERM")
     assert title(raylet), "the raylet ended on the group's SIGTERM"
     os.kill(held, signal.SIGCONT)
     assert run.finish() == 143, run.text()
@@ -226,14 +235,91 @@ def test_a_sigterm_to_the_whole_group_still_lets_a_long_step_finish_and_be_saved
     assert "died" not in run.text() and "Traceback" not in run.text()
 
 
-def sigterm_pending(pid: int) -> bool:
-    """Whether SIGTERM waits, blocked, on process ``pid``."""
+def test_a_terminal_that_closes_lets_the_step_finish_and_be_saved(tmp_path):
+    """A closed terminal window or ssh connection: the shell gets SIGHUP and sends it on to its
+    jobs, here the run's whole process group, Ray's processes included; every write to the terminal
+    fails from then on. The run stops as on SIGTERM: the step in flight (the trainer is held inside
+    one) finishes and is saved, and the closing line goes to train.log (its exit status, 129, has
+    no one left to read it)."""
+    run_dir = tmp_path / "run"
+    run = TerminalRun(tmp_path, *SMOKE, "loop.steps=500", f"hydra.run.dir={run_dir}")
+    held = run.hold_inside(run_dir, "TrainerWorker.train_step", 2, "the trainer stopped inside step 3 or later")
+    raylet = next(pid for pid in session_pids(run.proc.pid) if title(pid).endswith("/raylet"))
+    run.hang_up()
+    run.wait_for(lambda: not title(raylet) or pending(raylet, signal.SIGHUP), "the raylet to get the SIGHUP")
+    assert title(raylet), "the raylet ended on the terminal's SIGHUP"
+    os.kill(held, signal.SIGCONT)
+    run.finish()
+    result = summary(run_dir)
+    assert result["status"] == "interrupted" and result["signal"] == "SIGHUP"
+    assert complete(run_dir)[-1] == result["steps"] == rows(run_dir)[-1]["step"] >= 3
+    log = (run_dir / "train.log").read_text()
+    assert f"interrupted at step {result['steps']} (SIGHUP), checkpoint step_{result['steps']}" in log, log
+    assert "died" not in run.text() and "Traceback" not in run.text()
+
+
+class TerminalRun(Run):
+    """``rlmix train`` typed into an interactive shell on a terminal of its own (a pseudo-terminal);
+    ``hang_up`` closes the terminal as a closed window or ssh connection does. ``proc`` is the
+    shell, whose session holds the run's processes; ``finish`` waits for the run to end."""
+
+    def __init__(self, tmp_path: Path, *args: str):
+        self.log, self.output, self.driver = tmp_path / "run" / "train.log", bytearray(), 0
+        self.master, terminal = os.openpty()
+        self.proc = subprocess.Popen(["bash", "--norc", "--noprofile", "-i"], cwd=tmp_path, stdin=terminal,
+                                     stdout=terminal, stderr=terminal, env=os.environ | {"PS1": "$ "},
+                                     start_new_session=True, preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+        os.close(terminal)
+        os.write(self.master, shlex.join([RLMIX, "train", *args]).encode() + b"\n")
+        self.reading = True
+        self.reader = threading.Thread(target=self._read, daemon=True)  # a full terminal would block the run
+        self.reader.start()
+
+    def _read(self) -> None:
+        while self.reading:
+            if select.select([self.master], [], [], 0.1)[0]:
+                try:
+                    self.output += os.read(self.master, 65536)
+                except OSError:
+                    return
+
+    def alive(self) -> bool:
+        if not self.driver:  # the shell's child: the job it started
+            self.driver = next((pid for pid in session_pids(self.proc.pid) if parent(pid) == self.proc.pid), 0)
+        return bool(title(self.driver)) if self.driver else self.proc.poll() is None
+
+    def hang_up(self) -> None:
+        assert self.alive()
+        self.reading = False
+        self.reader.join()
+        os.close(self.master)
+
+    def finish(self) -> None:
+        try:
+            self.wait_for(lambda: not self.alive(), "the run to end", running=False)
+        finally:
+            self.kill_session()
+
+    def text(self) -> str:
+        log = self.log.read_text()[-3000:] if self.log.exists() else ""
+        return self.output.decode(errors="replace")[-3000:] + log
+
+
+def parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return 0
+
+
+def pending(pid: int, signum: int) -> bool:
+    """Whether signal ``signum`` waits, blocked, on process ``pid``."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:  # gone
         return False
     shared = int(status.split("ShdPnd:")[1].split()[0], 16)
-    return bool(shared & (1 << (signal.SIGTERM - 1)))
+    return bool(shared & (1 << (signum - 1)))
 
 
 def test_a_second_ctrl_c_stops_at_once_quietly_and_names_the_newest_checkpoint(tmp_path):

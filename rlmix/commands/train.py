@@ -5,12 +5,13 @@ runs each job, which takes its plan and calls ``rlmix.orchestration.runner.train
 prints the block that ends the run (and, after a sweep's last job, one line per job). How the run
 ended becomes one line and the exit status here (docs/reliability.md):
 
-completed / collapsed: 0 · failed: 1 · bad input: 2 · interrupted by signal N: 128 + N (130, 143).
+completed / collapsed: 0 · failed: 1 · bad input: 2 · interrupted by signal N: 128 + N (SIGINT 130, SIGTERM 143, SIGHUP 129).
 A failed job of a sweep does not stop the sweep; the command exits 1 once every job has run.
 """
 
 from __future__ import annotations
 
+import logging
 import shlex
 import signal
 import sys
@@ -22,6 +23,8 @@ from omegaconf import DictConfig
 from rlmix.commands.compose import CONFIG_MODULE, CONFIG_NAME, command_line, job_key, preflight, resume_in_place
 from rlmix.commands.naming import job_label, register_resolver, sweep_name
 from rlmix.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 _FAILED: list[str] = []  # run dirs of the failed jobs of this process's sweep
 
@@ -110,7 +113,11 @@ def say(summary: dict, overrides: list[str]) -> None:
             saved = f"newest checkpoint {checkpoint}{lost}" if checkpoint else "no checkpoint"
         else:
             how, saved = summary["signal"], f"checkpoint {checkpoint}" if checkpoint else "no step to save"
-        print(f"interrupted at step {step} ({how}), {saved}; {then}", file=sys.stderr, flush=True)
+        line = f"interrupted at step {step} ({how}), {saved}; {then}"
+        if summary["signal"] == "SIGHUP":  # the terminal is most likely gone: the line goes to train.log too
+            log.warning(line)
+        else:
+            print(line, file=sys.stderr, flush=True)
     elif status == "failed":
         then = resume_cmd if summary["resumable"] else f"no checkpoint was written yet; start again with: {train_cmd}"
         print(f"error: run failed at step {step}: {summary['error']}; {then}", file=sys.stderr, flush=True)

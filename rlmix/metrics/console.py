@@ -7,7 +7,9 @@ file, a pipe) they are plain lines, one per ``logger.console_every`` steps.
 from __future__ import annotations
 
 import atexit
+import errno
 import math
+import os
 import re
 import shlex
 import sys
@@ -53,6 +55,21 @@ class StepDisplay:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
+
+
+def leave_hung_up_terminal() -> None:
+    """Point stdout and stderr at /dev/null where they are a terminal that hung up (its window or
+    ssh connection closed: every write to it fails with EIO). The run goes on to save its step,
+    and what it would still print is in ``train.log``; output to a live terminal, a file or a pipe
+    is left as it is."""
+    for fd in (1, 2):
+        try:
+            os.write(fd, b"")
+        except OSError as err:
+            if err.errno == errno.EIO:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, fd)
+                os.close(devnull)
 
 
 class CountedLines:

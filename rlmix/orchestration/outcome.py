@@ -5,7 +5,7 @@ one line on stderr and an exit code).
 |---------------|--------------------------------------------------------------|------------|
 | `completed`   | every step ran; no collapse that lasted (recovered episodes and warnings are listed) | 0 |
 | `collapsed`   | the monitor flagged the run and it was still down at the end (the run is data) | 0 |
-| `interrupted` | SIGINT / SIGTERM: the step in flight finished, then a checkpoint (a second signal: at once, no checkpoint) | 130 / 143 |
+| `interrupted` | SIGINT / SIGTERM / SIGHUP: the step in flight finished, then a checkpoint (a second signal: at once, no checkpoint) | 130 / 143 / 129 |
 
 A signal while Ray and the actors start writes no summary: ``StoppedWhileStarting`` ends the
 command at once (rlmix.commands.train says so in one line), since nothing has trained.
@@ -22,6 +22,7 @@ import signal
 from contextlib import contextmanager
 
 from rlmix.errors import RunFailed
+from rlmix.metrics.console import leave_hung_up_terminal
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +43,12 @@ class StoppedWhileStarting(KeyboardInterrupt):
 
 
 class StopRequest:
-    """While the run starts, a SIGINT/SIGTERM stops it at once (``StoppedWhileStarting``). Once the
-    loop runs (``training()``), the first asks it to stop after the step in flight; a second stops at once."""
+    """While the run starts, a SIGINT/SIGTERM/SIGHUP stops it at once (``StoppedWhileStarting``). Once
+    the loop runs (``training()``), the first asks it to stop after the step in flight; a second
+    stops at once. A SIGHUP is a terminal that closed: the console is let go of first
+    (``leave_hung_up_terminal``), so the stop is not undone by a failing print."""
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -58,6 +61,8 @@ class StopRequest:
         self.started = True
 
     def _handle(self, signum: int, frame) -> None:
+        if signum == signal.SIGHUP:
+            leave_hung_up_terminal()
         if self.started and self.signum is not None:
             raise KeyboardInterrupt
         self.signum = signum

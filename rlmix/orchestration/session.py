@@ -24,12 +24,13 @@ One process may run several commands in turn (a test session does): inside ``Ses
 every job ends as a sweep's does, so the next command reuses Ray and the parked processes in the
 same way; the instance ends when the hold does.
 
-A signal to the whole process group (``timeout``, ``kill -- -PGID``) reaches Ray's own processes
-too, which sit in the driver's group: Ray's raylet would end every actor at once and the driver
-with them, before the run could save its step. A local instance is therefore started with SIGTERM
-blocked, as Ray blocks SIGINT in them for Ctrl-C; its processes keep the block, the driver alone
-handles the signal (rlmix.orchestration.outcome), and each actor, in its own process group, takes
-SIGTERM back (``workers.become_worker``).
+A signal to the whole process group (``timeout``, ``kill -- -PGID``, the SIGHUP of a terminal that
+closes) reaches Ray's own processes too, which sit in the driver's group: Ray's raylet would end
+every actor at once and the driver with them, before the run could save its step. A local instance
+is therefore started with SIGTERM and SIGHUP blocked (``GROUP_SIGNALS``), as Ray blocks SIGINT in
+them for Ctrl-C; its processes keep the block, the driver alone handles the signal
+(rlmix.orchestration.outcome), and each actor, in its own process group, takes them back
+(``workers.become_worker``).
 
 The processes share one scratch directory (rlmix.isolation.scratch) for their sandboxes and task
 directories; it lives as long as Ray does here and is removed, with any process still running
@@ -50,6 +51,9 @@ from rlmix.isolation.scratch import ENV as SCRATCH_ENV, open_scratch, remove_scr
 log = logging.getLogger(__name__)
 
 TRAINER_RESOURCE = "rlmix_trainer"
+
+# Held blocked in a local Ray instance's own processes (the module docstring).
+GROUP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGHUP})
 
 
 @dataclass(frozen=True)
@@ -134,7 +138,7 @@ class Session:
             # Emulated accelerator types are declared as Ray's own accelerator_type resources,
             # so the same placement code runs unchanged on a real heterogeneous cluster. Each
             # is declared many times over so later jobs of a sweep with more instances fit too.
-            with _sigterm_blocked():
+            with _group_signals_blocked():
                 ray.init(
                     # "local": always a new instance of our own, never another process's `ray start`
                     # cluster found on this machine (which would refuse num_cpus and resources).
@@ -223,9 +227,9 @@ class Session:
 
 
 @contextmanager
-def _sigterm_blocked():
-    """The processes started in the block inherit SIGTERM blocked (the module docstring)."""
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+def _group_signals_blocked():
+    """The processes started in the block inherit ``GROUP_SIGNALS`` blocked (the module docstring)."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, GROUP_SIGNALS)
     try:
         yield
     finally:

@@ -21,6 +21,7 @@ from rlmix.assembly.task_kinds import TaskKind
 from rlmix.config.schema import TrainerConfig
 from rlmix.correction import Correction
 from rlmix.metrics.quiet import adopt_worker_env
+from rlmix.orchestration.session import GROUP_SIGNALS
 from rlmix.rollout import Rollouts
 from rlmix.seeds import derive_seed
 from rlmix.tasks.base import OrderedTask, Task
@@ -68,11 +69,12 @@ def enter_launch_dir() -> None:
 
 
 def become_worker(run_env: Mapping[str, str] | None) -> None:
-    """First thing in an actor's constructor: take SIGTERM back (a local Ray instance starts its
-    processes with it blocked, for the driver's process group: rlmix.orchestration.session; an actor
-    sits in a group of its own, and what it starts, an engine's processes, should end on SIGTERM as
-    usual), then the run's worker environment (``rlmix.metrics.quiet.adopt_worker_env``)."""
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    """First thing in an actor's constructor: take SIGTERM and SIGHUP back (a local Ray instance
+    starts its processes with them blocked, for the driver's process group:
+    rlmix.orchestration.session; an actor sits in a group of its own, and what it starts, an
+    engine's processes, should end on SIGTERM as usual), then the run's worker environment
+    (``rlmix.metrics.quiet.adopt_worker_env``)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, GROUP_SIGNALS)
     if run_env is not None:
         adopt_worker_env(run_env)
 
