@@ -18,7 +18,9 @@ from rlmix.embedded.chartok import build_char_tokenizer
 from rlmix.assembly.producers import ERROR_GROUP_BASE, score_rollouts
 from rlmix.orchestration.workers import make_request
 from rlmix.rollout import Rollouts
-from rlmix.tasks.dataset import DatasetTask, check_config, check_encodable
+from rlmix.tasks import dataset as dataset_module
+from rlmix.tasks.chat import render_ids
+from rlmix.tasks.dataset import DatasetTask, check_config, check_encodable, overlong_rows
 from rlmix.config.dataset import DatasetTaskConfig
 from rlmix.embedded.minicode import ALPHABET
 from rlmix.tasks.python_tests import run_python_tests, sandbox_problem
@@ -209,6 +211,47 @@ def test_text_a_vocabulary_without_unknown_token_would_drop_is_named(tmp_path):
     with pytest.raises(ConfigError, match=r"row 1: the model's tokenizer cannot encode 'c'; use model=embedded_v2"):
         check_encodable(DatasetTask(cfg), hf)
     check_encodable(DatasetTask(DatasetTaskConfig(train_files=str(write_jsonl(tmp_path / "ok.jsonl", rows[:1])))), hf)
+
+
+def byte_bpe_with_template():
+    """A byte-level BPE (a few merges of English) with a ChatML-like template: any text encodes."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<pad>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog, twice. "] * 50, trainer)
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>")
+    hf.chat_template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    return hf
+
+
+@pytest.mark.parametrize("messages", [False, True], ids=["prompt_key", "messages_key"])
+def test_overlong_prompts_are_found_as_encoding_every_row_finds_them(tmp_path, monkeypatch, messages):
+    """The oracle encodes every row; ``overlong_rows`` encodes only the rows its byte bound cannot clear."""
+    import random
+
+    rng = random.Random(0)
+    pieces = ["the ", "fox ", "jumps", "é", "€", "😀", "\n", "  ", "zq", "7"]
+    texts = ["".join(rng.choice(pieces) for _ in range(rng.randrange(0, 120))) for _ in range(60)]
+    if messages:
+        rows = [{"chat": [{"role": "system", "content": t[:9]}, {"role": "user", "content": t}], "answer": "1"}
+                for t in texts]
+        cfg = DatasetTaskConfig(train_files=str(write_jsonl(tmp_path / "d.jsonl", rows)), messages_key="chat")
+    else:
+        rows = [{"prompt": t, "answer": "1"} for t in texts]
+        cfg = DatasetTaskConfig(train_files=str(write_jsonl(tmp_path / "d.jsonl", rows)), system_prompt="Be brief.")
+    task, tok = DatasetTask(cfg), byte_bpe_with_template()
+    lengths = [len(render_ids(tok, p.messages, cfg.chat_template)) for p in task.split("train")]
+    encoded = []
+    monkeypatch.setattr(dataset_module, "render_ids", lambda *a: encoded.append(1) or render_ids(*a))
+    for room in (10, 40, 90, 200, 10_000):
+        assert overlong_rows(task, tok, room) == [(i, n) for i, n in enumerate(lengths) if n > room]
+    encoded.clear()
+    assert overlong_rows(task, tok, 10_000) == [] and len(encoded) == 1  # the template alone: no row encoded
 
 
 def test_epochs_bound_the_run_length(tmp_path):

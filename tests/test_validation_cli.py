@@ -3,6 +3,7 @@ one line naming the key, exit status 2, no traceback, no run directory."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,12 @@ def test_resume_of_a_directory_that_does_not_exist_is_refused(tmp_path):
 def test_a_completion_budget_the_models_context_cannot_hold_is_refused(tmp_path):
     # The embedded model takes 256 positions, prompt included (checked once the model is there).
     refused(rlmix_refusing("train", "+experiment=smoke", "loop.max_new_tokens=256", cwd=tmp_path), "loop.max_new_tokens")
+
+
+def test_dataset_prompts_too_long_for_the_models_context_are_refused(tmp_path):
+    # The embedded v2 model takes 256 positions; one prompt of ~450 tokens would run past them.
+    rows = [{"prompt": "What is 2 plus 2?", "answer": "4"}, {"prompt": "Please answer carefully. " * 60, "answer": "1"}]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = rlmix_refusing("train", "task=dataset", "task.train_files=train.jsonl", "logger=disabled", cwd=tmp_path)
+    refused(out, "task.train_files")
+    assert "1 of 2 prompts take more than" in out.stderr and "row 1" in out.stderr, out.stderr

@@ -100,12 +100,27 @@ class SingleTurnKind(TaskKind):
         return task
 
     def check_run(self, task, tokenizer, model_dir: Path, max_new_tokens: int | None = None) -> None:
-        """A completion budget that leaves the model's context no room for a prompt."""
+        """A completion budget that leaves the model's context no room for a prompt, or (a dataset)
+        too little for one of its prompts: the model would run on past the positions it knows."""
         positions = model_max_positions(model_dir)
-        if max_new_tokens is not None and positions is not None and max_new_tokens >= positions:
+        if max_new_tokens is None or positions is None:
+            return
+        where = f"max_position_embeddings in {Path(model_dir) / 'config.json'}"
+        if max_new_tokens >= positions:
             raise ConfigError(f"loop.max_new_tokens={max_new_tokens}: the model takes {positions} positions in all "
-                              f"(max_position_embeddings in {Path(model_dir) / 'config.json'}), the prompt's "
-                              f"included; use less than {positions}")
+                              f"({where}), the prompt's included; use less than {positions}")
+        if isinstance(self.config, DatasetTaskConfig):
+            from rlmix.tasks.dataset import overlong_rows
+
+            room = positions - max_new_tokens
+            overlong = overlong_rows(task, tokenizer, room)
+            if overlong:
+                row, tokens = max(overlong, key=lambda found: found[1])
+                raise ConfigError(
+                    f"task.train_files: {len(overlong)} of {len(task)} prompts take more than the {room} tokens that "
+                    f"loop.max_new_tokens={max_new_tokens} leaves of the model's {positions} positions ({where}); "
+                    f"the longest, row {row}, takes {tokens}: shorten or drop those rows, or lower loop.max_new_tokens"
+                )
 
     def train_caveat(self) -> str | None:
         """minicode trains on the split it is given: a held-out one is the one ``rlmix eval`` scores."""

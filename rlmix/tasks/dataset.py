@@ -23,7 +23,7 @@ from typing import Any
 
 from rlmix.errors import ConfigError
 from rlmix.tasks.base import Problem, Score
-from rlmix.tasks.chat import Message, prompt_messages
+from rlmix.tasks.chat import Message, prompt_messages, render_ids
 from rlmix.config.dataset import DatasetTaskConfig
 from rlmix.tasks.rewards import as_reward, resolve_reward
 
@@ -267,3 +267,36 @@ def check_encodable(task: DatasetTask, tokenizer, limit: int = 2000) -> None:
                     f"task.train_files row {index}: the model's tokenizer cannot encode {''.join(bad)!r}; "
                     "use model=embedded_v2 (byte-level BPE: any text) or model.path=<an HF model>"
                 )
+
+
+def overlong_rows(task: DatasetTask, tokenizer, room: int) -> list[tuple[int, int]]:
+    """(row, prompt tokens) of each training row whose prompt, through the task's chat template,
+    takes more than ``room`` tokens.
+
+    Only a row that could is encoded: one whose text is long enough that two tokens a UTF-8 byte
+    (more than any byte-level, SentencePiece or character vocabulary spends) plus the template's
+    own tokens for its messages would exceed ``room``. A dataset of short prompts for a model with a
+    long context is therefore checked without encoding a row.
+    """
+    cfg = task.cfg
+    column = task.rows[cfg.messages_key or cfg.prompt_key]
+    frame: dict[tuple, int] = {}  # the template's own tokens around each sequence of roles
+    found = []
+    for index, value in enumerate(column):
+        if cfg.messages_key is None:
+            texts, roles = [value], ("user",)
+        else:
+            messages = value if isinstance(value, list) and all(isinstance(m, dict) for m in value) else []
+            texts, roles = [m.get("content") for m in messages], tuple(m.get("role") for m in messages)
+        if roles and set(roles) <= ROLES and all(isinstance(t, str) for t in texts):  # else to_problem names what is wrong with the row
+            if roles not in frame:
+                empty = [{"role": r, "content": ""} for r in roles] if cfg.messages_key else \
+                    prompt_messages("", cfg.system_prompt)
+                frame[roles] = len(render_ids(tokenizer, empty, cfg.chat_template))
+            if 2 * sum(len(t.encode()) for t in texts) + frame[roles] <= room:
+                continue
+        problem = to_problem(task.rows[index], cfg, f"task.train_files row {index}")
+        tokens = len(render_ids(tokenizer, problem.messages, cfg.chat_template))
+        if tokens > room:
+            found.append((index, tokens))
+    return found
