@@ -17,6 +17,7 @@ from rlmix.config.embedded import EmbeddedVersion
 from rlmix.config.schema import MiniCodeTaskConfig, MiniCodeTraceTaskConfig, ModelConfig, TrainerBackend, TrainerConfig
 from rlmix.config.swebench import AgentEnvConfig, MiniCodeAgentConfig, SwebenchProConfig
 from rlmix.correction import Correction
+from rlmix.errors import ConfigError
 from rlmix.rollout import Rollouts
 from rlmix.tasks.base import Problem, Task
 
@@ -41,6 +42,34 @@ def model_max_positions(model_dir: Path) -> int | None:
     fields = json.loads((Path(model_dir) / "config.json").read_text())
     value = fields.get("max_position_embeddings")
     return int(value) if isinstance(value, int) else None
+
+
+def room_for_prompts(model_dir: Path, max_new_tokens: int, key: str) -> int | None:
+    """The positions of the model's context that ``max_new_tokens`` (the setting ``key``) leaves a
+    prompt (None: its config.json states no context); ConfigError if it leaves none."""
+    positions = model_max_positions(model_dir)
+    if positions is not None and max_new_tokens >= positions:
+        raise ConfigError(f"{key}={max_new_tokens}: the model takes {positions} positions in all "
+                          f"(max_position_embeddings in {Path(model_dir) / 'config.json'}), the prompt's "
+                          f"included; use less than {positions}")
+    return None if positions is None else positions - max_new_tokens
+
+
+def refuse_overlong_prompts(overlong: list[tuple[str, int]], source: str, total: int, model_dir: Path,
+                            max_new_tokens: int, key: str) -> None:
+    """ConfigError naming the prompts of ``source`` (``total`` of them) that leave less than
+    ``max_new_tokens`` (the setting ``key``) of the model's positions: ``overlong`` holds each one's
+    name and prompt tokens. Past its context a model runs on positions it never saw."""
+    if not overlong:
+        return
+    positions = model_max_positions(model_dir)
+    name, tokens = max(overlong, key=lambda found: found[1])
+    raise ConfigError(
+        f"{source}: {len(overlong)} of {total} prompts take more than the {positions - max_new_tokens} tokens that "
+        f"{key}={max_new_tokens} leaves of the model's {positions} positions (max_position_embeddings in "
+        f"{Path(model_dir) / 'config.json'}); the longest, {name}, takes {tokens}: shorten or drop those, "
+        f"or lower {key}"
+    )
 
 
 def _embedded_v1(cfg: ModelConfig, progress) -> Path:

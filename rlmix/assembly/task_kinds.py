@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from rlmix.assembly.draws import EpisodeDraw, SingleTurnDraw
-from rlmix.assembly.parts import EMBEDDED_AGENT_MODELS, EMBEDDED_MODELS, encode_prompts, make_task, model_max_positions
+from rlmix.assembly.parts import (EMBEDDED_AGENT_MODELS, EMBEDDED_MODELS, encode_prompts, make_task,
+                                  model_max_positions, refuse_overlong_prompts, room_for_prompts)
 from rlmix.assembly.producers import Episodes, RolloutProducer, SingleTurn
 from rlmix.config.dataset import DatasetTaskConfig
 from rlmix.config.schema import MiniCodeTaskConfig, MiniCodeTraceTaskConfig, ModelConfig
@@ -102,25 +103,15 @@ class SingleTurnKind(TaskKind):
     def check_run(self, task, tokenizer, model_dir: Path, max_new_tokens: int | None = None) -> None:
         """A completion budget that leaves the model's context no room for a prompt, or (a dataset)
         too little for one of its prompts: the model would run on past the positions it knows."""
-        positions = model_max_positions(model_dir)
-        if max_new_tokens is None or positions is None:
+        if max_new_tokens is None:
             return
-        where = f"max_position_embeddings in {Path(model_dir) / 'config.json'}"
-        if max_new_tokens >= positions:
-            raise ConfigError(f"loop.max_new_tokens={max_new_tokens}: the model takes {positions} positions in all "
-                              f"({where}), the prompt's included; use less than {positions}")
-        if isinstance(self.config, DatasetTaskConfig):
+        room = room_for_prompts(model_dir, max_new_tokens, "loop.max_new_tokens")
+        if room is not None and isinstance(self.config, DatasetTaskConfig):
             from rlmix.tasks.dataset import overlong_rows
 
-            room = positions - max_new_tokens
-            overlong = overlong_rows(task, tokenizer, room)
-            if overlong:
-                row, tokens = max(overlong, key=lambda found: found[1])
-                raise ConfigError(
-                    f"task.train_files: {len(overlong)} of {len(task)} prompts take more than the {room} tokens that "
-                    f"loop.max_new_tokens={max_new_tokens} leaves of the model's {positions} positions ({where}); "
-                    f"the longest, row {row}, takes {tokens}: shorten or drop those rows, or lower loop.max_new_tokens"
-                )
+            overlong = [(f"row {row}", n) for row, n in overlong_rows(task, tokenizer, room)]
+            refuse_overlong_prompts(overlong, "task.train_files", len(task), model_dir, max_new_tokens,
+                                    "loop.max_new_tokens")
 
     def train_caveat(self) -> str | None:
         """minicode trains on the split it is given: a held-out one is the one ``rlmix eval`` scores."""
