@@ -89,14 +89,21 @@ def test_dataset_prompts_too_long_for_the_models_context_are_refused(tmp_path):
     assert "1 of 2 prompts take more than" in out.stderr and "row 1" in out.stderr, out.stderr
 
 
-def test_eval_prompts_too_long_for_the_models_context_are_refused(tmp_path):
+@pytest.mark.parametrize("command", ["eval", "probe"])
+def test_eval_and_probe_prompts_too_long_for_the_models_context_are_refused(tmp_path, command):
     from tests.byo_model import save_model
 
     model = save_model(tmp_path / "model", "llama")  # 256 positions
     rows = [{"prompt": "What is 2 plus 2?", "answer": "4"}, {"prompt": "Please answer carefully. " * 60, "answer": "1"}]
     (tmp_path / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    out = rlmix_refusing("eval", f"checkpoint={model}", "task=dataset", "task.train_files=test.jsonl",
-                         "task.eval_files=test.jsonl", "eval.max_new_tokens=16", cwd=tmp_path)
-    refused(out, "task.split=test")
-    assert "1 of 2 prompts take more than the 240 tokens that eval.max_new_tokens=16 leaves" in out.stderr, out.stderr
+    task = ["task=dataset", "task.train_files=test.jsonl", "task.eval_files=test.jsonl"]
+    if command == "eval":
+        out = rlmix_refusing("eval", f"checkpoint={model}", *task, "eval.max_new_tokens=16", cwd=tmp_path)
+        key, budget = "task.split=test", "eval.max_new_tokens=16"
+    else:
+        out = rlmix_refusing("probe", f"model.path={model}", *task, "probe.prompts=2", "loop.max_new_tokens=16",
+                             cwd=tmp_path)
+        key, budget = "the probe's prompts", "loop.max_new_tokens=16"
+    refused(out, key)
+    assert f"1 of 2 prompts take more than the 240 tokens that {budget} leaves" in out.stderr, out.stderr
     assert "dataset/test/1" in out.stderr and not (tmp_path / "outputs").exists()

@@ -76,6 +76,12 @@ class TaskKind(ABC):
         """What a user should hear about training on this task as configured (None: nothing)."""
         return None
 
+    def check_prompts(self, problems: list, tokenizer, model_dir: Path, max_new_tokens: int, key: str,
+                      source: str) -> None:
+        """ConfigError if a prompt of ``problems`` (``source``) leaves less than ``max_new_tokens``
+        (the setting ``key``) of the model's context. Episodes' turns are checked by ``check_run``."""
+        return None
+
 
 class SingleTurnKind(TaskKind):
     """One completion per prompt, rendered through the task's chat template and scored as text."""
@@ -112,6 +118,17 @@ class SingleTurnKind(TaskKind):
             overlong = [(f"row {row}", n) for row, n in overlong_rows(task, tokenizer, room)]
             refuse_overlong_prompts(overlong, "task.train_files", len(task), model_dir, max_new_tokens,
                                     "loop.max_new_tokens")
+
+    def check_prompts(self, problems: list, tokenizer, model_dir: Path, max_new_tokens: int, key: str,
+                      source: str) -> list[list[int]]:
+        """Each problem's prompt ids through the task's chat template; ConfigError if one leaves less
+        than ``max_new_tokens`` (the setting ``key``) of the model's context."""
+        prompts = encode_prompts(tokenizer, tuple(problems), 1, self.config.chat_template)
+        room = room_for_prompts(model_dir, max_new_tokens, key)
+        if room is not None:
+            overlong = [(p.task_id, len(ids)) for p, ids in zip(problems, prompts) if len(ids) > room]
+            refuse_overlong_prompts(overlong, source, len(problems), model_dir, max_new_tokens, key)
+        return prompts
 
     def train_caveat(self) -> str | None:
         """minicode trains on the split it is given: a held-out one is the one ``rlmix eval`` scores."""

@@ -55,19 +55,15 @@ def reference_sampler(cfg: EvalConfig, model_dir: Path, seed: int):
 def task_counts(plan: RunPlan, model_dir: Path, progress) -> tuple[list[dict], str]:
     """Sample ``eval.samples`` completions per problem of ``task.split``; (per-task rows, reference label)."""
     from rlmix.models.tokenizer_file import load_fast_tokenizer
-    from rlmix.assembly.parts import decode_completions, encode_prompts, refuse_overlong_prompts, room_for_prompts
+    from rlmix.assembly.parts import decode_completions
     from rlmix.seeds import derive_seed
 
     cfg = plan.cfg
     tokenizer = load_fast_tokenizer(model_dir)
     task = plan.task.build(cfg.seed, tokenizer, cfg.eval.max_new_tokens, key="eval.max_new_tokens")
     problems = task.split(cfg.task.split)
-    prompts = [encode_prompts(tokenizer, (problem,), 1, cfg.task.chat_template)[0] for problem in problems]
-    room = room_for_prompts(model_dir, cfg.eval.max_new_tokens, "eval.max_new_tokens")
-    if room is not None:
-        overlong = [(p.task_id, len(ids)) for p, ids in zip(problems, prompts) if len(ids) > room]
-        refuse_overlong_prompts(overlong, f"task.split={cfg.task.split}", len(problems), model_dir,
-                                cfg.eval.max_new_tokens, "eval.max_new_tokens")
+    prompts = plan.task.check_prompts(problems, tokenizer, model_dir, cfg.eval.max_new_tokens, "eval.max_new_tokens",
+                                      f"task.split={cfg.task.split}")
     sampler, label = reference_sampler(cfg.eval, model_dir, cfg.seed)
     n = cfg.eval.samples
     rows = []
