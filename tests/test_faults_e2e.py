@@ -235,6 +235,26 @@ def test_a_sigterm_to_the_whole_group_still_lets_a_long_step_finish_and_be_saved
     assert "died" not in run.text() and "Traceback" not in run.text()
 
 
+def test_a_sigterm_to_every_process_of_the_run_still_lets_the_step_finish_and_be_saved(tmp_path):
+    """systemd's default stop and Slurm's ``scancel`` signal every process of the job one by one,
+    the actors too. The actors leave it to the driver: the step in flight (the trainer is held inside
+    one) finishes and is saved, and the driver ends them."""
+    run_dir = tmp_path / "run"
+    run = Run(tmp_path, *SMOKE, "loop.steps=500", f"hydra.run.dir={run_dir}")
+    held = run.hold_inside(run_dir, "TrainerWorker.train_step", 2, "the trainer stopped inside step 3 or later")
+    for pid in session_pids(run.proc.pid):
+        os.kill(pid, signal.SIGTERM)
+    time.sleep(1)  # an actor that would end on it has by now
+    os.kill(held, signal.SIGCONT)
+    assert run.finish() == 143, run.text()
+    result = summary(run_dir)
+    assert result["status"] == "interrupted" and result["signal"] == "SIGTERM"
+    assert complete(run_dir)[-1] == result["steps"] == rows(run_dir)[-1]["step"] >= 3
+    assert result["fault"] == {"sampler_restarts": 0, "requests_reissued": 0, "trainer_restarts": 0}, result["fault"]
+    assert "died" not in run.text() and "Traceback" not in run.text()
+    assert "SIGTERM to actor process" in (run_dir / "workers.log").read_text()
+
+
 def test_a_terminal_that_closes_lets_the_step_finish_and_be_saved(tmp_path):
     """A closed terminal window or ssh connection: the shell gets SIGHUP and sends it on to its
     jobs, here the run's whole process group, Ray's processes included; every write to the terminal

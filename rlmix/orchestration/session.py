@@ -29,8 +29,8 @@ closes) reaches Ray's own processes too, which sit in the driver's group: Ray's 
 every actor at once and the driver with them, before the run could save its step. A local instance
 is therefore started with SIGTERM and SIGHUP blocked (``GROUP_SIGNALS``), as Ray blocks SIGINT in
 them for Ctrl-C; its processes keep the block, the driver alone handles the signal
-(rlmix.orchestration.outcome), and each actor, in its own process group, takes them back
-(``workers.become_worker``).
+(rlmix.orchestration.outcome), and each actor, in its own process group, unblocks them and leaves
+them to the driver (``workers.become_worker``).
 
 The processes share one scratch directory (rlmix.isolation.scratch) for their sandboxes and task
 directories; it lives as long as Ray does here and is removed, with any process still running

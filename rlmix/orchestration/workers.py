@@ -8,7 +8,9 @@ request's rows with its task kind's rollout producer (``rlmix.assembly.producers
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -58,9 +60,6 @@ def enter_launch_dir() -> None:
     """Put the run's launch directory first on ``sys.path``. Ray adds only the directory Ray was
     started from, and a process kept for the next job (a held session's next command, run from
     another directory) must import that job's modules."""
-    import os
-    import sys
-
     launch = os.environ.get(LAUNCH_DIR_ENV)
     if launch and (not sys.path or sys.path[0] != launch):
         if launch in sys.path:
@@ -69,14 +68,26 @@ def enter_launch_dir() -> None:
 
 
 def become_worker(run_env: Mapping[str, str] | None) -> None:
-    """First thing in an actor's constructor: take SIGTERM and SIGHUP back (a local Ray instance
-    starts its processes with them blocked, for the driver's process group:
-    rlmix.orchestration.session; an actor sits in a group of its own, and what it starts, an
-    engine's processes, should end on SIGTERM as usual), then the run's worker environment
-    (``rlmix.metrics.quiet.adopt_worker_env``)."""
+    """First thing in an actor's constructor: leave SIGTERM and SIGHUP to the driver, then take on
+    the run's worker environment (``rlmix.metrics.quiet.adopt_worker_env``).
+
+    A local Ray instance starts its processes with the two blocked (rlmix.orchestration.session),
+    and a blocked signal would stay blocked in what an actor starts, through ``exec`` too: an
+    engine's processes and sandbox commands, which should end on SIGTERM as usual. So the actor
+    unblocks them and handles them instead (``_left_to_the_driver``), which ``exec`` undoes. A
+    signal sent to every process of a run (systemd's default stop, Slurm's ``scancel``) then leaves
+    the actors to finish the step the driver is saving; the driver ends them. SIGKILL still ends an
+    actor at once (Ray restarts a sampler; the trainer is replaced from its newest checkpoint)."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, GROUP_SIGNALS)
+    for signum in GROUP_SIGNALS:
+        signal.signal(signum, _left_to_the_driver)
     if run_env is not None:
         adopt_worker_env(run_env)
+
+
+def _left_to_the_driver(signum: int, frame) -> None:
+    print(f"{signal.Signals(signum).name} to actor process {os.getpid()} ignored: the run's driver ends it "
+          "once the step in flight is saved; SIGKILL ends it now", file=sys.stderr, flush=True)
 
 
 class SamplerWorker:
