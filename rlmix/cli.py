@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 from typing import Optional
 
 import typer
@@ -21,10 +22,43 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
-def _interrupted(command: str, result: str) -> None:
-    """Ctrl-C during ``command``, whose ``result`` file is written only at its end: one line, exit 130."""
-    typer.echo(f"interrupted (SIGINT): rlmix {command} stopped, no {result} was written", err=True)
-    raise typer.Exit(code=130)
+class _Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP during a command that is stopped as on Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextmanager
+def _stoppable():
+    """SIGTERM and SIGHUP (a closed terminal: its output goes to /dev/null first) stop the command
+    as Ctrl-C does, so it ends with its one line instead of silently."""
+    import signal
+
+    def stop(signum: int, frame) -> None:
+        if signum == signal.SIGHUP:
+            from rlmix.metrics.console import leave_hung_up_terminal
+
+            leave_hung_up_terminal()
+        raise _Stopped(signum)
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _interrupted(command: str, result: str, stopped: KeyboardInterrupt) -> None:
+    """A signal during ``command``, whose ``result`` file is written only at its end: one line, exit 128 + N."""
+    import signal
+
+    signum = getattr(stopped, "signum", signal.SIGINT)
+    typer.echo(f"interrupted ({signal.Signals(signum).name}): rlmix {command} stopped, no {result} was written",
+               err=True)
+    raise typer.Exit(code=128 + signum)
 
 
 @app.command(context_settings=_PASSTHROUGH, add_help_option=False)
@@ -52,11 +86,12 @@ def eval(ctx: typer.Context) -> None:  # noqa: A001 - the command is called eval
     from rlmix.errors import ConfigError
 
     try:
-        run_eval(quote_paths(ctx.args))
+        with _stoppable():
+            run_eval(quote_paths(ctx.args))
     except ConfigError as err:
         _fail(str(err))
-    except KeyboardInterrupt:
-        _interrupted("eval", "eval.json")
+    except KeyboardInterrupt as stopped:
+        _interrupted("eval", "eval.json", stopped)
 
 
 @app.command(context_settings=_PASSTHROUGH)
@@ -67,11 +102,12 @@ def probe(ctx: typer.Context) -> None:
     from rlmix.errors import ConfigError
 
     try:
-        run_probe(quote_paths(ctx.args))
+        with _stoppable():
+            run_probe(quote_paths(ctx.args))
     except ConfigError as err:
         _fail(str(err))
-    except KeyboardInterrupt:
-        _interrupted("probe", "probe.json")
+    except KeyboardInterrupt as stopped:
+        _interrupted("probe", "probe.json", stopped)
 
 
 @app.command()

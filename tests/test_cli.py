@@ -60,7 +60,8 @@ def test_the_console_script_refuses_in_one_line_without_a_traceback(tmp_path):
 
 
 @pytest.mark.slow
-def test_ctrl_c_during_eval_is_one_line_exit_130_and_no_results_file(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+def test_a_signal_during_eval_is_one_line_exit_128_plus_n_and_no_results_file(tmp_path, signum):
     # As from a terminal: SIGINT at its default (a pytest-xdist worker ignores it, and a child
     # inherits that), and no PYTHONUNBUFFERED for the progress lines to arrive through the pipe.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
@@ -70,14 +71,15 @@ def test_ctrl_c_during_eval_is_one_line_exit_130_and_no_results_file(tmp_path):
     try:
         for line in proc.stdout:
             if line.startswith("[1/"):  # the first problem scored: the evaluation is under way
-                os.killpg(proc.pid, signal.SIGINT)
+                os.killpg(proc.pid, signum)
                 break
-        assert proc.wait(timeout=120) == 130
+        assert proc.wait(timeout=120) == 128 + signum
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     err = proc.stderr.read()
-    assert err.strip().splitlines()[-1] == "interrupted (SIGINT): rlmix eval stopped, no eval.json was written", err
+    expected = f"interrupted ({signum.name}): rlmix eval stopped, no eval.json was written"
+    assert err.strip().splitlines()[-1] == expected, err
     assert "Traceback" not in err and not list(tmp_path.rglob("eval.json"))
 
 
