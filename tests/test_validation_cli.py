@@ -1,5 +1,6 @@
 """Settings that would corrupt training or crash half-way are refused before anything starts:
-one line naming the key, exit status 2, no traceback, no run directory."""
+one line naming the key, exit status 2, no traceback, no run directory (one Hydra made for a check
+that needs the model is removed again)."""
 
 from __future__ import annotations
 
@@ -78,6 +79,7 @@ def test_resume_of_a_directory_that_does_not_exist_is_refused(tmp_path):
 def test_a_completion_budget_the_models_context_cannot_hold_is_refused(tmp_path):
     # The embedded model takes 256 positions, prompt included (checked once the model is there).
     refused(rlmix_refusing("train", "+experiment=smoke", "loop.max_new_tokens=256", cwd=tmp_path), "loop.max_new_tokens")
+    assert list(tmp_path.iterdir()) == []  # the run directory Hydra had made is gone again
 
 
 def test_dataset_prompts_too_long_for_the_models_context_are_refused(tmp_path):
@@ -87,6 +89,17 @@ def test_dataset_prompts_too_long_for_the_models_context_are_refused(tmp_path):
     out = rlmix_refusing("train", "task=dataset", "task.train_files=train.jsonl", "logger=disabled", cwd=tmp_path)
     refused(out, "task.train_files")
     assert "1 of 2 prompts take more than" in out.stderr and "row 1" in out.stderr, out.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["train.jsonl"]
+
+
+def test_a_sweep_refused_in_its_first_job_leaves_nothing_and_a_directory_in_use_is_kept(tmp_path):
+    refused(rlmix_refusing("train", "-m", "+experiment=smoke", "loop.max_new_tokens=256", "seed=0,1", cwd=tmp_path),
+            "loop.max_new_tokens")
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "mine.txt").write_text("kept")  # hydra.run.dir=. on a directory that holds other files
+    refused(rlmix_refusing("train", "+experiment=smoke", "loop.max_new_tokens=256", "hydra.run.dir=.", cwd=tmp_path),
+            "loop.max_new_tokens")
+    assert (tmp_path / "mine.txt").read_text() == "kept" and (tmp_path / ".hydra").is_dir()
 
 
 @pytest.mark.parametrize("command", ["eval", "probe"])

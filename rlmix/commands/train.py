@@ -56,6 +56,7 @@ def _hydra_train(cfg: DictConfig) -> None:
                         sweep_group=sweep_name(hc.sweep.dir) if sweep else None)
     except ConfigError as err:  # e.g. a model path that is not a model: one line, no traceback
         print(f"error: {err}", file=sys.stderr)
+        remove_unstarted(Path(hc.runtime.output_dir))
         sys.exit(2)
     _finished.append(end_of_run(run_cfg, summary, overrides, Path(hc.runtime.output_dir), label))
     _sweep_dir[:] = [Path(hc.sweep.dir)] if sweep else []
@@ -65,6 +66,27 @@ def _hydra_train(cfg: DictConfig) -> None:
         _FAILED.append(hc.runtime.output_dir)  # the other jobs of the sweep still run
     elif code != 0:
         sys.exit(code)
+
+
+# What Hydra writes before a job runs: into the job's directory, and into a sweep's.
+JOB_FILES, SWEEP_FILES = {".hydra", "train.log"}, {"multirun.yaml"}
+
+
+def remove_unstarted(run_dir: Path) -> None:
+    """A job refused before it trained leaves nothing behind: its directory goes if it holds only
+    what Hydra wrote for it, and so do the directories above it, inside the working directory, that
+    are left empty (or hold only a sweep's multirun.yaml). A directory holding anything else, an
+    earlier run's files say, is kept as it is."""
+    import shutil
+
+    cwd, directory = Path.cwd().resolve(), run_dir.resolve()
+    if not directory.is_dir() or {p.name for p in directory.iterdir()} - JOB_FILES:
+        return
+    shutil.rmtree(directory)
+    for parent in directory.parents:
+        if parent == cwd or cwd not in parent.parents or {p.name for p in parent.iterdir()} - SWEEP_FILES:
+            return
+        shutil.rmtree(parent)
 
 
 def end_of_run(cfg, summary: dict, overrides: list[str], output_dir: Path, label: str) -> tuple[str, dict, Path]:
