@@ -43,7 +43,8 @@ def _stoppable():
             leave_hung_up_terminal()
         raise _Stopped(signum)
 
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    wanted = [s for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) != signal.SIG_IGN]  # nohup: ignored
+    previous = {s: signal.signal(s, stop) for s in wanted}
     try:
         yield
     finally:

@@ -278,19 +278,31 @@ def test_a_terminal_that_closes_lets_the_step_finish_and_be_saved(tmp_path):
     assert "died" not in run.text() and "Traceback" not in run.text()
 
 
+def test_a_run_started_with_nohup_outlives_its_terminal(tmp_path):
+    run_dir = tmp_path / "run"
+    run = TerminalRun(tmp_path, *SMOKE, "loop.steps=12", f"hydra.run.dir={run_dir}", nohup=True)
+    run.wait_for(lambda: len(rows(run_dir)) >= 2, "two steps")
+    run.hang_up()
+    run.finish()
+    result = summary(run_dir)
+    assert result["status"] in ("completed", "collapsed") and result["steps"] == 12, result["status"]
+    assert "SIGHUP" not in run.text()
+
+
 class TerminalRun(Run):
-    """``rlmix train`` typed into an interactive shell on a terminal of its own (a pseudo-terminal);
-    ``hang_up`` closes the terminal as a closed window or ssh connection does. ``proc`` is the
+    """``rlmix train`` (under ``nohup``: ``nohup=True``) typed into an interactive shell on a terminal
+    of its own (a pseudo-terminal); ``hang_up`` closes the terminal as a closed window or ssh
+    connection does. ``proc`` is the
     shell, whose session holds the run's processes; ``finish`` waits for the run to end."""
 
-    def __init__(self, tmp_path: Path, *args: str):
+    def __init__(self, tmp_path: Path, *args: str, nohup: bool = False):
         self.log, self.output, self.driver = tmp_path / "run" / "train.log", bytearray(), 0
         self.master, terminal = os.openpty()
         self.proc = subprocess.Popen(["bash", "--norc", "--noprofile", "-i"], cwd=tmp_path, stdin=terminal,
                                      stdout=terminal, stderr=terminal, env=os.environ | {"PS1": "$ "},
                                      start_new_session=True, preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
         os.close(terminal)
-        os.write(self.master, shlex.join([RLMIX, "train", *args]).encode() + b"\n")
+        os.write(self.master, shlex.join(["nohup"] * nohup + [RLMIX, "train", *args]).encode() + b"\n")
         self.reading = True
         self.reader = threading.Thread(target=self._read, daemon=True)  # a full terminal would block the run
         self.reader.start()

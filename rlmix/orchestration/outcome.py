@@ -75,7 +75,10 @@ class StopRequest:
     def installed(self):
         # Installed after ray.init, so these handlers replace the ones Ray's core worker sets
         # (its SIGTERM handler dumps a C++ stack and exits 1).
-        previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        # A SIGHUP the command was started ignoring stays ignored: `nohup` asks the run to outlive
+        # its terminal.
+        wanted = [s for s in self.SIGNALS if not (s == signal.SIGHUP and signal.getsignal(s) == signal.SIG_IGN)]
+        previous = {s: signal.signal(s, self._handle) for s in wanted}
         try:
             yield self
         finally:
