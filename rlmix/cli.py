@@ -33,8 +33,13 @@ class _Stopped(KeyboardInterrupt):
 @contextmanager
 def _stoppable():
     """SIGTERM and SIGHUP (a closed terminal: its output goes to /dev/null first) stop the command
-    as Ctrl-C does, so it ends with its one line instead of silently."""
+    as Ctrl-C does, so it ends with its one line instead of silently. The result files it writes
+    are recorded afresh (``rlmix.eval.written``)."""
     import signal
+
+    from rlmix.eval.written import WRITTEN
+
+    WRITTEN.clear()  # a process may run several commands (tests do)
 
     def stop(signum: int, frame) -> None:
         if signum == signal.SIGHUP:
@@ -53,12 +58,15 @@ def _stoppable():
 
 
 def _interrupted(command: str, result: str, stopped: KeyboardInterrupt) -> None:
-    """A signal during ``command``, whose ``result`` file is written only at its end: one line, exit 128 + N."""
+    """A signal during ``command``, whose ``result`` file is written only at its end (or after it
+    was, during what follows: W&B's upload, the closing lines): one line, exit 128 + N."""
     import signal
 
+    from rlmix.eval.written import WRITTEN
+
     signum = getattr(stopped, "signum", signal.SIGINT)
-    typer.echo(f"interrupted ({signal.Signals(signum).name}): rlmix {command} stopped, no {result} was written",
-               err=True)
+    done = f"after it wrote {WRITTEN[-1]}" if WRITTEN else f"no {result} was written"
+    typer.echo(f"interrupted ({signal.Signals(signum).name}): rlmix {command} stopped, {done}", err=True)
     raise typer.Exit(code=128 + signum)
 
 

@@ -65,7 +65,9 @@ def test_a_signal_during_eval_is_one_line_exit_128_plus_n_and_no_results_file(tm
     # As from a terminal: SIGINT at its default (a pytest-xdist worker ignores it, and a child
     # inherits that), and no PYTHONUNBUFFERED for the progress lines to arrive through the pipe.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
-    proc = subprocess.Popen([RLMIX, "eval", "eval.samples=1", "eval.k=[1]"], cwd=tmp_path, text=True, env=env,
+    # 16 samples a problem: the whole evaluation takes long enough that the signal lands inside it, however slowly
+    # this process reads the first progress line on a loaded machine.
+    proc = subprocess.Popen([RLMIX, "eval", "eval.samples=16", "eval.k=[1]"], cwd=tmp_path, text=True, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
@@ -81,6 +83,24 @@ def test_a_signal_during_eval_is_one_line_exit_128_plus_n_and_no_results_file(tm
     expected = f"interrupted ({signum.name}): rlmix eval stopped, no eval.json was written"
     assert err.strip().splitlines()[-1] == expected, err
     assert "Traceback" not in err and not list(tmp_path.rglob("eval.json"))
+
+
+def test_a_signal_after_the_result_is_written_says_where_it_is(tmp_path, monkeypatch):
+    """eval.json is written before W&B's upload and the closing lines: a signal there must not say
+    that none was written. (``run_eval`` stands in for the evaluation: it writes the file as the
+    real one does, then the handler's exception arrives.)"""
+    import rlmix.commands.eval as eval_command
+    from rlmix.cli import _Stopped
+    from rlmix.eval import written
+
+    def run_eval(args):
+        written.write_atomically(tmp_path / "eval.json", "{}")
+        raise _Stopped(signal.SIGTERM)
+
+    monkeypatch.setattr(eval_command, "run_eval", run_eval)
+    out = rlmix_refusing("eval", cwd=tmp_path)
+    assert out.returncode == 143
+    assert out.stderr.strip() == f"interrupted (SIGTERM): rlmix eval stopped, after it wrote {tmp_path / 'eval.json'}"
 
 
 @pytest.mark.parametrize(

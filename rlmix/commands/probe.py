@@ -86,11 +86,9 @@ def where_table(results: list[PoolProbe]) -> str:
 
 def write_probe(out_dir: Path, summary: dict) -> Path:
     """Write ``probe.json`` atomically (a reader never sees half a file)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / (PROBE_FILE + ".tmp")
-    tmp.write_text(json.dumps(summary, indent=2))
-    tmp.replace(out_dir / PROBE_FILE)
-    return out_dir / PROBE_FILE
+    from rlmix.eval.written import write_atomically
+
+    return write_atomically(out_dir / PROBE_FILE, json.dumps(summary, indent=2))
 
 
 def run_probe(args: list[str]) -> None:

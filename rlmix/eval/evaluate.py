@@ -200,10 +200,9 @@ class Evaluation:
 
 
 def write_eval(out_dir: Path, summary: dict, cfg: RunConfig) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / (EVAL_FILE + ".tmp")
-    tmp.write_text(json.dumps(summary, indent=2))
-    tmp.replace(out_dir / EVAL_FILE)
+    from rlmix.eval.written import write_atomically
+
+    write_atomically(out_dir / EVAL_FILE, json.dumps(summary, indent=2))
     run = _wandb_run(cfg, out_dir)
     if run is not None:
         run.log({f"eval/pass@{k}": v["mean"] for k, v in summary["pass_at_k"].items()})

@@ -1,0 +1,18 @@
+"""The result files this process has written (``rlmix eval``'s eval.json, ``rlmix probe``'s
+probe.json), so that a command a signal ends after its write says so instead of "none written"."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+WRITTEN: list[Path] = []
+
+
+def write_atomically(path: Path, text: str) -> Path:
+    """``text`` into ``path`` through a temporary file (a reader never sees half of it); recorded."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    WRITTEN.append(path)
+    return path
