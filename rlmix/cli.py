@@ -32,29 +32,22 @@ class _Stopped(KeyboardInterrupt):
 
 @contextmanager
 def _stoppable():
-    """SIGTERM and SIGHUP (a closed terminal: its output goes to /dev/null first) stop the command
-    as Ctrl-C does, so it ends with its one line instead of silently. The result files it writes
-    are recorded afresh (``rlmix.eval.written``)."""
+    """SIGTERM and SIGHUP stop the command as Ctrl-C does, so it ends with its one line instead of
+    silently; one it was started ignoring stays ignored. The result files it writes are recorded
+    afresh (``rlmix.eval.written``)."""
     import signal
 
     from rlmix.eval.written import WRITTEN
+    from rlmix.orchestration.outcome import stop_handlers
 
     WRITTEN.clear()  # a process may run several commands (tests do)
 
     def stop(signum: int, frame) -> None:
-        if signum == signal.SIGHUP:
-            from rlmix.metrics.console import leave_hung_up_terminal
-
-            leave_hung_up_terminal()
         raise _Stopped(signum)
 
-    wanted = [s for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) != signal.SIG_IGN]  # nohup: ignored
-    previous = {s: signal.signal(s, stop) for s in wanted}
-    try:
+    signals = (signal.SIGTERM, signal.SIGHUP)
+    with stop_handlers(stop, signals, ignored_stay=signals):
         yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 def _interrupted(command: str, result: str, stopped: KeyboardInterrupt) -> None:

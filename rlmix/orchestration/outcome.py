@@ -42,11 +42,33 @@ class StoppedWhileStarting(KeyboardInterrupt):
         self.signum = signum
 
 
+@contextmanager
+def stop_handlers(handler, signals, ignored_stay=(signal.SIGHUP,)):
+    """``handler`` for each of ``signals`` while the block runs, then the handlers from before.
+
+    A SIGHUP is a terminal that closed: the console is let go of first (``leave_hung_up_terminal``),
+    so the stop is not undone by a failing print. A signal of ``ignored_stay`` that the command was
+    started ignoring stays ignored (`nohup` asks a command to outlive its terminal).
+    """
+
+    def handle(signum: int, frame) -> None:
+        if signum == signal.SIGHUP:
+            leave_hung_up_terminal()
+        handler(signum, frame)
+
+    wanted = [s for s in signals if not (s in ignored_stay and signal.getsignal(s) == signal.SIG_IGN)]
+    previous = {s: signal.signal(s, handle) for s in wanted}
+    try:
+        yield
+    finally:
+        for s, before in previous.items():
+            signal.signal(s, before)
+
+
 class StopRequest:
     """While the run starts, a SIGINT/SIGTERM/SIGHUP stops it at once (``StoppedWhileStarting``). Once
     the loop runs (``training()``), the first asks it to stop after the step in flight; a second
-    stops at once. A SIGHUP is a terminal that closed: the console is let go of first
-    (``leave_hung_up_terminal``), so the stop is not undone by a failing print."""
+    stops at once (``stop_handlers``: what a SIGHUP does first, and `nohup`)."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -61,8 +83,6 @@ class StopRequest:
         self.started = True
 
     def _handle(self, signum: int, frame) -> None:
-        if signum == signal.SIGHUP:
-            leave_hung_up_terminal()
         if self.started and self.signum is not None:
             raise KeyboardInterrupt
         self.signum = signum
@@ -75,15 +95,8 @@ class StopRequest:
     def installed(self):
         # Installed after ray.init, so these handlers replace the ones Ray's core worker sets
         # (its SIGTERM handler dumps a C++ stack and exits 1).
-        # A SIGHUP the command was started ignoring stays ignored: `nohup` asks the run to outlive
-        # its terminal.
-        wanted = [s for s in self.SIGNALS if not (s == signal.SIGHUP and signal.getsignal(s) == signal.SIG_IGN)]
-        previous = {s: signal.signal(s, self._handle) for s in wanted}
-        try:
+        with stop_handlers(self._handle, self.SIGNALS):
             yield self
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
 
 
 def finish(loop, steps, stop: StopRequest, facts: dict) -> dict:
