@@ -34,10 +34,10 @@ class _Stopped(KeyboardInterrupt):
 def _stoppable():
     """SIGTERM and SIGHUP stop the command as Ctrl-C does, so it ends with its one line instead of
     silently; one it was started ignoring stays ignored. The result files it writes are recorded
-    afresh (``rlmix.eval.written``)."""
+    afresh (``rlmix.metrics.written``)."""
     import signal
 
-    from rlmix.eval.written import WRITTEN
+    from rlmix.metrics.written import WRITTEN
     from rlmix.orchestration.outcome import stop_handlers
 
     WRITTEN.clear()  # a process may run several commands (tests do)
@@ -55,7 +55,7 @@ def _interrupted(command: str, result: str, stopped: KeyboardInterrupt) -> None:
     was, during what follows: W&B's upload, the closing lines): one line, exit 128 + N."""
     import signal
 
-    from rlmix.eval.written import WRITTEN
+    from rlmix.metrics.written import WRITTEN
 
     signum = getattr(stopped, "signum", signal.SIGINT)
     done = f"after it wrote {WRITTEN[-1]}" if WRITTEN else f"no {result} was written"

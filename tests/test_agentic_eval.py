@@ -15,6 +15,7 @@ from rlmix.agentic.harbor import load_tasks
 from rlmix.agentic.local import LocalRuntime
 from rlmix.agentic.run import run_sample, run_swebench_eval
 from rlmix.agentic.sandbox import InfraError
+from rlmix.metrics.written import WRITTEN
 from tests.test_agentic_fixtures import FIX, SUBMIT, TRUSTED, WRONG_FIX, ScriptedPolicy, make_task
 
 
@@ -176,6 +177,7 @@ def test_run_directory_pass_at_k_and_subset(tmp_path):
     assert summary["format/episode_end_frac"] == pytest.approx(1 / 12)
     assert summary["infra_failures"]["count"] == 0
     assert json.loads((out / "eval.json").read_text()) == summary
+    assert WRITTEN[-1] == out / "eval.json"  # so a signal during the W&B upload after it names it (rlmix.cli)
     task_a = json.loads((out / "tasks" / "a.json").read_text())
     assert (task_a["n"], task_a["c"]) == (4, 2)
     log = [json.loads(x) for x in (out / "episodes" / "a" / "3.jsonl").read_text().splitlines()]

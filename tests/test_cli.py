@@ -91,7 +91,7 @@ def test_a_signal_after_the_result_is_written_says_where_it_is(tmp_path, monkeyp
     real one does, then the handler's exception arrives.)"""
     import rlmix.commands.eval as eval_command
     from rlmix.cli import _Stopped
-    from rlmix.eval import written
+    from rlmix.metrics import written
 
     def run_eval(args):
         written.write_atomically(tmp_path / "eval.json", "{}")

@@ -86,7 +86,7 @@ def where_table(results: list[PoolProbe]) -> str:
 
 def write_probe(out_dir: Path, summary: dict) -> Path:
     """Write ``probe.json`` atomically (a reader never sees half a file)."""
-    from rlmix.eval.written import write_atomically
+    from rlmix.metrics.written import write_atomically
 
     return write_atomically(out_dir / PROBE_FILE, json.dumps(summary, indent=2))
 

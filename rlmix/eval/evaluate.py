@@ -200,7 +200,7 @@ class Evaluation:
 
 
 def write_eval(out_dir: Path, summary: dict, cfg: RunConfig) -> None:
-    from rlmix.eval.written import write_atomically
+    from rlmix.metrics.written import write_atomically
 
     write_atomically(out_dir / EVAL_FILE, json.dumps(summary, indent=2))
     run = _wandb_run(cfg, out_dir)
