@@ -55,18 +55,17 @@ def room_for_prompts(model_dir: Path, max_new_tokens: int, key: str) -> int | No
     return None if positions is None else positions - max_new_tokens
 
 
-def refuse_overlong_prompts(overlong: list[tuple[str, int]], source: str, total: int, model_dir: Path,
+def refuse_overlong_prompts(overlong: list[tuple[str, int]], source: str, total: int, room: int, model_dir: Path,
                             max_new_tokens: int, key: str) -> None:
-    """ConfigError naming the prompts of ``source`` (``total`` of them) that leave less than
-    ``max_new_tokens`` (the setting ``key``) of the model's positions: ``overlong`` holds each one's
-    name and prompt tokens. Past its context a model runs on positions it never saw."""
+    """ConfigError naming the prompts of ``source`` (``total`` of them) that take more than the
+    ``room`` (``room_for_prompts``) that ``max_new_tokens`` (the setting ``key``) leaves: ``overlong``
+    holds each one's name and prompt tokens. Past its context a model runs on positions it never saw."""
     if not overlong:
         return
-    positions = model_max_positions(model_dir)
     name, tokens = max(overlong, key=lambda found: found[1])
     raise ConfigError(
-        f"{source}: {len(overlong)} of {total} prompts take more than the {positions - max_new_tokens} tokens that "
-        f"{key}={max_new_tokens} leaves of the model's {positions} positions (max_position_embeddings in "
+        f"{source}: {len(overlong)} of {total} prompts take more than the {room} tokens that "
+        f"{key}={max_new_tokens} leaves of the model's {room + max_new_tokens} positions (max_position_embeddings in "
         f"{Path(model_dir) / 'config.json'}); the longest, {name}, takes {tokens}: shorten or drop those, "
         f"or lower {key}"
     )

@@ -116,7 +116,7 @@ class SingleTurnKind(TaskKind):
             from rlmix.tasks.dataset import overlong_rows
 
             overlong = [(f"row {row}", n) for row, n in overlong_rows(task, tokenizer, room)]
-            refuse_overlong_prompts(overlong, "task.train_files", len(task), model_dir, max_new_tokens,
+            refuse_overlong_prompts(overlong, "task.train_files", len(task), room, model_dir, max_new_tokens,
                                     "loop.max_new_tokens")
 
     def check_prompts(self, problems: list, tokenizer, model_dir: Path, max_new_tokens: int, key: str,
@@ -127,7 +127,7 @@ class SingleTurnKind(TaskKind):
         room = room_for_prompts(model_dir, max_new_tokens, key)
         if room is not None:
             overlong = [(p.task_id, len(ids)) for p, ids in zip(problems, prompts) if len(ids) > room]
-            refuse_overlong_prompts(overlong, source, len(problems), model_dir, max_new_tokens, key)
+            refuse_overlong_prompts(overlong, source, len(problems), room, model_dir, max_new_tokens, key)
         return prompts
 
     def train_caveat(self) -> str | None:

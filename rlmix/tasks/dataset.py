@@ -288,10 +288,13 @@ def overlong_rows(task: DatasetTask, tokenizer, room: int) -> list[tuple[int, in
         else:
             messages = value if isinstance(value, list) and all(isinstance(m, dict) for m in value) else []
             texts, roles = [m.get("content") for m in messages], tuple(m.get("role") for m in messages)
-        if roles and set(roles) <= ROLES and all(isinstance(t, str) for t in texts):  # else to_problem names what is wrong with the row
+        # A row that is not well-formed is encoded below, where to_problem names what is wrong with it.
+        if roles and set(roles) <= ROLES and all(isinstance(t, str) for t in texts):
             if roles not in frame:
-                empty = [{"role": r, "content": ""} for r in roles] if cfg.messages_key else \
-                    prompt_messages("", cfg.system_prompt)
+                if cfg.messages_key:
+                    empty = [{"role": r, "content": ""} for r in roles]
+                else:
+                    empty = prompt_messages("", cfg.system_prompt)
                 frame[roles] = len(render_ids(tokenizer, empty, cfg.chat_template))
             if 2 * sum(len(t.encode()) for t in texts) + frame[roles] <= room:
                 continue
