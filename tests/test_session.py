@@ -67,6 +67,21 @@ def _kill_and_await_restart(slot) -> None:
     pytest.fail("the killed sampler did not come back")
 
 
+def _ray_helpers_started() -> list[str]:
+    """The Ray helper scripts among this process's children (the local instance's processes)."""
+    helpers = ("autoscaler/_private/monitor.py", "dashboard/dashboard.py", "_private/log_monitor.py")
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1]) != os.getpid():
+                continue
+            argv = open(f"/proc/{pid}/cmdline").read().split("\0")
+        except (OSError, ValueError):  # ended meanwhile
+            continue
+        found += [h for h in helpers if any(a.endswith(h) for a in argv)]
+    return found
+
+
 def test_jobs_of_a_sweep_reuse_ray_and_processes_with_fresh_state(tmp_path):
     import ray
 
@@ -78,6 +93,8 @@ def test_jobs_of_a_sweep_reuse_ray_and_processes_with_fresh_state(tmp_path):
         assert versions == [0, 0, 0]
         # No runtime_env (each would start through a second interpreter); the actors took theirs.
         assert not ray.get_runtime_context().runtime_env and (tmp_path / "0" / "workers.log").is_file()
+        # Nor the helpers a local instance never uses (the autoscaler, the dashboard, the log monitor).
+        assert _ray_helpers_started() == [] and ray.get_runtime_context().get_node_id()
         gcs = ray.get_runtime_context().gcs_address
         assert _train_one_step(cfg, trainer, slots) == 1
         ids = [trainer._actor_id] + [s.actor._actor_id for s in slots]

@@ -2,7 +2,9 @@
 
 Start-up (docs/performance.md): a local instance lets every actor process start at once (Ray
 otherwise starts at most one worker per core at a time, so seven actors on two cores started in
-four waves), and readiness is awaited once, for all of them together.
+four waves), starts none of the helper processes a run on it never uses (the autoscaler's
+monitor, the dashboard's API server, the log monitor), and readiness is awaited once, for all
+actors together.
 
 Sweeps: Hydra's basic launcher runs the jobs of ``rlmix train -m`` one after another in one
 process. Between jobs the instance stays up, and so do the processes: an actor whose next job
@@ -138,7 +140,7 @@ class Session:
             # Emulated accelerator types are declared as Ray's own accelerator_type resources,
             # so the same placement code runs unchanged on a real heterogeneous cluster. Each
             # is declared many times over so later jobs of a sweep with more instances fit too.
-            with _group_signals_blocked():
+            with _group_signals_blocked(), _without_unused_helpers(log_to_driver):
                 ray.init(
                     # "local": always a new instance of our own, never another process's `ray start`
                     # cluster found on this machine (which would refuse num_cpus and resources).
@@ -239,6 +241,39 @@ def _group_signals_blocked():
 # Ray's Python helpers of a local instance: state-free, and with SIGTERM blocked ray.shutdown would
 # wait a second on each before it kills it.
 _HELPERS = ("monitor", "dashboard", "log_monitor")
+
+
+@contextmanager
+def _without_unused_helpers(log_to_driver: bool):
+    """A local head started in the block leaves out the helper processes a run on it never uses.
+
+    - the autoscaler's monitor: a local instance has a fixed size and never scales;
+    - the dashboard's API server: ``include_dashboard=False`` only trims the modules it loads (to
+      usage statistics), and ``ray.init`` still waits for it to publish its address;
+    - the log monitor, unless the workers' output goes to the driver (``logger.verbose``): every
+      actor writes its own to the run's ``workers.log`` (rlmix.metrics.quiet).
+
+    Each is a Python process importing Ray and aiohttp, ~0.7-1 core-second on two cores, and
+    ``ray.init`` took 2.2 s less without them (docs/performance.md, Start-up). What a run loses is
+    Ray's own views of the instance (``ray status``, the state API, job submission), which rlmix
+    does not use. Ray does not offer this through ``ray.init``: the head's methods that start
+    them are left out for the block. A Ray without those methods starts them as before.
+    """
+    from ray._private.node import Node
+
+    names = ["start_monitor", "start_api_server"] + ([] if log_to_driver else ["start_log_monitor"])
+    own = {name: Node.__dict__[name] for name in names if callable(Node.__dict__.get(name))}
+    for name in own:
+        setattr(Node, name, _start_nothing)
+    try:
+        yield
+    finally:
+        for name, method in own.items():
+            setattr(Node, name, method)
+
+
+def _start_nothing(self, *args, **kwargs) -> None:
+    return None
 
 
 def _end_helpers() -> None:
