@@ -278,6 +278,18 @@ def test_a_terminal_that_closes_lets_the_step_finish_and_be_saved(tmp_path):
     assert "died" not in run.text() and "Traceback" not in run.text()
 
 
+def test_a_terminal_that_closes_while_the_run_starts_leaves_its_line_in_train_log(tmp_path):
+    run_dir = tmp_path / "run"
+    run = TerminalRun(tmp_path, *SMOKE, "loop.steps=5", f"hydra.run.dir={run_dir}")
+    # Held inside its __init__, the trainer keeps the run in its start-up.
+    run.hold_inside(run_dir, "TrainerWorker.__init__", 0, "the trainer stopped while it starts")
+    run.hang_up()
+    run.finish()
+    log = (run_dir / "train.log").read_text()
+    assert "interrupted while the run was starting (SIGHUP: stopped at once), nothing trained" in log, log
+    assert "Traceback" not in run.text() and not (run_dir / "summary.json").exists()
+
+
 def test_a_run_started_with_nohup_outlives_its_terminal(tmp_path):
     run_dir = tmp_path / "run"
     run = TerminalRun(tmp_path, *SMOKE, "loop.steps=12", f"hydra.run.dir={run_dir}", nohup=True)

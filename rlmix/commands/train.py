@@ -173,8 +173,12 @@ def run_train(args: list[str]) -> None:
         again = " ".join(["rlmix", "train", *map(shlex.quote, args)])
         trained = f"{len(_finished)} run(s) of the sweep had finished, that one trained nothing" if _finished \
             else "nothing trained"
-        print(f"interrupted while the run was starting ({signal.Signals(signum).name}: stopped at once), {trained}; "
-              f"start again with: {again}", file=sys.stderr, flush=True)
+        line = (f"interrupted while the run was starting ({signal.Signals(signum).name}: stopped at once), {trained}; "
+                f"start again with: {again}")
+        if signum == signal.SIGHUP:  # as in say(): the terminal is most likely gone, train.log keeps the line
+            log.warning(line)
+        else:
+            print(line, file=sys.stderr, flush=True)
         sys.exit(128 + signum)
     finally:
         _planned.clear()

@@ -6,10 +6,10 @@ one line on stderr and an exit code).
 | `completed`   | every step ran; no collapse that lasted (recovered episodes and warnings are listed) | 0 |
 | `collapsed`   | the monitor flagged the run and it was still down at the end (the run is data) | 0 |
 | `interrupted` | SIGINT / SIGTERM / SIGHUP: the step in flight finished, then a checkpoint (a second signal: at once, no checkpoint) | 130 / 143 / 129 |
+| `failed`      | a trainer dead more often than `trainer.max_restarts`, no sampler left, the watchdog, non-finite steps | 1 |
 
 A signal while Ray and the actors start writes no summary: ``StoppedWhileStarting`` ends the
 command at once (rlmix.commands.train says so in one line), since nothing has trained.
-| `failed`      | a trainer dead more often than `trainer.max_restarts`, no sampler left, the watchdog, non-finite steps | 1 |
 
 docs/reliability.md lists each fault and what the run does about it.
 """
