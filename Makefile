@@ -69,7 +69,7 @@ TEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test: setup
-	$(PYTEST) tests
+	$(PYTEST) --durations=15 tests
 
 test-fast: setup
 	$(PYTEST) -m "not slow" tests

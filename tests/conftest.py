@@ -93,10 +93,10 @@ def tiny_llama_dir(tmp_path_factory) -> Path:
 # The longest files, longest first (docs/testing.md, "Where the time goes"). ``make test``'s two
 # workers take whole files in collection order: a long file taken last would leave one worker
 # running it alone while the other has nothing left, so these go first and the rest fill in.
-LONGEST_FIRST = ("test_faults_e2e.py", "test_agentic_train_cli.py", "test_dataset_e2e.py", "test_install.py",
-                 "test_train_e2e.py", "test_session.py", "test_vllm_sampler.py", "test_trainer_contract.py",
-                 "test_multinode.py", "test_embedded_v2.py", "test_deepspeed_trainer.py", "test_scratch.py",
-                 "test_lag.py")
+LONGEST_FIRST = ("test_faults_e2e.py", "test_signals_e2e.py", "test_agentic_train_cli.py", "test_dataset_e2e.py",
+                 "test_install.py", "test_train_e2e.py", "test_session.py", "test_vllm_sampler.py",
+                 "test_trainer_contract.py", "test_multinode.py", "test_embedded_v2.py", "test_deepspeed_trainer.py",
+                 "test_scratch.py", "test_lag.py")
 
 
 def pytest_configure(config):

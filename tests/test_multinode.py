@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_faults_e2e import SMOKE, Run, rows, summary
+from tests.faults import SMOKE, Run, rows, summary
 
 pytestmark = pytest.mark.slow
 
