@@ -239,7 +239,9 @@ def _group_signals_blocked():
 
 
 # Ray's Python helpers of a local instance: state-free, and with SIGTERM blocked ray.shutdown would
-# wait a second on each before it kills it.
+# wait a second on each before it kills it. Most instances start none of them
+# (``_without_unused_helpers``): the log monitor runs where the workers' output goes to the driver,
+# all three on a Ray whose head starts them some other way.
 _HELPERS = ("monitor", "dashboard", "log_monitor")
 
 
