@@ -16,15 +16,17 @@
     python scripts/reproduce.py --profile quick --resume multirun/reproduce_<stamp>
                                                     # an invocation that was stopped: its finished runs are
                                                     # kept, the rest are run, then the page is written
+    python scripts/reproduce.py --profile v2_map --probes-only   # each dose's fleet probed, no runs (for --merge)
 
 Every run is an ordinary ``rlmix train -m`` sweep (one per dose: the overrides in ``DOSES``); every
 final checkpoint is scored with ``rlmix eval`` on the held-out ``test`` split (pass@1, the fp32
 reference sampler). The v2 doses run under the controlled lag (``loop.lag=0``: each batch from the
 trainer's current weights; ``v2_fp8kv_lag4``: from the weights 4 versions back; one seed one
 run); the v1 doses free-running, with the staleness set by
-the buffer depth. Seeds are fixed before the runs (0, 1, 2) and every run is reported. What is
-written: ``docs/results_<profile>.md`` (tables), its figures in ``docs/results_<profile>/``, and the
-raw per-run records in ``docs/results_<profile>/runs.json``.
+the buffer depth. Seeds are fixed before the runs (0, 1, 2) and every run is reported. Each dose's
+fleet is also measured at fixed weights, once, by ``rlmix probe`` (``probe``). What is written:
+``docs/results_<profile>.md`` (tables), its figures in ``docs/results_<profile>/``, the raw per-run
+records in ``docs/results_<profile>/runs.json`` and the probes' in ``probes.json`` beside it.
 """
 
 from __future__ import annotations
@@ -247,6 +249,71 @@ def sweep(out: Path, dose: str, arms: tuple[str, ...], seeds: int | tuple[int, .
     overrides = sweep_overrides(dose, arms, seeds, steps)
     run([RLMIX, "train", "-m", *overrides, f"hydra.sweep.dir={out}"])
     return overrides
+
+
+# The fleet's mismatch at fixed weights, measured once per dose by `rlmix probe` (docs/probe.md) on
+# the model the runs start from: every test prompt, 8 samples each, seed 0. How far behind the
+# samplers run and how the trainer steps (`loop.*`, `trainer.*`) do not change what it measures, so
+# doses that differ only there (the lag dose and the headline) share one probe.
+PROBE_PROMPTS = 60
+
+
+def probe_overrides(dose: str) -> tuple[str, ...]:
+    return (*(o for o in DOSES[dose] if not o.startswith(("loop.", "trainer."))), f"probe.prompts={PROBE_PROMPTS}")
+
+
+def probe(out: Path, dose: str, done: dict[tuple[str, ...], dict]) -> dict:
+    """The dose's probe (``probe_summary``): ``out/probe/probe.json``, run unless it is there (a resumed
+    invocation keeps it) or an earlier dose of the same fleet has one (``done``)."""
+    overrides = probe_overrides(dose)
+    if overrides not in done:
+        path = out / "probe" / "probe.json"
+        if not path.is_file():
+            run([RLMIX, "probe", *overrides, f"probe.out_dir={path.parent}"], quiet=True)
+        done[overrides] = probe_summary(path, overrides)
+    return done[overrides]
+
+
+def probe_summary(path: Path, overrides: tuple[str, ...]) -> dict:
+    """What a page tables of one ``probe.json``: per pool, its view, the KL per token (k3, and exact
+    where the pool has a torch view), the mean |Δ log p|, the router flips (token × MoE layer) and the
+    attribution's shares of the KL (weights, KV cache, kernel)."""
+    data = json.loads(path.read_text())
+    pools = {name: {"label": p["label"], "kl_k3": p["kl_k3"], "kl_exact": p["kl_exact"],
+                    "logprob_abs_diff": p["logprob_abs_diff"],
+                    "router_flip": (p.get("router") or {}).get("layer_flip_rate"),
+                    "shares": (p.get("attribution") or {}).get("shares")}
+             for name, p in data["pools"].items()}
+    return {"command": f"rlmix probe {' '.join(overrides)}", "reference": data["reference"]["label"], "pools": pools}
+
+
+def probe_table(probes: dict[str, dict], doses: list[str]) -> str:
+    """One row per dose and set of pools that measured alike (pools of one kernel family compute
+    identically at these settings)."""
+    def sci(x: float | None) -> str:
+        return "—" if x is None else f"{x:.1e}".replace("e-0", "e-")
+
+    rows = ["| dose | pools | KL per token (k3) | exact KL | mean \\|Δ log p\\| | router flips | KL's share: "
+            "weights / KV cache / kernel |", "|---|---|---|---|---|---|---|"]
+    first: dict[str, str] = {}  # command -> the first dose it probed
+    for dose in (d for d in doses if d in probes):
+        if (earlier := first.setdefault(probes[dose]["command"], dose)) != dose:
+            rows.append(f"| `{dose}` | as `{earlier}`: the same fleet | | | | | |")
+            continue
+        alike: dict[tuple, list[str]] = {}
+        for pool, p in probes[dose]["pools"].items():
+            shares = " / ".join(f"{v:.2f}" for v in p["shares"].values()) if p["shares"] else "—"
+            flips = "—" if p["router_flip"] is None else f"{p['router_flip']:.1%}"
+            key = (sci(p["kl_k3"]), sci(p["kl_exact"]), f"{p['logprob_abs_diff']:.4f}", flips, shares)
+            alike.setdefault(key, []).append(pool)
+        rows += [f"| `{dose}` | {', '.join(pools)} | {' | '.join(key)} |" for key, pools in alike.items()]
+    return "\n".join(rows)
+
+
+def load_probes(runs: Path) -> dict[str, dict]:
+    """The ``probes.json`` beside an earlier invocation's ``runs.json`` (none before pages had one)."""
+    path = runs.with_name("probes.json")
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def runs_in(out: Path) -> dict[tuple[str, int], tuple[bool, Path]]:
@@ -507,13 +574,32 @@ def runs_json(results: list[RunResult]) -> str:
 
 
 def write(profile: str, how: list[str], results: list[RunResult], doses: list[str], arms: tuple[str, ...],
-          steps: int, wall_s: float | None, machines: str | None = None) -> Path:
-    """The page ``docs/results_<profile>.md``, its figures and runs.json. ``machines``: what the runs
-    ran on, where that is not this machine (a merge of earlier pages)."""
+          steps: int, wall_s: float | None, machines: str | None = None, probes: dict[str, dict] | None = None) -> Path:
+    """The page ``docs/results_<profile>.md``, its figures, runs.json and (``probes``: each dose's
+    ``probe_summary``) probes.json. ``machines``: what the runs ran on, where that is not this machine
+    (a merge of earlier pages)."""
     out = ROOT / "docs" / f"results_{profile}.md"  # profile: the profile's name, or with its --doses
     figures = out.with_suffix("")
     figures.mkdir(parents=True, exist_ok=True)
     (figures / "runs.json").write_text(runs_json(results))
+    probes = probes or {}
+    if probes:
+        (figures / "probes.json").write_text(json.dumps(probes, indent=1) + "\n")
+    probe_part = ["## Mismatch at fixed weights (`rlmix probe`)\n",
+                  f"Each dose's fleet against the trainer, on the model the runs start from: the {PROBE_PROMPTS} test "
+                  "prompts, 8 samples each, seed 0, temperature 1 (docs/probe.md). KL per token: k3 over the "
+                  "sampled tokens, and the exact full-vocabulary KL(pool ‖ trainer); router flips: (token, MoE "
+                  "layer) pairs whose experts differ from the trainer's; the shares: the KL each factor causes "
+                  "alone. The lag and the step size are not the fleet's numbers: a dose differing only in those "
+                  "shares its probe. Commands:\n",
+                  *[f"- `{dose}`: `{probes[dose]['command']}`" for dose in doses if dose in probes], "",
+                  probe_table(probes, doses), ""] if probes else []
+    if not results:  # a page of probes alone (--probes-only), for --merge
+        parts = [f"# Reproduction on the embedded default — `{profile}`\n", f"Machine: {machines or machine()}\n",
+                 *how, "", *probe_part]
+        out.write_text("\n".join(parts) + "\n")
+        print(f"wrote {out}")
+        return out
     headline = next((d for d in (HEADLINE, V1_HEADLINE) if d in doses), doses[0])
     run_min = sum(r.run_s for r in results) / 60  # NaN where a page predates it
     head = [r for r in results if r.dose == headline]
@@ -545,8 +631,9 @@ def write(profile: str, how: list[str], results: list[RunResult], doses: list[st
         parts += ["## Stability map\n", "Each cell: runs flagged by the collapse monitor · runs still down at the end "
                   f"(reward below its start, or format errors over {LASTING_FORMAT_ERRORS:.0%}) · mean pass@1 on the test split.\n",
                   map_table(results, map_arms, map_doses), "", f"![map]({figures.name}/map.png)\n"]
+    parts += probe_part
     if len(doses) > 1:
-        for dose in (d for d in doses if d != headline):  # the headline's table is above
+        for dose in (d for d in doses if d != headline and any(r.dose == d for r in results)):  # the headline's is above
             mine = [r for r in results if r.dose == dose]
             parts += [f"### `{dose}`: {' '.join(DOSES[dose])}\n", arm_table(mine, arms), "",
                       *([pool_table(mine, arms), ""] if any(r.pool_kls for r in mine) else []),
@@ -567,6 +654,9 @@ def main() -> None:
     parser.add_argument("--arms", help="comma-separated experiment presets, instead of the profile's")
     parser.add_argument("--merge", help="comma-separated runs.json files to draw one page from (runs nothing)")
     parser.add_argument("--name", help="the page's name with --merge: docs/results_<name>.md")
+    parser.add_argument("--probes-only", action="store_true",
+                        help="run only each dose's `rlmix probe` and write a page of them (with an empty runs.json, "
+                             "for --merge)")
     parser.add_argument("--resume", type=Path, metavar="DIR",
                         help="a stopped invocation's multirun/reproduce_<stamp>: keep its finished runs, run the rest "
                              "(give the same --profile, --doses, --arms, --seeds and --steps)")
@@ -602,6 +692,15 @@ def reproduce(args: argparse.Namespace, plan: list[tuple[str, tuple[str, ...]]],
     evaluate every run and write the page."""
     runs = sum(len(arms) for _, arms in plan) * args.seeds
     start, how, results, ran = time.time(), [], [], False
+    probes: dict[str, dict] = {}
+    done: dict[tuple[str, ...], dict] = {}  # one probe per fleet
+    name = args.profile + "".join(f"_{'_'.join(v.split(','))}" for v in (args.doses, args.arms) if v)
+    if args.probes_only:
+        for dose, _ in plan:
+            probes[dose] = probe(base / dose, dose, done)
+        write(f"{name}_probes", [f"Probes of `{base.name}`, no runs (`--probes-only`).\n"], [], [d for d, _ in plan],
+              (), args.steps, None, probes=probes)
+        return
     for i, (dose, arms) in enumerate(plan, 1):
         pace = sum(r.run_s for r in results) / len(results) if results else float("nan")
         left = f", ~{(runs - len(results)) * pace / 3600:.1f} h of runs left at {pace:.0f} s a run" if pace == pace else ""
@@ -626,15 +725,16 @@ def reproduce(args: argparse.Namespace, plan: list[tuple[str, tuple[str, ...]]],
                 f"; then `rlmix train -m {' '.join(overrides)}`" for overrides in commands)
         run_min = sum(r.run_s for r in results if r.dose == dose) / 60
         how.append(f"- `{dose}` ({len(arms) * args.seeds} runs: {run_min:.1f} min of run time{here}): {full}")
-    name = args.profile + "".join(f"_{'_'.join(v.split(','))}" for v in (args.doses, args.arms) if v)
-    how.insert(0, "Commands (one sweep per dose; then `rlmix eval task.split=test eval.k=[1]` per run):\n")
+        probes[dose] = probe(out, dose, done)
+    how.insert(0, "Commands (one sweep per dose; then `rlmix eval task.split=test eval.k=[1]` per run; each fleet's "
+                  "`rlmix probe` in the last section):\n")
     if args.resume:
         how.insert(1, f"Resumed `{args.resume.name}`: the wall time above is this invocation's; each run's own "
                       "is `wall_time_s` in its summary.json.\n" if ran else
                       f"Re-drawn from `{args.resume.name}`, where every run had ended; the run time above is the "
                       "runs' own.\n")
     write(name, how, results, [dose for dose, _ in plan], plan_arms(plan), args.steps,
-          time.time() - start if ran else None)
+          time.time() - start if ran else None, probes=probes)
 
 
 def page_machine(runs_json: Path) -> str | None:
@@ -668,14 +768,16 @@ def merge(paths: list[Path], name: str) -> None:
         sys.exit(problem)
     runs = {path: load_runs(path) for path in paths}
     results = [r for path in paths for r in runs[path]]
+    probes = {dose: found for path in paths for dose, found in load_probes(path).items()}  # a later page's wins
     known = list(dict.fromkeys(MAP_ARMS + SC_ARMS))
     arms = tuple(sorted({r.arm for r in results}, key=lambda a: (known.index(a) if a in known else len(known), a)))
-    doses = [d for d in DOSES if any(r.dose == d for r in results)]
+    doses = [d for d in DOSES if any(r.dose == d for r in results) or d in probes]
     how = ["Drawn from the runs of earlier invocations (their pages hold the commands and wall times):\n",
            *[f"- [{p.parent.name}.md]({p.parent.name}.md) ({len(runs[p])} runs)" for p in paths]]
     stated = sorted({line for line in machines.values() if line})
-    write(name, how, results, doses, arms, max(len(r.rewards) for r in results), None,
-          machines="; ".join(stated) + " (as the pages drawn from state)" if stated else "not stated by the pages drawn from")
+    write(name, how, results, doses, arms, max((len(r.rewards) for r in results), default=0), None,
+          machines="; ".join(stated) + " (as the pages drawn from state)" if stated else "not stated by the pages drawn from",
+          probes=probes)
 
 
 if __name__ == "__main__":

@@ -123,7 +123,9 @@ def test_a_resume_sweeps_only_the_missing_runs_and_its_page_says_what_ran(tmp_pa
     stopped = tmp_path / "multirun" / "reproduce_x"
     summary(stopped / R.HEADLINE / "0_experiment=reinforce,seed=0", "reinforce", 0, "completed")
     summary(stopped / R.HEADLINE / "1_experiment=reinforce,seed=1", "reinforce", 1, "interrupted")
-    for name, value in (("ROOT", tmp_path), ("sweep", sweep), ("collect", collect), ("plot_curves", lambda *a: None)):
+    no_probe = {"command": "rlmix probe", "reference": "", "pools": {}}  # the probes have their own test
+    for name, value in (("ROOT", tmp_path), ("sweep", sweep), ("collect", collect), ("plot_curves", lambda *a: None),
+                        ("probe", lambda out, dose, done: no_probe)):
         monkeypatch.setattr(R, name, value)
     monkeypatch.setattr(sys, "argv", ["reproduce.py", "--doses", R.HEADLINE, "--arms", "reinforce,grpo", "--seeds", "2",
                                       "--resume", str(stopped)])
@@ -195,6 +197,52 @@ def test_a_resume_reuses_the_evaluation_a_run_already_has(tmp_path, monkeypatch)
     monkeypatch.setattr(R, "run", rlmix_eval)
     assert R.evaluation(tmp_path, 4)["mean"] == 0.25 and not calls  # the run's own evaluation
     assert R.evaluation(tmp_path, 8)["mean"] == 0.5 and len(calls) == 1  # other samples: scored again
+
+
+def _write_probe(out_dir: Path, kls: dict[str, float]) -> None:
+    """What ``rlmix probe`` writes, with the fields a page reads; a pool per ``kls`` entry."""
+    out_dir.mkdir(parents=True)
+    pools = {name: {"label": f"emulated:{name}", "kl_k3": kl, "kl_exact": kl * 1.1, "logprob_abs_diff": kl * 20,
+                    "router": {"layer_flip_rate": 0.02}, "attribution": {"shares": {"weights": 0.5, "kv": 0.4, "kernel": 0.1}}}
+             for name, kl in kls.items()}
+    (out_dir / "probe.json").write_text(json.dumps({"reference": {"label": "emulated:CPU/bf16"}, "pools": pools}))
+
+
+def test_each_fleet_is_probed_once_and_its_page_tables_the_pools_that_measured_alike(tmp_path, monkeypatch):
+    # rlmix probe is outside the unit: here it writes a probe.json into its probe.out_dir.
+    probed = []
+
+    def rlmix_probe(cmd, quiet=False):
+        assert cmd[1] == "probe" and not any(a.startswith(("loop.", "trainer.")) for a in cmd), cmd
+        probed.append(cmd)
+        _write_probe(Path(next(a for a in cmd if a.startswith("probe.out_dir=")).split("=", 1)[1]),
+                     {"h100_fp8": 2e-4, "h200_fp8": 2e-4, "b200_nvfp4": 7e-4})
+
+    monkeypatch.setattr(R, "run", rlmix_probe)
+    monkeypatch.setattr(R, "ROOT", tmp_path)
+    monkeypatch.setattr(sys, "argv", ["reproduce.py", "--doses", f"{R.HEADLINE},v2_fp8kv_lag4", "--probes-only"])
+    R.main()
+    # The lag dose differs from the headline only in loop.lag: one fleet, one probe.
+    assert len(probed) == 1 and f"probe.prompts={R.PROBE_PROMPTS}" in probed[0]
+    name = f"results_quick_{R.HEADLINE}_v2_fp8kv_lag4_probes"
+    probes = json.loads((tmp_path / "docs" / name / "probes.json").read_text())
+    assert set(probes) == {R.HEADLINE, "v2_fp8kv_lag4"} and probes[R.HEADLINE] == probes["v2_fp8kv_lag4"]
+    assert json.loads((tmp_path / "docs" / name / "runs.json").read_text()) == []
+    page = (tmp_path / "docs" / f"{name}.md").read_text()
+    assert f"| `{R.HEADLINE}` | h100_fp8, h200_fp8 | 2.0e-4 | 2.2e-4 | 0.0040 | 2.0% | 0.50 / 0.40 / 0.10 |" in page
+    assert f"| `{R.HEADLINE}` | b200_nvfp4 | 7.0e-4 |" in page and f"| `v2_fp8kv_lag4` | as `{R.HEADLINE}`: the same fleet |" in page
+
+    # A merge carries the probes beside each runs.json onto its page.
+    R.merge([tmp_path / "docs" / name / "runs.json"], "merged")
+    assert "## Mismatch at fixed weights" in (tmp_path / "docs" / "results_merged.md").read_text()
+    assert json.loads((tmp_path / "docs" / "results_merged" / "probes.json").read_text()) == probes
+
+
+def test_a_resumed_invocation_keeps_the_probe_it_has(tmp_path, monkeypatch):
+    _write_probe(tmp_path / R.HEADLINE / "probe", {"h100_fp8": 3e-4})
+    monkeypatch.setattr(R, "run", lambda cmd, quiet=False: pytest.fail(f"ran {cmd}"))
+    kept = R.probe(tmp_path / R.HEADLINE, R.HEADLINE, {})
+    assert kept["pools"]["h100_fp8"]["kl_k3"] == 3e-4 and kept["command"].startswith("rlmix probe model=embedded_v2 ")
 
 
 def test_a_cell_no_machine_can_train_is_refused_before_anything_runs():
