@@ -261,8 +261,11 @@ def _without_unused_helpers(log_to_driver: bool):
     does not use. Ray does not offer this through ``ray.init``: the head's methods that start
     them are left out for the block. A Ray without those methods starts them as before.
     """
-    from ray._private.node import Node
-
+    try:
+        from ray._private.node import Node
+    except ImportError:  # a Ray laid out otherwise
+        yield
+        return
     names = ["start_monitor", "start_api_server"] + ([] if log_to_driver else ["start_log_monitor"])
     own = {name: Node.__dict__[name] for name in names if callable(Node.__dict__.get(name))}
     for name in own:
