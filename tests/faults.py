@@ -132,7 +132,7 @@ class TerminalRun(Run):
         self.master, terminal = os.openpty()
         self.proc = subprocess.Popen(["bash", "--norc", "--noprofile", "-i"], cwd=tmp_path, stdin=terminal,
                                      stdout=terminal, stderr=terminal, env=os.environ | {"PS1": "$ "},
-                                     start_new_session=True, preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+                                     start_new_session=True, preexec_fn=_a_terminal_s_shell)
         os.close(terminal)
         os.write(self.master, shlex.join(["nohup"] * nohup + [RLMIX, "train", *args]).encode() + b"\n")
         self.reading = True
@@ -167,6 +167,16 @@ class TerminalRun(Run):
     def text(self) -> str:
         log = self.log.read_text()[-3000:] if self.log.exists() else ""
         return self.output.decode(errors="replace")[-3000:] + log
+
+
+def _a_terminal_s_shell() -> None:
+    """In the shell's process before it starts: the pseudo-terminal becomes its controlling terminal,
+    and SIGHUP and SIGINT do what they do in a terminal's shell. A test run that was itself started
+    with them ignored (under `nohup`, or as a background job) would pass that on: a shell keeps a
+    signal ignored that it started with ignored, and so would the run, as `nohup` asks."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    for signum in (signal.SIGHUP, signal.SIGINT):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def parent(pid: int) -> int:
