@@ -94,7 +94,7 @@ def test_a_signal_after_the_result_is_written_says_where_it_is(tmp_path, monkeyp
     from rlmix.metrics import written
 
     def run_eval(args):
-        written.write_atomically(tmp_path / "eval.json", "{}")
+        written.write_result(tmp_path / "eval.json", "{}")
         raise _Stopped(signal.SIGTERM)
 
     monkeypatch.setattr(eval_command, "run_eval", run_eval)

@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from tests.faults import parent
+
 pytestmark = pytest.mark.slow
 
 
@@ -73,10 +75,10 @@ def _ray_helpers_started() -> list[str]:
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            if int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1]) != os.getpid():
+            if parent(int(pid)) != os.getpid():
                 continue
             argv = open(f"/proc/{pid}/cmdline").read().split("\0")
-        except (OSError, ValueError):  # ended meanwhile
+        except OSError:  # ended meanwhile
             continue
         found += [h for h in helpers if any(a.endswith(h) for a in argv)]
     return found

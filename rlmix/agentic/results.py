@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rlmix.agentic.episode import END_FORMAT, Episode, turn_dicts
-from rlmix.metrics.written import write_atomically
+from rlmix.metrics.written import write_result
 from rlmix.metrics.passk import mean_pass_at_k
 
 
@@ -131,7 +131,7 @@ def write_results(out_dir: Path, outcomes: Sequence[SampleOutcome], summary: dic
         doc = {"task_id": tid, "n": n, "c": c, "samples": [asdict(o) for o in items]}
         (out_dir / "tasks" / f"{tid}.json").write_text(json.dumps(doc, indent=1) + "\n")
     # eval.json last and atomically: its presence means the run finished.
-    write_atomically(out_dir / "eval.json", json.dumps(summary, indent=1) + "\n")
+    write_result(out_dir / "eval.json", json.dumps(summary, indent=1) + "\n")
 
 
 def log_wandb(wandb_run, outcomes: Sequence[SampleOutcome], summary: dict, subset_ids: Sequence[str] | None) -> None:

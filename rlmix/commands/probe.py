@@ -86,9 +86,9 @@ def where_table(results: list[PoolProbe]) -> str:
 
 def write_probe(out_dir: Path, summary: dict) -> Path:
     """Write ``probe.json`` atomically (a reader never sees half a file)."""
-    from rlmix.metrics.written import write_atomically
+    from rlmix.metrics.written import write_result
 
-    return write_atomically(out_dir / PROBE_FILE, json.dumps(summary, indent=2))
+    return write_result(out_dir / PROBE_FILE, json.dumps(summary, indent=2))
 
 
 def run_probe(args: list[str]) -> None:

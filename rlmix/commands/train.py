@@ -120,6 +120,15 @@ def exit_code(summary: dict) -> int:
     return 1 if status == "failed" else 0
 
 
+def tell_interrupted(line: str, signal_name: str) -> None:
+    """An interrupted run's one line: on stderr, or, after a SIGHUP (the terminal is most likely
+    gone), in train.log (and on the console, which then is /dev/null)."""
+    if signal_name == "SIGHUP":
+        log.warning(line)
+    else:
+        print(line, file=sys.stderr, flush=True)
+
+
 def say(summary: dict, overrides: list[str]) -> None:
     """The one line for a run that did not complete: what happened and the command that continues
     it, or that starts it again (in a new directory) when no checkpoint was written."""
@@ -135,11 +144,7 @@ def say(summary: dict, overrides: list[str]) -> None:
             saved = f"newest checkpoint {checkpoint}{lost}" if checkpoint else "no checkpoint"
         else:
             how, saved = summary["signal"], f"checkpoint {checkpoint}" if checkpoint else "no step to save"
-        line = f"interrupted at step {step} ({how}), {saved}; {then}"
-        if summary["signal"] == "SIGHUP":  # the terminal is most likely gone: the line goes to train.log too
-            log.warning(line)
-        else:
-            print(line, file=sys.stderr, flush=True)
+        tell_interrupted(f"interrupted at step {step} ({how}), {saved}; {then}", summary["signal"])
     elif status == "failed":
         then = resume_cmd if summary["resumable"] else f"no checkpoint was written yet; start again with: {train_cmd}"
         print(f"error: run failed at step {step}: {summary['error']}; {then}", file=sys.stderr, flush=True)
@@ -173,12 +178,9 @@ def run_train(args: list[str]) -> None:
         again = " ".join(["rlmix", "train", *map(shlex.quote, args)])
         trained = f"{len(_finished)} run(s) of the sweep had finished, that one trained nothing" if _finished \
             else "nothing trained"
-        line = (f"interrupted while the run was starting ({signal.Signals(signum).name}: stopped at once), {trained}; "
-                f"start again with: {again}")
-        if signum == signal.SIGHUP:  # as in say(): the terminal is most likely gone, train.log keeps the line
-            log.warning(line)
-        else:
-            print(line, file=sys.stderr, flush=True)
+        name = signal.Signals(signum).name
+        tell_interrupted(f"interrupted while the run was starting ({name}: stopped at once), {trained}; "
+                         f"start again with: {again}", name)
         sys.exit(128 + signum)
     finally:
         _planned.clear()

@@ -200,9 +200,9 @@ class Evaluation:
 
 
 def write_eval(out_dir: Path, summary: dict, cfg: RunConfig) -> None:
-    from rlmix.metrics.written import write_atomically
+    from rlmix.metrics.written import write_result
 
-    write_atomically(out_dir / EVAL_FILE, json.dumps(summary, indent=2))
+    write_result(out_dir / EVAL_FILE, json.dumps(summary, indent=2))
     run = _wandb_run(cfg, out_dir)
     if run is not None:
         run.log({f"eval/pass@{k}": v["mean"] for k, v in summary["pass_at_k"].items()})

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from rlmix.errors import ConfigError
+from rlmix.metrics.written import write_atomically
 
 METRICS_FILE = "metrics.jsonl"  # one JSON object per trainer step, in a run's directory
 
@@ -36,7 +37,5 @@ def keep_rows(path: Path, step: int) -> list[dict[str, Any]]:
     """Rewrite ``path`` (atomically) with its rows up to ``step`` only; returns them. The steps after
     a checkpoint are trained again when a run goes back to it, so their rows go, not duplicated."""
     rows = [row for row in read_metrics(path) if row["step"] <= step] if path.exists() else []
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    tmp.replace(path)
+    write_atomically(path, "".join(json.dumps(row) + "\n" for row in rows))
     return rows

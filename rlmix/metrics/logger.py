@@ -18,6 +18,7 @@ from rlmix.metrics.console import StepDisplay
 from rlmix.metrics.jsonl import METRICS_FILE, keep_rows
 from rlmix.metrics.quiet import quiet_console
 from rlmix.metrics.wandb_tables import finish_wandb
+from rlmix.metrics.written import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +90,7 @@ class RunLogger:
         Ctrl-C, so its run is closed without the final tables, and what W&B reports about a
         service that is gone goes to train.log, not the console."""
         summary = {"wall_time_s": round(time.time() - self.start, 3)} | summary
-        tmp = self.run_dir / (SUMMARY_FILE + ".tmp")
-        tmp.write_text(json.dumps(summary, indent=2, default=str))
-        tmp.replace(self.run_dir / SUMMARY_FILE)  # atomic: never a half-written summary
+        write_atomically(self.run_dir / SUMMARY_FILE, json.dumps(summary, indent=2, default=str))
         self._jsonl.close()
         self.display.close()
         if self.wandb is not None and at_once:

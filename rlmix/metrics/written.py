@@ -1,5 +1,6 @@
-"""The result files this process has written (``rlmix eval``'s eval.json, ``rlmix probe``'s
-probe.json), so that a command a signal ends after its write says so instead of "none written"."""
+"""Files written whole or not at all, and the result files this process has written (``rlmix
+eval``'s eval.json, ``rlmix probe``'s probe.json), so that a command a signal ends after its write
+says so instead of "none written"."""
 
 from __future__ import annotations
 
@@ -9,10 +10,15 @@ WRITTEN: list[Path] = []
 
 
 def write_atomically(path: Path, text: str) -> Path:
-    """``text`` into ``path`` through a temporary file (a reader never sees half of it); recorded."""
+    """``text`` into ``path`` through a temporary file: a reader never sees half of it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     tmp.replace(path)
-    WRITTEN.append(path)
+    return path
+
+
+def write_result(path: Path, text: str) -> Path:
+    """A command's result file, written atomically and recorded in ``WRITTEN``."""
+    WRITTEN.append(write_atomically(path, text))
     return path
