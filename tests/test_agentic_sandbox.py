@@ -24,6 +24,7 @@ from rlmix.agentic.local import LocalRuntime
 from rlmix.agentic.run import check_runtime, run_sample
 from rlmix.errors import ConfigError
 from tests.test_agentic_fixtures import BUGGY, FIX, SUBMIT, ScriptedPolicy, make_task
+from tests.test_python_tests_reward import under_an_init_that_never_reaps
 
 needs_bwrap = pytest.mark.skipif(isolation_problem() is not None,
                                  reason=f"{isolation_problem()}; `make setup` as root installs bubblewrap")
@@ -117,6 +118,19 @@ def test_no_background_child_outlives_its_command_or_close(task):
         sb.close()
     assert _host_pids_running(token) == []
     assert not Path(sb.root).exists()
+
+
+@needs_bwrap
+def test_a_command_leaves_nothing_for_init_to_reap(task):
+    out = under_an_init_that_never_reaps("""
+        from rlmix.agentic.harbor import load_tasks
+        from rlmix.agentic.local import LocalRuntime
+        sb = LocalRuntime(None, 512, None, 10.0).start(load_tasks(Path(sys.argv[1]))["calc"], network=False)
+        codes = [sb.run(command, timeout_s=10.0).exit_code for command in ("true", "sleep 1 & echo", "exit 3")]
+        sb.close()
+        print(*codes, zombies())
+    """, str(task.path.parent))
+    assert out.split() == ["0", "0", "3", "0"]
 
 
 @pytest.mark.slow  # waits on sandboxed processes for seconds

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import textwrap
 import uuid
 from pathlib import Path
@@ -163,6 +165,45 @@ def test_a_correct_solution_scores_1():
     humaneval = "import math, fractions\ndef f(x):\n    return math.sqrt(x)\n"
     tests = "def check(candidate):\n    assert math.isclose(candidate(4), 2.0)\n    assert fractions.Fraction(1, 2) == fractions.Fraction(2, 4)\ncheck(f)\n"
     assert grade(humaneval, tests) == (1.0, False)
+
+
+def under_an_init_that_never_reaps(body: str, *args: str) -> str:
+    """stdout of ``body`` run in a Python process that is the reaper of last resort for everything it
+    starts, and never reaps: a container whose PID 1 is the application, or a machine whose init reaps
+    late. Whatever a command leaves to init becomes a zombie there, and ``zombies()`` counts them."""
+    script = textwrap.dedent("""
+        import ctypes, os, sys
+        from pathlib import Path
+        if ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) != 0:  # PR_SET_CHILD_SUBREAPER
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+        def zombies():
+            me, found = str(os.getpid()), 0
+            for entry in Path("/proc").iterdir():
+                try:
+                    state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+                except (OSError, ValueError):
+                    continue
+                found += ppid == me and state == "Z"
+            return found
+    """) + textwrap.dedent(body)
+    done = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@needs_sandbox
+def test_more_gradings_than_the_sandbox_user_may_have_processes_all_score():
+    # bwrap's own init in each sandbox outlived bwrap, so init had to reap it. Where init reaps late
+    # (or never, as a container's application does), each grading left a zombie of the sandbox user,
+    # and once their count reached RLIMIT_NPROC every correct solution scored 0: bwrap could not fork.
+    out = under_an_init_that_never_reaps("""
+        from rlmix.tasks.python_tests import MAX_PROCS, run_python_tests
+        runs = [run_python_tests("def f(x):\\n    return x + 1\\n", "assert f(1) == 2\\n", 10.0)
+                for _ in range(MAX_PROCS + 6)]
+        print(sum(run.complete for run in runs), len(runs), zombies())
+    """)
+    complete, graded, zombies = map(int, out.split())
+    assert (complete, zombies) == (graded, 0)
 
 
 @needs_sandbox

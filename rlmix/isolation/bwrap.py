@@ -15,10 +15,18 @@ Each command runs as ``bwrap ... bash -c <command>`` with
   (``--cap-drop ALL``), ``--new-session`` (no ioctl on the caller's terminal) and
   ``--die-with-parent``.
 
-bwrap's own process is PID 1 of the new PID namespace. When PID 1 dies, the kernel kills every
-process left in the namespace (``setsid``/``nohup`` children too) before its death is reported; the
-runtime kills it after every command and at a timeout (``local.py``), and ``--die-with-parent``
-kills it if the runner dies. So no process a command starts outlives that command.
+The command itself is PID 1 of the new PID namespace (``--as-pid-1``). When PID 1 dies, the kernel
+kills every process left in the namespace (``setsid``/``nohup`` children too) before its death is
+reported; the runtime kills it after every command and at a timeout (``process.py``), and
+``--die-with-parent`` kills it if the runner dies. So no process a command starts outlives that
+command.
+
+Without ``--as-pid-1`` bwrap puts an init of its own there, and bwrap returns the command's status
+as soon as the command exits, before that init has exited: the init is left to the machine's init to
+reap. A container whose PID 1 never reaps, or a machine whose init reaps late, collected one zombie
+of the sandbox user per command, and once they reached the user's RLIMIT_NPROC every command failed
+to start ("bwrap: Can't fork"): a correct solution scored 0. With the command as PID 1, bwrap's one
+child is the command, which bwrap reaps itself. bash reaps whatever its children orphan inside.
 """
 
 from __future__ import annotations
@@ -74,7 +82,9 @@ def bwrap_argv(binds: Sequence[Bind], chdir: str, network: bool) -> list[str]:
     """The bwrap prefix for one command; ``binds`` are laid over the system mounts in order."""
     # --cap-drop ALL: run as root, bwrap keeps every capability inside its user namespace, and
     # CAP_SYS_ADMIN there can remount the read-only binds writable (host /usr included).
-    argv = [BWRAP, "--unshare-all", "--cap-drop", "ALL", "--die-with-parent", "--new-session", *_system_args()]
+    # --as-pid-1: the command is the namespace's init, so nothing is left for the host's init to reap (above).
+    argv = [BWRAP, "--unshare-all", "--as-pid-1", "--cap-drop", "ALL", "--die-with-parent", "--new-session",
+            *_system_args()]
     if network:
         argv.append("--share-net")
     for b in binds:

@@ -98,7 +98,7 @@ def _launch(argv: Sequence[str], limits: LocalLimits, user: Mapping | None) -> t
 
 
 def _open_ns_init(info_fd: int, bwrap_pid: int) -> int | None:
-    """A pidfd on the PID namespace's init (bwrap's child), from bwrap's ``--info-fd``; None if it is gone.
+    """A pidfd on the PID namespace's init (bwrap's child: the command), from ``--info-fd``; None if it is gone.
 
     A pidfd names one process for good, so signalling it later can never hit a recycled pid; the
     parent check makes sure it was opened on bwrap's child and not on a pid recycled before that.
