@@ -22,6 +22,7 @@ from rlmix.agentic.harbor import load_tasks
 from rlmix.isolation.bwrap import isolation_problem
 from rlmix.agentic.local import LocalRuntime
 from rlmix.agentic.run import check_runtime, run_sample
+from rlmix.agentic.sandbox import InfraError
 from rlmix.errors import ConfigError
 from tests.test_agentic_fixtures import BUGGY, FIX, SUBMIT, ScriptedPolicy, make_task
 from tests.test_python_tests_reward import under_an_init_that_never_reaps
@@ -131,6 +132,17 @@ def test_a_command_leaves_nothing_for_init_to_reap(task):
         print(*codes, zombies())
     """, str(task.path.parent))
     assert out.split() == ["0", "0", "3", "0"]
+
+
+@needs_bwrap
+def test_a_command_whose_sandbox_cannot_start_is_an_infrastructure_error(task):
+    # Not the policy's failure: the episode is retried, not scored on bwrap's message.
+    sb = LocalRuntime(None, 1, None, 10.0).start(task, network=False)
+    try:
+        with pytest.raises(InfraError, match="the sandbox did not start: "):
+            sb.run("echo hello", timeout_s=10.0)
+    finally:
+        sb.close()
 
 
 @pytest.mark.slow  # waits on sandboxed processes for seconds

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from rlmix.errors import ConfigError
+from rlmix.isolation.process import SandboxNotStarted
 from rlmix.tasks import python_tests as pt
 from rlmix.tasks.python_tests import Verdict, parse_verdict, run_python_tests, sandbox_problem
 from rlmix.tasks.rewards import resolve_reward
@@ -204,6 +205,15 @@ def test_more_gradings_than_the_sandbox_user_may_have_processes_all_score():
     """)
     complete, graded, zombies = map(int, out.split())
     assert (complete, zombies) == (graded, 0)
+
+
+@needs_sandbox
+def test_a_sandbox_that_cannot_start_is_an_error_not_a_0(monkeypatch):
+    # With the sandbox user out of processes bwrap cannot fork the sandbox: the sample was never
+    # graded, and a 0 would be a wrong number. The dataset task turns the error into Score.error.
+    monkeypatch.setattr(pt, "MAX_PROCS", 1)
+    with pytest.raises(SandboxNotStarted, match="the sandbox did not start: "):
+        run_python_tests("def f(x):\n    return x + 1\n", TESTS, 10.0)
 
 
 @needs_sandbox

@@ -44,6 +44,11 @@ class Isolation:
     network: bool
 
 
+class SandboxNotStarted(OSError):
+    """bwrap ended before it created the sandbox (e.g. it could not fork: the sandbox user is out of
+    processes), so the command never ran: an infrastructure failure, not the command's outcome."""
+
+
 @dataclass(frozen=True)
 class Finished:
     exit_code: int  # -1 when the command was killed at its time limit
@@ -97,8 +102,9 @@ def _launch(argv: Sequence[str], limits: LocalLimits, user: Mapping | None) -> t
     return [*chain, *argv], {}
 
 
-def _open_ns_init(info_fd: int, bwrap_pid: int) -> int | None:
-    """A pidfd on the PID namespace's init (bwrap's child: the command), from ``--info-fd``; None if it is gone.
+def _open_ns_init(info_fd: int, bwrap_pid: int) -> tuple[bool, int | None]:
+    """(started, pidfd): whether bwrap created the sandbox, and a pidfd on the PID namespace's init
+    (bwrap's child: the command), from ``--info-fd``; None if it is already gone.
 
     A pidfd names one process for good, so signalling it later can never hit a recycled pid; the
     parent check makes sure it was opened on bwrap's child and not on a pid recycled before that.
@@ -107,9 +113,12 @@ def _open_ns_init(info_fd: int, bwrap_pid: int) -> int | None:
         data = f.read()
     try:
         pid = int(json.loads(data)["child-pid"])
+    except (ValueError, KeyError, TypeError):
+        return False, None  # bwrap failed before it started the sandbox (its output says why)
+    try:
         pidfd = os.pidfd_open(pid)
-    except (ValueError, KeyError, TypeError, OSError):
-        return None  # bwrap failed before it started the sandbox (its exit says why), or it already ended
+    except OSError:
+        return True, None  # the command already ended
     try:
         status = Path(f"/proc/{pid}/status").read_text()
         ppid = int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
@@ -117,8 +126,8 @@ def _open_ns_init(info_fd: int, bwrap_pid: int) -> int | None:
         ppid = -1
     if ppid != bwrap_pid:
         os.close(pidfd)
-        return None
-    return pidfd
+        return True, None
+    return True, pidfd
 
 
 def _end_namespace(pidfd: int) -> None:
@@ -160,7 +169,8 @@ def run_limited(argv: Sequence[str], isolation: Isolation | None, cwd: str | Pat
 
     ``stdin``, when given, is written from a thread and the pipe closed; otherwise stdin is empty.
     ``user``: ``subprocess.Popen`` arguments (``isolation.bwrap.sandbox_user``). Raises OSError or
-    SubprocessError when the command cannot start; every process it started is gone on return.
+    SubprocessError when the command cannot start (``SandboxNotStarted`` when bwrap could not create
+    the sandbox); every process it started is gone on return.
     """
     start = time.monotonic()
     info_r, info_w = os.pipe() if isolation is not None else (None, None)
@@ -180,7 +190,12 @@ def run_limited(argv: Sequence[str], isolation: Isolation | None, cwd: str | Pat
             os.close(info_w)
     if stdin is not None:
         threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
-    ns_init = None if info_r is None else _open_ns_init(info_r, proc.pid)
+    started, ns_init = (True, None) if info_r is None else _open_ns_init(info_r, proc.pid)
+    if not started:
+        message = proc.stdout.read(_CHUNK).decode("utf-8", errors="replace").strip()
+        proc.stdout.close()
+        proc.wait()
+        raise SandboxNotStarted(f"the sandbox did not start: {message or f'bwrap exited {proc.returncode}'}")
     # Called at a timeout and after every command: a background child dies with its command.
     # read_capped leaves bwrap (or bash) unreaped, so its process group id is still ours.
     kill = functools.partial(_kill, proc.pid, ns_init)

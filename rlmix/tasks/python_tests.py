@@ -28,7 +28,7 @@ from typing import Any
 
 from rlmix.errors import ConfigError
 from rlmix.isolation.bwrap import PATH, SYSTEM_DIRS, Bind, isolation_problem, sandbox_user, searchable_by_others
-from rlmix.isolation.process import Isolation, LocalLimits, run_limited
+from rlmix.isolation.process import Isolation, LocalLimits, SandboxNotStarted, run_limited
 from rlmix.isolation.scratch import scratch_dir
 
 HARNESS = Path(__file__).with_name("harness.py")
@@ -92,7 +92,10 @@ def _work_dir() -> Path:
 
 
 def run_python_tests(code: str, tests: str, timeout_s: float) -> Verdict:
-    """Run ``code`` then ``tests`` in a fresh sandbox (see the module docstring)."""
+    """Run ``code`` then ``tests`` in a fresh sandbox (see the module docstring).
+
+    Raises ``SandboxNotStarted`` when the sandbox could not be created: the sample was not graded,
+    which a reward of 0 would misreport (the task counts it as a reward error instead)."""
     found = sandbox_python()
     if isinstance(found, str):
         raise ConfigError(f"task.reward=python_tests: {found}")
@@ -130,10 +133,14 @@ def sandbox_problem() -> str | None:
         found = sandbox_python()
         if isinstance(found, str):
             return f"task.reward=python_tests: {found}; install python3 in /usr/bin"
-        run = run_python_tests("def f(x):\n    return x + 1\n", "assert f(1) == 2\n", timeout_s=30.0)
-        if run.reward(partial_credit=False) == 1.0:
-            return None
-        problem = "a correct solution does not pass in the sandbox (a broken interpreter or harness)"
+        try:
+            run = run_python_tests("def f(x):\n    return x + 1\n", "assert f(1) == 2\n", timeout_s=30.0)
+        except SandboxNotStarted as err:
+            problem = str(err)
+        else:
+            if run.reward(partial_credit=False) == 1.0:
+                return None
+            problem = "a correct solution does not pass in the sandbox (a broken interpreter or harness)"
     return (f"task.reward=python_tests grades every sample in a bubblewrap sandbox, but {problem}: install it "
             f"(`make setup` as root, or `apt-get install bubblewrap`), or grade with your own "
             f"task.reward=module:function")
