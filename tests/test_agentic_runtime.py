@@ -59,8 +59,8 @@ def test_a_command_runs_under_every_limit_and_as_the_sandbox_user(task, launch):
 
     from rlmix.isolation.bwrap import SANDBOX_UID, sandbox_user
 
-    # RLIMIT_NPROC counts every process of the sandbox user on the machine (other tests' sandboxes,
-    # other runs): far above what they reach, so the command starts and the value can be read back.
+    # Unisolated (trusted), RLIMIT_NPROC counts every process of the user on the machine (other
+    # tests' sandboxes, other runs): far above what they reach, so the value can be read back.
     sb = LocalRuntime(memory_mb=300, max_procs=3001, cpu_s=9, turn_timeout_s=10.0, trusted=TRUSTED).start(task, network=False)
     try:
         out = sb.run("ulimit -Hv; ulimit -Hu; ulimit -Ht; ulimit -v; ulimit -u; ulimit -t; id -u; id -G", timeout_s=10.0)

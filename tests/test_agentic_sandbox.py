@@ -25,7 +25,7 @@ from rlmix.agentic.run import check_runtime, run_sample
 from rlmix.agentic.sandbox import InfraError
 from rlmix.errors import ConfigError
 from tests.test_agentic_fixtures import BUGGY, FIX, SUBMIT, ScriptedPolicy, make_task
-from tests.test_python_tests_reward import under_an_init_that_never_reaps
+from tests.test_python_tests_reward import runner_processes_limited_to, under_an_init_that_never_reaps
 
 needs_bwrap = pytest.mark.skipif(isolation_problem() is not None,
                                  reason=f"{isolation_problem()}; `make setup` as root installs bubblewrap")
@@ -137,12 +137,26 @@ def test_a_command_leaves_nothing_for_init_to_reap(task):
 @needs_bwrap
 def test_a_command_whose_sandbox_cannot_start_is_an_infrastructure_error(task):
     # Not the policy's failure: the episode is retried, not scored on bwrap's message.
-    sb = LocalRuntime(None, 1, None, 10.0).start(task, network=False)
+    sb = LocalRuntime(None, 512, None, 10.0).start(task, network=False)
     try:
-        with pytest.raises(InfraError, match="the sandbox did not start: "):
+        with runner_processes_limited_to(1), pytest.raises(InfraError, match="could not start a command"):
             sb.run("echo hello", timeout_s=10.0)
     finally:
         sb.close()
+
+
+@needs_bwrap
+def test_a_command_starts_no_more_processes_than_its_limit(task):
+    sb = LocalRuntime(None, 16, None, 10.0).start(task, network=False)
+    forks = ("import os, time\nn = 0\nfor _ in range(40):\n    try:\n        pid = os.fork()\n"
+             "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(5)\n        os._exit(0)\n"
+             "    n += 1\nprint(n)\n")
+    try:
+        sb.put_file(f"{sb.workdir}/forks.py", forks.encode())
+        res = sb.run("python3 forks.py", timeout_s=10.0)
+    finally:
+        sb.close()
+    assert res.exit_code == 0 and 8 <= int(res.output.split()[-1]) < 16, res.output
 
 
 @pytest.mark.slow  # waits on sandboxed processes for seconds

@@ -7,7 +7,11 @@ still scores 1.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import platform
+import re
+import resource
 import socket
 import subprocess
 import sys
@@ -18,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from rlmix.errors import ConfigError
-from rlmix.isolation.process import SandboxNotStarted
+from rlmix.isolation.bwrap import SANDBOX_GID, SANDBOX_UID, sandbox_user
 from rlmix.tasks import python_tests as pt
 from rlmix.tasks.python_tests import Verdict, parse_verdict, run_python_tests, sandbox_problem
 from rlmix.tasks.rewards import resolve_reward
@@ -26,6 +30,7 @@ from rlmix.tasks.rewards import resolve_reward
 needs_sandbox = pytest.mark.skipif(sandbox_problem() is not None,
                                    reason=f"{sandbox_problem()}; `make setup` as root installs bubblewrap")
 TESTS = "assert f(1) == 2\n"
+KERNEL = tuple(int(part) for part in re.findall(r"\d+", platform.release())[:2])
 WRONG = "def f(x):\n    return x\n"
 
 
@@ -207,13 +212,42 @@ def test_more_gradings_than_the_sandbox_user_may_have_processes_all_score():
     assert (complete, zombies) == (graded, 0)
 
 
+@contextlib.contextmanager
+def runner_processes_limited_to(n: int):
+    """This process's RLIMIT_NPROC at ``n`` (soft), as a machine's ``ulimit -u`` would set it: what it
+    starts as another user (or as itself, not being root) cannot start a sandbox."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+    resource.setrlimit(resource.RLIMIT_NPROC, (n, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NPROC, (soft, hard))
+
+
 @needs_sandbox
-def test_a_sandbox_that_cannot_start_is_an_error_not_a_0(monkeypatch):
-    # With the sandbox user out of processes bwrap cannot fork the sandbox: the sample was never
-    # graded, and a 0 would be a wrong number. The dataset task turns the error into Score.error.
-    monkeypatch.setattr(pt, "MAX_PROCS", 1)
-    with pytest.raises(SandboxNotStarted, match="the sandbox did not start: "):
+def test_a_sandbox_that_cannot_start_is_an_error_not_a_0():
+    # The sample was never graded, and a 0 would be a wrong number: the dataset task turns the
+    # error into Score.error. (Root: bwrap, run as the sandbox user, cannot fork. Otherwise this
+    # process cannot start bwrap at all.)
+    with runner_processes_limited_to(1), pytest.raises(OSError):
         run_python_tests("def f(x):\n    return x + 1\n", TESTS, 10.0)
+
+
+@needs_sandbox
+@pytest.mark.skipif(KERNEL < (5, 14), reason="before Linux 5.14 RLIMIT_NPROC counts the user's processes everywhere")
+def test_the_sandbox_users_processes_elsewhere_leave_a_grading_its_own_budget():
+    # RLIMIT_NPROC set on bwrap counted every process of its user: a runner that is not root with
+    # MAX_PROCS processes of its own (a desktop session, Ray's) could not grade at all, and was told
+    # to install bubblewrap. Set inside the sandbox's user namespace, it counts the sandbox's own.
+    as_user = [] if not sandbox_user() else ["setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_GID}",
+                                             "--clear-groups", "--"]
+    others = [subprocess.Popen([*as_user, "sleep", "60"]) for _ in range(pt.MAX_PROCS + 6)]
+    try:
+        assert grade("def f(x):\n    return x + 1\n") == (1.0, False)
+    finally:
+        for other in others:
+            other.kill()
+            other.wait()
 
 
 @needs_sandbox

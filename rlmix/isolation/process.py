@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlmix.isolation.bwrap import Bind, bwrap_argv
+from rlmix.isolation.bwrap import SYSTEM_DIRS, Bind, bwrap_argv
 
 NAMESPACE_EXIT_WAIT_S = 30.0  # the kernel kills and reaps a namespace's processes; a bound, never reached
 _CHUNK = 1 << 16
@@ -83,8 +83,26 @@ def _exec_chain_tools() -> tuple[str, str] | None:
     return tools if all(tools) else None
 
 
-def _launch(argv: Sequence[str], limits: LocalLimits, user: Mapping | None) -> tuple[list[str], dict]:
-    """``argv`` and the ``Popen`` arguments that start it under ``limits``, as ``user`` (``sandbox_user``).
+def _inside_the_sandbox(rlimits: list[tuple[int, str, int]]) -> tuple[list[str], list[tuple[int, str, int]]]:
+    """(a prefix for the command inside bwrap that sets RLIMIT_NPROC, the limits left to set outside).
+
+    RLIMIT_NPROC counts every process of a user, not of one sandbox. Set on bwrap, it counted the
+    user's other processes too: a runner that is not root and has 64 processes of its own (a desktop
+    session, Ray) could not start one, and sandboxes running at once shared one budget. Set inside,
+    by ``prlimit`` run in the sandbox's own user namespace, it counts that namespace's processes
+    (Linux 5.14 and later; before, the user's again). Without ``prlimit`` on the system directories
+    the sandbox sees, every limit stays outside.
+    """
+    tools = _exec_chain_tools()
+    if tools is None or not any(tools[0].startswith(d + "/") for d in SYSTEM_DIRS):
+        return [], rlimits
+    inside = [f"{option}={value}" for which, option, value in rlimits if which == resource.RLIMIT_NPROC]
+    return [tools[0], *inside, "--"], [r for r in rlimits if r[0] != resource.RLIMIT_NPROC]
+
+
+def _launch(argv: Sequence[str], rlimits: list[tuple[int, str, int]], user: Mapping | None) -> tuple[list[str], dict]:
+    """``argv`` and the ``Popen`` arguments that start it under ``rlimits`` (``_rlimits``), as ``user``
+    (``sandbox_user``).
 
     With ``prlimit`` and ``setpriv`` the limits and the user switch are set by the commands that exec
     ``argv`` (same process, so its pid and process group stay the ones ``Popen`` returns), and
@@ -92,7 +110,7 @@ def _launch(argv: Sequence[str], limits: LocalLimits, user: Mapping | None) -> t
     interpreter lock, ~10 ms for a sampler process here, during which the thread generating the
     other episodes' turns stands still. Without them, a ``preexec_fn`` and ``Popen``'s own ``user``.
     """
-    rlimits, tools = _rlimits(limits), _exec_chain_tools()
+    tools = _exec_chain_tools()
     if tools is None:
         return list(argv), {"preexec_fn": functools.partial(_limit_child, rlimits), **(user or {})}
     prlimit, setpriv = tools
@@ -174,9 +192,12 @@ def run_limited(argv: Sequence[str], isolation: Isolation | None, cwd: str | Pat
     """
     start = time.monotonic()
     info_r, info_w = os.pipe() if isolation is not None else (None, None)
+    rlimits = _rlimits(limits)
     if isolation is not None:
-        argv = [*bwrap_argv(isolation.binds, isolation.chdir, isolation.network), "--info-fd", str(info_w), *argv]
-    argv, how = _launch(argv, limits, user)
+        inside, rlimits = _inside_the_sandbox(rlimits)
+        argv = [*bwrap_argv(isolation.binds, isolation.chdir, isolation.network), "--info-fd", str(info_w),
+                *inside, *argv]
+    argv, how = _launch(argv, rlimits, user)
     try:
         proc = subprocess.Popen(argv, cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
