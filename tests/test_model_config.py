@@ -137,6 +137,27 @@ def test_unreadable_config_is_a_config_error(tmp_path):
         read_config(tmp_path)
 
 
+@pytest.mark.parametrize("fields, positions, where", [
+    ({"model_type": "gpt2", "n_positions": 1024}, 1024, "n_positions in"),
+    ({"model_type": "llava", "text_config": {"max_position_embeddings": 4096}}, 4096,
+     "text_config.max_position_embeddings in"),
+    ({"model_type": "chatglm", "max_position_embeddings": 8192, "seq_length": 2048}, 2048, "seq_length in"),
+    ({"model_type": "llama"}, 2048, "llama's default max_position_embeddings"),  # LlamaConfig's default
+    ({"model_type": "something_new"}, None, None),
+])
+def test_the_models_context_is_read_wherever_its_config_states_it(fields, positions, where, tmp_path):
+    # Read as max_position_embeddings alone, a GPT-2 or a vision-language config, or a Llama file
+    # that leaves it to the default, stated no context: prompts past it were never refused.
+    from rlmix.assembly.parts import model_context, room_for_prompts
+
+    (tmp_path / "config.json").write_text(json.dumps(fields))
+    context = model_context(tmp_path)
+    assert (context and context[0], context and context[1].split(str(tmp_path))[0].strip()) == (positions, where)
+    if positions is not None:
+        with pytest.raises(ConfigError, match=f"the model takes {positions} positions in all \\({where}"):
+            room_for_prompts(tmp_path, positions, "loop.max_new_tokens")
+
+
 @pytest.mark.slow  # a fresh interpreter builds a sampler worker: ~14 s
 def test_a_sampler_worker_never_imports_transformers(tiny_llama_dir):
     """Start-up cost: ``transformers`` is ~2.4 core-seconds per sampler process (docs/performance.md);

@@ -37,22 +37,47 @@ def resolve_model_dir(plan: RunPlan, progress=print) -> Path:
     return plan.task.embedded_model(model, progress)
 
 
+# Where config.json files state a context length: GPT-2's and GPT-J's ``n_positions``, ChatGLM's
+# ``seq_length``, MPT's ``max_seq_len``, and so on (the keys vLLM reads too); the smallest one stated wins.
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length",
+                "max_seq_length", "seq_len", "n_ctx")
+
+
+def model_context(model_dir: Path) -> tuple[int, str] | None:
+    """(positions, where it is stated) of the model's context from its config.json: a key of
+    ``CONTEXT_KEYS``, at the top or in the language model's ``text_config``, or the default of a
+    supported architecture that omits it (``samplers.model_config.DEFAULTS``); None if neither."""
+    from rlmix.samplers.model_config import DEFAULTS
+
+    path = Path(model_dir) / "config.json"
+    fields = json.loads(path.read_text())
+    text = fields.get("text_config") if isinstance(fields.get("text_config"), dict) else {}
+    stated = [(value, f"{prefix}{key} in {path}") for prefix, where in (("", fields), ("text_config.", text))
+              for key in CONTEXT_KEYS if isinstance(value := where.get(key), int) and not isinstance(value, bool)
+              and value > 0]
+    if stated:
+        return min(stated)
+    default = DEFAULTS.get(fields.get("model_type"), {}).get("max_position_embeddings")
+    return (default, f"{fields['model_type']}'s default max_position_embeddings") if default else None
+
+
 def model_max_positions(model_dir: Path) -> int | None:
-    """The model's context length from its config.json, if it states one."""
-    fields = json.loads((Path(model_dir) / "config.json").read_text())
-    value = fields.get("max_position_embeddings")
-    return int(value) if isinstance(value, int) else None
+    """The model's context length (``model_context``), if known."""
+    context = model_context(model_dir)
+    return None if context is None else context[0]
 
 
 def room_for_prompts(model_dir: Path, max_new_tokens: int, key: str) -> int | None:
     """The positions of the model's context that ``max_new_tokens`` (the setting ``key``) leaves a
     prompt (None: its config.json states no context); ConfigError if it leaves none."""
-    positions = model_max_positions(model_dir)
-    if positions is not None and max_new_tokens >= positions:
+    context = model_context(model_dir)
+    if context is None:
+        return None
+    positions, where = context
+    if max_new_tokens >= positions:
         raise ConfigError(f"{key}={max_new_tokens}: the model takes {positions} positions in all "
-                          f"(max_position_embeddings in {Path(model_dir) / 'config.json'}), the prompt's "
-                          f"included; use less than {positions}")
-    return None if positions is None else positions - max_new_tokens
+                          f"({where}), the prompt's included; use less than {positions}")
+    return positions - max_new_tokens
 
 
 def refuse_overlong_prompts(overlong: list[tuple[str, int]], source: str, total: int, room: int, model_dir: Path,
@@ -63,11 +88,12 @@ def refuse_overlong_prompts(overlong: list[tuple[str, int]], source: str, total:
     if not overlong:
         return
     name, tokens = max(overlong, key=lambda found: found[1])
+    context = model_context(model_dir)
     raise ConfigError(
         f"{source}: {len(overlong)} of {total} prompts take more than the {room} tokens that "
-        f"{key}={max_new_tokens} leaves of the model's {room + max_new_tokens} positions (max_position_embeddings in "
-        f"{Path(model_dir) / 'config.json'}); the longest, {name}, takes {tokens}: shorten or drop those, "
-        f"or lower {key}"
+        f"{key}={max_new_tokens} leaves of the model's {room + max_new_tokens} positions "
+        f"({context[1] if context else 'config.json'}); the longest, {name}, takes {tokens}: shorten or drop "
+        f"those, or lower {key}"
     )
 
 
