@@ -246,3 +246,14 @@ def test_a_build_saves_without_transformers_progress_bars(tmp_path, capfd):
     finally:
         if not shown:
             hf_logging.disable_progress_bar()
+
+
+def test_loading_a_model_draws_no_progress_bar(tiny_llama_dir, capfd):
+    # transformers' "Loading weights: 100%|...|" bar was the first line `rlmix probe` printed.
+    from transformers.utils import logging as hf_logging
+
+    from rlmix.models.io import load_causal_lm
+
+    load_causal_lm(tiny_llama_dir)
+    assert "Loading weights" not in capfd.readouterr().err
+    assert hf_logging.is_progress_bar_enabled()  # put back for whoever else loads in this process
