@@ -86,9 +86,10 @@ def _exec_chain_tools() -> tuple[str, str] | None:
 def _inside_the_sandbox(rlimits: list[tuple[int, str, int]]) -> tuple[list[str], list[tuple[int, str, int]]]:
     """(a prefix for the command inside bwrap that sets RLIMIT_NPROC, the limits left to set outside).
 
-    RLIMIT_NPROC counts every process of a user, not of one sandbox. Set on bwrap, it counted the
-    user's other processes too: a runner that is not root and has 64 processes of its own (a desktop
-    session, Ray) could not start one, and sandboxes running at once shared one budget. Set inside,
+    RLIMIT_NPROC counts every process (and thread) of a user, not of one sandbox. Set on bwrap, it
+    counted the user's others too: a runner that is not root, with 64 of its own (a run's Ray
+    processes hold about 280 threads), could not start one, and sandboxes running at once shared one
+    budget. Set inside,
     by ``prlimit`` run in the sandbox's own user namespace, it counts that namespace's processes
     (Linux 5.14 and later; before, the user's again). Without ``prlimit`` on the system directories
     the sandbox sees, every limit stays outside.
