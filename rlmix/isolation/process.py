@@ -89,10 +89,9 @@ def _inside_the_sandbox(rlimits: list[tuple[int, str, int]]) -> tuple[list[str],
     RLIMIT_NPROC counts every process (and thread) of a user, not of one sandbox. Set on bwrap, it
     counted the user's others too: a runner that is not root, with 64 of its own (a run's Ray
     processes hold about 280 threads), could not start one, and sandboxes running at once shared one
-    budget. Set inside,
-    by ``prlimit`` run in the sandbox's own user namespace, it counts that namespace's processes
-    (Linux 5.14 and later; before, the user's again). Without ``prlimit`` on the system directories
-    the sandbox sees, every limit stays outside.
+    budget. Set inside, by ``prlimit`` run in the sandbox's own user namespace, it counts that
+    namespace's processes (Linux 5.14 and later; before, the user's again). Without ``prlimit`` on
+    the system directories the sandbox sees, every limit stays outside.
     """
     tools = _exec_chain_tools()
     if tools is None or not any(tools[0].startswith(d + "/") for d in SYSTEM_DIRS):
