@@ -52,9 +52,12 @@ def model_context(model_dir: Path) -> tuple[int, str] | None:
     path = Path(model_dir) / "config.json"
     fields = json.loads(path.read_text())
     text = fields.get("text_config") if isinstance(fields.get("text_config"), dict) else {}
-    stated = [(value, f"{prefix}{key} in {path}") for prefix, where in (("", fields), ("text_config.", text))
-              for key in CONTEXT_KEYS if isinstance(value := where.get(key), int) and not isinstance(value, bool)
-              and value > 0]
+    stated = []
+    for prefix, where in (("", fields), ("text_config.", text)):
+        for key in CONTEXT_KEYS:
+            value = where.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                stated.append((value, f"{prefix}{key} in {path}"))
     if stated:
         return min(stated)
     default = DEFAULTS.get(fields.get("model_type"), {}).get("max_position_embeddings")
