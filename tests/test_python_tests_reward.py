@@ -33,6 +33,7 @@ needs_sandbox = pytest.mark.skipif(sandbox_problem() is not None,
 TESTS = "assert f(1) == 2\n"
 KERNEL = tuple(int(part) for part in re.findall(r"\d+", platform.release())[:2])
 WRONG = "def f(x):\n    return x\n"
+RIGHT = "def f(x):\n    return x + 1\n"
 
 
 def grade(code: str, tests: str = TESTS, partial: bool = False, timeout_s: float = 10.0) -> tuple[float, bool]:
@@ -149,9 +150,9 @@ def f(fn):
 
 @needs_sandbox
 def test_a_correct_solution_scores_1():
-    assert grade("def f(x):\n    return x + 1\n") == (1.0, False)
+    assert grade(RIGHT) == (1.0, False)
     tests = "import math\nassert f(1) == 2\nassert f(2) != 4\nassert not f(-1)\nassert math.isclose(f(0.5), 1.5)\n"
-    assert grade("def f(x):\n    return x + 1\n", tests) == (1.0, False)
+    assert grade(RIGHT, tests) == (1.0, False)
     # What honest solutions use: namedtuple, dataclasses, typing, enum, caches, recursion, float vs int.
     honest = """
         import dataclasses, enum, functools, typing, sys
@@ -231,7 +232,7 @@ def test_a_sandbox_that_cannot_start_is_an_error_not_a_0():
     # error into Score.error. (Root: bwrap, run as the sandbox user, cannot fork. Otherwise this
     # process cannot start bwrap at all.)
     with runner_processes_limited_to(1), pytest.raises(OSError):
-        run_python_tests("def f(x):\n    return x + 1\n", TESTS, 10.0)
+        run_python_tests(RIGHT, TESTS, 10.0)
 
 
 @needs_sandbox
@@ -246,7 +247,7 @@ def test_the_sandbox_users_processes_elsewhere_leave_a_grading_its_own_budget():
                                              "--clear-groups", "--"]
     others = [subprocess.Popen([*as_user, "sleep", "60"]) for _ in range(pt.MAX_PROCS + 6)]
     try:
-        assert grade("def f(x):\n    return x + 1\n") == (1.0, False)
+        assert grade(RIGHT) == (1.0, False)
     finally:
         for other in others:
             other.kill()
@@ -280,8 +281,8 @@ def test_tampering_with_the_harness_scores_0(name):
 @needs_sandbox
 def test_partial_credit_counts_the_asserts_that_held():
     tests = "assert f(1) == 2\nassert f(2) == 3\nassert f(3) == 5\nassert g() == 1\n"
-    assert grade("def f(x):\n    return x + 1\n", tests, partial=True) == (0.5, False)
-    assert grade("def f(x):\n    return x + 1\n", tests, partial=False) == (0.0, False)
+    assert grade(RIGHT, tests, partial=True) == (0.5, False)
+    assert grade(RIGHT, tests, partial=False) == (0.0, False)
     assert grade(HACKS["always_equal"], tests, partial=True) == (0.0, True)  # a hack earns nothing
     assert grade("import os\ndef f(x):\n    os._exit(0)\n", tests, partial=True) == (0.0, True)
 
@@ -303,7 +304,7 @@ def test_nothing_reaches_the_host(tmp_path):
     try:
         for name, attempt in escapes.items():
             # The escape is the solution's first act; were it to succeed, f would then pass the tests.
-            code = attempt + "def f(x):\n    return x + 1\n"
+            code = attempt + RIGHT
             assert grade(code)[0] == 0.0, name
         with pytest.raises(socket.timeout):
             server.accept()  # nobody connected
