@@ -29,6 +29,7 @@ def test_well_formed_actions(text, expected):
     ("<bash>ls</bash><submit/>", "not both"),
     ("<bash>  \n</bash>", "empty"),
     ("<bash>ls", "no action found"),
+    ("<bash>echo a\0b</bash>", "NUL byte"),  # a byte-level token can be one; it used to fail the whole request
 ])
 def test_malformed_actions(text, reason):
     action = parse_action(text)

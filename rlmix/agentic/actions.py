@@ -5,8 +5,8 @@ One action per turn, anywhere in the policy's text (reasoning around it is allow
     <bash>python -m pytest -q tests/test_x.py</bash>     run one shell command in the repository
     <submit/>                                           end the episode; the repository is graded
 
-Exactly one of the two must appear, and ``<bash>`` at most once and non-empty; anything else is a
-format error, fed back to the policy as an observation and counted.
+Exactly one of the two must appear, and ``<bash>`` at most once, non-empty and without a NUL byte;
+anything else is a format error, fed back to the policy as an observation and counted.
 """
 
 from __future__ import annotations
@@ -58,6 +58,8 @@ def parse_action(text: str) -> Action:
         return FormatError(f"{len(commands)} <bash> blocks found: write exactly one per turn")
     if not commands[0].strip():
         return FormatError("the <bash></bash> block is empty")
+    if "\0" in commands[0]:  # no process argument can carry one: the command could not even start
+        return FormatError("the command holds a NUL byte")
     return Command(commands[0].strip())
 
 
