@@ -148,7 +148,7 @@ def _open_ns_init(info_fd: int, bwrap_pid: int) -> tuple[bool, int | None]:
     return True, pidfd
 
 
-def _end_namespace(pidfd: int) -> None:
+def end_namespace(pidfd: int) -> None:
     """SIGKILL the namespace's init and wait until it is gone.
 
     When a PID namespace's init dies, the kernel kills every process in the namespace and waits for
@@ -162,10 +162,10 @@ def _end_namespace(pidfd: int) -> None:
     os.close(pidfd)
 
 
-def _kill(pid: int, ns_init: int | None) -> None:
+def kill_namespace(pid: int, ns_init: int | None) -> None:
     """SIGKILL the command: its whole PID namespace, then its process group (bwrap, or unisolated children)."""
     if ns_init is not None:
-        _end_namespace(os.dup(ns_init))
+        end_namespace(os.dup(ns_init))
     try:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -180,6 +180,44 @@ def _feed(pipe, data: bytes) -> None:
         pass
 
 
+def start_limited(argv: Sequence[str], isolation: Isolation | None, cwd: str | Path, env: Mapping[str, str],
+                  limits: LocalLimits, user: Mapping | None, stdin: int,
+                  stderr: int) -> tuple[subprocess.Popen, int | None]:
+    """(process, pidfd on its PID namespace's init or None): ``argv`` started under ``limits``, under
+    ``bwrap`` unless ``isolation`` is None, in a process group of its own, stdout a pipe.
+
+    ``stdin`` and ``stderr`` are ``Popen``'s. Raises OSError or SubprocessError when it cannot start,
+    and ``SandboxNotStarted`` (with bwrap's message) when bwrap could not create the sandbox.
+    """
+    info_r, info_w = os.pipe() if isolation is not None else (None, None)
+    rlimits = _rlimits(limits)
+    if isolation is not None:
+        inside, rlimits = _inside_the_sandbox(rlimits)
+        argv = [*bwrap_argv(isolation.binds, isolation.chdir, isolation.network), "--info-fd", str(info_w),
+                *inside, *argv]
+    argv, how = _launch(argv, rlimits, user)
+    try:
+        proc = subprocess.Popen(argv, cwd=cwd, env=dict(env), stdin=stdin, stdout=subprocess.PIPE, stderr=stderr,
+                                start_new_session=True, pass_fds=() if info_w is None else (info_w,), **how)
+    except (OSError, subprocess.SubprocessError):
+        if info_r is not None:
+            os.close(info_r)
+        raise
+    finally:
+        if info_w is not None:
+            os.close(info_w)
+    started, ns_init = (True, None) if info_r is None else _open_ns_init(info_r, proc.pid)
+    if not started:
+        said = proc.stdout if stderr == subprocess.STDOUT else proc.stderr
+        message = said.read(_CHUNK).decode("utf-8", errors="replace").strip() if said is not None else ""
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        proc.wait()
+        raise SandboxNotStarted(f"the sandbox did not start: {message or f'bwrap exited {proc.returncode}'}")
+    return proc, ns_init
+
+
 def run_limited(argv: Sequence[str], isolation: Isolation | None, cwd: str | Path, env: Mapping[str, str],
                 limits: LocalLimits, timeout_s: float, user: Mapping | None = None,
                 stdin: bytes | None = None) -> Finished:
@@ -191,35 +229,13 @@ def run_limited(argv: Sequence[str], isolation: Isolation | None, cwd: str | Pat
     the sandbox); every process it started is gone on return.
     """
     start = time.monotonic()
-    info_r, info_w = os.pipe() if isolation is not None else (None, None)
-    rlimits = _rlimits(limits)
-    if isolation is not None:
-        inside, rlimits = _inside_the_sandbox(rlimits)
-        argv = [*bwrap_argv(isolation.binds, isolation.chdir, isolation.network), "--info-fd", str(info_w),
-                *inside, *argv]
-    argv, how = _launch(argv, rlimits, user)
-    try:
-        proc = subprocess.Popen(argv, cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                                pass_fds=() if info_w is None else (info_w,), **how)
-    except (OSError, subprocess.SubprocessError):
-        if info_r is not None:
-            os.close(info_r)
-        raise
-    finally:
-        if info_w is not None:
-            os.close(info_w)
+    proc, ns_init = start_limited(argv, isolation, cwd, env, limits, user,
+                                  subprocess.DEVNULL if stdin is None else subprocess.PIPE, subprocess.STDOUT)
     if stdin is not None:
         threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
-    started, ns_init = (True, None) if info_r is None else _open_ns_init(info_r, proc.pid)
-    if not started:
-        message = proc.stdout.read(_CHUNK).decode("utf-8", errors="replace").strip()
-        proc.stdout.close()
-        proc.wait()
-        raise SandboxNotStarted(f"the sandbox did not start: {message or f'bwrap exited {proc.returncode}'}")
     # Called at a timeout and after every command: a background child dies with its command.
     # read_capped leaves bwrap (or bash) unreaped, so its process group id is still ours.
-    kill = functools.partial(_kill, proc.pid, ns_init)
+    kill = functools.partial(kill_namespace, proc.pid, ns_init)
     try:
         out, timed_out = read_capped(proc, timeout_s, limits.output_cap_bytes, kill)
     finally:
@@ -247,18 +263,40 @@ def _wait_unreaped(pid: int, deadline: float) -> bool:
     return False
 
 
+class CappedOutput:
+    """Output kept to ``cap_bytes`` (plus one chunk) as it arrives: the first half, then a rolling
+    last half, with a marker counting what was dropped between them."""
+
+    def __init__(self, cap_bytes: int):
+        self._half = max(cap_bytes // 2, 1)
+        self._head, self._tail, self._dropped = bytearray(), bytearray(), 0
+
+    def add(self, chunk: bytes) -> None:
+        room = self._half - len(self._head)
+        self._head += chunk[:room]
+        self._tail += chunk[max(room, 0):]
+        if len(self._tail) > self._half:
+            self._dropped += len(self._tail) - self._half
+            del self._tail[:len(self._tail) - self._half]
+
+    def bytes(self) -> bytes:
+        if not self._dropped:
+            return bytes(self._head + self._tail)
+        marker = f"\n[... {self._dropped} bytes of output dropped ...]\n".encode()
+        return bytes(self._head) + marker + bytes(self._tail)
+
+
 def read_capped(proc: subprocess.Popen, timeout_s: float, cap_bytes: int,
                 kill: Callable[[], None]) -> tuple[bytes, bool]:
     """(output, timed out): read ``proc.stdout`` in chunks until EOF, the deadline, or exit and silence.
 
-    Never holds more than ``cap_bytes`` (plus one chunk): the first half is kept, then a rolling last
-    half, with a marker counting what was dropped between them, so a command printing gigabytes
-    costs the caller nothing but the reading. Stops (without waiting for EOF) once the process has
-    exited and the pipe stays quiet, so a detached child holding the pipe cannot stall the caller.
-    At the deadline ``kill`` is called and the output so far returned. The process is not reaped.
+    Never holds more than ``cap_bytes`` (plus one chunk, ``CappedOutput``), so a command printing
+    gigabytes costs the caller nothing but the reading. Stops (without waiting for EOF) once the
+    process has exited and the pipe stays quiet, so a detached child holding the pipe cannot stall
+    the caller. At the deadline ``kill`` is called and the output so far returned. The process is
+    not reaped.
     """
-    half = max(cap_bytes // 2, 1)
-    head, tail, dropped = bytearray(), bytearray(), 0
+    out = CappedOutput(cap_bytes)
     fd = proc.stdout.fileno()
     os.set_blocking(fd, False)
     deadline = time.monotonic() + timeout_s
@@ -283,13 +321,6 @@ def read_capped(proc: subprocess.Popen, timeout_s: float, cap_bytes: int,
                 if timed_out:
                     kill()
                 break
-            room = half - len(head)
-            head += chunk[:room]
-            tail += chunk[max(room, 0):]
-            if len(tail) > half:
-                dropped += len(tail) - half
-                del tail[:len(tail) - half]
+            out.add(chunk)
     proc.stdout.close()
-    if dropped:
-        return bytes(head) + f"\n[... {dropped} bytes of output dropped ...]\n".encode() + bytes(tail), timed_out
-    return bytes(head + tail), timed_out
+    return out.bytes(), timed_out
