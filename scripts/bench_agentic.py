@@ -11,7 +11,8 @@ Throughput: one torch sampler (bf16 view) and the real local sandbox runtime run
 ``rlmix.agentic.train.EpisodeRollouts`` with ``concurrent_episodes`` = 1 and N, with the sampler's
 prefix cache on and off (``--prefix-cache``), turns batched continuously or in whole calls
 (``--batching``: ``task.continuous_batching``), sandbox commands started through prlimit/setpriv or
-by forking the sampler process (``--launch``). Reported: episodes/s, policy tokens/s, policy tokens
+by forking the sampler process (``--launch``), in one sandbox per episode or one per command
+(``--sandbox``: ``task.local_resident``). Reported: episodes/s, policy tokens/s, policy tokens
 per decode step, the share of episode wall time spent in the environment, and where generation
 time went: prefill (forwards of more than one position: seconds and positions fed) and decode (one
 position per row); generating is the time inside sampler calls (whole) or decode-batch joins and
@@ -72,7 +73,8 @@ def _timed_forward(sampler) -> dict:
 
 
 def throughput(concurrency: int, episodes: int, group_size: int, seed: int, prefix_cache: bool = True,
-               model: str = "v1", continuous: bool = True, launch: str = "exec_chain") -> dict:
+               model: str = "v1", continuous: bool = True, launch: str = "exec_chain",
+               sandbox: str = "resident") -> dict:
     import torch
 
     from rlmix.agentic.batching import TurnBatcher
@@ -95,7 +97,8 @@ def throughput(concurrency: int, episodes: int, group_size: int, seed: int, pref
     cache = {} if prefix_cache else {"prefix_cache_bytes": 0}
     sampler = TorchSampler(model_dir, resolve_view("CPU", "bf16"), pool="bench", **cache)
     split = _timed_forward(sampler)
-    cfg = replace(MiniCodeAgentConfig(), concurrent_episodes=concurrency, continuous_batching=continuous)
+    cfg = replace(MiniCodeAgentConfig(), concurrent_episodes=concurrency, continuous_batching=continuous,
+                  local_resident=sandbox == "resident")
     task = make_task(cfg, seed)
     sizes: list[int] = []
     original = TurnBatcher.close
@@ -137,7 +140,8 @@ def throughput(concurrency: int, episodes: int, group_size: int, seed: int, pref
     policy_tokens_per_s = float(col["policy_tokens"].sum()) / wall
     single_tokens_per_s = single_tokens / single_s
     return {"model": model, "concurrent_episodes": concurrency, "prefix_cache": prefix_cache,
-            "batching": "continuous" if continuous else "whole", "launch": launch, "episodes": len(out), "wall_s": wall,
+            "batching": "continuous" if continuous else "whole", "launch": launch, "sandbox": sandbox,
+            "episodes": len(out), "wall_s": wall,
             "episodes_per_s": len(out) / wall, "policy_tokens_per_s": policy_tokens_per_s,
             "generate_s": agentic_split["generate_s"], "prefill_s": agentic_split["prefill_s"],
             "prefill_positions": agentic_split["prefill_positions"], "decode_s": agentic_split["decode_s"],
@@ -177,33 +181,35 @@ def main() -> None:
                     help="task.continuous_batching true (continuous) or false (whole calls)")
     ap.add_argument("--launch", choices=["exec_chain", "preexec_fn"], nargs="+", default=["exec_chain"],
                     help="how sandbox commands start: prlimit/setpriv (vfork) or a preexec_fn (fork)")
+    ap.add_argument("--sandbox", choices=["resident", "per_command"], nargs="+", default=["resident"],
+                    help="task.local_resident true (one sandbox per episode's working copy) or false (one per command)")
     ap.add_argument("--repeats", type=int, default=1, help="rounds; every arm once per round, interleaved")
     ap.add_argument("--train-steps", type=int, default=0, help="0 skips the trainer idle-fraction runs")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--goal", type=float, default=0.5, help="agentic / single-turn policy tokens/s to reach")
     ap.add_argument("--model", choices=["v1", "v2"], default="v1", help="the embedded agent model (model=embedded_v2: v2)")
     args = ap.parse_args()
-    arms = [(c, cache == "on", how == "continuous", launch) for c in args.concurrency for cache in args.prefix_cache
-            for how in args.batching for launch in args.launch]
+    arms = [(c, cache == "on", how == "continuous", launch, box) for c in args.concurrency
+            for cache in args.prefix_cache for how in args.batching for launch in args.launch for box in args.sandbox]
     runs: dict[tuple, list[dict]] = {arm: [] for arm in arms}
     for _ in range(args.repeats):
         for arm in arms:
-            c, cache, continuous, launch = arm
+            c, cache, continuous, launch, box = arm
             r = throughput(c, args.episodes, args.group_size, args.seed, prefix_cache=cache, model=args.model,
-                           continuous=continuous, launch=launch)
+                           continuous=continuous, launch=launch, sandbox=box)
             r["load_avg_1min"] = os.getloadavg()[0]
             print(json.dumps(r), flush=True)
             runs[arm].append(r)
     keys = ("episodes_per_s", "policy_tokens_per_s", "single_turn_tokens_per_s", "ratio_to_single_turn",
             "prefill_s", "decode_s", "generate_s", "env_time_frac", "tokens_per_decode_step")
-    print("median of", args.repeats, "| concurrent | prefix cache | batching | launch | " + " | ".join(keys))
+    print("median of", args.repeats, "| concurrent | prefix cache | batching | launch | sandbox | " + " | ".join(keys))
     name = {True: "continuous", False: "whole"}
-    for (c, cache, continuous, launch), rs in runs.items():
-        print(f"| {c} | {'on' if cache else 'off'} | {name[continuous]} | {launch} | "
+    for (c, cache, continuous, launch, box), rs in runs.items():
+        print(f"| {c} | {'on' if cache else 'off'} | {name[continuous]} | {launch} | {box} | "
               + " | ".join(f"{statistics.median(r[k] for r in rs):.3g}" for k in keys))
-    for (c, cache, continuous, launch), rs in runs.items():
+    for (c, cache, continuous, launch, box), rs in runs.items():
         print(f"agentic / single-turn tokens/s, {c} concurrent, prefix cache {'on' if cache else 'off'}, "
-              f"{name[continuous]} batching, {launch}:",
+              f"{name[continuous]} batching, {launch}, {box} sandbox:",
               verdict(statistics.median(r["ratio_to_single_turn"] for r in rs), args.goal, unit="x", at_least=True),
               f"(median of {len(rs)}, load average {statistics.median(r['load_avg_1min'] for r in rs):.1f}; "
               f"{statistics.median(r['ratio_if_generation_free'] for r in rs):.2f}x were generation free)")

@@ -45,7 +45,7 @@ def sandbox(task):
     sb.close()
 
 
-def _host_pids_running(token: str) -> list[int]:
+def host_pids_running(token: str) -> list[int]:
     """Host processes whose command line contains ``token``."""
     pids = []
     for entry in Path("/proc").iterdir():
@@ -111,13 +111,13 @@ def test_no_background_child_outlives_its_command_or_close(task):
     try:
         res = sb.run(f"setsid nohup sleep {token} >/dev/null 2>&1 & disown; echo started", timeout_s=10.0)
         assert res.exit_code == 0 and "started" in res.output and not res.timed_out
-        assert _host_pids_running(token) == []
+        assert host_pids_running(token) == []
         hung = sb.run(f"(setsid sleep {token} &); sleep {token}", timeout_s=1.0)
         assert hung.timed_out
-        assert _host_pids_running(token) == []
+        assert host_pids_running(token) == []
     finally:
         sb.close()
-    assert _host_pids_running(token) == []
+    assert host_pids_running(token) == []
     assert not Path(sb.root).exists()
 
 

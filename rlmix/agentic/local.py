@@ -1,4 +1,4 @@
-"""The ``local`` runtime: a temporary working copy, each command isolated by bubblewrap (``rlmix/isolation``).
+"""The ``local`` runtime: a temporary working copy, its commands isolated by bubblewrap (``rlmix/isolation``).
 
 Convention: the task carries its repository as ``environment/repo/`` (the Dockerfile copies it to
 its WORKDIR). A sandbox is a host temporary directory ``{repo/, tests/, logs/, home/, tmp/}``. Inside
@@ -7,7 +7,9 @@ copies the task's tests there from the host, where no command can reach them), `
 and ``/tmp`` (writable), over a read-only system and nothing else of the host; no network unless
 asked; its own PID namespace, so it cannot signal host processes and nothing it starts outlives it.
 Commands run as ``nobody`` when the runner is root (the working copy is handed to it), with
-RLIMIT_AS / RLIMIT_NPROC / RLIMIT_CPU on top. Output is read in chunks and capped.
+RLIMIT_AS / RLIMIT_NPROC / RLIMIT_CPU on top. Output is read in chunks and capped. A working copy's
+commands share one sandbox whose init clears it after each (``rlmix.isolation.resident``;
+``resident=False``: a sandbox per command).
 
 Where bwrap cannot run (not installed, or the kernel forbids its namespaces) the runtime refuses to
 start, with one line naming the fix, unless ``task.trusted=true``: then commands run as plain
@@ -30,7 +32,8 @@ from rlmix.agentic.harbor import DEFAULT_WORKDIR, HarborTask
 from rlmix.agentic.sandbox import DEFAULT_OUTPUT_CAP_BYTES, ExecResult, InfraError
 from rlmix.isolation.bwrap import PATH, Bind, isolation_problem, sandbox_user, sandbox_workdir
 from rlmix.isolation.scratch import scratch_dir
-from rlmix.isolation.process import Isolation, LocalLimits, run_limited
+from rlmix.isolation.process import Finished, Isolation, LocalLimits, run_limited
+from rlmix.isolation.resident import ResidentShell, ResidentUnavailable
 from rlmix.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -62,6 +65,11 @@ def _chown_tree(root: Path, uid: int, gid: int) -> None:
 
 
 @functools.cache
+def _warn_per_command(problem: str) -> None:
+    log.warning("local runtime: %s; each command gets a sandbox of its own (slower, as isolated)", problem)
+
+
+@functools.cache
 def _warn_unisolated(problem: str) -> None:
     log.warning("task.trusted=true and %s: agent commands run without isolation", problem)
 
@@ -69,7 +77,8 @@ def _warn_unisolated(problem: str) -> None:
 class LocalSandbox:
     """One working copy; see the module docstring. ``isolated=False`` only for trusted tasks."""
 
-    def __init__(self, task: HarborTask, limits: LocalLimits, network: bool, isolated: bool):
+    def __init__(self, task: HarborTask, limits: LocalLimits, network: bool, isolated: bool,
+                 resident: bool = True):
         if not task.repo_dir.is_dir():
             raise ConfigError(f"task {task.task_id} has no environment/repo/ directory, which the local "
                               f"runtime copies; use task.runtime=docker")
@@ -90,6 +99,13 @@ class LocalSandbox:
         self._mounts = sorted(((p, self.root / d) for p, d in zip(inside, ("repo", "tests", "logs", "home", "tmp"))),
                               key=lambda m: -len(m[0]))
         self._limits, self._network, self._isolated = limits, network, isolated
+        binds = [Bind(str(self.root / d), p, writable=d != "tests")
+                 for p, d in zip((self._tmp, self._home, self.logs_dir, self.tests_dir, self.workdir),
+                                 ("tmp", "home", "logs", "tests", "repo"))]
+        self._isolation = Isolation(binds, self.workdir, network) if isolated else None
+        # One namespace for all of the sandbox's commands (rlmix.isolation.resident), started at the first.
+        self._shell = (ResidentShell(self._isolation, self.root / "repo", limits, self._user)
+                       if isolated and resident else None)
 
     def _env(self, extra: Mapping[str, str] | None) -> dict[str, str]:
         path = PATH if self._isolated else os.environ.get("PATH", "/usr/bin:/bin")
@@ -99,19 +115,25 @@ class LocalSandbox:
         return env
 
     def run(self, command: str, timeout_s: float, env: Mapping[str, str] | None = None) -> ExecResult:
-        if self._isolated:
-            binds = [Bind(str(self.root / d), p, writable=d != "tests")
-                     for p, d in zip((self._tmp, self._home, self.logs_dir, self.tests_dir, self.workdir),
-                                     ("tmp", "home", "logs", "tests", "repo"))]
-            argv, isolation = ["bash", "-c", command], Isolation(binds, self.workdir, self._network)
-        else:
-            argv, isolation = [*(() if self._network else no_network_prefix()), "bash", "-c", command], None
         try:
-            done = run_limited(argv, isolation, self.root / "repo", self._env(env), self._limits, timeout_s, self._user)
+            done = self._run(command, timeout_s, self._env(env))
         except (OSError, subprocess.SubprocessError) as e:  # fork failed, working copy gone
             raise InfraError(f"could not start a command in {self.root}: {e}") from e
         return ExecResult(exit_code=done.exit_code, output=done.output.decode("utf-8", errors="replace"),
                           timed_out=done.timed_out, duration_s=done.duration_s)
+
+    def _run(self, command: str, timeout_s: float, env: dict[str, str]) -> Finished:
+        if self._shell is not None:
+            try:
+                return self._shell.run(["bash", "-c", command], env, timeout_s)
+            except ResidentUnavailable as e:
+                _warn_per_command(str(e))
+                self._shell = None
+        if self._isolated:
+            argv, isolation = ["bash", "-c", command], self._isolation
+        else:
+            argv, isolation = [*(() if self._network else no_network_prefix()), "bash", "-c", command], None
+        return run_limited(argv, isolation, self.root / "repo", env, self._limits, timeout_s, self._user)
 
     def _host(self, sandbox_path: str) -> Path:
         """The host path of a sandbox path; InfraError if it (or a link in it) leads out of the sandbox."""
@@ -154,7 +176,9 @@ class LocalSandbox:
         return target.read_bytes() if target.is_file() else None
 
     def close(self) -> None:
-        # Every command's processes died with it (see run); only the files remain.
+        # Every command's processes died with it (see run); the resident namespace goes now.
+        if self._shell is not None:
+            self._shell.close()
         shutil.rmtree(self.root, ignore_errors=True)
 
 
@@ -167,8 +191,8 @@ class LocalRuntime:
     """
 
     def __init__(self, memory_mb: int | None, max_procs: int, cpu_s: int | None, turn_timeout_s: float,
-                 trusted: bool = False, output_cap_bytes: int = DEFAULT_OUTPUT_CAP_BYTES):
-        self._memory_mb, self._max_procs, self._cpu_s = memory_mb, max_procs, cpu_s
+                 trusted: bool = False, output_cap_bytes: int = DEFAULT_OUTPUT_CAP_BYTES, resident: bool = True):
+        self._memory_mb, self._max_procs, self._cpu_s, self._resident = memory_mb, max_procs, cpu_s, resident
         self._turn_timeout_s, self._trusted, self._output_cap = turn_timeout_s, trusted, output_cap_bytes
 
     def unavailable(self) -> str | None:
@@ -198,4 +222,4 @@ class LocalRuntime:
         cpu_s = self._cpu_s or int(2 * max(self._turn_timeout_s, task.verifier_timeout_s)) + 1
         limits = LocalLimits(memory_mb=self._memory_mb or task.memory_mb, max_procs=self._max_procs, cpu_s=cpu_s,
                              output_cap_bytes=self._output_cap)
-        return LocalSandbox(task, limits, network, isolated=problem is None)
+        return LocalSandbox(task, limits, network, isolated=problem is None, resident=self._resident)

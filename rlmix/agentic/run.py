@@ -39,7 +39,8 @@ R = TypeVar("R")
 RUNTIMES: dict[RuntimeKind, Callable[[AgentEnvConfig], Runtime]] = {
     RuntimeKind.local: lambda cfg: LocalRuntime(memory_mb=cfg.local_memory_mb, max_procs=cfg.local_max_procs,
                                                 cpu_s=cfg.local_cpu_s, turn_timeout_s=cfg.turn_timeout_s,
-                                                trusted=cfg.trusted, output_cap_bytes=cfg.command_output_cap_bytes),
+                                                trusted=cfg.trusted, output_cap_bytes=cfg.command_output_cap_bytes,
+                                                resident=cfg.local_resident),
     RuntimeKind.docker: lambda cfg: DockerRuntime(image_prefix=cfg.docker_image_prefix,
                                                   output_cap_bytes=cfg.command_output_cap_bytes),
 }

@@ -53,10 +53,13 @@ class AgentEnvConfig:
     grade_network: bool = False  # give the verifier the network (the agent phase never has it)
     # --- local runtime limits ---
     local_memory_mb: Optional[int] = None  # RLIMIT_AS per command; null uses the task's memory_mb
-    # RLIMIT_NPROC per command; the kernel counts every process of the user the sandboxes run as
-    # (nobody when the runner is root), so concurrent episodes share it.
+    # RLIMIT_NPROC per command, counted per sandbox from Linux 5.14 (before, every process of the
+    # user the sandboxes run as, nobody when the runner is root, so concurrent episodes share it).
     local_max_procs: int = 512
     local_cpu_s: Optional[int] = None  # RLIMIT_CPU per command; null = 2 x turn_timeout_s
+    # One sandbox per working copy, kept up across its commands, which kills what each command
+    # leaves behind; false: a new sandbox for every command (slower, isolated alike; docs/hard51.md).
+    local_resident: bool = True
     # --- docker runtime ---
     docker_image_prefix: str = "rlmix-swebench"  # tag of images built from environment/Dockerfile
 

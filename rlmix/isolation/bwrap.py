@@ -19,7 +19,8 @@ The command itself is PID 1 of the new PID namespace (``--as-pid-1``). When PID 
 kills every process left in the namespace (``setsid``/``nohup`` children too) before its death is
 reported; the runtime kills it after every command and at a timeout (``process.py``), and
 ``--die-with-parent`` kills it if the runner dies. So no process a command starts outlives that
-command.
+command. A sandbox kept up across commands (``resident.py``) has an init as PID 1 instead, which
+clears the namespace after each command and ends with its input.
 
 Without ``--as-pid-1`` bwrap puts an init of its own there, and bwrap returns the command's status
 as soon as the command exits, before that init has exited: the init is left to the machine's init to
@@ -78,13 +79,19 @@ def _system_args() -> tuple[str, ...]:
     return tuple(args + ["--proc", "/proc", "--dev", "/dev"])
 
 
-def bwrap_argv(binds: Sequence[Bind], chdir: str, network: bool) -> list[str]:
-    """The bwrap prefix for one command; ``binds`` are laid over the system mounts in order."""
+def bwrap_argv(binds: Sequence[Bind], chdir: str, network: bool, die_with_parent: bool = True) -> list[str]:
+    """The bwrap prefix for one command; ``binds`` are laid over the system mounts in order.
+
+    ``die_with_parent``: the sandbox is killed when the thread that started it ends (the kernel's
+    parent-death signal follows the thread); a sandbox that outlives its starting thread (``resident.py``)
+    ends when its input does instead.
+    """
     # --cap-drop ALL: run as root, bwrap keeps every capability inside its user namespace, and
     # CAP_SYS_ADMIN there can remount the read-only binds writable (host /usr included).
     # --as-pid-1: the command is the namespace's init, so nothing is left for the host's init to reap (above).
-    argv = [BWRAP, "--unshare-all", "--as-pid-1", "--cap-drop", "ALL", "--die-with-parent", "--new-session",
-            *_system_args()]
+    argv = [BWRAP, "--unshare-all", "--as-pid-1", "--cap-drop", "ALL", "--new-session", *_system_args()]
+    if die_with_parent:
+        argv.append("--die-with-parent")
     if network:
         argv.append("--share-net")
     for b in binds:
@@ -112,6 +119,14 @@ def sandbox_user() -> dict:
     if os.geteuid() != 0:
         return {}
     return {"user": SANDBOX_UID, "group": SANDBOX_GID, "extra_groups": []}
+
+
+@functools.cache
+def system_python() -> str | None:
+    """The ``python3`` on the read-only system directories every sandbox sees (its real path), or None."""
+    found = shutil.which("python3", path=PATH)
+    real = os.path.realpath(found) if found else ""
+    return real if any(real.startswith(d + "/") for d in SYSTEM_DIRS) else None
 
 
 @functools.cache

@@ -42,6 +42,7 @@ class Isolation:
     binds: Sequence[Bind]  # laid over the read-only system, in order
     chdir: str  # the working directory inside
     network: bool
+    die_with_parent: bool = True  # bwrap_argv's: killed when the thread that started it ends
 
 
 class SandboxNotStarted(OSError):
@@ -193,8 +194,8 @@ def start_limited(argv: Sequence[str], isolation: Isolation | None, cwd: str | P
     rlimits = _rlimits(limits)
     if isolation is not None:
         inside, rlimits = _inside_the_sandbox(rlimits)
-        argv = [*bwrap_argv(isolation.binds, isolation.chdir, isolation.network), "--info-fd", str(info_w),
-                *inside, *argv]
+        argv = [*bwrap_argv(isolation.binds, isolation.chdir, isolation.network, isolation.die_with_parent),
+                "--info-fd", str(info_w), *inside, *argv]
     argv, how = _launch(argv, rlimits, user)
     try:
         proc = subprocess.Popen(argv, cwd=cwd, env=dict(env), stdin=stdin, stdout=subprocess.PIPE, stderr=stderr,
