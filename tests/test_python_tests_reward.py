@@ -346,6 +346,19 @@ def test_without_bwrap_python_tests_is_refused_in_one_line(monkeypatch):
     assert "\n" not in message
 
 
+@needs_sandbox
+def test_a_sandbox_refused_at_start_is_reported_as_such_not_as_a_missing_bubblewrap():
+    pt.sandbox_problem.cache_clear()
+    try:
+        with runner_processes_limited_to(1), pytest.raises(ConfigError) as err:
+            resolve_reward("python_tests", 5.0)
+    finally:
+        pt.sandbox_problem.cache_clear()
+    message = str(err.value)
+    assert "bubblewrap runs here, but a test grading could not start" in message, message
+    assert "install" not in message and "\n" not in message
+
+
 def test_partial_credit_is_for_python_tests_only():
     with pytest.raises(ConfigError, match="task.partial_credit=true: only task.reward=python_tests"):
         resolve_reward("exact", 5.0, partial_credit=True)

@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from rlmix.errors import ConfigError
-from rlmix.isolation.bwrap import PATH, SYSTEM_DIRS, Bind, isolation_problem, sandbox_user, searchable_by_others
-from rlmix.isolation.process import Isolation, LocalLimits, SandboxNotStarted, run_limited
+from rlmix.isolation.bwrap import (PATH, SYSTEM_DIRS, Bind, isolation_problem, sandbox_user, searchable_by_others,
+                                  system_python)
+from rlmix.isolation.process import Isolation, LocalLimits, run_limited
 from rlmix.isolation.scratch import scratch_dir
 
 HARNESS = Path(__file__).with_name("harness.py")
@@ -77,10 +78,10 @@ def sandbox_python() -> tuple[str, tuple[Bind, ...]] | str:
     prefix = os.path.realpath(sys.base_prefix)
     if exe.startswith(prefix + "/") and (not sandbox_user() or searchable_by_others(prefix)):
         return exe, (Bind(prefix, prefix, writable=False),)
-    system = shutil.which("python3", path="/usr/bin:/bin")
+    system = system_python()
     if system is None:
-        return f"{exe} is not reachable from the sandbox and there is no /usr/bin/python3"
-    return os.path.realpath(system), ()
+        return f"{exe} is not reachable from the sandbox and there is no python3 in {', '.join(SYSTEM_DIRS)}"
+    return system, ()
 
 
 def _work_dir() -> Path:
@@ -129,21 +130,21 @@ def parse_verdict(output: bytes, nonce: str, timed_out: bool) -> Verdict:
 def sandbox_problem() -> str | None:
     """Why python_tests cannot grade on this machine (one line naming the fix), or None; probed once."""
     problem = isolation_problem()
-    if problem is None:
-        found = sandbox_python()
-        if isinstance(found, str):
-            return f"task.reward=python_tests: {found}; install python3 in /usr/bin"
-        try:
-            run = run_python_tests("def f(x):\n    return x + 1\n", "assert f(1) == 2\n", timeout_s=30.0)
-        except SandboxNotStarted as err:
-            problem = str(err)
-        else:
-            if run.reward(partial_credit=False) == 1.0:
-                return None
-            problem = "a correct solution does not pass in the sandbox (a broken interpreter or harness)"
-    return (f"task.reward=python_tests grades every sample in a bubblewrap sandbox, but {problem}: install it "
-            f"(`make setup` as root, or `apt-get install bubblewrap`), or grade with your own "
-            f"task.reward=module:function")
+    if problem is not None:
+        return (f"task.reward=python_tests grades every sample in a bubblewrap sandbox, but {problem}: install it "
+                f"(`make setup` as root, or `apt-get install bubblewrap`), or grade with your own "
+                f"task.reward=module:function")
+    found = sandbox_python()
+    if isinstance(found, str):
+        return f"task.reward=python_tests: {found}; install python3 in /usr/bin"
+    try:
+        run = run_python_tests("def f(x):\n    return x + 1\n", "assert f(1) == 2\n", timeout_s=30.0)
+    except OSError as err:  # SandboxNotStarted among them: bwrap is there, this sandbox was refused
+        return f"task.reward=python_tests: bubblewrap runs here, but a test grading could not start: {err}"
+    if run.reward(partial_credit=False) == 1.0:
+        return None
+    return (f"task.reward=python_tests: a correct solution does not pass in the sandbox, so {found[0]} or the "
+            f"harness is broken here; grade with your own task.reward=module:function")
 
 
 class PythonTests:
