@@ -594,13 +594,25 @@ def write(profile: str, how: list[str], results: list[RunResult], doses: list[st
                   "shares its probe. Commands:\n",
                   *[f"- `{dose}`: `{probes[dose]['command']}`" for dose in doses if dose in probes], "",
                   probe_table(probes, doses), ""] if probes else []
-    if not results:  # a page of probes alone (--probes-only), for --merge
+    if results:
+        parts = results_parts(profile, how, results, doses, arms, steps, wall_s, machines, figures) + probe_part \
+            + dose_parts(results, doses, arms)
+    else:  # a page of probes alone (--probes-only), for --merge
         parts = [f"# Reproduction on the embedded default — `{profile}`\n", f"Machine: {machines or machine()}\n",
                  *how, "", *probe_part]
-        out.write_text("\n".join(parts) + "\n")
-        print(f"wrote {out}")
-        return out
-    headline = next((d for d in (HEADLINE, V1_HEADLINE) if d in doses), doses[0])
+    out.write_text("\n".join(parts) + "\n")
+    print(f"wrote {out}")
+    return out
+
+
+def headline_dose(doses: list[str]) -> str:
+    return next((d for d in (HEADLINE, V1_HEADLINE) if d in doses), doses[0])
+
+
+def results_parts(profile: str, how: list[str], results: list[RunResult], doses: list[str], arms: tuple[str, ...],
+                  steps: int, wall_s: float | None, machines: str | None, figures: Path) -> list[str]:
+    """The page's runs: the headline dose's tables and curves, then the map across doses (and its plot)."""
+    headline = headline_dose(doses)
     run_min = sum(r.run_s for r in results) / 60  # NaN where a page predates it
     head = [r for r in results if r.dose == headline]
     plot_curves(head, arms, figures / "headline.png")
@@ -631,16 +643,19 @@ def write(profile: str, how: list[str], results: list[RunResult], doses: list[st
         parts += ["## Stability map\n", "Each cell: runs flagged by the collapse monitor · runs still down at the end "
                   f"(reward below its start, or format errors over {LASTING_FORMAT_ERRORS:.0%}) · mean pass@1 on the test split.\n",
                   map_table(results, map_arms, map_doses), "", f"![map]({figures.name}/map.png)\n"]
-    parts += probe_part
-    if len(doses) > 1:
-        for dose in (d for d in doses if d != headline and any(r.dose == d for r in results)):  # the headline's is above
-            mine = [r for r in results if r.dose == dose]
-            parts += [f"### `{dose}`: {' '.join(DOSES[dose])}\n", arm_table(mine, arms), "",
-                      *([pool_table(mine, arms), ""] if any(r.pool_kls for r in mine) else []),
-                      *([where_table(mine, arms), ""] if any(r.where for r in mine) else [])]
-    out.write_text("\n".join(parts) + "\n")
-    print(f"wrote {out}")
-    return out
+    return parts
+
+
+def dose_parts(results: list[RunResult], doses: list[str], arms: tuple[str, ...]) -> list[str]:
+    """One section per dose other than the headline's (which results_parts shows)."""
+    headline = headline_dose(doses)
+    parts: list[str] = []
+    for dose in (d for d in doses if d != headline and any(r.dose == d for r in results)):
+        mine = [r for r in results if r.dose == dose]
+        parts += [f"### `{dose}`: {' '.join(DOSES[dose])}\n", arm_table(mine, arms), "",
+                  *([pool_table(mine, arms), ""] if any(r.pool_kls for r in mine) else []),
+                  *([where_table(mine, arms), ""] if any(r.where for r in mine) else [])]
+    return parts
 
 
 def main() -> None:
