@@ -18,12 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from rlmix.agentic.harbor import load_tasks
 from rlmix.agentic.local import LocalRuntime
 from rlmix.isolation import resident
 from rlmix.isolation.bwrap import isolation_problem, system_python
-from tests.test_agentic_fixtures import make_task
-from tests.test_agentic_sandbox import host_pids_running
+from tests.test_agentic_sandbox import host_pids_running, sandbox, task  # noqa: F401 (the fixtures)
 
 pytestmark = [
     pytest.mark.skipif(isolation_problem() is not None, reason=f"{isolation_problem()}"),
@@ -44,19 +42,6 @@ SAME_EITHER_WAY = (
     "yes | head -c 3",
 )
 STARTED_AT = "cut -d' ' -f22 /proc/1/stat"  # the namespace's init, by its start time
-
-
-@pytest.fixture
-def task(tmp_path):
-    make_task(tmp_path / "tasks", "calc")
-    return load_tasks(tmp_path / "tasks")["calc"]
-
-
-@pytest.fixture
-def sandbox(task):
-    sb = LocalRuntime(None, 512, None, 10.0).start(task, network=False)
-    yield sb
-    sb.close()
 
 
 def test_a_command_sees_what_a_sandbox_of_its_own_would_show(task):
