@@ -136,3 +136,16 @@ def test_without_a_python_in_the_sandbox_each_command_gets_its_own(task, monkeyp
         sb.close()
     assert [r.exit_code for r in runs] == [0, 0] and not any("python3" in r.output for r in runs)  # no init of ours
     assert "no python3 on the sandbox's system directories" in caplog.text
+
+
+def test_an_init_that_cannot_start_leaves_each_command_its_own_sandbox(task, monkeypatch, caplog):
+    # As an init would that failed under a low RLIMIT_AS, or could not make itself untraceable.
+    monkeypatch.setattr(resident, "_init_source", lambda: "raise SystemExit('the init refused')")
+    sb = LocalRuntime(None, 512, None, 10.0).start(task, network=False)
+    try:
+        with caplog.at_level(logging.WARNING):
+            runs = [sb.run("echo hi", timeout_s=10.0) for _ in range(2)]
+    finally:
+        sb.close()
+    assert [(r.exit_code, r.output) for r in runs] == [(0, "hi\n")] * 2
+    assert "the sandbox's init did not start: the init refused" in caplog.text

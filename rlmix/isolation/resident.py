@@ -1,11 +1,11 @@
 """A sandbox kept up across commands: one bwrap namespace whose init runs each command the runner
 sends and, after each, kills whatever it left behind (``resident_init.py``).
 
-Creating the namespaces and mounts is most of what a short command costs: a ``true`` took 14 ms
-through a sandbox of its own and 1.2 ms through a resident one, the minicode agent's ``./mc`` 37 ms
-and 18 ms (docs/performance.md, "A resident sandbox per episode"). An agent episode runs about ten
-commands in one working copy, each started while the sampler generates the other episodes' turns
-on the same cores.
+Creating the namespaces and mounts is most of what a short command costs: a ``true`` took 16-21 ms
+through a sandbox of its own and 4.4-5.2 ms through a resident one, the minicode agent's ``./mc``
+35 ms and 25 ms (docs/performance.md, "A resident sandbox per episode"). An agent episode runs
+about ten commands in one working copy, each started while the sampler generates the other
+episodes' turns on the same cores.
 
 What a command sees is what it saw in a sandbox of its own (``process.run_limited``): the same
 mounts, user, limits and environment, empty stdin, a fresh ``bash``, and no process of an earlier
@@ -67,7 +67,7 @@ class ResidentShell:
     again after a timeout. ``host_cwd`` and ``user`` are ``process.run_limited``'s."""
 
     def __init__(self, isolation: Isolation, host_cwd: str | Path, limits: LocalLimits, user: Mapping | None):
-        # Not tied to the thread that happens to start it: it ends when its input ends (the runner closed it, or died).
+        # Not tied to the thread that happens to start it: it ends when its input does (closed, or the runner died).
         self._isolation = dataclasses.replace(isolation, die_with_parent=False)
         self._host_cwd, self._limits, self._user = host_cwd, limits, user
         self._proc: subprocess.Popen | None = None
