@@ -126,26 +126,21 @@ def test_a_command_is_not_the_namespaces_init(sandbox):
     assert sandbox.run("kill -TERM $$; echo survived", timeout_s=10.0).exit_code == 143
 
 
-def test_without_a_python_in_the_sandbox_each_command_gets_its_own(task, monkeypatch, caplog):
-    monkeypatch.setattr(resident, "system_python", lambda: None)
-    sb = LocalRuntime(None, 512, None, 10.0).start(task, network=False)
-    try:
-        with caplog.at_level(logging.WARNING):
-            runs = [sb.run("tr '\\0' ' ' </proc/1/cmdline", timeout_s=10.0) for _ in range(2)]
-    finally:
-        sb.close()
-    assert [r.exit_code for r in runs] == [0, 0] and not any("python3" in r.output for r in runs)  # no init of ours
-    assert "no python3 on the sandbox's system directories" in caplog.text
-
-
-def test_an_init_that_cannot_start_leaves_each_command_its_own_sandbox(task, monkeypatch, caplog):
+@pytest.mark.parametrize("missing, replacement, warning", [
+    ("system_python", lambda: None, "no python3 on the sandbox's system directories"),
     # As an init would that failed under a low RLIMIT_AS, or could not make itself untraceable.
-    monkeypatch.setattr(resident, "_init_source", lambda: "raise SystemExit('the init refused')")
+    ("_init_source", lambda: "raise SystemExit('the init refused')",
+     "the sandbox's init did not start: the init refused"),
+], ids=["no python3", "init refused"])
+def test_without_an_init_each_command_gets_a_sandbox_of_its_own(task, monkeypatch, caplog, missing, replacement,
+                                                                warning):
+    monkeypatch.setattr(resident, missing, replacement)
     sb = LocalRuntime(None, 512, None, 10.0).start(task, network=False)
     try:
         with caplog.at_level(logging.WARNING):
-            runs = [sb.run("echo hi", timeout_s=10.0) for _ in range(2)]
+            runs = [sb.run("echo hi; tr '\\0' ' ' </proc/1/cmdline", timeout_s=10.0) for _ in range(2)]
     finally:
         sb.close()
-    assert [(r.exit_code, r.output) for r in runs] == [(0, "hi\n")] * 2
-    assert "the sandbox's init did not start: the init refused" in caplog.text
+    assert [r.exit_code for r in runs] == [0, 0] and all(r.output.startswith("hi\n") for r in runs)
+    assert not any("python3" in r.output for r in runs)  # the command is its namespace's PID 1: no init of ours
+    assert warning in caplog.text
