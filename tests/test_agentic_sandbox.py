@@ -19,7 +19,7 @@ import pytest
 
 from rlmix.config.swebench import SwebenchProConfig
 from rlmix.agentic.harbor import load_tasks
-from rlmix.isolation.bwrap import isolation_problem
+from rlmix.isolation.bwrap import BUSY, forget_isolation, isolation_problem
 from rlmix.agentic.local import LocalRuntime
 from rlmix.agentic.run import check_runtime, run_sample
 from rlmix.agentic.sandbox import InfraError
@@ -146,6 +146,22 @@ def test_a_command_whose_sandbox_cannot_start_is_an_infrastructure_error(task):
 
 
 @needs_bwrap
+def test_bwrap_refused_for_want_of_processes_is_retried_not_remembered(task):
+    # Cached, one refusal while many sandboxes started turned isolation off for the whole process:
+    # untrusted tasks refused as if bwrap were missing, trusted ones ran unisolated from then on.
+    forget_isolation()
+    try:
+        with runner_processes_limited_to(1):
+            problem = isolation_problem()
+            with pytest.raises(InfraError, match="could not start a sandbox"):  # the episode is retried
+                LocalRuntime(None, 512, None, 10.0, trusted=True).start(task, network=False)
+        assert problem is not None and problem.startswith(BUSY), problem
+        assert isolation_problem() is None
+    finally:
+        forget_isolation()
+
+
+@needs_bwrap
 def test_a_command_starts_no_more_processes_than_its_limit(task):
     sb = LocalRuntime(None, 16, None, 10.0).start(task, network=False)
     forks = ("import os, time\nn = 0\nfor _ in range(40):\n    try:\n        pid = os.fork()\n"
@@ -246,7 +262,7 @@ def test_without_bwrap_untrusted_tasks_are_refused_in_one_line(task, tmp_path, m
     try:
         with monkeypatch.context() as m:
             m.setenv("PATH", str(empty))  # no bwrap to be found
-            isolation_problem.cache_clear()
+            forget_isolation()
             cfg = SwebenchProConfig(tasks_dir=str(tmp_path / "tasks"), subset="all")
             with pytest.raises(ConfigError) as err:
                 check_runtime(cfg)
@@ -258,4 +274,4 @@ def test_without_bwrap_untrusted_tasks_are_refused_in_one_line(task, tmp_path, m
             with pytest.raises(ConfigError, match="command_output_cap_bytes=10 must be"):
                 check_runtime(SwebenchProConfig(trusted=True, command_output_cap_bytes=10))
     finally:
-        isolation_problem.cache_clear()
+        forget_isolation()

@@ -348,6 +348,7 @@ def test_without_bwrap_python_tests_is_refused_in_one_line(monkeypatch):
 
 @needs_sandbox
 def test_a_sandbox_refused_at_start_is_reported_as_such_not_as_a_missing_bubblewrap():
+    assert pt.isolation_problem() is None  # bwrap works here: probed before the limit, and kept
     pt.sandbox_problem.cache_clear()
     try:
         with runner_processes_limited_to(1), pytest.raises(ConfigError) as err:

@@ -30,7 +30,8 @@ from pathlib import Path
 
 from rlmix.agentic.harbor import DEFAULT_WORKDIR, HarborTask
 from rlmix.agentic.sandbox import DEFAULT_OUTPUT_CAP_BYTES, ExecResult, InfraError
-from rlmix.isolation.bwrap import PATH, Bind, isolation_problem, sandbox_user, sandbox_workdir
+from rlmix.isolation.bwrap import (BUSY, PATH, Bind, isolation_fix, isolation_problem, sandbox_user,
+                                  sandbox_workdir)
 from rlmix.isolation.scratch import scratch_dir
 from rlmix.isolation.process import Finished, Isolation, LocalLimits, run_limited
 from rlmix.isolation.resident import ResidentShell, ResidentUnavailable
@@ -199,9 +200,8 @@ class LocalRuntime:
         problem = isolation_problem()
         if problem is None or self._trusted:
             return None
-        return (f"task.runtime=local isolates agent commands with bubblewrap, but {problem}: install it "
-                f"(`make setup` as root, or `apt-get install bubblewrap`), or set task.trusted=true for tasks "
-                f"you wrote yourself")
+        return (f"task.runtime=local isolates agent commands with bubblewrap, but {problem}: "
+                f"{isolation_fix(problem)}, or set task.trusted=true for tasks you wrote yourself")
 
     def check(self, task: HarborTask) -> str | None:
         if not task.repo_dir.is_dir():
@@ -215,8 +215,10 @@ class LocalRuntime:
             raise ConfigError(problem)
 
     def start(self, task: HarborTask, network: bool) -> LocalSandbox:
-        self.prepare(task)  # never degrade silently: an untrusted task without isolation is refused here too
         problem = isolation_problem()
+        if problem is not None and problem.startswith(BUSY):  # not this machine's lack: the episode is retried
+            raise InfraError(f"could not start a sandbox for {task.task_id}: {problem}")
+        self.prepare(task)  # never degrade silently: an untrusted task without isolation is refused here too
         if problem is not None:
             _warn_unisolated(problem)
         cpu_s = self._cpu_s or int(2 * max(self._turn_timeout_s, task.verifier_timeout_s)) + 1

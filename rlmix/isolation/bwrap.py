@@ -32,6 +32,7 @@ child is the command, which bwrap reaps itself. bash reaps whatever its children
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import shutil
@@ -129,17 +130,56 @@ def system_python() -> str | None:
     return real if any(real.startswith(d + "/") for d in SYSTEM_DIRS) else None
 
 
+NOT_INSTALLED = "bubblewrap (bwrap) is not installed"
+BUSY = "bwrap could not create a sandbox just now"  # out of processes or memory: a moment's problem
+_TRANSIENT = (errno.EAGAIN, errno.ENOMEM)
+
+
+class _NotIsolated(Exception):
+    pass
+
+
 @functools.cache
-def isolation_problem() -> str | None:
-    """Why commands cannot be isolated on this machine (one line), or None; probed once per process."""
+def _isolation_holds() -> bool:
+    """True once bwrap has isolated a command in this process; raises ``_NotIsolated`` (one line)
+    otherwise. ``functools.cache`` keeps no exception, so only the success is remembered: a failure,
+    such as bwrap refused for want of processes while many sandboxes start, is probed again at the
+    next call instead of turning isolation off for the rest of the process."""
     if shutil.which(BWRAP) is None:
-        return "bubblewrap (bwrap) is not installed"
+        raise _NotIsolated(NOT_INSTALLED)
     try:
         res = subprocess.run(bwrap_argv((), "/", network=False) + ["true"], capture_output=True, timeout=30,
                              **sandbox_user())
     except (OSError, subprocess.SubprocessError) as e:
-        return f"bwrap does not start: {e}"
+        if getattr(e, "errno", None) in _TRANSIENT:
+            raise _NotIsolated(f"{BUSY} ({e})") from e
+        raise _NotIsolated(f"bwrap does not start: {e}") from e
     if res.returncode != 0:
-        lines = res.stderr.decode(errors="replace").strip().splitlines() or [f"exit {res.returncode}"]
-        return f"the kernel refuses bwrap's namespaces to an unprivileged user here ({lines[-1]})"
+        line = (res.stderr.decode(errors="replace").strip().splitlines() or [f"exit {res.returncode}"])[-1]
+        if any(os.strerror(code) in line for code in _TRANSIENT):
+            raise _NotIsolated(f"{BUSY} ({line})")
+        raise _NotIsolated(f"the kernel refuses bwrap's namespaces to an unprivileged user here ({line})")
+    return True
+
+
+def isolation_problem() -> str | None:
+    """Why commands cannot be isolated on this machine (one line), or None (``_isolation_holds``)."""
+    try:
+        _isolation_holds()
+    except _NotIsolated as e:
+        return str(e)
     return None
+
+
+def isolation_fix(problem: str) -> str:
+    """What to do about ``isolation_problem()``'s ``problem``, as the end of a sentence."""
+    if problem == NOT_INSTALLED:
+        return "install it (`make setup` as root, or `apt-get install bubblewrap`)"
+    if problem.startswith(BUSY):
+        return "the machine is out of processes or memory for it; try again once it has room"
+    return "let unprivileged users create user namespaces here (a kernel or AppArmor setting)"
+
+
+def forget_isolation() -> None:
+    """Probe again at the next ``isolation_problem()`` (for tests that hide bwrap)."""
+    _isolation_holds.cache_clear()

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from rlmix.errors import ConfigError
-from rlmix.isolation.bwrap import (PATH, SYSTEM_DIRS, Bind, isolation_problem, sandbox_user, searchable_by_others,
-                                  system_python)
+from rlmix.isolation.bwrap import (PATH, SYSTEM_DIRS, Bind, isolation_fix, isolation_problem, sandbox_user,
+                                  searchable_by_others, system_python)
 from rlmix.isolation.process import Isolation, LocalLimits, run_limited
 from rlmix.isolation.scratch import scratch_dir
 
@@ -131,9 +131,8 @@ def sandbox_problem() -> str | None:
     """Why python_tests cannot grade on this machine (one line naming the fix), or None; probed once."""
     problem = isolation_problem()
     if problem is not None:
-        return (f"task.reward=python_tests grades every sample in a bubblewrap sandbox, but {problem}: install it "
-                f"(`make setup` as root, or `apt-get install bubblewrap`), or grade with your own "
-                f"task.reward=module:function")
+        return (f"task.reward=python_tests grades every sample in a bubblewrap sandbox, but {problem}: "
+                f"{isolation_fix(problem)}, or grade with your own task.reward=module:function")
     found = sandbox_python()
     if isinstance(found, str):
         return f"task.reward=python_tests: {found}; install python3 in /usr/bin"
