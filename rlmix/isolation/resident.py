@@ -120,8 +120,12 @@ class ResidentShell:
         except SandboxLost:
             ready = None
         if ready is None:
-            said = self._proc.stderr.read(_CHUNK) if exited(self._proc.pid) else b""
-            self.close()
+            try:  # an init that failed has exited, and bwrap follows it: then its last words are all there
+                self._proc.wait(timeout=EXIT_WAIT_S)
+            except subprocess.TimeoutExpired:
+                pass
+            said = self._proc.stderr.read(_CHUNK) if self._proc.poll() is not None else b""
+            self.close(kill=True)
             reason = said.decode("utf-8", errors="replace").strip().splitlines() or ["no answer"]
             raise ResidentUnavailable(f"the sandbox's init did not start: {reason[-1]}")
 
