@@ -99,7 +99,7 @@ class LocalSandbox:
         # sandbox path -> host path, longest first; tests/ is read-only inside.
         self._mounts = sorted(((p, self.root / d) for p, d in zip(inside, ("repo", "tests", "logs", "home", "tmp"))),
                               key=lambda m: -len(m[0]))
-        self._limits, self._network, self._isolated = limits, network, isolated
+        self._limits, self._network = limits, network
         binds = [Bind(str(self.root / d), p, writable=d != "tests")
                  for p, d in zip((self._tmp, self._home, self.logs_dir, self.tests_dir, self.workdir),
                                  ("tmp", "home", "logs", "tests", "repo"))]
@@ -109,7 +109,7 @@ class LocalSandbox:
                        if isolated and resident else None)
 
     def _env(self, extra: Mapping[str, str] | None) -> dict[str, str]:
-        path = PATH if self._isolated else os.environ.get("PATH", "/usr/bin:/bin")
+        path = PATH if self._isolation is not None else os.environ.get("PATH", "/usr/bin:/bin")
         env = {"PATH": path, "HOME": self._home, "TMPDIR": self._tmp, "LANG": "C.UTF-8", "APP_DIR": self.workdir,
                "TESTS_DIR": self.tests_dir, "LOGS_DIR": self.logs_dir, "PYTHONDONTWRITEBYTECODE": "1"}
         env.update(extra or {})
@@ -130,11 +130,10 @@ class LocalSandbox:
             except ResidentUnavailable as e:
                 _warn_per_command(str(e))
                 self._shell = None
-        if self._isolated:
-            argv, isolation = ["bash", "-c", command], self._isolation
-        else:
-            argv, isolation = [*(() if self._network else no_network_prefix()), "bash", "-c", command], None
-        return run_limited(argv, isolation, self.root / "repo", env, self._limits, timeout_s, self._user)
+        argv = ["bash", "-c", command]
+        if self._isolation is None and not self._network:  # unisolated (trusted): the network off where permitted
+            argv = [*no_network_prefix(), *argv]
+        return run_limited(argv, self._isolation, self.root / "repo", env, self._limits, timeout_s, self._user)
 
     def _host(self, sandbox_path: str) -> Path:
         """The host path of a sandbox path; InfraError if it (or a link in it) leads out of the sandbox."""
