@@ -122,12 +122,17 @@ def sandbox_user() -> dict:
     return {"user": SANDBOX_UID, "group": SANDBOX_GID, "extra_groups": []}
 
 
+def on_system_dirs(path: str) -> bool:
+    """Whether ``path`` lies on the read-only system directories every sandbox sees."""
+    return any(path.startswith(d + "/") for d in SYSTEM_DIRS)
+
+
 @functools.cache
 def system_python() -> str | None:
     """The ``python3`` on the read-only system directories every sandbox sees (its real path), or None."""
     found = shutil.which("python3", path=PATH)
     real = os.path.realpath(found) if found else ""
-    return real if any(real.startswith(d + "/") for d in SYSTEM_DIRS) else None
+    return real if on_system_dirs(real) else None
 
 
 NOT_INSTALLED = "bubblewrap (bwrap) is not installed"

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlmix.isolation.bwrap import SYSTEM_DIRS, Bind, bwrap_argv
+from rlmix.isolation.bwrap import Bind, bwrap_argv, on_system_dirs
 
 NAMESPACE_EXIT_WAIT_S = 30.0  # the kernel kills and reaps a namespace's processes; a bound, never reached
 _CHUNK = 1 << 16
@@ -95,7 +95,7 @@ def _inside_the_sandbox(rlimits: list[tuple[int, str, int]]) -> tuple[list[str],
     the system directories the sandbox sees, every limit stays outside.
     """
     tools = _exec_chain_tools()
-    if tools is None or not any(tools[0].startswith(d + "/") for d in SYSTEM_DIRS):
+    if tools is None or not on_system_dirs(tools[0]):
         return [], rlimits
     inside = [f"{option}={value}" for which, option, value in rlimits if which == resource.RLIMIT_NPROC]
     return [tools[0], *inside, "--"], [r for r in rlimits if r[0] != resource.RLIMIT_NPROC]

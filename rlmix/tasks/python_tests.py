@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from rlmix.errors import ConfigError
-from rlmix.isolation.bwrap import (PATH, SYSTEM_DIRS, Bind, isolation_fix, isolation_problem, sandbox_user,
-                                  searchable_by_others, system_python)
+from rlmix.isolation.bwrap import (PATH, SYSTEM_DIRS, Bind, isolation_fix, isolation_problem, on_system_dirs,
+                                  sandbox_user, searchable_by_others, system_python)
 from rlmix.isolation.process import Isolation, LocalLimits, run_limited
 from rlmix.isolation.scratch import scratch_dir
 
@@ -73,7 +73,7 @@ def sandbox_python() -> tuple[str, tuple[Bind, ...]] | str:
     reach it (root's home), and then the system's ``python3``.
     """
     exe = os.path.realpath(sys.executable)
-    if any(exe.startswith(d + "/") for d in SYSTEM_DIRS):
+    if on_system_dirs(exe):
         return exe, ()
     prefix = os.path.realpath(sys.base_prefix)
     if exe.startswith(prefix + "/") and (not sandbox_user() or searchable_by_others(prefix)):
