@@ -335,12 +335,12 @@ def test_the_verdict_needs_the_nonce():
 
 def test_without_bwrap_python_tests_is_refused_in_one_line(monkeypatch):
     monkeypatch.setattr(pt, "isolation_problem", lambda: "bubblewrap (bwrap) is not installed")
-    pt.sandbox_problem.cache_clear()
+    pt.forget_sandbox_probe()
     try:
         with pytest.raises(ConfigError) as err:
             resolve_reward("python_tests", 5.0)
     finally:
-        pt.sandbox_problem.cache_clear()
+        pt.forget_sandbox_probe()
     message = str(err.value)
     assert "task.reward=python_tests" in message and "apt-get install bubblewrap" in message
     assert "\n" not in message
@@ -349,12 +349,13 @@ def test_without_bwrap_python_tests_is_refused_in_one_line(monkeypatch):
 @needs_sandbox
 def test_a_sandbox_refused_at_start_is_reported_as_such_not_as_a_missing_bubblewrap():
     assert pt.isolation_problem() is None  # bwrap works here: probed before the limit, and kept
-    pt.sandbox_problem.cache_clear()
+    pt.forget_sandbox_probe()
     try:
         with runner_processes_limited_to(1), pytest.raises(ConfigError) as err:
             resolve_reward("python_tests", 5.0)
+        assert pt.sandbox_problem() is None  # a moment's refusal, not remembered
     finally:
-        pt.sandbox_problem.cache_clear()
+        pt.forget_sandbox_probe()
     message = str(err.value)
     assert "bubblewrap runs here, but a test grading could not start" in message, message
     assert "install" not in message and "\n" not in message

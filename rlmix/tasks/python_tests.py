@@ -126,24 +126,46 @@ def parse_verdict(output: bytes, nonce: str, timed_out: bool) -> Verdict:
     return Verdict(True, int(passed), int(total), complete == b"1", names, False)
 
 
+class _CannotGrade(Exception):
+    pass
+
+
 @functools.cache
-def sandbox_problem() -> str | None:
-    """Why python_tests cannot grade on this machine (one line naming the fix), or None; probed once."""
+def _sandbox_grades() -> bool:
+    """True once a correct solution has passed in the sandbox here; raises ``_CannotGrade`` (one line
+    naming the fix) otherwise. Only the success is kept, as ``isolation.bwrap`` keeps its own: a
+    grading refused for want of processes is probed again at the next call."""
     problem = isolation_problem()
     if problem is not None:
-        return (f"task.reward=python_tests grades every sample in a bubblewrap sandbox, but {problem}: "
-                f"{isolation_fix(problem)}, or grade with your own task.reward=module:function")
+        raise _CannotGrade(f"task.reward=python_tests grades every sample in a bubblewrap sandbox, but {problem}: "
+                           f"{isolation_fix(problem)}, or grade with your own task.reward=module:function")
     found = sandbox_python()
     if isinstance(found, str):
-        return f"task.reward=python_tests: {found}; install python3 in /usr/bin"
+        raise _CannotGrade(f"task.reward=python_tests: {found}; install python3 in /usr/bin")
     try:
         run = run_python_tests("def f(x):\n    return x + 1\n", "assert f(1) == 2\n", timeout_s=30.0)
     except OSError as err:  # SandboxNotStarted among them: bwrap is there, this sandbox was refused
-        return f"task.reward=python_tests: bubblewrap runs here, but a test grading could not start: {err}"
-    if run.reward(partial_credit=False) == 1.0:
-        return None
-    return (f"task.reward=python_tests: a correct solution does not pass in the sandbox, so {found[0]} or the "
-            f"harness is broken here; grade with your own task.reward=module:function")
+        raise _CannotGrade(f"task.reward=python_tests: bubblewrap runs here, but a test grading could not "
+                           f"start: {err}") from err
+    if run.reward(partial_credit=False) != 1.0:
+        raise _CannotGrade(f"task.reward=python_tests: a correct solution does not pass in the sandbox, so "
+                           f"{found[0]} or the harness is broken here; grade with your own "
+                           f"task.reward=module:function")
+    return True
+
+
+def sandbox_problem() -> str | None:
+    """Why python_tests cannot grade on this machine (one line naming the fix), or None (``_sandbox_grades``)."""
+    try:
+        _sandbox_grades()
+    except _CannotGrade as e:
+        return str(e)
+    return None
+
+
+def forget_sandbox_probe() -> None:
+    """Probe again at the next ``sandbox_problem()`` (for tests that change what it finds)."""
+    _sandbox_grades.cache_clear()
 
 
 class PythonTests:
