@@ -1,6 +1,7 @@
-"""The loop against its compute floor, on the default run (six emulated pools, sc_mis).
+"""The loop against its compute floor, on the default run (``make train``'s: six emulated pools,
+sc_mis, the v2 model; ``perf_common.DEFAULT_RUN``).
 
-    .venv/bin/python scripts/bench_loop.py [--steps 12] [--goal 1.15] [--out F] [--override model=embedded_v2]
+    .venv/bin/python scripts/bench_loop.py [--steps 12] [--goal 1.15] [--out F] [--override model.embedded_version=v1]
 
 In one run, side by side:
 
@@ -24,9 +25,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from perf_common import isolated_step, load_average, median, read_metrics, run_rlmix, verdict
+from perf_common import DEFAULT_RUN, isolated_step, load_average, median, read_metrics, run_rlmix, verdict
 
-ARM = ["+experiment=sc_mis", "logger=disabled"]
+ARM = [*DEFAULT_RUN, "logger=disabled"]
 OVERSUBSCRIBED = ["trainer.num_threads=2", "loop.sampler_threads=1", "loop.concurrent_requests=6"]
 
 
@@ -66,7 +67,7 @@ def main() -> None:
     parser.add_argument("--goal", type=float, default=1.15, help="loop step / compute floor")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--override", action="append", default=[],
-                        help="a config override for every arm and the floor, e.g. model=embedded_v2 (repeatable)")
+                        help="a config override for every arm and the floor, e.g. model.embedded_version=v1 (repeatable)")
     args = parser.parse_args()
     load = load_average()
     floor = compute_floor(args.override) | {"load_avg_before": load, "load_avg_after": load_average()}

@@ -1,9 +1,10 @@
 """Start-up: seconds from ``rlmix train`` to the end of the first step of the default run.
 
-    .venv/bin/python scripts/bench_startup.py [--repeats 2] [--goal 10] [--out F]
+    .venv/bin/python scripts/bench_startup.py [--repeats 2] [--goal 10] [--out F] [OVERRIDE ...]
 
-Runs ``rlmix train +experiment=sc_mis loop.steps=1 logger=disabled`` (six emulated pools plus the
-trainer: seven actors) ``--repeats`` times and reports, for each, the seconds from launch to the
+Runs the default run (``make train``'s, ``perf_common.DEFAULT_RUN``) as ``rlmix train +experiment=sc_mis
+model=embedded_v2 loop.steps=1 logger=disabled`` (six emulated pools plus the trainer: seven actors),
+with any overrides after those, ``--repeats`` times and reports, for each, the seconds from launch to the
 line of step 1, and to the runner's "Ray and N actors ready" line; the load average is recorded
 beside each. Prints one JSON object and the ratio against the goal (docs/performance.md).
 """
@@ -15,13 +16,13 @@ import json
 import tempfile
 from pathlib import Path
 
-from perf_common import load_average, median, run_rlmix, verdict
+from perf_common import DEFAULT_RUN, load_average, median, run_rlmix, verdict
 
 
 def one_start(workdir: Path, extra: list[str]) -> dict:
     workdir.mkdir(parents=True)
     load = load_average()
-    run = run_rlmix(["train", "+experiment=sc_mis", "loop.steps=1", "logger=disabled",
+    run = run_rlmix(["train", *DEFAULT_RUN, "loop.steps=1", "logger=disabled",
                      f"hydra.run.dir={workdir / 'run'}", *extra], cwd=workdir)
     ready = run.all(r"Ray and (\d+) actors ready in ([\d.]+)s")
     return {
