@@ -161,6 +161,11 @@ BAD = [
     (["loop.max_staleness=soon"], "loop.max_staleness"),
     (["loop.lag=-1"], "loop.lag"),
     (["loop.lag=2", "loop.max_staleness=1"], "loop.max_staleness"),
+    # weights published every 2 steps: no request could start between publishes (the run hung)
+    (["loop.max_staleness=0", "loop.weight_sync_every=2"], "loop.weight_sync_every=2"),
+    (["loop.lag=1", "loop.max_staleness=1", "loop.weight_sync_every=2"], "loop.max_staleness"),
+    # a fixed schedule cannot ask for groups to replace the ones dynamic sampling drops (the run hung)
+    (["loop.lag=1", "loop.dynamic_sampling=true"], "loop.dynamic_sampling"),
     (["fleet.pools.a100_bf16.precision=fp8_e4m3"], "fleet.pools.a100_bf16"),
     (["fleet.pools.a100_bf16.accelerator=Z80"], "Z80"),
     (["correction=sc_mis", "correction.objective=ppo_clip"], "correction.objective=ppo_clip"),

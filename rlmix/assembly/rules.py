@@ -67,9 +67,10 @@ def _check_loop(cfg: RunConfig) -> None:
     )
     _require(loop.lag is None or loop.lag >= 0, f"loop.lag={loop.lag}: must be null (free-running) or >= 0")
     _require(
-        loop.lag is None or loop.max_staleness is None or loop.max_staleness >= loop.lag,
-        f"loop.lag={loop.lag} with loop.max_staleness={loop.max_staleness}: every batch would be dropped as too "
-        "stale; set loop.max_staleness=null or >= loop.lag",
+        loop.lag is None or not loop.dynamic_sampling,
+        f"loop.lag={loop.lag} with loop.dynamic_sampling=true: dynamic sampling replaces the groups it drops by "
+        "asking for more, which a controlled lag's fixed schedule cannot; set loop.lag=null or "
+        "loop.dynamic_sampling=false",
     )
     capacity = loop.buffer_groups
     _require(
@@ -81,6 +82,18 @@ def _check_loop(cfg: RunConfig) -> None:
              f"loop.temperature={loop.temperature}: must be in [{TEMPERATURE[0]:g}, {TEMPERATURE[1]:g}]")
     for key in ("max_new_tokens", "weight_sync_every", "keep_checkpoints"):
         _require(getattr(loop, key) >= 1, f"loop.{key}={getattr(loop, key)}: must be >= 1")
+    # Weights go out every weight_sync_every steps, so the newest a sampler can hold is up to
+    # weight_sync_every - 1 versions behind the trainer, and a controlled lag adds its own.
+    sync, lag = loop.weight_sync_every, loop.lag
+    oldest = (lag or 0) + sync - 1
+    if lag is None:
+        why = (f"loop.weight_sync_every={sync}: weights are published every {sync} steps, so between publishes "
+               "the loop could start no request and the run would wait for ever")
+    else:
+        why = (f"loop.lag={lag} and loop.weight_sync_every={sync}: samples are generated up to {oldest} versions "
+               "behind the step that trains them, so the loop would drop groups it must train")
+    _require(loop.max_staleness is None or loop.max_staleness >= oldest,
+             f"loop.max_staleness={loop.max_staleness} with {why}; set loop.max_staleness=null or >= {oldest}")
     for key in ("sampler_threads", "concurrent_requests"):  # null: from the cores Ray reports
         value = getattr(loop, key)
         _require(value is None or value >= 1, f"loop.{key}={value}: must be null (from the cores Ray reports) or >= 1")
