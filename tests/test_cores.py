@@ -6,7 +6,7 @@ import pytest
 
 from rlmix.config.schema import LoopConfig
 from rlmix.orchestration.cores import is_synchronous, plan_cores
-from rlmix.orchestration.loop import AsyncLoop, SamplerSlot
+from rlmix.orchestration.loop import AsyncLoop, SamplerSlot, SlotState
 from rlmix.embedded.minicode import MiniCode
 
 
@@ -108,3 +108,12 @@ def test_a_synchronous_loop_gives_every_core_to_whichever_side_is_working():
     configured = plan_cores(8, 6, trainer_threads=3, sampler_threads=2, generating=None, synchronous=True)
     assert (configured.trainer_threads, configured.generating) == (3, 4)
     assert "take turns" in plan.describe()
+
+
+def test_a_dropped_sampler_holds_no_lane():
+    # time/sampler_busy_frac divides by the lanes: two of four accelerator samplers dropped for good
+    # leave two lanes, so the two left busy all the time read 1.0, not 0.5.
+    loop = _loop(generating=None, on_cpu=(False,) * 4)
+    for slot in loop.samplers[2:]:
+        slot.state = SlotState.dropped
+    assert loop._sampler_lanes() == 2

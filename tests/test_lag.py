@@ -89,3 +89,17 @@ def test_one_seed_gives_one_run_on_episodes(tmp_path, warm_ray):
     first, second = runs
     assert len(first) == 2 and first[0]["agent/turns_mean"] > 1  # episodes, with observations between turns
     assert _without_timing(first) == _without_timing(second)
+
+
+@pytest.mark.slow
+def test_a_resumed_run_goes_back_to_its_lag(tmp_path, warm_ray):
+    """A run resumed from a checkpoint trains at its lag again once ``s`` steps have passed (the
+    first ``s`` are generated at the checkpoint's weights, as nothing older exists). The checkpoint
+    used to record the next request not yet issued, which the samplers had taken ``s`` steps ahead:
+    every later request's planned step moved by the lag, and the resumed run trained at lag 0."""
+    args = ("+experiment=smoke", "loop.lag=2", "logger.wandb.mode=disabled")
+    run_dir = tmp_path / "run"
+    rlmix_train_here(*args, "loop.steps=3", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    rlmix_train_here(*args, "loop.steps=6", f"resume={run_dir}", cwd=tmp_path)
+    staleness = [row["staleness/mean"] for row in read_metrics(run_dir)]
+    assert staleness == [0.0, 1.0, 2.0, 0.0, 1.0, 2.0]

@@ -34,6 +34,12 @@ class LagSchedule:
         """The trainer version at which request ``request_id`` is planned to be trained."""
         return request_id // self.requests_per_step
 
+    def first_request(self, step: int) -> int:
+        """The first request planned for trainer version ``step``: where a run that goes on from a
+        checkpoint at ``step`` starts (the ones after it were generated ahead, from weights the run
+        no longer holds, and are generated again)."""
+        return step * self.requests_per_step
+
     def version(self, request_id: int) -> int:
         """The weights version that generates request ``request_id``."""
         v = max(self.step_of(request_id) - self.lag, self.floor)

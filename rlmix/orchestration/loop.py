@@ -145,7 +145,6 @@ class AsyncLoop:
         self.capacity = loop_capacity(cfg)
         self.window = _Window()
         self.recent: deque[tuple[float, dict[str, int]]] = deque(maxlen=THROUGHPUT_STEPS)
-        self.weight_sync_s = 0.0
         self.idle_since: float | None = time.perf_counter()  # None while the trainer trains
         self.sampler_restarts = 0  # cumulative over the run: fault/* metrics
         self.requests_reissued = 0
@@ -165,6 +164,7 @@ class AsyncLoop:
         if cfg.lag is not None:
             self.schedule = LagSchedule(cfg.lag, cfg.groups_per_step // cfg.groups_per_request,
                                         cfg.weight_sync_every, floor=start_version)
+            self.next_request = self.schedule.first_request(start_version)  # a checkpoint's, whatever it recorded
             self.weights_ref = trainer.published_weights.remote()
             self.versions[start_version] = self.weights_ref
         elif start_version > 0:  # resume: samplers start from the model dir, so send the checkpoint
@@ -197,9 +197,11 @@ class AsyncLoop:
         return sum(1 for s in self.samplers if s.on_cpu and s.inflight) < lanes
 
     def _sampler_lanes(self) -> int:
-        cpu = sum(1 for s in self.samplers if s.on_cpu)
+        """Lanes of the samplers still in the fleet (a dropped one serves nothing)."""
+        fleet = [s for s in self.samplers if s.state is not SlotState.dropped]
+        cpu = sum(1 for s in fleet if s.on_cpu)
         limited = cpu if self.generating is None else min(self.generating, cpu)
-        return max(limited + len(self.samplers) - cpu, 1)
+        return max(limited + len(fleet) - cpu, 1)
 
     def _count_busy(self, slot: SamplerSlot, now: float) -> None:
         self.window.sampler_busy_s += now - max(slot.started, self.window.start)
@@ -236,6 +238,16 @@ class AsyncLoop:
         else:
             self.requests_reissued += 1
         return request
+
+    def data_position(self, step: int) -> int:
+        """The request a checkpoint at trainer version ``step`` records as the next one to issue.
+
+        Free-running: the next one not issued yet (what was out when the run stopped is not
+        trained). Under ``loop.lag``: the first one planned for ``step``, since the schedule reads a
+        request's step from its id; the next unissued one would shift every later request's planned
+        step by the lag, and the run would go on at lag 0.
+        """
+        return self.next_request if self.schedule is None else self.schedule.first_request(step)
 
     # -- batches -------------------------------------------------------------------------
     def _drop_stale(self) -> None:
@@ -300,19 +312,22 @@ class AsyncLoop:
                 if train_ref is None:
                     train_ref = self._start_step()
             waiting = list(inflight) + list(probes) + ([train_ref] if train_ref is not None else [])
+            # Every pass, not only an empty poll: requests coming back one after another while no
+            # step finishes (every group dropped, say) must not keep the watchdog away.
+            self._watchdog(train_ref, inflight)
             ready = ray.wait(waiting, num_returns=1, timeout=POLL_S)[0] if waiting else []
             if not ready:
                 if not waiting:  # every sampler restarting, nothing to train yet
                     time.sleep(POLL_S)
-                self._watchdog(train_ref, inflight)
                 continue
             ref = ready[0]
             try:
                 if ref is train_ref:
                     train_ref = None
-                    self.idle_since = time.perf_counter()
                     self.last_step_at = time.monotonic()
-                    if not on_step(self._finish_step(ref)):
+                    report = self._finish_step(ref)
+                    self.idle_since = self.window.start  # the trainer waits from here: publishing is the step's
+                    if not on_step(report):
                         break
                 elif ref in probes:
                     self._probed(ref, probes.pop(ref), probes)
@@ -497,7 +512,7 @@ class AsyncLoop:
         self.trainer, state = self.restart(died)
         self.trainer_restarts += 1
         self.version = self.published = state.step
-        self.next_request = state.next_request
+        self.next_request = state.next_request if self.schedule is None else self.schedule.first_request(state.step)
         self.buffer, self.orphans, self.refused = [], deque(), set()
         self.discard.update(inflight)
         for slot in self.samplers:
@@ -514,6 +529,7 @@ class AsyncLoop:
             self.version, metrics = ray.get(ref)
         except ray.exceptions.RayActorError as err:
             raise TrainerDied(f"the trainer died during step {self.version + 1} ({type(err).__name__})") from err
+        sync_s = 0.0  # this step's publish (none between weight_sync_every steps)
         if self.version % self.cfg.weight_sync_every == 0:
             start = time.perf_counter()
             self.weights_ref = self.trainer.published_weights.remote()
@@ -521,14 +537,14 @@ class AsyncLoop:
                 raise RunFailed(f"the trainer did not publish step {self.version}'s weights within "
                                 f"{self.cfg.step_timeout_s:.0f} s (loop.step_timeout_s); waiting on the trainer")
             self.published = self.version
-            self.weight_sync_s = time.perf_counter() - start
+            sync_s = time.perf_counter() - start
             if self.schedule is not None:
                 self.versions[self.version] = self.weights_ref
                 self._keep_versions()
         now = time.perf_counter()
         elapsed = max(now - self.window.start, 1e-9)
         metrics[STEP_S] = elapsed
-        metrics["time/weight_sync_s"] = self.weight_sync_s
+        metrics["time/weight_sync_s"] = sync_s
         metrics[TRAINER_IDLE_FRAC] = min(self.window.idle_s / elapsed, 1.0)
         busy = max(elapsed - self.window.idle_s, 1e-9)
         metrics["throughput/trainer_tokens_per_s"] = metrics.get("train/tokens", 0.0) / busy

@@ -211,7 +211,7 @@ class StepHandler:
             raise RunFailed(f"the trainer hung while saving step {step} ({type(err).__name__}); "
                             "waiting on the trainer") from err
         wandb_id = getattr(self.logger.wandb, "id", None)
-        state = RunState(step, self.loop.next_request, self.logger.elapsed_s(), wandb_id)
+        state = RunState(step, self.loop.data_position(step), self.logger.elapsed_s(), wandb_id)
         path = checkpoints.seal(tmp, state, self.cfg.loop.keep_checkpoints)
         self.saved_step, self.saved_at = step, time.monotonic()
         return path
