@@ -265,3 +265,14 @@ def _check_fleet(cfg: RunConfig) -> None:
                 top_k == 0 or c.support_slots >= top_k,
                 f"correction.support_slots={c.support_slots} < top_k={top_k} of {key}: the support would not fit",
             )
+    # A batch mixes pools, and the trainer replays one kind of record across it: a truncated pool's
+    # support (log p renormalised over it, docs/math.md §4) or the full vocabulary. Records with and
+    # without a support cannot be trained in one batch.
+    truncates = {name: fleet.truncation(pool) != (1.0, 0) for name, pool in fleet.pools.items()}
+    if len(set(truncates.values())) > 1:
+        cut = next(name for name, t in truncates.items() if t)
+        full = next(name for name, t in truncates.items() if not t)
+        top_p, top_k = fleet.truncation(fleet.pools[cut])
+        _require(False, f"fleet.pools.{cut} truncates (top_p={top_p}, top_k={top_k}) but fleet.pools.{full} does not: "
+                        "a batch mixes pools and is trained with one kind of record; truncate every pool or none "
+                        "(fleet.top_p, fleet.top_k)")
