@@ -24,7 +24,7 @@ import pytest
 from rlmix.assembly.rules import resolve_correction
 from rlmix.config.schema import CorrectionConfig, TrainerConfig, TrainerPrecision
 from rlmix.correction import AdvantageNorm, CorrectionMode, Objective, OldLogprobs
-from rlmix.metrics.names import (UNIFORM_GROUPS_FRAC, WHERE_GRAD, WHERE_GRAD_RATIO_TAIL, WHERE_GRAD_TOP, WHERE_MISMATCH,
+from rlmix.metrics.names import (ALIGNMENT_ERROR, UNIFORM_GROUPS_FRAC, WHERE_GRAD, WHERE_GRAD_RATIO_TAIL, WHERE_GRAD_TOP, WHERE_MISMATCH,
                                  WHERE_TOKENS)
 from rlmix.metrics.where import prob_bin_names, ratio_bin_names
 
@@ -47,8 +47,8 @@ CASES = {
 # Metrics added since the values were pinned: the batch's optimizer steps and learning rate, and
 # PPO's clip fraction, ratio quantiles and pi_old-sampler gap (PPO cases only).
 # Later still: where/ (which tokens hold the mismatch and carry the gradient; rlmix/metrics/where.py),
-# then its ratio bands, and the share of groups with one reward.
-ADDED = {"train/optimizer_steps", "train/lr", WHERE_GRAD_TOP, WHERE_GRAD_RATIO_TAIL, UNIFORM_GROUPS_FRAC,
+# then its ratio bands, the share of groups with one reward, and the record's alignment check.
+ADDED = {"train/optimizer_steps", "train/lr", WHERE_GRAD_TOP, WHERE_GRAD_RATIO_TAIL, UNIFORM_GROUPS_FRAC, ALIGNMENT_ERROR,
          *(f"{family}/{b}" for family in (WHERE_TOKENS, WHERE_MISMATCH, WHERE_GRAD) for b in prob_bin_names()),
          *(f"{family}/{b}" for family in (WHERE_TOKENS, WHERE_GRAD) for b in ratio_bin_names())}
 ADDED_PPO = {"ppo/clip_frac", "ppo/ratio_p05", "ppo/ratio_p50", "ppo/ratio_p95", "ppo/ratio_max",

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlmix.correction import effective_sample_size, multiplicative_error
+from rlmix.correction import check_alignment, effective_sample_size, multiplicative_error
 from rlmix.correction.advantages import uniform_groups
 from rlmix.metrics import names as m
 from rlmix.metrics.names import STAT_NAMES
@@ -141,6 +141,30 @@ def mismatch_metrics(
     return out
 
 
+def alignment_metrics(batch: Rollouts) -> dict[str, float]:
+    """``correction/alignment_error`` over the batch's tokens (docs/math.md §3.3); empty when the
+    samplers recorded neither a head nor a support.
+
+    A token of a truncating pool (a support recorded) is checked against its support: its recorded
+    log q is the truncated one, which the full-softmax head differs from by log S.
+    """
+    if batch.head_ids is None and batch.support_ids is None:
+        return {}
+    sampled, recorded = batch.completion_ids[batch.mask], batch.sampler_logprobs[batch.mask]
+    truncated = torch.zeros_like(sampled, dtype=torch.bool)
+    error = torch.zeros(())
+    if batch.support_ids is not None:
+        support = batch.support_ids[batch.mask]
+        truncated = (support >= 0).any(dim=-1)
+        error = check_alignment(sampled[truncated], recorded[truncated], support[truncated],
+                                batch.support_probs[batch.mask][truncated].log())
+    if batch.head_ids is not None:
+        full = ~truncated
+        error = torch.maximum(error, check_alignment(sampled[full], recorded[full], batch.head_ids[batch.mask][full],
+                                                     batch.head_logprobs[batch.mask][full]))
+    return {m.ALIGNMENT_ERROR: float(error)}
+
+
 def _router_flips(batch: Rollouts, flips: torch.Tensor | None, counts: torch.Tensor) -> dict[str, float]:
     """``mismatch/router_flip`` overall and per pool, over the tokens whose sampler recorded its experts."""
     if flips is None or not flips.numel():
@@ -198,5 +222,6 @@ def step_metrics(batch: Rollouts, result: StepResult, grad_norm: float, version:
         agent_metrics(batch),
         correction_metrics(result.stats),
         mismatch_metrics(batch, result.token_stats, version),
+        alignment_metrics(batch),
         where_metrics(batch, result.token_stats),
     )

@@ -69,6 +69,11 @@ ESS = "correction/ess"
 SC_TAIL_RATIO = "correction/sc_tail_ratio"
 SC_HEAD_MASS = "correction/sc_head_mass"
 SC_COEF_L1 = "correction/sc_coef_l1"
+# The record's alignment check (docs/math.md §3.3): the largest |log q(a)| difference between a sampled
+# token's recorded log-prob and the same token's slot in its head (its support, for a truncating pool).
+# 0 when the records line up; anything else means SC's head terms belong to other tokens.
+ALIGNMENT_ERROR = "correction/alignment_error"
+ALIGNMENT_TOLERANCE = 1e-3  # nats: a log ∘ exp round trip, not a misaligned row
 
 # ppo/: the PPO-clip objective (docs/math.md §5), over every optimizer step of the batch
 PPO_CLIP_FRAC = "ppo/clip_frac"  # tokens whose clipped branch was taken (no gradient through them)

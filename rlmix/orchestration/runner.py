@@ -174,6 +174,7 @@ class StepHandler:
         self.last = last  # the newest step's metrics (a resumed run's before it trains any)
         self.saved_step = saved_step  # a resumed run starts from a saved step
         self.saved_at = time.monotonic()
+        self.misaligned = False  # said once per run
 
     def __call__(self, report) -> bool:
         from rlmix.config.monitor import MonitorAction
@@ -182,11 +183,22 @@ class StepHandler:
         verdict = self.monitor.update(report.step, report.metrics)
         self.last = report.metrics | verdict.as_metrics()
         self.logger.log(report.step, self.last)
+        self._check_alignment(report.step, report.metrics)
         if verdict.rule is CollapseRule.nonfinite:
             return False  # nothing more can be learned: the outcome says failed
         if self._checkpoint_due(report.step):
             self.checkpoint(report.step)
         return not (verdict.collapse and self.cfg.monitor.action is MonitorAction.stop)
+
+    def _check_alignment(self, step: int, metrics: dict[str, float]) -> None:
+        from rlmix.metrics.names import ALIGNMENT_ERROR, ALIGNMENT_TOLERANCE
+
+        error = metrics.get(ALIGNMENT_ERROR, 0.0)
+        if error > ALIGNMENT_TOLERANCE and not self.misaligned:
+            self.misaligned = True
+            log.warning("step %d: the samplers' records are misaligned (%s %.3g nats): a sampled token's "
+                        "log-prob differs from its own slot in the recorded head, so the SC arms' head terms "
+                        "are not that token's (docs/math.md §3.3)", step, ALIGNMENT_ERROR, error)
 
     def _checkpoint_due(self, step: int) -> bool:
         loop = self.cfg.loop
