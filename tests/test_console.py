@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import shlex
 
 import pytest
 
@@ -107,6 +108,19 @@ def test_the_next_commands_are_only_those_that_can_work(tmp_path):
     assert next_commands(run, overrides, checkpoint=False, rows=True) == [f"rlmix report {run}", again]
     assert next_commands(run, overrides, checkpoint=False, rows=False) == [again]
     assert [c.split()[1] for c in next_commands(run, overrides)] == ["eval", "report", "train"]
+
+
+def test_a_failed_runs_continue_line_survives_a_shell(capsys):
+    """The one line of a run that failed names a command a shell gives back whole: a run directory
+    with a space in it used to come out bare, and the shell split it into two arguments."""
+    from rlmix.commands.train import say
+
+    run_dir = "/tmp/my runs/3_loop.lag=1,seed=2"
+    say({"status": "failed", "steps": 4, "error": "boom", "resumable": True, "run_dir": run_dir},
+        ["+experiment=smoke", "loop.steps=9"])
+    line = capsys.readouterr().err.strip()
+    command = line.split("continue with: ", 1)[1]
+    assert shlex.split(command) == ["rlmix", "train", "+experiment=smoke", "loop.steps=9", f"resume={run_dir}"]
 
 
 def test_rewinding_the_logger_drops_the_rows_after_the_checkpoint_and_appends_after_them(tmp_path):

@@ -133,7 +133,7 @@ def say(summary: dict, overrides: list[str]) -> None:
     """The one line for a run that did not complete: what happened and the command that continues
     it, or that starts it again (in a new directory) when no checkpoint was written."""
     status, step = summary["status"], summary["steps"]
-    resume_cmd = f"continue with: {command_line(overrides)} resume={summary['run_dir']}"
+    resume_cmd = f"continue with: {command_line(overrides)} resume={shlex.quote(str(summary['run_dir']))}"
     train_cmd = command_line([o for o in overrides if not o.startswith(("hydra.", "+hydra."))])
     if status == "interrupted":
         checkpoint = Path(summary["checkpoint"]).name if summary["checkpoint"] else None
