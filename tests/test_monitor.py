@@ -556,3 +556,23 @@ def test_action_stop_needs_the_run_down_past_the_noise_of_its_windows() -> None:
     assert stopped(kl_episode([0.4, 0.5]))  # a format collapse
     rng = random.Random(0)  # a reward fall well past both windows' noise, format errors healthy
     assert stopped(kl_episode([0.02], reward=lambda t: (0.5 if t < 40 else 0.1) + rng.gauss(0, 0.03)))
+
+
+def test_a_resumed_run_replays_its_non_finite_values_as_the_monitor_saw_them(tmp_path):
+    """metrics.jsonl writes a NaN as null; a resumed run's monitor, fed those rows again
+    (runner.feed_monitor), must count a NaN gradient norm as the spike the live monitor counted."""
+    import json
+
+    from rlmix.metrics.logger import _jsonable
+    from rlmix.orchestration.runner import feed_monitor
+
+    rows = [{"reward/mean": 0.5 if step < 25 else 0.42, "mismatch/kl_k3": 1e-3, "format/error_rate": 0.02,
+             "train/grad_norm": math.nan if step in (30, 33, 36) else 1.0} for step in range(1, 61)]
+    live = CollapseMonitor(MonitorConfig())
+    for step, row in enumerate(rows, 1):
+        live.update(step, row)
+    logged = [json.loads(json.dumps({"step": step, **{k: _jsonable(v) for k, v in row.items()}}))
+              for step, row in enumerate(rows, 1)]
+    replayed = CollapseMonitor(MonitorConfig())
+    feed_monitor(replayed, logged)
+    assert live.finish().collapse and replayed.finish() == live.finish()

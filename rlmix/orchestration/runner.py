@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -315,9 +316,14 @@ def resume(cfg: RunConfig, trainer, monitor, run_dir: Path) -> tuple[RunState, P
 
 
 def feed_monitor(monitor, rows: list[dict]) -> None:
-    """The collapse monitor sees a run's logged history again (a resumed run, a restarted trainer)."""
+    """The collapse monitor sees a run's logged history again (a resumed run, a restarted trainer).
+
+    metrics.jsonl holds a non-finite value as null (JSON has no NaN): it goes back in as NaN, as the
+    monitor first saw it, so that, say, a NaN gradient norm is a spike again (docs/monitor_and_report.md).
+    """
     for row in rows:
-        monitor.update(row["step"], {k: v for k, v in row.items() if isinstance(v, (int, float))})
+        monitor.update(row["step"], {k: math.nan if v is None else v for k, v in row.items()
+                                     if v is None or isinstance(v, (int, float))})
 
 
 def config_dict(cfg: RunConfig) -> dict:
