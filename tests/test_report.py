@@ -172,6 +172,14 @@ def test_runs_in_natural_order_and_arms_split_by_differing_overrides(tmp_path: P
     assert [r.arm for r in runs] == ["sc trainer.lr=1e-5", "sc trainer.lr=3e-5"]  # shared fleet= dropped
 
 
+def test_a_resumed_run_stays_in_its_arm(tmp_path: Path) -> None:
+    # A resumed run's overrides.yaml gains resume=<its own directory>: a path, not a setting.
+    for seed in (0, 1):
+        overrides = ["+experiment=sc", "trainer.lr=1e-4", f"seed={seed}"] + ([f"resume={tmp_path / '1'}"] if seed else [])
+        write_run(tmp_path / str(seed), "sc", seed, stable_rows(), overrides=overrides)
+    assert [r.arm for r in collect_runs(tmp_path)] == ["sc", "sc"]
+
+
 def test_the_search_stops_at_run_directories_and_skips_hidden_ones(multirun: Path) -> None:
     # A run directory's own folders (checkpoints, W&B files) and hidden ones (.git, .venv) hold no runs.
     write_run(multirun / "0" / "checkpoints" / "step_5", "inner", 0, stable_rows())

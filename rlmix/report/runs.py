@@ -24,8 +24,9 @@ from rlmix.metrics.lasting import lasting_series
 from rlmix.metrics.names import FORMAT_KEY, REWARD_KEY
 
 # Overrides that do not make a different arm: the seed varies within an arm, and the experiment /
-# name overrides are already what ``name`` says. ``hydra.*`` only moves output directories.
-_NOT_AN_ARM = ("seed=", "+seed=", "experiment=", "+experiment=", "name=", "+name=", "hydra.", "+hydra.")
+# name overrides are already what ``name`` says. ``hydra.*`` only moves output directories, and
+# ``resume=`` names the run's own directory (a resumed run records it among its overrides).
+_NOT_AN_ARM = ("seed=", "+seed=", "experiment=", "+experiment=", "name=", "+name=", "hydra.", "+hydra.", "resume=")
 
 
 @dataclass(frozen=True)
