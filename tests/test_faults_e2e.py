@@ -87,6 +87,20 @@ def test_a_killed_driver_resumes_from_the_newest_complete_checkpoint(tmp_path):
     assert not (tmp_path / "outputs").exists()  # the resumed run wrote into its own directory
 
 
+def test_a_resumed_run_drops_its_earlier_summary_while_it_runs(tmp_path):
+    """summary.json says how a run ended; while a resumed run trains (or after it is killed) the earlier
+    part's summary would tell `rlmix report` an outcome this part has not reached."""
+    run_dir = tmp_path / "run"
+    first = Run(tmp_path, *SMOKE, "loop.steps=2", f"hydra.run.dir={run_dir}")
+    assert first.finish() == 0 and summary(run_dir)["status"] in ("completed", "collapsed"), first.text()
+    again = Run(tmp_path, *SMOKE, "loop.steps=200", f"resume={run_dir}")
+    again.wait_for(lambda: len(rows(run_dir)) >= 4, "two steps past the resume")
+    assert not (run_dir / "summary.json").exists()
+    os.kill(again.proc.pid, signal.SIGKILL)
+    again.finish()
+    assert not (run_dir / "summary.json").exists()
+
+
 def test_a_run_whose_steps_are_all_non_finite_fails(tmp_path, tiny_llama_dir):
     from transformers import AutoModelForCausalLM
 

@@ -309,6 +309,9 @@ def resume(cfg: RunConfig, trainer, monitor, run_dir: Path) -> tuple[RunState, P
     state = checkpoints.read_run_state(checkpoint)
     run_dir = Path(cfg.resume)
     rows = keep_rows(run_dir / METRICS_FILE, state.step)  # later steps are trained again
+    # The run is going again: its summary is written anew when it ends. Left in place, it would tell
+    # `rlmix report` the earlier part's outcome while this part runs, or after it is killed.
+    (run_dir / SUMMARY_FILE).unlink(missing_ok=True)
     feed_monitor(monitor, rows)
     print(f"resuming {run_dir} from {checkpoint.name} at step {state.step}")
     last = {k: v for k, v in rows[-1].items() if k not in ("step", "time")} if rows else {}
