@@ -63,6 +63,17 @@ def test_a_run_dir_that_cannot_be_created_is_refused(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
 
 
+def test_a_new_run_in_a_directory_that_holds_a_run_is_refused_and_the_run_left_as_it_was(tmp_path):
+    # Started there, it pruned its own checkpoints in favour of the earlier run's, resumed from those
+    # after a trainer restart, and appended its rows to the earlier run's.
+    old = tmp_path / "old_run"
+    (old / "checkpoints" / "step_100").mkdir(parents=True)
+    (old / "metrics.jsonl").write_text('{"step": 1}\n')
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    refused(rlmix_refusing("train", "+experiment=smoke", f"hydra.run.dir={old}", cwd=tmp_path), "hydra.run.dir")
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before  # not even .hydra/
+
+
 def test_resume_without_a_complete_checkpoint_is_refused(tmp_path):
     run = tmp_path / "old_run"
     (run / "checkpoints" / "step_3").mkdir(parents=True)  # a save that never finished

@@ -97,7 +97,7 @@ def compose_plan(overrides: list[str], for_training: bool = True, output_dir_key
     from omegaconf import OmegaConf, open_dict
 
     from rlmix.assembly.plan import plan_run
-    from rlmix.assembly.rules import check_output_dir
+    from rlmix.assembly.rules import check_new_run_dir, check_output_dir
     from rlmix.config.load import one_line, to_run_config
     from rlmix.config.schema import register_configs
 
@@ -124,6 +124,8 @@ def compose_plan(overrides: list[str], for_training: bool = True, output_dir_key
     plan = plan_run(to_run_config(cfg), for_training=for_training)
     if output_dir_key is not None:
         check_output_dir(output_dir_key, out_dir)
+        if output_dir_key == "hydra.run.dir" and plan.cfg.resume is None:
+            check_new_run_dir(output_dir_key, out_dir)
     return plan
 
 
