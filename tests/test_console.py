@@ -166,3 +166,26 @@ def test_eval_and_probe_lines_drive_a_bar_on_a_terminal_and_print_elsewhere(live
     lines = out.getvalue().splitlines()
     assert "wrote outputs/eval/eval.json" in lines
     assert ("[1/2] minicode/l1/0: 3/8 correct" in lines) is not live  # on a terminal the bar shows it
+
+
+def test_the_wandb_run_id_outlives_a_wandb_failure(tmp_path, monkeypatch):
+    """A checkpoint records the W&B run id so that a resume continues that run; one failed
+    ``wandb.log`` drops the live object, and used to drop the id with it."""
+    import rlmix.metrics.logger as logger_module
+    from rlmix.config.schema import WandbConfig, WandbMode
+
+    class Flaky:
+        id = "run-abc"
+
+        def log(self, metrics, step):
+            raise ConnectionError("network blip")
+
+    monkeypatch.setattr(logger_module, "start_wandb", lambda *args: Flaky())
+    logger = logger_module.RunLogger(tmp_path, WandbConfig(mode=WandbMode.offline), "r", {}, None, 10,
+                                     stream=io.StringIO())
+    logger.log(1, {"reward/mean": 0.5})
+    assert logger.wandb is None and logger.wandb_id == "run-abc"
+    monkeypatch.setattr(logger_module, "start_wandb", lambda *args: None)  # W&B did not start on resume
+    resumed = logger_module.RunLogger(tmp_path / "again", WandbConfig(mode=WandbMode.offline), "r", {}, None, 10,
+                                      stream=io.StringIO(), run_id="run-abc")
+    assert resumed.wandb_id == "run-abc"

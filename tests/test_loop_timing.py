@@ -155,3 +155,16 @@ def test_the_watchdog_fires_while_requests_keep_coming_back(clock):
     with pytest.raises(RunFailed, match="no trainer step finished in 30 s"):
         loop.run(2, lambda report: True, stop=lambda: clock.now > 300)
     assert 30 <= clock.now < 31
+
+
+def test_a_trainer_step_that_raises_fails_the_run_in_one_line(clock):
+    # Not a death (Ray would say RayActorError, and the trainer is replaced): the step itself raised.
+    cfg = LoopConfig(steps=3, groups_per_step=4, group_size=2, groups_per_request=2)
+    loop = make_loop(clock, cfg)
+
+    def out_of_memory():
+        raise ray.exceptions.RayTaskError("train_step", "Traceback ...", MemoryError("CPU out of memory"))
+
+    loop.trainer.train_step = Method(lambda batch: clock.vray.ref(out_of_memory, 1.0))
+    with pytest.raises(RunFailed, match=r"^the trainer failed step 1: MemoryError: CPU out of memory$"):
+        run(loop, 3)

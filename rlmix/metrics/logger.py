@@ -54,6 +54,9 @@ class RunLogger:
         self._jsonl = open(self.run_dir / METRICS_FILE, "a", buffering=1)
         self._logged, self._wandb_from = 0, 0  # the newest step logged; the first step W&B takes
         self.wandb = start_wandb(wandb_cfg, self.run_dir, run_name, config, group, run_id)
+        # The W&B run this one continues, kept apart from the live object, which a failure drops: a
+        # checkpoint records it, so that a later resume still continues the same W&B run.
+        self.wandb_id = getattr(self.wandb, "id", None) or run_id
 
     def elapsed_s(self) -> float:
         return round(time.time() - self.start, 3)

@@ -59,7 +59,7 @@ def loop_capacity(loop: LoopConfig) -> int:
     return loop.buffer_groups or 2 * loop.groups_per_step
 
 
-def _first_line(err: BaseException) -> str:
+def first_line(err: BaseException) -> str:
     """``Type: first non-empty line of the message`` — a worker's error in one line."""
     head = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), "")
     return f"{type(err).__name__}: {head}" if head else type(err).__name__
@@ -429,7 +429,7 @@ class AsyncLoop:
                 again()
                 self._died(slot, cause)
                 return
-            raise RunFailed(f"sampler {slot.name} failed on request {request.request_id}: {_first_line(cause)}") from err
+            raise RunFailed(f"sampler {slot.name} failed on request {request.request_id}: {first_line(cause)}") from err
         self._count_busy(slot, time.perf_counter())
         slot.served = True
         if dropped:
@@ -486,7 +486,7 @@ class AsyncLoop:
             return
         except ray.exceptions.RayError as err:  # its __init__ raised under this job's arguments
             cause = getattr(err, "cause", None) or err
-            raise RunFailed(f"sampler {slot.name} failed to re-initialise: {_first_line(cause)}") from err
+            raise RunFailed(f"sampler {slot.name} failed to re-initialise: {first_line(cause)}") from err
         if slot.state is SlotState.restarting and answer != slot.job:
             # Ray re-created it from the arguments it was created with, an earlier job's of this
             # sweep: it becomes this job's sampler before it is sent anything else.
@@ -529,6 +529,9 @@ class AsyncLoop:
             self.version, metrics = ray.get(ref)
         except ray.exceptions.RayActorError as err:
             raise TrainerDied(f"the trainer died during step {self.version + 1} ({type(err).__name__})") from err
+        except ray.exceptions.RayError as err:  # it raised (out of memory, say): a run's failure, in one line
+            raise RunFailed(f"the trainer failed step {self.version + 1}: "
+                            f"{first_line(getattr(err, 'cause', None) or err)}") from err
         sync_s = 0.0  # this step's publish (none between weight_sync_every steps)
         if self.version % self.cfg.weight_sync_every == 0:
             start = time.perf_counter()

@@ -213,6 +213,8 @@ class StepHandler:
         """Save step ``step`` (unless it is already saved); returns the checkpoint's directory."""
         import ray
 
+        from rlmix.orchestration.loop import first_line
+
         if step == self.saved_step:
             return checkpoints.latest_checkpoint(self.run_dir)
         tmp = checkpoints.staging_dir(self.run_dir, step)
@@ -223,9 +225,13 @@ class StepHandler:
         except ray.exceptions.GetTimeoutError as err:
             raise RunFailed(f"the trainer hung while saving step {step} ({type(err).__name__}); "
                             "waiting on the trainer") from err
-        wandb_id = getattr(self.logger.wandb, "id", None)
-        state = RunState(step, self.loop.data_position(step), self.logger.elapsed_s(), wandb_id)
-        path = checkpoints.seal(tmp, state, self.cfg.loop.keep_checkpoints)
+        except ray.exceptions.RayError as err:  # the save raised in the trainer (a full disk, say)
+            raise RunFailed(f"saving step {step} failed: {first_line(getattr(err, 'cause', None) or err)}") from err
+        state = RunState(step, self.loop.data_position(step), self.logger.elapsed_s(), self.logger.wandb_id)
+        try:
+            path = checkpoints.seal(tmp, state, self.cfg.loop.keep_checkpoints)
+        except OSError as err:
+            raise RunFailed(f"saving step {step} failed: {first_line(err)}") from err
         self.saved_step, self.saved_at = step, time.monotonic()
         return path
 
