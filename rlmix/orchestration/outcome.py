@@ -103,15 +103,19 @@ def finish(loop, steps, stop: StopRequest, facts: dict) -> dict:
     """Run the loop to its end, then write the checkpoint and summary the outcome calls for.
 
     A second signal (``KeyboardInterrupt``) stops at once, in the loop or in the final save: the
-    summary is written without a new checkpoint, and names the newest one there is.
+    summary is written without a new checkpoint, and names the newest one there is. Once the
+    outcome is decided and written, a second signal only cuts the sinks' wrap-up (W&B) short.
     """
+    decided: list[dict] = []
     try:
-        return _finish(loop, steps, stop, facts)
+        return _finish(loop, steps, stop, facts, decided)
     except KeyboardInterrupt:
+        if decided:
+            return steps.logger.finish(decided[0], at_once=True)
         return _stopped_at_once(loop, steps, stop, facts)
 
 
-def _finish(loop, steps, stop: StopRequest, facts: dict) -> dict:
+def _finish(loop, steps, stop: StopRequest, facts: dict, decided: list[dict]) -> dict:
     from rlmix.assembly.checkpoints import latest_checkpoint
     from rlmix.metrics.verdict import CollapseRule
 
@@ -135,6 +139,7 @@ def _finish(loop, steps, stop: StopRequest, facts: dict) -> dict:
         summary["resumable"] = latest_checkpoint(steps.run_dir) is not None
     if stop.signum is not None:
         summary["signal"] = signal.Signals(stop.signum).name
+    decided.append(summary)
     return steps.logger.finish(summary)  # with the accumulated wall time
 
 
