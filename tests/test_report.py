@@ -180,6 +180,20 @@ def test_a_resumed_run_stays_in_its_arm(tmp_path: Path) -> None:
     assert [r.arm for r in collect_runs(tmp_path)] == ["sc", "sc"]
 
 
+def test_the_verdict_uses_the_runs_own_lasting_rule(tmp_path: Path) -> None:
+    # Flagged, then 15% format errors at the end: collapsed by the default rule (10%), not by the
+    # monitor.lasting.format_errors=0.2 the run was trained (and its monitor judged) with.
+    rows = [{"step": t, "time": float(t), "reward/mean": 0.3, "format/error_rate": 0.5 if 20 <= t < 30 else
+             (0.15 if t >= 30 else 0.02), "monitor/episode": int(20 <= t < 30)} for t in range(1, 50)]
+    for name, errors in (("strict", 0.1), ("lenient", 0.2)):
+        run = write_run(tmp_path / name, name, 0, rows)
+        config = yaml.safe_load((run / ".hydra" / "config.yaml").read_text())
+        config["monitor"]["lasting"] = {"window": 10, "format_errors": errors}
+        (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    verdicts = {run.arm: run.collapse()[0] for run in collect_runs(tmp_path)}
+    assert verdicts == {"strict": True, "lenient": False}
+
+
 def test_the_search_stops_at_run_directories_and_skips_hidden_ones(multirun: Path) -> None:
     # A run directory's own folders (checkpoints, W&B files) and hidden ones (.git, .venv) hold no runs.
     write_run(multirun / "0" / "checkpoints" / "step_5", "inner", 0, stable_rows())

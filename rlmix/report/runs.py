@@ -12,12 +12,13 @@ import math
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from rlmix.config.monitor import LastingRule
 from rlmix.errors import ConfigError
 from rlmix.metrics.jsonl import METRICS_FILE, read_metrics
 from rlmix.metrics.lasting import lasting_series
@@ -40,6 +41,7 @@ class RunRecord:
     overrides: tuple[str, ...]
     metrics: tuple[Mapping[str, Any], ...]
     summary: Mapping[str, Any] | None
+    lasting: LastingRule = field(default_factory=LastingRule)  # the run's own ``monitor.lasting``
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
         """(steps, values) of one metric over the rows that have a finite number for it."""
@@ -61,7 +63,7 @@ class RunRecord:
         flagged, step, reason = self._flag()
         _, rewards = self.series(REWARD_KEY)
         _, formats = self.series(FORMAT_KEY)
-        if not lasting_series(flagged, rewards, formats):
+        if not lasting_series(flagged, rewards, formats, self.lasting):
             return False, None, ""
         return True, step, reason
 
@@ -127,7 +129,21 @@ def _load_run(run_dir: Path, root: Path) -> RunRecord:
         overrides=tuple(str(o) for o in overrides) if isinstance(overrides, list) else (),
         metrics=tuple(read_metrics(run_dir / METRICS_FILE)),
         summary=_read_json(summary_path) if summary_path.is_file() else None,
+        lasting=_lasting_rule(config),
     )
+
+
+def _lasting_rule(config: Mapping[str, Any]) -> LastingRule:
+    """The run's ``monitor.lasting`` (the default where its config has none, or an unreadable one)."""
+    monitor = config.get("monitor")
+    given = monitor.get("lasting") if isinstance(monitor, dict) else None
+    if not isinstance(given, dict):
+        return LastingRule()
+    default = LastingRule()
+    window, errors = given.get("window", default.window), given.get("format_errors", default.format_errors)
+    if isinstance(window, int) and window >= 1 and isinstance(errors, (int, float)):
+        return LastingRule(window=window, format_errors=float(errors))
+    return default
 
 
 def _read_yaml(path: Path) -> Any:
