@@ -48,6 +48,17 @@ def test_an_unsealed_staging_dir_is_not_a_checkpoint(tmp_path):
     assert ck.latest_checkpoint(tmp_path) == tmp_path / "checkpoints" / "step_2"
 
 
+def test_the_next_sealed_save_clears_what_an_unfinished_one_staged(tmp_path):
+    # A trainer that died (or a second Ctrl-C) during a save left a full-size model in .step_6.tmp,
+    # which only a save of step 6 itself used to remove.
+    save(tmp_path, 2)
+    staged = ck.staging_dir(tmp_path, 6)
+    staged.mkdir()
+    (staged / "model.safetensors").write_bytes(b"x" * 100)
+    save(tmp_path, 8)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_2", "step_8"]
+
+
 def test_only_the_newest_checkpoints_are_kept(tmp_path):
     for step in (2, 4, 6, 8):
         save(tmp_path, step, keep=2)

@@ -115,7 +115,11 @@ def seal(tmp: Path, state: RunState, keep: int) -> Path:
 
 
 def prune(run_dir: Path, keep: int) -> None:
-    """Keep the ``keep`` newest complete checkpoints; drop older ones and incomplete leftovers older than them."""
+    """Keep the ``keep`` newest complete checkpoints; drop older ones and incomplete leftovers older than
+    them, and the staging directories of saves that never finished (one save runs at a time, and this
+    runs once it is sealed)."""
+    for staged in (Path(run_dir) / CHECKPOINTS).glob(f".{_PREFIX}*.tmp"):
+        shutil.rmtree(staged, ignore_errors=True)
     complete = [p for p in _step_dirs(run_dir) if not problem(p)]
     if len(complete) <= keep:
         return
