@@ -79,6 +79,31 @@ def test_builtin_verifiers():
     assert math_answer("no number", "1", {}) == 0.0
 
 
+@pytest.mark.parametrize(("completion", "answer", "reward"), [
+    ("\\boxed{\\frac{1}{2}}", "1/2", 1.0),  # a fraction in a box: its braces used to end the box early
+    ("\\boxed{-\\dfrac{3}{4}}", "-0.75", 1.0),
+    ("\\boxed{\\frac{1}{4}}", "4", 0.0),  # ... and then its last digits were the answer
+    ("\\boxed{\\sqrt{2}}", "2", 0.0),  # an expression is not a number
+    ("\\boxed{2^{10}}", "10", 0.0),
+    ("\\boxed{10{,}000}", "10000", 1.0),  # LaTeX's thousands separators
+    ("\\boxed{1,\\!000}", "1000", 1.0),
+    ("\\boxed{x = 5}", "5", 1.0),
+    ("so x = \\frac{1}{2}", "0.5", 1.0),
+])
+def test_math_reads_latex_answers(completion, answer, reward):
+    assert math_answer(completion, answer, {}) == reward
+
+
+def test_a_numpy_bool_is_a_reward():
+    import numpy as np
+
+    from rlmix.tasks.rewards import as_reward
+
+    assert as_reward(np.isclose(1.0, 1.0), "mine:f") == 1.0 and as_reward(np.float32(0.5), "mine:f") == 0.5
+    with pytest.raises(TypeError, match="must return a finite number"):
+        as_reward(np.array([1.0]), "mine:f")
+
+
 @pytest.mark.skipif(sandbox_problem() is not None, reason=str(sandbox_problem()))
 def test_python_tests_verifier(monkeypatch):
     passes = lambda code, tests, timeout_s=10: run_python_tests(code, tests, timeout_s).reward(False) == 1.0  # noqa: E731

@@ -49,7 +49,9 @@ from rlmix.tasks.python_tests import PythonTests
 RewardFn = Callable[[str, Any, Mapping[str, Any]], float]
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
-_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+_FRAC = re.compile(r"\\[dt]?frac\{\s*(-?[\d.]+)\s*\}\{\s*(-?[\d.]+)\s*\}")  # \frac{1}{2} -> 1/2
+# LaTeX's thousands separators (1{,}000, 1,\!000) and thin spaces, written out of a number
+_LATEX_GAPS = re.compile(r"\{,\}|,\\!|\\[!,;: ]")
 
 
 class BuiltinReward(enum.Enum):
@@ -62,10 +64,29 @@ def exact_match(completion: str, answer: Any, row: Mapping[str, Any]) -> float:
     return float(completion.strip() == str(answer).strip())
 
 
+def boxed(text: str) -> str | None:
+    """What the last ``\\boxed{...}`` of ``text`` holds, braces inside it included; None without one."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, begin = 0, start + len("\\boxed{")
+    for i in range(begin, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth < 0:
+            return text[begin:i]
+    return None  # never closed
+
+
 def parse_number(text: str) -> Fraction | float | None:
-    """The last number in ``text`` (inside ``\\boxed{}`` if present), or None."""
-    boxed = _BOXED.findall(text)
-    found = _NUMBER.findall(boxed[-1] if boxed else text)
+    """The number ``text`` answers with, or None: the content of its last ``\\boxed{}`` when it has
+    one, else its last number. ``\\frac{a}{b}`` reads as a/b and LaTeX's thousands separators as
+    none. A box holding anything but a number (``\\sqrt{2}``, ``2^{10}``) is no number: reading the
+    last digits of it would score ``\\boxed{\\frac{1}{4}}`` right for the answer 4."""
+    inside = boxed(text)
+    source = _LATEX_GAPS.sub("", _FRAC.sub(r"\1/\2", text if inside is None else inside)).strip().rstrip(".")
+    if inside is not None and ("\\" in source or "^" in source or "{" in source):
+        return None
+    found = _NUMBER.findall(source)
     if not found:
         return None
     token = found[-1].replace(",", "")
@@ -184,8 +205,17 @@ def import_as_on_disk(module_name: str):
     return module
 
 
+def _is_number(value: object) -> bool:
+    """bool, int, float, and numpy's numeric scalars: its bool (``np.isclose``'s answer) is no numbers.Real."""
+    if isinstance(value, numbers.Real):
+        return True
+    dtype = getattr(value, "dtype", None)
+    return type(value).__module__ == "numpy" and getattr(value, "shape", None) == () and dtype is not None \
+        and dtype.kind in "biuf"
+
+
 def as_reward(value: object, spec: str) -> float:
     """A reward function's return value as a float; TypeError naming the offending type otherwise."""
-    if isinstance(value, numbers.Real) and math.isfinite(float(value)):  # bool, int, float, numpy scalars
+    if _is_number(value) and math.isfinite(float(value)):
         return float(value)
     raise TypeError(f"task.reward={spec!r} returned {type(value).__name__} {value!r}; it must return a finite number")
