@@ -364,3 +364,17 @@ def test_a_sandbox_refused_at_start_is_reported_as_such_not_as_a_missing_bubblew
 def test_partial_credit_is_for_python_tests_only():
     with pytest.raises(ConfigError, match="task.partial_credit=true: only task.reward=python_tests"):
         resolve_reward("exact", 5.0, partial_credit=True)
+
+
+@pytest.mark.parametrize(("completion", "code"), [
+    ("```python\nx = 1\n```", "x = 1\n"),
+    ("```Python\nx = 1\n```", "x = 1\n"),  # these four ran whole, fences and all
+    ("```python3\nx = 1\n```", "x = 1\n"),
+    ("```python \nx = 1\n```", "x = 1\n"),
+    ("```python\r\nx = 1\r\n```", "x = 1\r\n"),
+    ("```bash\npip install x\n```\nThen:\n```python\nx = 1\n```", "x = 1\n"),  # ran "Then:\n"
+    ("```\nx = 1\n```", "x = 1\n"),
+    ("x = 1", "x = 1"),
+])
+def test_the_solution_is_the_first_python_fence(completion, code):
+    assert pt.strip_fence(completion) == code

@@ -184,7 +184,16 @@ class PythonTests:
         return self.run(completion, answer).reward(self.partial_credit)
 
 
+_FENCED = re.compile(r"```[ \t]*([\w+.-]*)[^\n]*\n(.*?)```", re.DOTALL)  # (language, code), in order
+_PYTHON = {"python", "python3", "py"}
+
+
 def strip_fence(text: str) -> str:
-    """The code inside the first ```python fence, or the text itself."""
-    m = re.search(r"```(?:python|py)?\n(.*?)```", text, re.DOTALL)
-    return m.group(1) if m else text
+    """The code of the first fence labelled Python (any case, ``python3``, ``py``), else of the first
+    unlabelled one, else the text itself. Fences pair up in order, so a ```bash block's closing fence
+    never opens the next one."""
+    blocks = [(language.lower(), code) for language, code in _FENCED.findall(text)]
+    chosen = next((code for language, code in blocks if language in _PYTHON), None)
+    if chosen is None:
+        chosen = next((code for language, code in blocks if not language), None)
+    return text if chosen is None else chosen
