@@ -202,3 +202,16 @@ def test_the_failure_is_raised_not_the_episode_it_stopped_and_the_stop_does_not_
     with pytest.raises(RuntimeError, match="sampler process lost"):
         run_episodes(play, [0, 1], Policy, workers=2)
     assert second == ["stopped"]
+
+
+def test_a_task_drawn_twice_in_a_request_gets_samples_of_its_own():
+    """Harbor task sets draw with replacement; a turn's seed comes from the task, the sample and the
+    turn, so a second group of the same task numbered 0.. again drew the first group's episodes."""
+    from types import SimpleNamespace
+
+    from rlmix.agentic.train import episode_jobs
+
+    task_set = SimpleNamespace(harbor_task=lambda problem: SimpleNamespace(task_id=problem))
+    jobs = episode_jobs(task_set, ("c", "b", "a", "b"), (0, 1, 2, 3), 2)
+    assert [(j.task.task_id, j.sample, j.group_id) for j in jobs] == [
+        ("c", 0, 0), ("c", 1, 0), ("b", 0, 1), ("b", 1, 1), ("a", 0, 2), ("a", 1, 2), ("b", 2, 3), ("b", 3, 3)]

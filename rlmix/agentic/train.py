@@ -85,6 +85,21 @@ class _Job:
     group_id: int
 
 
+def episode_jobs(task: AgentTask, problems: tuple[Problem, ...], group_ids: tuple[int, ...],
+                 group_size: int) -> list[_Job]:
+    """``group_size`` episodes of each problem. A task a request drew twice (Harbor task sets draw
+    with replacement) numbers its second group's samples on from the first's: a turn's seed comes
+    from the task, the sample and the turn (``policy.turn_seed``), so the two groups would otherwise
+    draw the same episodes, and write them to the same files."""
+    jobs, taken = [], {}
+    for problem, group in zip(problems, group_ids):
+        harbor = task.harbor_task(problem)
+        first = taken.get(harbor.task_id, 0)
+        taken[harbor.task_id] = first + group_size
+        jobs += [_Job(harbor, first + s, group) for s in range(group_size)]
+    return jobs
+
+
 class EpisodeRollouts:
     """Runs a request's episodes on one sampler and returns them scored, as one ``Rollouts``."""
 
@@ -95,7 +110,7 @@ class EpisodeRollouts:
     def __call__(self, sampler, problems: tuple[Problem, ...], group_ids: tuple[int, ...], group_size: int,
                  params: SamplingParams) -> Rollouts:
         params = replace(params, max_new_tokens=self.cfg.max_turn_tokens)
-        jobs = [_Job(self.task.harbor_task(p), s, g) for p, g in zip(problems, group_ids) for s in range(group_size)]
+        jobs = episode_jobs(self.task, problems, group_ids, group_size)
         batcher = TurnBatcher(sampler, seed=params.seed, continuous=self.cfg.continuous_batching)
         policies = [ModelPolicy(self.tokenizer, batcher, params) for _ in jobs]  # each times its own turns
 
