@@ -154,6 +154,19 @@ def test_token_budget_ends_the_episode(tmp_path):
     assert episode.tokens.policy_version == 7
 
 
+def test_a_last_turn_the_budget_cuts_is_still_an_action(tmp_path):
+    """Its tokens are in the record and trained; it used to vanish from the turn log, the actions and
+    the format errors."""
+    cut = "I think the answer is " + "x" * 60
+    _, probe, _ = _episode(tmp_path / "probe", [FIX, cut, SUBMIT], max_total_tokens=10_000)
+    budget = len(probe.prompts[1]) + 10  # the second turn gets 10 tokens, and nothing is left after it
+    episode, sampler, _ = _episode(tmp_path / "run", [FIX, cut], max_total_tokens=budget)
+    assert episode.end_reason == "token_budget" and len(sampler.prompts) == 2
+    assert [t.action for t in episode.turns] == ["command", "format_error"]
+    assert episode.format_errors == 1 and episode.turns[1].policy_text == cut[:10]
+    assert sum(t.policy_tokens for t in episode.turns) == sum(episode.tokens.mask)
+
+
 def test_model_policy_through_the_entry_point(tmp_path):
     from rlmix.agentic import run_swebench_eval
     from rlmix.config.swebench import SwebenchProConfig

@@ -105,6 +105,15 @@ class Episode:
         return len(self.turns)
 
 
+def _unrun(turn: int, action, out, episode: Episode) -> TurnLog:
+    """The log of a last turn the token budget leaves no room to run: a malformed one counts as the
+    format error it is; a command is logged without an observation."""
+    if isinstance(action, FormatError):
+        episode.format_errors += 1
+        return TurnLog(turn, "format_error", out.text, None, None, None, False, 0.0, len(out.token_ids))
+    return TurnLog(turn, "command", out.text, action.command, None, None, False, 0.0, len(out.token_ids))
+
+
 def _step(action, sandbox: Sandbox, limits: EpisodeLimits, episode: Episode,
           time_left_s: float) -> tuple[str, dict]:
     """Execute one parsed action; returns (observation text, TurnLog fields)."""
@@ -155,7 +164,9 @@ def run_episode(task: HarborTask, sample: int, policy: AgentPolicy, sandbox: San
             episode.end_reason = END_SUBMIT
             break
         if transcript.tokens_left <= 0:
-            # No room for the observation and another turn: running the command would be wasted.
+            # No room for the observation and another turn: running the command would be wasted. The
+            # turn is still an action of the episode (its tokens are trained): logged and counted.
+            episode.turns.append(_unrun(turn, action, out, episode))
             episode.end_reason = END_TOKENS
             break
         obs, fields = _step(action, sandbox, limits, episode, limits.agent_timeout_s - (time.monotonic() - start))
