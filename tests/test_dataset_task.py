@@ -391,3 +391,22 @@ def test_bad_file_lists_are_refused_in_one_line(tmp_path, monkeypatch, files, me
     with pytest.raises(ConfigError, match=message):
         compose_run_config(["task=dataset", f"task.train_files={files}", "loop.steps=1", "loop.groups_per_step=2",
                             "loop.groups_per_request=2"])
+
+
+def test_a_glob_may_have_its_wildcards_in_a_folders_name(tmp_path):
+    from rlmix.tasks.dataset import load_rows
+
+    for shard in ("a", "b"):
+        (tmp_path / shard).mkdir()
+        (tmp_path / shard / "train.jsonl").write_text(json.dumps({"question": shard, "answer": "1"}) + "\n")
+    assert sorted(load_rows(str(tmp_path / "*" / "train.jsonl"), "task.train_files")["question"]) == ["a", "b"]
+
+
+def test_text_that_is_not_utf8_is_one_line_naming_the_file_and_field(tmp_path):
+    # The JSON loader takes the bytes in; read only when their row came up, they ended a running job.
+    from rlmix.tasks.dataset import load_rows
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"question": "ok", "answer": "1"}\n{"question": "bad \xff byte", "answer": "2"}\n')
+    with pytest.raises(ConfigError, match=r"^task.train_files=.*bad.jsonl: field 'question' holds text that is not UTF-8"):
+        load_rows(str(bad), "task.train_files")

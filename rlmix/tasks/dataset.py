@@ -14,6 +14,7 @@ is reported as ``Score.error`` instead of stopping the run.
 
 from __future__ import annotations
 
+import glob
 import random
 import re
 from dataclasses import dataclass
@@ -66,7 +67,7 @@ def _load_one(spec: str, key: str):
 
     datasets.disable_progress_bars()
     path = Path(spec).expanduser()
-    if not path.is_dir() and not any(path.parent.glob(path.name)):
+    if not path.exists() and not glob.glob(str(path)):  # a glob may have its wildcards in a folder's name
         raise ConfigError(f"{key}={spec}: no such file or directory")
     try:
         if path.is_dir():
@@ -80,12 +81,27 @@ def _load_one(spec: str, key: str):
         kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}.get(path.suffix)
         if kind is None:
             raise ConfigError(f"{key}={spec}: use .jsonl, .json, .parquet files or a save_to_disk directory")
-        return datasets.load_dataset(kind, data_files=str(path), split="train")
+        return _valid_text(datasets.load_dataset(kind, data_files=str(path), split="train"), spec, key)
     except ConfigError:
         raise
     except Exception as err:  # malformed JSON, not Parquet, not a saved dataset, ...
         first = (str(err).splitlines() or [""])[0][:200]
         raise ConfigError(f"{key}={spec}: does not load as a dataset ({type(err).__name__}: {first})") from None
+
+
+def _valid_text(rows, spec: str, key: str):
+    """``rows`` once every text column is valid UTF-8. A JSON loader takes invalid bytes into a
+    column; left there, they would surface only when that row is read, mid-run."""
+    import pyarrow as pa
+
+    for name in rows.column_names:
+        column = rows.data.column(name)
+        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            try:
+                column.validate(full=True)
+            except pa.ArrowInvalid as err:
+                raise ConfigError(f"{key}={spec}: field {name!r} holds text that is not UTF-8 ({err})") from None
+    return rows
 
 
 def check_columns(rows, cfg: DatasetTaskConfig, key: str) -> None:
