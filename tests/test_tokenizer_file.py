@@ -66,6 +66,8 @@ def test_options_only_transformers_applies_fall_back_to_it(char_model_dir, tmp_p
 
     from transformers import PreTrainedTokenizerBase
 
+    from rlmix.tasks.chat import render_ids
+
     tracked = "{% for m in messages %}{% generation %}{{ m['content'] }}{% endgeneration %}{% endfor %}"
     named = [{"name": "default", "template": "{{ messages[0]['content'] }}"}]
     for name, option in {"clean_up": {"clean_up_tokenization_spaces": True}, "add_eos": {"add_eos_token": True},
@@ -77,7 +79,12 @@ def test_options_only_transformers_applies_fall_back_to_it(char_model_dir, tmp_p
             (path / "chat_template.jinja").write_text(option.pop("jinja"))
         config = json.loads((path / "tokenizer_config.json").read_text()) | option
         (path / "tokenizer_config.json").write_text(json.dumps(config))
-        assert isinstance(load_fast_tokenizer(path), PreTrainedTokenizerBase), name
+        tokenizer = load_fast_tokenizer(path)
+        assert isinstance(tokenizer, PreTrainedTokenizerBase), name
+        if tokenizer.chat_template:  # ... and a prompt renders through it (named: a dict transformers picks from)
+            messages = [{"role": "user", "content": "abc"}]
+            assert render_ids(tokenizer, messages) == list(tokenizer(tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True), add_special_tokens=False).input_ids), name
 
 
 LLAMA3 = ("{{- bos_token }}{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + "

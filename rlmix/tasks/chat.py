@@ -56,7 +56,9 @@ def render_text(tokenizer, messages: Sequence[Message], add_generation_prompt: b
         bos, eos = tokenizer.bos_token or "", tokenizer.eos_token or ""  # an unset token renders as ""
         return bos + "".join(m["content"] + (eos if m["role"] == "assistant" else "") for m in messages)
     return tokenizer.apply_chat_template(
-        list(messages), chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt,
+        # Named templates ({name: template}, which only transformers reads) pick their default there.
+        list(messages), chat_template=template if isinstance(template, str) else None, tokenize=False,
+        add_generation_prompt=add_generation_prompt,
     )
 
 
