@@ -24,7 +24,7 @@ import pytest
 from rlmix.assembly.rules import resolve_correction
 from rlmix.config.schema import CorrectionConfig, TrainerConfig, TrainerPrecision
 from rlmix.correction import AdvantageNorm, CorrectionMode, Objective, OldLogprobs
-from rlmix.metrics.names import (ALIGNMENT_ERROR, UNIFORM_GROUPS_FRAC, WHERE_GRAD, WHERE_GRAD_RATIO_TAIL, WHERE_GRAD_TOP, WHERE_MISMATCH,
+from rlmix.metrics.names import (ALIGNMENT_ERROR, SC_SAMPLER_HEAD_MASS, UNIFORM_GROUPS_FRAC, WHERE_GRAD, WHERE_GRAD_RATIO_TAIL, WHERE_GRAD_TOP, WHERE_MISMATCH,
                                  WHERE_TOKENS)
 from rlmix.metrics.where import prob_bin_names, ratio_bin_names
 
@@ -47,7 +47,8 @@ CASES = {
 # Metrics added since the values were pinned: the batch's optimizer steps and learning rate, and
 # PPO's clip fraction, ratio quantiles and pi_old-sampler gap (PPO cases only).
 # Later still: where/ (which tokens hold the mismatch and carry the gradient; rlmix/metrics/where.py),
-# then its ratio bands, the share of groups with one reward, and the record's alignment check.
+# then its ratio bands, the share of groups with one reward, and the record's alignment check;
+# the SC arms' Q_H beside their P_H.
 ADDED = {"train/optimizer_steps", "train/lr", WHERE_GRAD_TOP, WHERE_GRAD_RATIO_TAIL, UNIFORM_GROUPS_FRAC, ALIGNMENT_ERROR,
          *(f"{family}/{b}" for family in (WHERE_TOKENS, WHERE_MISMATCH, WHERE_GRAD) for b in prob_bin_names()),
          *(f"{family}/{b}" for family in (WHERE_TOKENS, WHERE_GRAD) for b in ratio_bin_names())}
@@ -70,6 +71,7 @@ def test_step_matches_pinned_values(case, tiny_llama_dir):
     expected = json.loads(PINNED.read_text())[case]
     got = step_metrics_for(tiny_llama_dir, CASES[case])
     added = ADDED | (ADDED_PPO if CASES[case].objective is Objective.ppo_clip else set())
+    added |= {SC_SAMPLER_HEAD_MASS} if CASES[case].mode.value.startswith("sc") else set()
     assert set(got) == set(expected) | added, f"metric names changed: {set(got) ^ (set(expected) | added)}"
     assert got["train/optimizer_steps"] == 1.0 and got["train/lr"] == TRAINER.lr
     for key, value in expected.items():

@@ -101,10 +101,11 @@ def weight_stats(weights: Tensor, masks: bool) -> dict[str, Tensor]:
 
 
 def centering_stats(centering: Centering) -> dict[str, Tensor]:
-    """Token means of ρ (sc_tail_ratio; ≫ 1 is a collapse signature), P_H and `Σ_H |c_v|`."""
+    """Token means of ρ (sc_tail_ratio; ≫ 1 is a collapse signature), P_H, Q_H and `Σ_H |c_v|`."""
     return {
         "sc_tail_ratio": _mean(centering.tail_ratio),
         "sc_head_mass": _mean(centering.head_mass),
+        "sc_sampler_head_mass": _mean(centering.sampler_head_mass),
         "sc_coef_l1": _mean(centering.coefficients.abs().sum(dim=1)),
     }
 

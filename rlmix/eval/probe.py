@@ -167,7 +167,8 @@ class PoolProbe:
     ratio_tail_frac: float
     kl_exact: float | None  # teacher-forced exact KL(q_pool ‖ p_trainer); None without a torch view
     sc_tail_ratio: float
-    sc_head_mass: float
+    sc_head_mass: float  # P_H: the trainer's mass on the sampler's head
+    sc_sampler_head_mass: float  # Q_H: the sampler's own
     sc_coef_l1: float
     attribution: Attribution | None  # None for pools without a torch precision view (vllm)
     by_trainer_prob: tuple[MismatchBin, ...]  # where the mismatch sits (rlmix.eval.where)

@@ -67,7 +67,8 @@ WEIGHT_MEAN = "correction/weight_mean"
 MASKED_FRAC = "correction/masked_frac"
 ESS = "correction/ess"
 SC_TAIL_RATIO = "correction/sc_tail_ratio"
-SC_HEAD_MASS = "correction/sc_head_mass"
+SC_HEAD_MASS = "correction/sc_head_mass"  # P_H: the trainer's mass on the sampler's head
+SC_SAMPLER_HEAD_MASS = "correction/sc_sampler_head_mass"  # Q_H: the sampler's own
 SC_COEF_L1 = "correction/sc_coef_l1"
 # The record's alignment check (docs/math.md §3.3): the largest |log q(a)| difference between a sampled
 # token's recorded log-prob and the same token's slot in its head (its support, for a truncating pool).
@@ -111,6 +112,7 @@ STAT_NAMES = {
     "masked_frac": MASKED_FRAC,
     "sc_tail_ratio": SC_TAIL_RATIO,
     "sc_head_mass": SC_HEAD_MASS,
+    "sc_sampler_head_mass": SC_SAMPLER_HEAD_MASS,
     "sc_coef_l1": SC_COEF_L1,
     "clip_frac": PPO_CLIP_FRAC,
     "ratio_p05": PPO_RATIO_P05,
