@@ -83,3 +83,19 @@ def test_a_trainer_step_logs_where_its_gradient_went(tiny_llama_dir):
     for family in (m.WHERE_TOKENS, m.WHERE_GRAD):
         assert sum(got[f"{family}/{b}"] for b in ratio_bin_names()) == pytest.approx(1.0)
     assert 0.0 < got[m.WHERE_GRAD_TOP] <= 1.0 and 0.0 <= got[m.WHERE_GRAD_RATIO_TAIL] <= 1.0
+
+
+def test_a_token_whose_sampler_log_prob_underflowed_is_binned_by_the_trainers_probability():
+    # log p - log q is clamped at 20, so lr + log q is not log p where q underflowed: a token the
+    # trainer gives 0.95 was filed under p < 0.001 (log q = -inf) or p in [0.001, 0.01) (log q = -25).
+    from rlmix.correction.diagnostics import token_mismatch
+
+    for log_q in (-25.0, float("-inf")):
+        logp = torch.tensor([math.log(0.95), math.log(0.3)])
+        q = torch.tensor([[log_q, math.log(0.3)]])
+        batch = Rollouts(prompt_ids=torch.ones(1, 1, dtype=torch.long), prompt_lens=torch.ones(1, dtype=torch.long),
+                         completion_ids=torch.ones(1, 2, dtype=torch.long), mask=torch.ones(1, 2, dtype=torch.bool),
+                         sampler_logprobs=q, policy_version=torch.zeros(1, dtype=torch.long), pool=("p",),
+                         finish_reason=("stop",))
+        out = where_metrics(batch, {"log_ratio": token_mismatch(logp, q[0]).log_ratio, "logp": logp})
+        assert out[f"{m.WHERE_TOKENS}/p0.9-1"] == 0.5, (log_q, out)

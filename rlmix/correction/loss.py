@@ -125,7 +125,7 @@ def token_loss(
     scale = aggregation_scale(aggregation, sequence_ids, sampled_ids.shape[0], num_tokens=num_tokens,
                               num_sequences=num_sequences, dtype=dtype, device=sampled_ids.device)
     loss = -(scale * advantages.to(dtype).detach() * objective).sum()
-    return LossOutput(loss, stats, _token_stats(lr, w))
+    return LossOutput(loss, stats, _token_stats(lr, w, logp_a))
 
 
 def ppo_clip_loss(
@@ -201,7 +201,7 @@ def ppo_clip_loss(
                                       "old_sampler_gap": lr_old.abs().mean() if lr_old.numel() else lr_old.sum()}
     if not isinstance(weight_fn, NoWeight):
         stats |= weight_stats(f_w, weight_fn.masks)
-    token_stats = _token_stats(lr_now, f_w) | {"ppo_ratio": ratio.detach(), "clipped": took_clip}
+    token_stats = _token_stats(lr_now, f_w, logp_a) | {"ppo_ratio": ratio.detach(), "clipped": took_clip}
     return LossOutput(loss, stats, token_stats)
 
 
@@ -266,5 +266,7 @@ def _candidates(
     return head_candidates(head_ids, head_logprobs.to(dtype))
 
 
-def _token_stats(lr: Tensor, weights: Tensor) -> dict[str, Tensor]:
-    return {"log_ratio": lr, "kl_k3": kl_k3_per_token(lr), "weight": weights.detach()}
+def _token_stats(lr: Tensor, weights: Tensor, logp_a: Tensor) -> dict[str, Tensor]:
+    """Per-token values for the step's metrics. ``logp``: the trainer's log p(a) as it is, which the
+    clamped ``lr`` cannot give back where the sampler's log q underflowed (rlmix.metrics.where)."""
+    return {"log_ratio": lr, "kl_k3": kl_k3_per_token(lr), "weight": weights.detach(), "logp": logp_a.detach()}

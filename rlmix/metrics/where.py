@@ -53,8 +53,10 @@ def where_metrics(batch: Rollouts, token_stats: dict[str, torch.Tensor]) -> dict
     if log_ratio is None or not log_ratio.numel():
         return {}
     lr = log_ratio.detach().double().cpu()
-    sampler = batch.sampler_logprobs[batch.mask].detach().double().cpu()
-    index = bin_index((lr + sampler).exp(), PROB_EDGES, closed_last=True)
+    logp = token_stats.get("logp")
+    if logp is None or logp.shape != lr.shape:  # lr + log q is log p wherever the clamp did not act
+        logp = lr + batch.sampler_logprobs[batch.mask].detach().double().cpu()
+    index = bin_index(logp.detach().double().cpu().exp(), PROB_EDGES, closed_last=True)
     band = bin_index(lr.exp(), RATIO_EDGES, closed_last=False)
     ones, bands = torch.ones_like(lr), ratio_bin_names()
     out = _shares(ones, index, m.WHERE_TOKENS) | _shares(lr.abs(), index, m.WHERE_MISMATCH)
