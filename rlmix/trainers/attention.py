@@ -74,7 +74,7 @@ def dense_causal_backward(q: Tensor, k: Tensor, v: Tensor, grad_out: Tensor, sca
         dk_h = torch.matmul(ds.transpose(-1, -2), qf).mul_(scale)
         n = dk_h.shape[0]
         dk[sl] = dk_h.view(n, -1, groups, L, D).sum(2).to(k.dtype)
-        dv[sl] = dv_h.view(n, -1, groups, L, D).sum(2).to(v.dtype)
+        dv[sl] = dv_h.view(n, -1, groups, L, v.shape[-1]).sum(2).to(v.dtype)  # value heads may be narrower (MLA)
     return dq, dk, dv
 
 
