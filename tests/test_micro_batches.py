@@ -54,6 +54,23 @@ def test_token_budget_keeps_padding_under_ten_percent():
     assert padding < 0.10 < 1 - real / blocks_positions, (padding, 1 - real / blocks_positions)
 
 
+def test_the_budget_bounds_the_positions_the_forward_runs_on():
+    # Every row 70 long, but a forward lays out the longest prompt (60) plus the longest completion
+    # (68): the four rows together ran on 4 x 128 = 512 positions against a budget of 280, and
+    # train/padding_frac said 0%.
+    from rlmix.rollout import sequence_input_ids
+    from rlmix.trainers.step import micro_batch
+
+    prompts, completions = torch.tensor([60, 2, 60, 2]), torch.tensor([10, 68, 10, 68])
+    batch = Rollouts(prompt_ids=torch.ones(4, 60, dtype=torch.long), prompt_lens=prompts,
+                     completion_ids=torch.ones(4, 68, dtype=torch.long),
+                     mask=torch.arange(68)[None] < completions[:, None], sampler_logprobs=torch.zeros(4, 68),
+                     policy_version=torch.zeros(4, dtype=torch.long), pool=("p",) * 4, finish_reason=("stop",) * 4)
+    plan = plan_micro_batches(batch, max_rows=64, max_tokens=280)
+    run = [sequence_input_ids(micro_batch(batch, rows), 0)[0].numel() for rows in plan]
+    assert max(run) <= 280 and plan_positions(batch, plan)[0] == sum(run)
+
+
 def test_a_row_longer_than_the_budget_gets_its_own_micro_batch():
     batch = mixed_batch(6, 3, 30)
     plan = plan_micro_batches(batch, max_rows=6, max_tokens=20)

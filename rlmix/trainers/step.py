@@ -232,7 +232,8 @@ def plan_micro_batches(batch: Rollouts, max_rows: int, max_tokens: int | None) -
     """Row indices of each micro-batch: at most ``max_rows`` rows and ``max_tokens`` padded positions.
 
     Without a token budget: contiguous blocks of ``max_rows`` rows. With one, rows are sorted
-    longest first and cut into runs that minimise the forward's cost, Σ rows × (longest row) +
+    longest first and cut into runs that minimise the forward's cost, Σ rows × (longest prompt +
+    longest completion: the width its forward runs on) +
     ``MICRO_BATCH_OVERHEAD`` × ``max_tokens`` per micro-batch (an exact dynamic programme over the
     cuts), so long and short rows never share a micro-batch and padding stays small. A row
     longer than the budget gets a micro-batch of its own. The loss is a token mean over the
@@ -241,16 +242,23 @@ def plan_micro_batches(batch: Rollouts, max_rows: int, max_tokens: int | None) -
     # Index tensors stay on the CPU whatever the batch's device (DeepSpeed sets a default device).
     if max_tokens is None:
         return [torch.arange(s, min(s + max_rows, len(batch)), device="cpu") for s in range(0, len(batch), max_rows)]
-    lengths = sequence_lengths(batch).cpu()
-    order = torch.argsort(lengths, descending=True, stable=True)
-    widths = lengths[order].tolist()
-    n, overhead = len(widths), MICRO_BATCH_OVERHEAD * max_tokens
+    order = torch.argsort(sequence_lengths(batch).cpu(), descending=True, stable=True)
+    prompts = batch.prompt_lens.cpu()[order].tolist()
+    completions = completion_lengths(batch.mask).cpu()[order].tolist()
+    n, overhead = len(order), MICRO_BATCH_OVERHEAD * max_tokens
     cost, cut = [0.0] * (n + 1), [n] * (n + 1)  # cost[i]: best cost of rows i.., first run i..cut[i]
     for i in range(n - 1, -1, -1):
         cost[i] = float("inf")
-        end = i + 1  # rows i..end-1 in one micro-batch, as wide as row i (the longest)
-        while end <= n and end - i <= max_rows and ((end - i) * widths[i] <= max_tokens or end == i + 1):
-            run = overhead + (end - i) * widths[i] + cost[end]
+        end, longest_prompt, longest_completion = i + 1, prompts[i], completions[i]
+        while end <= n and end - i <= max_rows:
+            # rows i..end-1 in one micro-batch: its forward runs on the longest prompt plus the longest
+            # completion, which may belong to two rows (sequence_input_ids)
+            longest_prompt = max(longest_prompt, prompts[end - 1])
+            longest_completion = max(longest_completion, completions[end - 1])
+            positions = (end - i) * (longest_prompt + longest_completion)
+            if positions > max_tokens and end > i + 1:
+                break
+            run = overhead + positions + cost[end]
             if run < cost[i]:
                 cost[i], cut[i] = run, end
             end += 1
@@ -267,10 +275,11 @@ def plan_positions(batch: Rollouts, plan: list[torch.Tensor]) -> tuple[int, int]
     A micro-batch without generated tokens runs no forward and counts for neither.
     """
     lengths, generated = sequence_lengths(batch).cpu(), batch.mask.any(dim=1).cpu()
+    prompts, completions = batch.prompt_lens.cpu(), completion_lengths(batch.mask).cpu()
     positions = real = 0
     for rows in plan:
-        if bool(generated[rows].any()):
-            positions += len(rows) * int(lengths[rows].max())
+        if bool(generated[rows].any()):  # the forward's width: longest prompt + longest completion
+            positions += len(rows) * int(prompts[rows].max() + completions[rows].max())
             real += int(lengths[rows].sum())
     return positions, real
 
