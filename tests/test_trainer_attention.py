@@ -61,13 +61,12 @@ def test_backward_matches_the_oracle_as_well_as_the_fused_kernel(dtype, heads):
         assert _rel_err(d, o) <= 1.5 * _rel_err(f, o) + 1e-7, name
 
 
-def test_value_heads_narrower_than_query_heads(heads=(4, 2)):
+def test_value_heads_narrower_than_query_heads():
     # Multi-head latent attention (DeepSeek-V2/V3): queries and keys of 24, values of 16. dV was
     # reshaped with the query's head size, and such a model's first training step raised.
-    H, Hkv = heads
-    q, k, _, _ = _qkv(H=H, Hkv=Hkv, D=24, dtype=torch.float32)
-    v = torch.randn(3, Hkv, 37, 16, generator=torch.Generator().manual_seed(1))
-    go = torch.randn(3, H, 37, 16, generator=torch.Generator().manual_seed(2))
+    q, k, _, _ = _qkv(H=4, Hkv=2, D=24, dtype=torch.float32)
+    v = torch.randn(3, 2, 37, 16, generator=torch.Generator().manual_seed(1))
+    go = torch.randn(3, 4, 37, 16, generator=torch.Generator().manual_seed(2))
     scale = q.shape[-1] ** -0.5
     for name, d, o in zip("qkv", dense_causal_backward(q, k, v, go, scale), _oracle(q, k, v, go, scale)):
         assert d.shape == o.shape and _rel_err(d, o) <= 1e-6, name
