@@ -9,7 +9,9 @@ regenerated in fp32 from the code as it stood before PPO's pi_old became a choic
 pin that code's sampler-as-pi_old, today's bypass). fp32 is not bit-stable across CPUs either: AVX-512
 and AVX2 GEMM kernels sum in different orders, and a statistic that is a difference of near-equal
 probabilities (``correction/sc_coef_l1`` in the SC case) moved 2.7e-5 relative between the two
-(grad norms 2e-6), so the comparison allows 1e-4 relative. Regenerate only for a deliberate change of the math:
+(grad norms 2e-6), so the comparison allows 1e-4 relative. ``train/padding_frac`` was re-pinned (0.224 to
+0.25) when it came to count the positions the forward lays out, its longest prompt plus its longest
+completion (the loss and every other value unchanged). Regenerate only for a deliberate change of the math:
 ``python -m tests.test_pinned_step <tiny model dir>``.
 """
 
