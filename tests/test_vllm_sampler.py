@@ -225,6 +225,22 @@ def test_kept_set_from_head_matches_full_vocabulary_rules():
     assert kept_set(flat, 0, 0.9, vocab_size=40).covered.all()
 
 
+def test_a_kept_set_larger_than_the_support_slots_is_refused_not_cut():
+    # With num_candidates above support_slots the head's R slots decided the set, and the support
+    # was cut to support_slots after: a support missing the drawn token and summing to 0.45.
+    from rlmix.samplers.vllm_records import FlatPositions, support_record
+
+    torch.manual_seed(0)
+    top = torch.sort(torch.log_softmax(torch.randn(1, 40) * 0.3, dim=-1), dim=-1, descending=True)
+    positions = FlatPositions(top.indices[:, 5], top.values[:, 5], top.indices[:, :32], top.values[:, :32])
+    kept = kept_set(positions.top_logprobs, 10, 1.0, vocab_size=40)
+    assert kept.covered.all()
+    with pytest.raises(ValueError, match="support_slots=4"):
+        support_record(positions, kept, slots=4)
+    ids, probs = support_record(positions, kept, slots=16)
+    assert int((ids >= 0).sum()) == 10 and abs(float(probs.sum()) - 1.0) < 1e-5
+
+
 def test_cpu_refuses_fp8_and_unknown_dtypes_with_one_line(model_dir):
     from rlmix.samplers.vllm_checks import check_platform
     from rlmix.samplers.vllm_sampler import VllmSampler

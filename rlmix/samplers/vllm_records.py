@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rlmix.samplers.sampling import check_support
+
 
 @dataclass(frozen=True)
 class FlatPositions:
@@ -99,7 +101,10 @@ def pad_slots(ids: torch.Tensor, values: torch.Tensor, slots: int, fill: float) 
 
 
 def support_record(top: FlatPositions, kept: KeptSet, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Support ids and post-filter probabilities q_S (N, slots), descending, (-1, 0) padding."""
+    """Support ids and post-filter probabilities q_S (N, slots), descending, (-1, 0) padding. A kept
+    set larger than ``slots`` is refused, as the torch backend refuses it: cut, it would be a support
+    that misses tokens (the drawn one, maybe) and does not sum to 1."""
+    check_support(int(kept.keep.sum(dim=-1).max()) if len(kept.keep) else 0, slots)
     probs = torch.exp(top.top_logprobs - kept.log_mass[:, None]).masked_fill(~kept.keep, 0.0)
     ids = top.top_ids.masked_fill(~kept.keep, -1)
     return pad_slots(ids, probs, slots, 0.0)
