@@ -197,3 +197,21 @@ def test_moe_reuse_gives_the_numbers_and_the_experts_of_a_fresh_prefill(tiny_qwe
         torch.testing.assert_close(mine.sampler_logprobs, ref.sampler_logprobs, atol=ATOL[view], rtol=0)
         assert mine.routed_experts is not None and torch.equal(mine.routed_experts, ref.routed_experts)
     assert cached.prefix_cache.hits > 0 and cached.prefix_cache.reused_tokens > 0
+
+
+def test_a_stop_token_fed_after_its_row_finished_is_not_reused_without_its_experts(tiny_qwen3_moe_dir):
+    """Row 0 stops while row 1 goes on: its stop token is fed, but routed for no one (no experts
+    recorded). The cache used to keep it, and a later prompt extending that row got -1 experts at
+    a real position of its context; now the cache ends before it and a later call recomputes it."""
+    cached = TorchSampler(tiny_qwen3_moe_dir, VIEWS["exact"], "a")
+    fresh = TorchSampler(tiny_qwen3_moe_dir, VIEWS["exact"], "b", prefix_cache_bytes=0)
+    rng = random.Random(0)
+    prompts = [[1] + [rng.randrange(3, 50) for _ in range(n)] for n in (20, 25)]
+    stop = int(fresh.generate(prompts, SamplingParams(max_new_tokens=10, seed=0)).completion_ids[0, 2])
+    first = cached.generate(prompts, SamplingParams(max_new_tokens=10, seed=0, stop_token_ids=(stop,)))
+    assert first.finish_reason == ("stop", "length")
+    again = [p + first.completion_ids[i, : int(first.mask[i].sum())].tolist()
+             + [rng.randrange(3, 50) for _ in range(10 if i == 0 else 1)] for i, p in enumerate(prompts)]
+    mine, ref = (s.generate(again, SamplingParams(max_new_tokens=4, seed=1)) for s in (cached, fresh))
+    assert cached.prefix_cache.reused_tokens > 0
+    assert torch.equal(mine.routed_experts, ref.routed_experts)

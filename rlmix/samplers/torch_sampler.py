@@ -207,12 +207,16 @@ class TorchSampler:
                        width: int, routes: _Routes | None) -> None:
         """Cache each row's prompt and the completion tokens that were fed back: every drawn token but
         the batch's last (a finished row's stop token was fed while the others went on), with the
-        experts those positions were routed to."""
+        experts those positions were routed to. A mixture of experts records no experts for a finished
+        row's stop token, so there the cache ends before it (a later call recomputes it)."""
         if self.prefix_cache.max_bytes <= 0:
             return
         columns = routes.by_column() if routes is not None else None
         fed = rec.steps - 1
-        counts = rec.mask.sum(dim=1).clamp(max=fed).tolist()
+        counts = rec.mask.sum(dim=1).clamp(max=fed)
+        if columns is not None:  # a stop token fed after its row finished was routed for no one: not kept
+            counts = torch.minimum(counts, rec.mask.sum(dim=1) - rec.stopped.long())
+        counts = counts.tolist()
         for i, p in enumerate(prompts):
             n = int(counts[i])
             cols = slice(int(pad[i]), width + n)
