@@ -260,6 +260,7 @@ def _check_fleet(cfg: RunConfig) -> None:
     model = model_fields(cfg)
     _check_activation_checkpointing(cfg, model)
     _check_routing_replay(cfg, model)
+    truncating, full = {}, []  # pool -> (top_p, top_k) where it truncates; the pools that do not
     for name, pool in fleet.pools.items():
         key = f"fleet.pools.{name}"
         _require(pool.count >= 1, f"{key}.count={pool.count}: must be >= 1")
@@ -267,6 +268,7 @@ def _check_fleet(cfg: RunConfig) -> None:
         _require(0 < top_p <= 1, f"{key}: top_p={top_p} must be in (0, 1]")
         _require(top_k >= 0, f"{key}: top_k={top_k} must be >= 0 (0 = off)")
         if top_p < 1 or top_k > 0:
+            truncating[name] = top_p, top_k
             _require(
                 c.replay_support,
                 f"{key} truncates (top_p={top_p}, top_k={top_k}) but correction.replay_support=false: every ratio "
@@ -276,14 +278,13 @@ def _check_fleet(cfg: RunConfig) -> None:
                 top_k == 0 or c.support_slots >= top_k,
                 f"correction.support_slots={c.support_slots} < top_k={top_k} of {key}: the support would not fit",
             )
+        else:
+            full.append(name)
     # A batch mixes pools, and the trainer replays one kind of record across it: a truncated pool's
     # support (log p renormalised over it, docs/math.md §4) or the full vocabulary. Records with and
     # without a support cannot be trained in one batch.
-    truncates = {name: fleet.truncation(pool) != (1.0, 0) for name, pool in fleet.pools.items()}
-    if len(set(truncates.values())) > 1:
-        cut = next(name for name, t in truncates.items() if t)
-        full = next(name for name, t in truncates.items() if not t)
-        top_p, top_k = fleet.truncation(fleet.pools[cut])
-        _require(False, f"fleet.pools.{cut} truncates (top_p={top_p}, top_k={top_k}) but fleet.pools.{full} does not: "
-                        "a batch mixes pools and is trained with one kind of record; truncate every pool or none "
+    if truncating and full:
+        cut, (top_p, top_k) = next(iter(truncating.items()))
+        _require(False, f"fleet.pools.{cut} truncates (top_p={top_p}, top_k={top_k}) but fleet.pools.{full[0]} does "
+                        "not: a batch mixes pools and is trained with one kind of record; truncate every pool or none "
                         "(fleet.top_p, fleet.top_k)")

@@ -60,7 +60,9 @@ def loop_capacity(loop: LoopConfig) -> int:
 
 
 def first_line(err: BaseException) -> str:
-    """``Type: first non-empty line of the message`` — a worker's error in one line."""
+    """``Type: first non-empty line of the message`` — a worker's error in one line (a Ray error's
+    own cause, the exception the worker raised, where it carries one)."""
+    err = getattr(err, "cause", None) or err
     head = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), "")
     return f"{type(err).__name__}: {head}" if head else type(err).__name__
 
@@ -512,7 +514,7 @@ class AsyncLoop:
         self.trainer, state = self.restart(died)
         self.trainer_restarts += 1
         self.version = self.published = state.step
-        self.next_request = state.next_request if self.schedule is None else self.schedule.first_request(state.step)
+        self.next_request = state.next_request
         self.buffer, self.orphans, self.refused = [], deque(), set()
         self.discard.update(inflight)
         for slot in self.samplers:
@@ -521,6 +523,7 @@ class AsyncLoop:
         if self.schedule is not None:  # nothing older than the checkpoint exists any more
             self.schedule = dataclasses.replace(self.schedule, floor=state.step)
             self.versions = {state.step: self.weights_ref}
+            self.next_request = self.schedule.first_request(state.step)  # as in __init__
         self.window = _Window()
         self.idle_since, self.last_step_at = time.perf_counter(), time.monotonic()
 
@@ -530,8 +533,7 @@ class AsyncLoop:
         except ray.exceptions.RayActorError as err:
             raise TrainerDied(f"the trainer died during step {self.version + 1} ({type(err).__name__})") from err
         except ray.exceptions.RayError as err:  # it raised (out of memory, say): a run's failure, in one line
-            raise RunFailed(f"the trainer failed step {self.version + 1}: "
-                            f"{first_line(getattr(err, 'cause', None) or err)}") from err
+            raise RunFailed(f"the trainer failed step {self.version + 1}: {first_line(err)}") from err
         sync_s = 0.0  # this step's publish (none between weight_sync_every steps)
         if self.version % self.cfg.weight_sync_every == 0:
             start = time.perf_counter()

@@ -226,7 +226,7 @@ class StepHandler:
             raise RunFailed(f"the trainer hung while saving step {step} ({type(err).__name__}); "
                             "waiting on the trainer") from err
         except ray.exceptions.RayError as err:  # the save raised in the trainer (a full disk, say)
-            raise RunFailed(f"saving step {step} failed: {first_line(getattr(err, 'cause', None) or err)}") from err
+            raise RunFailed(f"saving step {step} failed: {first_line(err)}") from err
         state = RunState(step, self.loop.data_position(step), self.logger.elapsed_s(), self.logger.wandb_id)
         try:
             path = checkpoints.seal(tmp, state, self.cfg.loop.keep_checkpoints)
