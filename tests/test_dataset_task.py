@@ -297,6 +297,7 @@ BAD_INPUT = [
     (["task.train_files=gaps.jsonl"], "task.prompt_key='prompt': row 2 of task.train_files has no value"),
     (["task.train_files=d.jsonl", "task.eval_files=nope/"], "task.eval_files=nope/: no such file or directory"),
     (["task.train_files=d.jsonl"], "cannot encode"),  # v1's tokenizer has no capital W
+    (["task.train_files=broken.jsonl"], "task.train_files=broken.jsonl: line 2 is not JSON (Expecting value"),
 ]
 # Checked against the embedded model, which a machine whose cache lacks it builds first (minutes).
 NEEDS_THE_MODEL = {"cannot encode"}
@@ -309,6 +310,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, args, message):
     rows = numbers(3) if message != "cannot encode" else [{"prompt": "What?", "answer": "1"}]
     write_jsonl(tmp_path / "d.jsonl", rows)
     write_jsonl(tmp_path / "gaps.jsonl", numbers(2) + [{"answer": "1"}])
+    (tmp_path / "broken.jsonl").write_text('{"prompt": "1 add 1?", "answer": "2"}\n{"prompt": "2?", "answer": }\n')
     (tmp_path / "rewards.py").write_text("def two_args(completion, answer):\n    return 1.0\n\n"
                                          "def text(completion, answer, row):\n    return 'yes'\n")
     # A user reward is imported by name from the cwd, which the product puts first on sys.path: a
@@ -380,13 +382,13 @@ def test_train_and_eval_files_take_one_path_or_a_list_like_verl(tmp_path, monkey
 @pytest.mark.parametrize("files, message", [
     ("[]", r"^task.train_files=\[\]: give a path .* or a list of them$"),
     ("[a.jsonl,nope.jsonl]", r"^task.train_files=nope.jsonl: no such file or directory$"),
-    ("[a.jsonl,c.jsonl]", r"^task.train_files=\['a.jsonl', 'c.jsonl'\]: the files do not share their fields"),
+    ("[a.jsonl,c.jsonl]", r"^task.prompt_key='prompt': row 3 of task.train_files has no value for it$"),
 ])
 def test_bad_file_lists_are_refused_in_one_line(tmp_path, monkeypatch, files, message):
     from rlmix.commands.compose import compose_run_config
 
     write_jsonl(tmp_path / "a.jsonl", numbers(3))
-    write_jsonl(tmp_path / "c.jsonl", [{"prompt": "x", "answer": 1}])  # answer: a number, not text
+    write_jsonl(tmp_path / "c.jsonl", [{"question": "x", "answer": "1"}])  # question, not prompt
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match=message):
         compose_run_config(["task=dataset", f"task.train_files={files}", "loop.steps=1", "loop.groups_per_step=2",
@@ -408,5 +410,77 @@ def test_text_that_is_not_utf8_is_one_line_naming_the_file_and_field(tmp_path):
 
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(b'{"question": "ok", "answer": "1"}\n{"question": "bad \xff byte", "answer": "2"}\n')
-    with pytest.raises(ConfigError, match=r"^task.train_files=.*bad.jsonl: field 'question' holds text that is not UTF-8"):
+    with pytest.raises(ConfigError,
+                       match=r"^task.train_files=.*bad.jsonl: line 2: field 'question' holds text that is not UTF-8$"):
         load_rows(str(bad), "task.train_files")
+
+
+def exact_task(tmp_path, rows: list[dict], name: str = "d.jsonl") -> DatasetTask:
+    return DatasetTask(DatasetTaskConfig(train_files=str(write_jsonl(tmp_path / name, rows)), shuffle=False))
+
+
+def test_numbers_of_a_json_column_keep_their_own_type(tmp_path):
+    """A column typed as a whole made 42 beside 2.5 the float 42.0, and "42" missed the answer "42.0"."""
+    task = exact_task(tmp_path, [{"prompt": "a?", "answer": 42}, {"prompt": "b?", "answer": 2.5}])
+    problems = task.split("train")
+    assert [p.payload.answer for p in problems] == [42, 2.5]
+    assert [type(p.payload.answer) for p in problems] == [int, float]
+    assert [task.score(p, text).reward for p, text in zip(problems, ["42", "2.5"])] == [1.0, 1.0]
+    assert task.score(problems[0], "42.0").reward == 0.0
+
+
+def test_text_beside_numbers_stays_as_written(tmp_path):
+    """A column typed as a whole made the text "007" beside numbers the number 7."""
+    rows = [{"prompt": "a?", "answer": "007"}, {"prompt": "b?", "answer": 7}, {"prompt": "c?", "answer": 2.5}]
+    task = exact_task(tmp_path, rows)
+    problems = task.split("train")
+    assert [p.payload.answer for p in problems] == ["007", 7, 2.5]
+    assert [p.payload.row for p in problems] == rows
+    assert task.score(problems[0], "007").reward == 1.0 and task.score(problems[0], "7").reward == 0.0
+    assert task.score(problems[1], "7").reward == 1.0
+    # Files of a list whose answers differ in type load too: each value is its own.
+    other = write_jsonl(tmp_path / "other.jsonl", [{"prompt": "d?", "answer": 12345678901234567890}])
+    both = DatasetTask(DatasetTaskConfig(train_files=[str(tmp_path / "d.jsonl"), str(other)], shuffle=False))
+    assert [p.payload.answer for p in both.split("train")] == ["007", 7, 2.5, 12345678901234567890]
+
+
+def test_a_json_list_file_and_a_row_without_a_field(tmp_path):
+    from rlmix.tasks.dataset import load_rows
+
+    listed = tmp_path / "d.json"
+    listed.write_text(json.dumps([{"prompt": "a?", "answer": 1}, {"prompt": "b?", "answer": "1.50", "note": "x"}]))
+    rows = load_rows(str(listed), "task.train_files")
+    assert rows.column_names == ["prompt", "answer", "note"]
+    assert rows.to_list() == [{"prompt": "a?", "answer": 1, "note": None},
+                              {"prompt": "b?", "answer": "1.50", "note": "x"}]
+    rows[0]["answer"] = 2  # each read is a fresh row
+    assert rows[0]["answer"] == 1 and rows["answer"] == [1, "1.50"]
+
+
+def test_parquet_keeps_its_own_column_types(tmp_path):
+    import datasets
+
+    datasets.Dataset.from_list([{"prompt": "a?", "answer": 42.0}, {"prompt": "b?", "answer": 2.5}]).to_parquet(
+        str(tmp_path / "d.parquet"))
+    task = DatasetTask(DatasetTaskConfig(train_files=str(tmp_path / "d.parquet"), shuffle=False))
+    assert [p.payload.answer for p in task.split("train")] == [42.0, 2.5]
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"prompt": "a?", "answer": "1"}\n\n{"prompt": "b?", "answer": }\n',
+     r"line 3 is not JSON \(Expecting value, column 28\)"),
+    ('{"prompt": "a?", "answer": "1"}\n["b?", "2"]\n', r"line 2 is a JSON array, not an object of fields"),
+    ('[{"prompt": "a?", "answer": "1"},\n "b?"]', r"item 1 of its list is a JSON string, not an object of fields"),
+    ('[{"prompt": "a?", "answer": "1"},\n {"prompt" "b?"}]',
+     r"line 2 is not JSON \(Expecting ':' delimiter, column 12\)"),
+    ("\n", r"holds no rows"),
+])
+def test_a_bad_json_row_is_one_line_naming_its_file_and_line(tmp_path, text, message):
+    from rlmix.tasks.dataset import load_rows
+
+    (tmp_path / "bad.jsonl").write_text(text)
+    with pytest.raises(ConfigError, match=rf"^task.train_files=\S*bad.jsonl: {message}$"):
+        load_rows(str(tmp_path / "bad.jsonl"), "task.train_files")
+    write_jsonl(tmp_path / "a.jsonl", numbers(2))  # a glob names the file among its files
+    with pytest.raises(ConfigError, match=rf"^task.train_files=\S*/\*.jsonl: \S*/bad.jsonl {message}$"):
+        load_rows(str(tmp_path / "*.jsonl"), "task.train_files")

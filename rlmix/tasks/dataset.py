@@ -15,10 +15,13 @@ is reported as ``Score.error`` instead of stopping the run.
 from __future__ import annotations
 
 import glob
+import json
 import random
 import re
+from bisect import bisect_right
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -46,29 +49,81 @@ def file_specs(spec, key: str) -> list[str]:
     return list(specs)
 
 
-def load_rows(spec, key: str):
-    """A ``datasets.Dataset`` of every row of ``spec`` (one path or a list, rows in list order)."""
-    import datasets
-
-    specs = file_specs(spec, key)
-    if len(specs) == 1:
-        return _load_one(specs[0], key)
-    parts = [_load_one(s, key) for s in specs]
-    try:
-        return datasets.concatenate_datasets(parts)
-    except ValueError as err:  # the files' columns or types differ
-        first = (str(err).splitlines() or [""])[0][:200]
-        raise ConfigError(f"{key}={spec}: the files do not share their fields ({first})") from None
+def load_rows(spec, key: str) -> Rows:
+    """Every row of ``spec`` (one path or a list, rows in list order; a glob's files in name order)."""
+    return Rows([part for s in file_specs(spec, key) for part in _load_one(s, key)])
 
 
-def _load_one(spec: str, key: str):
-    """A ``datasets.Dataset`` from a file, a glob or a ``save_to_disk`` directory (ConfigError otherwise)."""
-    import datasets
+class Rows:
+    """The rows of a task's files in order, each a dict of every file's fields (None where a row has
+    no value); ``rows[field]`` is that field's column. A JSON file's part is a ``JsonRows``, a Parquet
+    file's or saved dataset's a ``datasets.Dataset`` (the types of its columns)."""
 
-    datasets.disable_progress_bars()
+    def __init__(self, parts: list) -> None:
+        self.parts = parts
+        self.column_names = list(dict.fromkeys(name for part in parts for name in part.column_names))
+        self.blank = dict.fromkeys(self.column_names)
+        self.ends = list(accumulate(len(part) for part in parts))
+
+    def __len__(self) -> int:
+        return self.ends[-1]
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            return [value for part in self.parts
+                    for value in (part[key] if key in part.column_names else [None] * len(part))]
+        if not -len(self) <= key < len(self):
+            raise IndexError(f"row {key} of {len(self)}")
+        key %= len(self)
+        i = bisect_right(self.ends, key)
+        return {**self.blank, **self.parts[i][key - (self.ends[i - 1] if i else 0)]}
+
+    def __iter__(self):
+        for part in self.parts:
+            for row in part:
+                yield {**self.blank, **row}
+
+    def to_list(self) -> list[dict]:
+        return list(self)
+
+
+class JsonRows:
+    """One JSON / JSON Lines file's rows, each kept as its JSON text and read again per access: a
+    value is what Python's json module makes of it (42 an int beside 2.5, "007" text beside numbers),
+    not a column type inferred for the whole file, and a reward that changes its ``row`` changes no
+    other."""
+
+    def __init__(self, texts: list[str], column_names: list[str]) -> None:
+        self.texts, self.column_names = texts, column_names
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            return [json.loads(text).get(key) for text in self.texts]
+        return json.loads(self.texts[key])
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+
+def _load_one(spec: str, key: str) -> list:
+    """The rows of a file, a glob or a ``save_to_disk`` directory (ConfigError otherwise): a JSON
+    glob's a ``JsonRows`` per file, a Parquet glob's one ``datasets.Dataset``."""
     path = Path(spec).expanduser()
     if not path.exists() and not glob.glob(str(path)):  # a glob may have its wildcards in a folder's name
         raise ConfigError(f"{key}={spec}: no such file or directory")
+    kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}.get(path.suffix)
+    if kind == "json" and not path.is_dir():
+        found = [str(path)] if path.exists() else sorted(glob.glob(str(path), recursive=True))
+        files = [Path(f) for f in found if Path(f).is_file()]
+        if not files:
+            raise ConfigError(f"{key}={spec}: no such file")
+        return [_read_json(f, f"{key}={spec}: " + ("" if f == path else f"{f} ")) for f in files]
+    import datasets
+
+    datasets.disable_progress_bars()
     try:
         if path.is_dir():
             loaded = datasets.load_from_disk(str(path))
@@ -77,20 +132,73 @@ def _load_one(spec: str, key: str):
                 if split not in loaded:
                     raise ConfigError(f"{key}={spec}: a DatasetDict without a 'train' split ({sorted(loaded)})")
                 loaded = loaded[split]
-            return loaded
-        kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}.get(path.suffix)
+            return [loaded]
         if kind is None:
             raise ConfigError(f"{key}={spec}: use .jsonl, .json, .parquet files or a save_to_disk directory")
-        return _valid_text(datasets.load_dataset(kind, data_files=str(path), split="train"), spec, key)
+        return [_valid_text(datasets.load_dataset(kind, data_files=str(path), split="train"), spec, key)]
     except ConfigError:
         raise
-    except Exception as err:  # malformed JSON, not Parquet, not a saved dataset, ...
+    except Exception as err:  # not Parquet, not a saved dataset, ...
         first = (str(err).splitlines() or [""])[0][:200]
         raise ConfigError(f"{key}={spec}: does not load as a dataset ({type(err).__name__}: {first})") from None
 
 
+def _read_json(path: Path, where: str) -> JsonRows:
+    """A JSON Lines file's rows (a file that starts with ``[``: one JSON list of them), read with
+    Python's json module rather than a typed loader, which gives a column one type for all its rows
+    (42 beside 2.5 became 42.0, "007" beside numbers 7). ConfigError naming the line for a row that
+    is not a JSON object, or holds bytes that are not UTF-8."""
+    try:
+        data = path.read_bytes().removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark
+    except OSError as err:
+        raise ConfigError(f"{where}cannot be read ({err.strerror})") from None
+    text = data.decode("utf-8", "surrogateescape")  # bytes that are not UTF-8 are named per field below
+    if text.lstrip().startswith("["):
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{where}line {err.lineno} is not JSON ({err.msg}, column {err.colno})") from None
+        rows = [(f"item {i} of its list", item) for i, item in enumerate(items)]
+    else:
+        rows = []
+        for number, line in enumerate(text.split("\n"), 1):
+            if line.strip():
+                try:
+                    rows.append((f"line {number}", json.loads(line)))
+                except json.JSONDecodeError as err:
+                    raise ConfigError(f"{where}line {number} is not JSON ({err.msg}, column {err.colno})") from None
+    if not rows:
+        raise ConfigError(f"{where}holds no rows")
+    texts, fields = [], {}
+    for place, row in rows:
+        if not isinstance(row, dict):
+            raise ConfigError(f"{where}{place} is a JSON {_json_kind(row)}, not an object of fields")
+        texts.append(json.dumps(row, ensure_ascii=False))
+        if not _utf8(texts[-1]):
+            bad = next((name for name, value in row.items() if not _utf8(json.dumps(value, ensure_ascii=False))),
+                       None)
+            what = f"field {bad!r} holds" if bad is not None else "a field's name is"
+            raise ConfigError(f"{where}{place}: {what} text that is not UTF-8")
+        fields.update(dict.fromkeys(row))
+    return JsonRows(texts, list(fields))
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8 (not so: bytes that did not decode, a lone surrogate)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _json_kind(value) -> str:
+    """What JSON calls the type of ``value`` (a row that is not an object)."""
+    return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")
+
+
 def _valid_text(rows, spec: str, key: str):
-    """``rows`` once every text column is valid UTF-8. A JSON loader takes invalid bytes into a
+    """``rows`` once every text column is valid UTF-8. A loader may take invalid bytes into a
     column; left there, they would surface only when that row is read, mid-run."""
     import pyarrow as pa
 
@@ -114,12 +222,12 @@ def check_columns(rows, cfg: DatasetTaskConfig, key: str) -> None:
                               f"fields: {', '.join(rows.column_names)}")
     if len(rows) == 0:
         raise ConfigError(f"{key}: the dataset has no rows")
-    for name, column in wanted.items():  # a row without the field reads as null in Arrow
-        if rows.data.column(column).null_count:
-            first = rows.data.column(column).to_pylist().index(None)
+    for name, column in wanted.items():  # a row without the field reads as None
+        first = next((i for i, value in enumerate(rows[column]) if value is None), None)
+        if first is not None:
             raise ConfigError(f"{name}={column!r}: row {first} of {key} has no value for it")
-    for i, row in enumerate(rows.select(range(min(len(rows), 8)))):
-        messages_of(row, cfg, f"{key} row {i}")
+    for i in range(min(len(rows), 8)):
+        messages_of(rows[i], cfg, f"{key} row {i}")
 
 
 def messages_of(row: dict, cfg: DatasetTaskConfig, where: str) -> list[Message]:
