@@ -44,7 +44,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -221,7 +221,7 @@ class Session:
 
         self.idle, self.running, self.ray_key = [], [], None
         if ray.is_initialized():
-            _end_helpers()
+            _stop_without_grace()
             ray.shutdown()
         if self.scratch is not None:
             remove_scratch(self.scratch)  # and whatever the processes started that still runs from it
@@ -236,13 +236,6 @@ def _group_signals_blocked():
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
-
-
-# Ray's Python helpers of a local instance: state-free, and with SIGTERM blocked ray.shutdown would
-# wait a second on each before it kills it. Most instances start none of them
-# (``_without_unused_helpers``): the log monitor runs where the workers' output goes to the driver,
-# all three on a Ray whose head starts them some other way.
-_HELPERS = ("monitor", "dashboard", "log_monitor")
 
 
 @contextmanager
@@ -281,19 +274,39 @@ def _start_nothing(self, *args, **kwargs) -> None:
     return None
 
 
-def _end_helpers() -> None:
-    """End the local instance's helper processes at once, before ``ray.shutdown``. Best effort: a
-    Ray without these internals shuts down as it always does, only slower."""
+def _stop_without_grace() -> None:
+    """``ray.shutdown`` ends a local instance at once. Its graceful stop sends the raylet and the GCS
+    SIGTERM and waits a second for each before it sends SIGKILL; a local instance's processes hold
+    SIGTERM blocked (``GROUP_SIGNALS``), so both seconds were always waited in full (2 s at the end
+    of every command), and the raylet's agents then ended on their own. Now the raylet's children
+    (its agents, the workers) are sent SIGKILL with the raylet and the GCS: without that second,
+    the agents outlived them. Best effort: a Ray laid out otherwise stops as it always does."""
     from ray._private import worker as ray_worker
 
     node = getattr(ray_worker, "_global_node", None)
-    if node is None or not node.is_head():
+    kill_all = getattr(node, "kill_all_processes", None)
+    if node is None or not node.is_head() or kill_all is None:
         return
-    for kind in _HELPERS:
-        for info in getattr(node, "all_processes", {}).get(kind, []):
-            if info.process.poll() is None:
-                info.process.kill()
-                info.process.wait(timeout=5)
+
+    def kill_at_once(*args, **kwargs):
+        children = [child for info in node.all_processes.get("raylet", []) for child in _children(info.process.pid)]
+        kill_all(*args, **(kwargs | {"allow_graceful": False}))
+        for pid in children:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    node.kill_all_processes = kill_at_once
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (none where /proc cannot tell)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with suppress(OSError):
+            # the command's name, in parentheses, may hold spaces: the fields after it are fixed
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
 
 
 def _start(req: ActorRequest):
