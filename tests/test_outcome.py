@@ -68,3 +68,25 @@ def test_a_second_signal_during_the_final_save_stops_at_once(monkeypatch):
     monkeypatch.setattr("rlmix.assembly.checkpoints.latest_checkpoint", lambda run_dir: None)
     summary = finish(Loop(), steps, stop, {})
     assert summary["status"] == "interrupted" and summary["stopped_at_once"] is True
+
+
+def test_a_trainer_restart_reports_the_step_it_went_back_to(tmp_path):
+    """A run that ends (fails, is stopped) after its trainer went back to a checkpoint, before any
+    step is trained again, reports that step's metrics as its last, not the step thrown away."""
+    import io
+
+    from rlmix.config.schema import RunConfig, WandbConfig, WandbMode
+    from rlmix.metrics.logger import RunLogger
+    from rlmix.metrics.monitor import CollapseMonitor
+    from rlmix.orchestration.runner import StepHandler
+
+    cfg = RunConfig()
+    logger = RunLogger(tmp_path, WandbConfig(mode=WandbMode.disabled), "run", {}, None, 3, stream=io.StringIO())
+    steps = StepHandler(cfg, None, CollapseMonitor(cfg.monitor), logger, tmp_path, saved_step=0, last={})
+    for step in (1, 2, 3):
+        steps.last = {"reward/mean": step / 10}
+        logger.log(step, steps.last)
+    steps.go_back("new trainer", 2)
+    assert steps.last == {"reward/mean": 0.2} and steps.trainer == "new trainer"
+    steps.go_back("newer trainer", 0)
+    assert steps.last == {}

@@ -242,7 +242,10 @@ class StepHandler:
 
         self.trainer = trainer
         self.monitor = CollapseMonitor(self.cfg.monitor)
-        feed_monitor(self.monitor, self.logger.rewind(step))
+        rows = self.logger.rewind(step)
+        feed_monitor(self.monitor, rows)
+        # A run that ends before it trains a step again reports the step it went back to, not one thrown away.
+        self.last = last_metrics(rows)
         self.saved_step, self.saved_at = step, time.monotonic()
 
 
@@ -320,8 +323,12 @@ def resume(cfg: RunConfig, trainer, monitor, run_dir: Path) -> tuple[RunState, P
     (run_dir / SUMMARY_FILE).unlink(missing_ok=True)
     feed_monitor(monitor, rows)
     print(f"resuming {run_dir} from {checkpoint.name} at step {state.step}")
-    last = {k: v for k, v in rows[-1].items() if k not in ("step", "time")} if rows else {}
-    return state, run_dir, last
+    return state, run_dir, last_metrics(rows)
+
+
+def last_metrics(rows: list[dict]) -> dict:
+    """The metrics of the newest of a run's logged ``rows`` (none: {}), as a step's report holds them."""
+    return {k: v for k, v in rows[-1].items() if k not in ("step", "time")} if rows else {}
 
 
 def feed_monitor(monitor, rows: list[dict]) -> None:
