@@ -117,6 +117,16 @@ def test_episodes_become_rollouts(tmp_path):
     assert len(concat_rollouts([r, r], pad_id=0)) == 4
 
 
+def test_only_episodes_a_budget_cut_short_count_as_cut(tmp_path):
+    """``loop.overlong`` filters or penalises finish reason ``length``: an episode out of turns is cut
+    short, one that ended on its own malformed actions is not (its reward stays in the loss)."""
+    malformed, _, _ = _episode(tmp_path / "a", ["no action here", "none here either"], max_total_tokens=10_000)
+    out_of_turns, _, _ = _episode(tmp_path / "b", [FIX] * 5, max_total_tokens=10_000)
+    assert (malformed.end_reason, out_of_turns.end_reason) == ("format_errors", "max_turns")
+    r = episodes_to_rollouts([malformed, out_of_turns], rewards=[0.0, 0.0], pad_id=0)
+    assert r.finish_reason == (FINISH_STOP, FINISH_LENGTH) and r.format_ok.tolist() == [False, True]
+
+
 def test_an_episodes_expert_record_keeps_each_policy_tokens_own_call(tmp_path):
     """A mixture-of-experts pool's routes: the position that gave a policy token its log-prob keeps
     the routes of the call that drew the token; the prompt and observations those of the last call

@@ -13,11 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rlmix.agentic.episode import END_SUBMIT, Episode
+from rlmix.agentic.episode import END_MAX_TURNS, END_TIMEOUT, END_TOKENS, Episode
 from rlmix.rollout import END_REASONS, EPISODE_STATS
 
 # Padding of the optional per-token fields off policy tokens (as in rlmix.rollout.concat_rollouts).
 _PAD = {"head_ids": -1, "head_logprobs": float("-inf"), "support_ids": -1, "support_probs": 0.0}
+
+# Episodes a budget cut short: finish reason ``length``, what ``loop.overlong`` filters or penalises
+# (a completion cut at max_new_tokens). A submit, or the policy's own malformed actions
+# (``format_errors``), is how the policy ended it: ``stop``, and a format error keeps its reward.
+CUT_ENDINGS = frozenset({END_MAX_TURNS, END_TOKENS, END_TIMEOUT})
 
 
 def episode_stat_row(e: Episode, generate_s: float = 0.0, wall_s: float | None = None) -> list[float]:
@@ -91,7 +96,7 @@ def episodes_to_rollouts(episodes: Sequence[Episode], rewards: Sequence[float], 
         sampler_logprobs=logprobs,
         policy_version=torch.tensor([e.tokens.policy_version for e in episodes], dtype=torch.int64),
         pool=(pool,) * B,
-        finish_reason=tuple(FINISH_STOP if e.end_reason == END_SUBMIT else FINISH_LENGTH for e in episodes),
+        finish_reason=tuple(FINISH_LENGTH if e.end_reason in CUT_ENDINGS else FINISH_STOP for e in episodes),
         temperature=temperature,
         task_ids=tuple(e.task_id for e in episodes),
         group_ids=torch.tensor(list(group_ids), dtype=torch.int64),
