@@ -27,7 +27,7 @@ def write_run(
     overrides: list[str] | None = None,
 ) -> Path:
     (run_dir / ".hydra").mkdir(parents=True)
-    config = {"name": name, "seed": seed, "trainer": {"lr": 3e-5}, "monitor": {"action": "warn"}}
+    config = {"name": name, "seed": seed, "trainer": {"lr": 3e-5}, "monitor": {"action": "warn"}, "loop": {"steps": N}}
     (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
     overrides = overrides if overrides is not None else [f"+experiment={name}", f"seed={seed}"]
     (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
@@ -72,6 +72,7 @@ def stable_rows(offset: float = 0.0) -> list[dict]:
 
 
 COLLAPSE_SUMMARY = {
+    "status": "collapsed",
     "reward/mean": 0.1,
     "collapse": {"verdict": True, "step": 16, "reason": "reward_drop: reward EMA fell"},
     "wall_time_s": 123.4,
@@ -85,8 +86,21 @@ def multirun(tmp_path: Path) -> Path:
     sweep = tmp_path / "multirun" / "2026-12-02" / "10-00-00"
     write_run(sweep / "0", "grpo", 0, collapsing_rows(), COLLAPSE_SUMMARY)
     write_run(sweep / "1", "sc_mis", 0, stable_rows())
-    (sweep / "multirun.yaml").write_text("hydra: {mode: MULTIRUN}\n")
+    write_multirun(sweep, ["+experiment=grpo,sc_mis", "seed=0"])
     return sweep
+
+
+def write_multirun(sweep: Path, task: list[str], subdir: str = "${hydra.job.num}") -> None:
+    """The parts of the multirun.yaml Hydra writes into a sweep directory that say which jobs it holds."""
+    hydra = {
+        "mode": "MULTIRUN",
+        "sweep": {"dir": str(sweep), "subdir": subdir},
+        "sweeper": {"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper", "max_batch_size": None,
+                    "params": None},
+        "overrides": {"hydra": [f"hydra.sweep.dir={sweep}", "hydra.mode=MULTIRUN"], "task": task},
+    }
+    sweep.mkdir(parents=True, exist_ok=True)
+    (sweep / "multirun.yaml").write_text(yaml.safe_dump({"hydra": hydra, "name": "x", "seed": 0}))
 
 
 def test_collect_runs_reads_a_multirun(multirun: Path) -> None:
@@ -128,8 +142,10 @@ def test_write_report_writes_table_and_plots(multirun: Path) -> None:
     out = write_report(multirun)
     assert out == multirun / "report"
     md = (out / "report.md").read_text()
-    assert "| arm | seed |" in md and "| grpo | 0 | 20 | 0.100 | 0.600 | 10.00x | 0.700 | 0.700 | yes | 16 | 123.4 | 0 |" in md
-    assert "| sc_mis | 0 | 20 | 0.470 | 0.470 | 1.00x | 0.100 | 0.100 | no | - | 38.0 | 1 |" in md
+    assert "| arm | seed | status | steps |" in md
+    assert "| grpo | 0 | collapsed | 20/20 | 0.100 | 0.600 | 10.00x | 0.700 | 0.700 | yes | 16 | 123.4 | 0 |" in md
+    assert "| sc_mis | 0 | running or killed | 20/20 | 0.470 | 0.470 | 1.00x | 0.100 | 0.100 | no | - | 38.0 | 1 |" \
+        in md
     assert "reward_drop: reward EMA fell" in md and "![Reward](reward.png)" in md
     with (out / "report.csv").open() as f:
         table = list(csv.DictReader(f))
@@ -228,7 +244,7 @@ def test_format_table_is_plain_text(multirun: Path) -> None:
     text = format_table(summarize(collect_runs(multirun)))
     lines = text.splitlines()
     assert lines[0].split()[:2] == ["arm", "seed"] and set(lines[1]) <= {"-", " "}
-    assert lines[2].split()[:3] == ["grpo", "0", "20"] and "n/a" not in text and "|" not in text
+    assert lines[2].split()[:4] == ["grpo", "0", "collapsed", "20/20"] and "n/a" not in text and "|" not in text
 
 
 def test_truncated_last_line_is_dropped_but_a_bad_middle_line_is_an_error(tmp_path: Path) -> None:
@@ -341,3 +357,113 @@ def test_a_report_without_where_never_imports_torch(multirun: Path, tmp_path: Pa
             f"assert 'torch' not in sys.modules, 'rlmix report imported torch'\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def _steps(n: int, start: int = 1) -> list[dict]:
+    return [{"step": t, "time": float(t), "reward/mean": 0.1 * t, "format/error_rate": 0.02}
+            for t in range(start, start + n)]
+
+
+def ended(steps: int, status: str) -> dict:
+    return {"status": status, "steps": steps, "wall_time_s": 1.0, "collapse": {"verdict": False, "episodes": []}}
+
+
+@pytest.fixture()
+def cut_sweep(tmp_path: Path) -> Path:
+    """Three jobs of 4 steps (``correction=sc,sc_mis,mis``), stopped during job 1 at step 2: job 0
+    completed, job 1 interrupted (or killed: no summary), job 2 never ran."""
+    sweep = tmp_path / "sweep"
+    write_multirun(sweep, ["+experiment=smoke", "loop.steps=4", "correction=sc,sc_mis,mis"],
+                   subdir="${hydra.job.num}_${rlmix_job_label:${hydra.overrides.task},${name},${seed}}")
+    for num, mode, rows, summary in ((0, "sc", _steps(4), ended(4, "completed")),
+                                     (1, "sc_mis", _steps(2), ended(2, "interrupted"))):
+        run = write_run(sweep / f"{num}_correction={mode}", "sc_mis", 0, rows, summary,
+                        overrides=["+experiment=smoke", "loop.steps=4", f"correction={mode}"])
+        config = yaml.safe_load((run / ".hydra" / "config.yaml").read_text())
+        (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config | {"loop": {"steps": 4}}))
+    return sweep
+
+
+def test_every_row_says_how_its_run_ended_and_its_steps_done_of_planned(cut_sweep: Path) -> None:
+    done, cut = summarize(collect_runs(cut_sweep))
+    assert (done.status, done.finished, done.steps, done.planned_steps) == ("completed", True, 4, 4)
+    assert (cut.status, cut.finished, cut.steps, cut.planned_steps) == ("interrupted", False, 2, 4)
+    (cut_sweep / "1_correction=sc_mis" / "summary.json").unlink()  # the driver killed: no summary
+    killed = summarize(collect_runs(cut_sweep))[1]
+    assert (killed.status, killed.finished, killed.steps_done) == ("running or killed", False, "2/4")
+    text = format_table(summarize(collect_runs(cut_sweep)))
+    assert text.splitlines()[2].split()[2:5] == ["0", "completed", "4/4"]
+    assert text.splitlines()[3].split()[2:7] == ["0", "running", "or", "killed", "2/4"]
+    assert "did not finish" in text
+
+
+def test_a_sweep_stopped_part_way_names_the_jobs_that_never_ran(cut_sweep: Path) -> None:
+    from typer.testing import CliRunner
+
+    from rlmix.cli import app
+
+    result = CliRunner().invoke(app, ["report", str(cut_sweep)])
+    assert result.exit_code == 0, result.output
+    (line,) = [line for line in result.output.splitlines() if "2_correction=mis" in line]
+    assert line.split()[:4] == ["-", "-", "not", "run"]
+    md = (cut_sweep / "report" / "report.md").read_text()
+    assert "3 job(s): 1 completed, 1 interrupted, 1 not run." in md
+    assert "1 finished run(s) in 1 arm(s) are compared." in md
+    assert "| - | - | not run | - | n/a |" in md and "| 2_correction=mis |" in md
+    rows = json.loads((cut_sweep / "report" / "report.json").read_text())
+    assert [(r["run"], r["status"], r["finished"]) for r in rows] == [
+        ("0_correction=sc", "completed", True), ("1_correction=sc_mis", "interrupted", False),
+        ("2_correction=mis", "not run", False)]
+
+
+def test_a_job_directory_without_metrics_and_an_unreadable_sweep_are_said(cut_sweep: Path) -> None:
+    (cut_sweep / "2_correction=mis" / ".hydra").mkdir(parents=True)  # Hydra made it; no step was logged
+    out = write_report(cut_sweep)
+    assert "| - | - | no steps logged | 0/? |" in (out / "report.md").read_text()
+    other = cut_sweep.parent / "other"
+    write_multirun(other, ["seed=0,1"], subdir="run_${seed}")
+    write_run(other / "run_0", "a", 0, _steps(4), ended(4, "completed"))
+    md = (write_report(other) / "report.md").read_text()
+    assert "**Warning:** multirun.yaml: the sweep's jobs not checked" in md and "1 run(s): 1 completed" in md
+
+
+def test_a_run_with_no_steps_says_so_instead_of_collapse_no(tmp_path: Path) -> None:
+    write_run(tmp_path / "0", "a", 0, [])  # killed before step 1
+    cut = write_run(tmp_path / "1", "a", 1, [])
+    (cut / "metrics.jsonl").write_text('{"step": 1, "reward/me')  # its only line cut off
+    rows = summarize(collect_runs(tmp_path))
+    assert [(r.steps_done, r.collapse, r.status) for r in rows] == [("0/20", None, "running or killed")] * 2
+    text = format_table(rows)
+    assert all(line.split()[5:7] == ["0/20", "n/a"] and "no steps" in line for line in text.splitlines()[2:4])
+
+
+def test_steps_that_go_back_in_one_file_refuse_the_run(tmp_path: Path) -> None:
+    """Two runs appended into one directory ([1..4, 1..4]) are not one run of eight rows."""
+    from typer.testing import CliRunner
+
+    from rlmix.cli import app
+
+    run = write_run(tmp_path / "run", "a", 0, _steps(4) + _steps(4))
+    with pytest.raises(ConfigError, match=r"metrics.jsonl:5: step 1 after step 4"):
+        collect_runs(tmp_path)
+    result = CliRunner().invoke(app, ["report", str(tmp_path)])
+    assert result.exit_code == 2 and str(run / "metrics.jsonl") in result.output
+    assert "Traceback" not in result.output
+    write_run(tmp_path / "again", "a", 0, _steps(2) + _steps(1, start=2))  # a step written twice
+    with pytest.raises(ConfigError, match=r"again/metrics.jsonl:3: step 2 after step 2"):
+        collect_runs(tmp_path / "again")
+
+
+def test_the_plots_average_finished_runs_only(cut_sweep: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import rlmix.report.plots as plots
+
+    averaged: list[list[str]] = []
+    real = plots.arm_curves
+
+    def recording(runs, *args, **kwargs):
+        averaged.append([r.label for r in runs])
+        return real(runs, *args, **kwargs)
+
+    monkeypatch.setattr(plots, "arm_curves", recording)
+    write_report(cut_sweep)
+    assert averaged and all(labels == ["0_correction=sc"] for labels in averaged)

@@ -15,7 +15,9 @@ METRICS_FILE = "metrics.jsonl"  # one JSON object per trainer step, in a run's d
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """Rows of a ``metrics.jsonl``. A cut-off last line (a run killed mid-write) is dropped; any other
-    bad line is an error naming the file and line."""
+    bad line is an error naming the file and line. So is a step that does not follow the one before:
+    a run rewinds its file before training steps again, so steps that go back mean two runs wrote
+    into one directory, and their rows read as one run would be numbers of neither."""
     lines = path.read_text().splitlines()
     rows = []
     for lineno, line in enumerate(lines, start=1):
@@ -29,6 +31,9 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
             raise ConfigError(f"report: {path}:{lineno} is not a JSON object") from None
         if not isinstance(row, dict) or not isinstance(row.get("step"), int):
             raise ConfigError(f"report: {path}:{lineno} needs a JSON object with an integer 'step'")
+        if rows and row["step"] <= rows[-1]["step"]:
+            raise ConfigError(f"report: {path}:{lineno}: step {row['step']} after step {rows[-1]['step']} "
+                              "(steps must increase: two runs written into one directory?)")
         rows.append(row)
     return rows
 

@@ -16,22 +16,15 @@ docs/reliability.md lists each fault and what the run does about it.
 
 from __future__ import annotations
 
-import enum
 import logging
 import signal
 from contextlib import contextmanager
 
 from rlmix.errors import RunFailed
 from rlmix.metrics.console import leave_hung_up_terminal
+from rlmix.metrics.status import Status
 
 log = logging.getLogger(__name__)
-
-
-class Status(enum.Enum):
-    completed = "completed"
-    collapsed = "collapsed"
-    interrupted = "interrupted"
-    failed = "failed"
 
 
 class StoppedWhileStarting(KeyboardInterrupt):

@@ -1,5 +1,9 @@
 """Per-arm curves against trainer step: mean over seeds, with a min–max band across seeds.
 
+The means are over finished runs (``RunRecord.finished``): a run cut short would end its arm's curve
+with fewer seeds than it started with, and its last steps are not its result. Each run that did not
+finish is drawn alone, dotted, in its arm's colour.
+
 matplotlib is imported lazily and used through its object API (``Figure`` + Agg canvas), so nothing
 here touches pyplot's global backend state or needs a display.
 """
@@ -98,26 +102,45 @@ def _plot(runs: Sequence[RunRecord], spec: PlotSpec, path: Path) -> Path:
     fig = Figure(figsize=(8, 5), dpi=110, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    curves = arm_curves(runs, spec.key, positive_only=spec.log)
-    for i, curve in enumerate(curves):
-        color = f"C{i % 10}"
+    colors = {arm: f"C{i % 10}" for i, arm in enumerate(sorted({run.arm for run in runs}))}
+    curves = arm_curves([run for run in runs if run.finished], spec.key, positive_only=spec.log)
+    for curve in curves:
+        color = colors[curve.arm]
         ax.plot(curve.steps, curve.mean, color=color, label=f"{curve.arm} (n={curve.seeds})")
         if curve.seeds > 1:
             ax.fill_between(curve.steps, curve.low, curve.high, color=color, alpha=0.2, linewidth=0)
         marks = [(s, m) for s, m in zip(curve.steps, curve.mean) if s in set(curve.collapse_steps)]
         if marks:
             ax.scatter(*zip(*marks), marker="x", s=60, color=color, zorder=3)
-    if spec.log and curves:
+    drawn = len(curves) + _unfinished(ax, runs, spec, colors)
+    if spec.log and drawn:
         ax.set_yscale("log")
-    if not curves:
+    if not drawn:
         ax.text(0.5, 0.5, f"no data for {spec.key}", ha="center", va="center", transform=ax.transAxes)
-    # Two lines: the longer titles ran past an 8-inch figure's edges on one.
-    ax.set_title(f"{spec.title}\nby arm: mean over seeds, band = min–max, x = collapse", fontsize="medium")
+    # A line each: the longer titles ran past an 8-inch figure's edges on one.
+    dotted = "\ndotted: a run that did not finish, alone" if any(not run.finished for run in runs) else ""
+    ax.set_title(f"{spec.title}\nby arm: mean over finished seeds, band = min–max, x = collapse{dotted}",
+                 fontsize="medium")
     ax.set_xlabel("trainer step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are integers; no 2.5 ticks on short runs
     ax.set_ylabel(spec.ylabel)
     ax.grid(True, alpha=0.3)
-    if curves:
+    if drawn:
         ax.legend(loc="best", fontsize="small")
     fig.savefig(path)
     return path
+
+
+def _unfinished(ax, runs: Sequence[RunRecord], spec: PlotSpec, colors: dict[str, str]) -> int:
+    """Draw each run that did not finish on its own; returns how many had data for ``spec.key``."""
+    drawn = 0
+    for run in runs:
+        if run.finished:
+            continue
+        points = [(s, v) for s, v in zip(*run.series(spec.key)) if v > 0 or not spec.log]
+        if points:
+            planned = "?" if run.planned_steps is None else run.planned_steps
+            ax.plot(*zip(*points), color=colors[run.arm], linestyle=":",
+                    label=f"{run.arm} seed {run.seed}: {run.status}, {len(run.metrics)}/{planned} steps")
+            drawn += 1
+    return drawn

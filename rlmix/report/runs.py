@@ -2,7 +2,8 @@
 
 A run directory is any directory holding ``metrics.jsonl`` (docs/architecture.md, "Run directory"). Its
 ``.hydra/config.yaml`` gives the arm (``name``) and ``seed``; ``.hydra/overrides.yaml`` the command-line
-overrides; ``summary.json`` (absent while a run is still going) the final verdict and wall time.
+overrides; ``summary.json`` (absent while a run is still going) the final verdict, wall time and how the
+run ended (``status``, rlmix/orchestration/outcome.py).
 """
 
 from __future__ import annotations
@@ -23,11 +24,21 @@ from rlmix.errors import ConfigError
 from rlmix.metrics.jsonl import METRICS_FILE, read_metrics
 from rlmix.metrics.lasting import lasting_series
 from rlmix.metrics.names import FORMAT_KEY, REWARD_KEY
+from rlmix.metrics.status import Status
 
 # Overrides that do not make a different arm: the seed varies within an arm, and the experiment /
 # name overrides are already what ``name`` says. ``hydra.*`` only moves output directories, and
 # ``resume=`` names the run's own directory (a resumed run records it among its overrides).
 _NOT_AN_ARM = ("seed=", "+seed=", "experiment=", "+experiment=", "name=", "+name=", "hydra.", "+hydra.", "resume=")
+
+# No summary.json: the run is still going, or its process was killed (SIGKILL, out of memory, the machine
+# went down) before it could write one. Nothing in the run directory tells the two apart.
+NO_SUMMARY = "running or killed"
+# A summary.json without ``status``: written before runs recorded how they ended.
+NO_STATUS = "no status"
+# A run that ended on its own: every step ran, or the monitor stopped it (the collapse is the outcome).
+# Only these compare with each other; an interrupted or failed run's last step is not its result.
+FINISHED = (Status.completed.value, Status.collapsed.value)
 
 
 @dataclass(frozen=True)
@@ -42,6 +53,23 @@ class RunRecord:
     metrics: tuple[Mapping[str, Any], ...]
     summary: Mapping[str, Any] | None
     lasting: LastingRule = field(default_factory=LastingRule)  # the run's own ``monitor.lasting``
+    planned_steps: int | None = None  # ``loop.steps`` of its ``.hydra/config.yaml``
+
+    @property
+    def status(self) -> str:
+        """How the run ended: ``summary.json``'s ``status``, else ``NO_SUMMARY`` (or ``NO_STATUS``)."""
+        if self.summary is None:
+            return NO_SUMMARY
+        status = self.summary.get("status")
+        return status if isinstance(status, str) and status else NO_STATUS
+
+    @property
+    def finished(self) -> bool:
+        """Whether its numbers compare with other runs' (``FINISHED``). An old summary without a status
+        counts when the run logged every planned step."""
+        if self.status == NO_STATUS:
+            return self.planned_steps is not None and len(self.metrics) >= self.planned_steps
+        return self.status in FINISHED
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
         """(steps, values) of one metric over the rows that have a finite number for it."""
@@ -120,6 +148,8 @@ def _load_run(run_dir: Path, root: Path) -> RunRecord:
     if not isinstance(config, dict):
         config = {}
     seed = config.get("seed")
+    loop = config.get("loop")
+    planned = loop.get("steps") if isinstance(loop, dict) else None
     summary_path = run_dir / "summary.json"
     return RunRecord(
         path=run_dir,
@@ -130,6 +160,7 @@ def _load_run(run_dir: Path, root: Path) -> RunRecord:
         metrics=tuple(read_metrics(run_dir / METRICS_FILE)),
         summary=_read_json(summary_path) if summary_path.is_file() else None,
         lasting=_lasting_rule(config),
+        planned_steps=planned if isinstance(planned, int) and not isinstance(planned, bool) else None,
     )
 
 

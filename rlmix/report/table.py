@@ -13,7 +13,9 @@ Definitions (over the rows of ``metrics.jsonl`` that carry the metric, in step o
 - collapse verdict, step and reason = the lasting rule (``RunRecord.collapse``): flagged by
   ``summary.json``'s ``collapse`` (or, without a summary, a row with ``monitor/collapse`` or
   ``monitor/episode`` = 1) and still down over the last 10 steps;
-- wall time = ``summary.json``'s ``wall_time_s``, else the last row's ``time``.
+- wall time = ``summary.json``'s ``wall_time_s``, else the last row's ``time``;
+- status = how the run ended (``RunRecord.status``); steps = rows of ``metrics.jsonl`` / ``loop.steps``.
+  The values of a run that did not finish are as of its last row, not its result: the status says so.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 
 from rlmix.metrics.names import FORMAT_KEY, KL_KEY, REWARD_KEY
 from rlmix.report.runs import RunRecord
+from rlmix.report.sweep import NOT_RUN, SweepJob
 
 
 @dataclass(frozen=True)
@@ -40,17 +43,27 @@ class ReportWindows:
 class RunRow:
     arm: str
     seed: int | None
+    status: str  # RunRecord.status, or a sweep job's SweepJob.state
+    finished: bool  # RunRecord.finished: whether its numbers compare with other finished runs'
     steps: int  # rows in metrics.jsonl
+    planned_steps: int | None  # loop.steps (None: unknown)
     final_reward: float | None
     peak_reward: float | None
     kl_growth: float | None
     final_format_error: float | None
     peak_format_error: float | None
-    collapse: bool
+    collapse: bool | None  # None: no steps to judge
     collapse_step: int | None
     collapse_reason: str
     wall_time_s: float | None
     run: str  # the run's path relative to the collected directory
+
+    @property
+    def steps_done(self) -> str:
+        """``done/planned``: a run cut short shows it beside the runs it is compared with."""
+        if self.status == NOT_RUN:
+            return "-"
+        return f"{self.steps}/{'?' if self.planned_steps is None else self.planned_steps}"
 
 
 def summarize(runs: Sequence[RunRecord], windows: ReportWindows = ReportWindows()) -> list[RunRow]:
@@ -63,11 +76,14 @@ def _row(run: RunRecord, w: ReportWindows) -> RunRow:
     _, reward = run.series(REWARD_KEY)
     _, kl = run.series(KL_KEY)
     _, fmt = run.series(FORMAT_KEY)
-    collapse, step, reason = run.collapse()
+    collapse, step, reason = run.collapse() if run.metrics else (None, None, "")
     return RunRow(
         arm=run.arm,
         seed=run.seed,
+        status=run.status,
+        finished=run.finished,
         steps=len(run.metrics),
+        planned_steps=run.planned_steps,
         final_reward=_tail_mean(reward, w.final_steps),
         peak_reward=max(trailing_means(reward, w.final_steps), default=None),
         kl_growth=_ratio(_tail_mean(kl, w.final_steps), _mean(kl[w.skip_steps : w.skip_steps + w.early_steps])),
@@ -79,6 +95,16 @@ def _row(run: RunRecord, w: ReportWindows) -> RunRow:
         wall_time_s=_wall_time(run),
         run=run.label,
     )
+
+
+def job_rows(jobs: Sequence[SweepJob]) -> list[RunRow]:
+    """A row for each sweep job with nothing to read, so the table has the whole sweep. Its arm is not
+    known (``name`` comes from a config that was never written): ``-``."""
+    return [RunRow(arm="-", seed=job.seed, status=job.state, finished=False, steps=0, planned_steps=None,
+                   final_reward=None, peak_reward=None, kl_growth=None, final_format_error=None,
+                   peak_format_error=None, collapse=None, collapse_step=None, collapse_reason="", wall_time_s=None,
+                   run=job.label)
+            for job in jobs]
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -115,13 +141,14 @@ def _num(fmt: str) -> Callable[[float | None], str]:
 _COLUMNS: tuple[tuple[str, str, Callable], ...] = (
     ("arm", "arm", str),
     ("seed", "seed", lambda v: "-" if v is None else str(v)),
-    ("steps", "steps", str),
+    ("status", "status", str),
+    ("steps", "steps_done", str),
     ("final reward", "final_reward", _num(".3f")),
     ("peak reward", "peak_reward", _num(".3f")),
     ("KL growth", "kl_growth", lambda v: "n/a" if v is None else f"{v:.2f}x"),
     ("final fmt err", "final_format_error", _num(".3f")),
     ("peak fmt err", "peak_format_error", _num(".3f")),
-    ("collapse", "collapse", lambda v: "yes" if v else "no"),
+    ("collapse", "collapse", lambda v: "no steps" if v is None else ("yes" if v else "no")),
     ("collapse step", "collapse_step", lambda v: "-" if v is None else str(v)),
     ("wall time (s)", "wall_time_s", _num(".1f")),
     ("run", "run", str),
@@ -158,10 +185,16 @@ def render_table(headers: Sequence[str], body: Sequence[Sequence[str]], right_fr
     return "\n".join(line.rstrip() for line in out.getvalue().splitlines())
 
 
+# Under a table with rows of runs that did not finish: what their numbers are, and are not.
+UNFINISHED_NOTE = ("A status other than completed or collapsed: the run did not finish. Its values are as of "
+                   "its last step (steps: done/planned), not its result; the plots leave it out of the means.")
+
+
 def format_table(rows: Sequence[RunRow]) -> str:
-    """Plain-text table with aligned columns, for the console."""
+    """Plain-text table with aligned columns, for the console; the note when a run did not finish."""
     headers, body = _cells(rows)
-    return render_table(headers, body)
+    note = f"\n\n{UNFINISHED_NOTE}" if any(not r.finished for r in rows) else ""
+    return render_table(headers, body) + note
 
 
 def print_table(rows: Sequence[RunRow]) -> None:
@@ -173,7 +206,8 @@ def markdown_table(rows: Sequence[RunRow]) -> str:
     headers, body = _cells(rows)
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in line) + " |" for line in body]
-    reasons = [f"- `{r.run}` ({r.arm}, seed {r.seed}): step {r.collapse_step}: {r.collapse_reason}" for r in rows if r.collapse]
+    reasons = [f"- `{r.run}` ({r.arm}, seed {r.seed}{'' if r.finished else ', ' + r.status}): step {r.collapse_step}: "
+               f"{r.collapse_reason}" for r in rows if r.collapse]
     if reasons:
         lines += ["", "Collapse reasons:", "", *reasons]
     return "\n".join(lines) + "\n"

@@ -62,7 +62,9 @@ def write_where_plot(run: RunRecord, path: Path) -> Path:
             top.plot(steps, values, label=label)
     top.set_ylim(0, 1)
     top.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="x-small")
-    top.set_title(f"{run.arm}, seed {run.seed}: {run.label}", fontsize="medium")
+    planned = "?" if run.planned_steps is None else run.planned_steps
+    top.set_title(f"{run.arm}, seed {run.seed}: {run.label} ({run.status}, {len(run.metrics)}/{planned} steps)",
+                  fontsize="medium")
     _stack(ratio, run, ratio_bin_names(), "gradient by p/q (grey: a step without gradient)")
     _stack(prob, run, prob_bin_names(), "gradient by the trainer's probability of the sampled token")
     prob.set_xlabel("trainer step")
