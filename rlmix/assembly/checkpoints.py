@@ -60,6 +60,13 @@ def problem(path: Path) -> str:
     return ""
 
 
+def is_checkpoint(path: Path) -> bool:
+    """``path`` is a checkpoint a run wrote, sealed or not (``problem`` tells which), rather than a plain
+    model directory: it holds the run's own files, or sits in a run's ``checkpoints/``."""
+    path = Path(path)
+    return (path / MANIFEST).exists() or (path / RUN_STATE).exists() or path.resolve().parent.name == CHECKPOINTS
+
+
 def newest_complete(run_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
     """(newest complete checkpoint or None, [(newer incomplete checkpoint, why)])."""
     skipped = []

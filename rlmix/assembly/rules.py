@@ -29,6 +29,7 @@ def validate(cfg: RunConfig, for_training: bool = True) -> Correction:
     resolve_embedded_version(cfg)
     _check_loop(cfg)
     _check_trainer(cfg)
+    _check_eval(cfg, for_training)
     correction = resolve_correction(cfg.correction)  # the correction resolves, or ConfigError naming its keys
     _check_run(cfg)
     _check_paths(cfg)  # first: the fleet's checks read the model's config.json
@@ -108,6 +109,28 @@ def _check_loop(cfg: RunConfig) -> None:
 
 
 TEMPERATURE = (1e-3, 100.0)
+
+
+def _check_eval(cfg: RunConfig, for_training: bool) -> None:
+    """``eval.*``: the same values are bad whichever command reads them (the sampler raises on a
+    temperature <= 0, a negative length is a negative tensor dimension, 0 tokens scores every sample
+    as a format error); where the result goes matters to ``rlmix eval`` only."""
+    from rlmix.samplers.accelerators import resolve_view
+
+    e = cfg.eval
+    _require(e.samples >= 1, f"eval.samples={e.samples}: must be >= 1 (completions per problem, the n of pass@k)")
+    _require(bool(e.k) and all(1 <= k <= e.samples for k in e.k),
+             f"eval.k={list(e.k)}: every k must be in 1..eval.samples={e.samples} (and at least one given)")
+    _require(TEMPERATURE[0] <= e.temperature <= TEMPERATURE[1],
+             f"eval.temperature={e.temperature}: must be in [{TEMPERATURE[0]:g}, {TEMPERATURE[1]:g}]")
+    _require(e.max_new_tokens >= 1, f"eval.max_new_tokens={e.max_new_tokens}: must be >= 1")
+    try:
+        resolve_view(e.accelerator, e.precision)
+    except ConfigError as err:  # the reference view has no allow_emulation to offer
+        why = str(err).split(" (or set allow_emulation")[0]
+        raise ConfigError(f"eval.accelerator={e.accelerator} eval.precision={e.precision}: {why}") from None
+    if not for_training and e.out_dir is not None:
+        check_output_dir("eval.out_dir", e.out_dir)
 
 
 def _check_trainer(cfg: RunConfig) -> None:

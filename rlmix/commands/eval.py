@@ -25,16 +25,22 @@ def run_of(args: list[str]):
 
 def eval_plan(args: list[str]) -> RunPlan:
     """The plan of ``rlmix eval args``: a run directory's own task, model and ``max_new_tokens``
-    unless ``args`` say otherwise; a dataset without held-out rows is refused at ``task.split=test``
-    before any model loads."""
+    unless ``args`` say otherwise; a dataset without held-out rows is refused at ``task.split=test``,
+    and a minicode split it does not have at the one given, before any model loads."""
     from rlmix.commands.compose import compose_plan
+    from rlmix.commands.run_settings import overridden_keys
     from rlmix.config.dataset import DatasetTaskConfig
+    from rlmix.config.schema import MiniCodeTaskConfig
 
     plan = compose_plan(args, for_training=False, run=run_of(args))
     task = plan.cfg.task
     if isinstance(task, DatasetTaskConfig) and task.split == "test" and task.eval_files is None:
         raise ConfigError("task.split=test: this task has no task.eval_files (rows held out for evaluation); "
                           "give task.eval_files=<file> or evaluate the training rows with task.split=train")
+    # minicode's default split, train, stands for test here; given, it is refused like any other
+    # name the task lacks: training draws fresh problems, there is no train split to score
+    if isinstance(task, MiniCodeTaskConfig) and "task.split" in overridden_keys(args):
+        plan.task.make(plan.cfg.seed).split(task.split)
     return plan
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,23 +23,57 @@ from rlmix.rollout import SamplingParams
 EVAL_FILE = "eval.json"
 
 
-def resolve_checkpoint(plan: RunPlan) -> Path:
-    """A run directory (its newest checkpoint), an HF model dir, or the base model the run starts from."""
-    from rlmix.assembly.checkpoints import latest_checkpoint
+def resolve_checkpoint(plan: RunPlan, progress=print) -> Path:
+    """The model ``checkpoint=`` names, as an absolute path: a run directory's newest complete checkpoint
+    (saying which newer ones it skips, and why, as a resume does), a checkpoint or an HF model dir
+    itself, or the base model the run starts from. A checkpoint given itself must be complete: an
+    earlier one would be a different model, scored under this one's name."""
+    from rlmix.assembly.checkpoints import CHECKPOINTS, is_checkpoint, newest_complete, problem
     from rlmix.assembly.parts import resolve_model_dir
 
     cfg = plan.cfg
     if cfg.checkpoint is None:
-        return resolve_model_dir(plan)
+        return Path(resolve_model_dir(plan)).resolve()
     path = Path(cfg.checkpoint)
     if not path.is_dir():
         raise ConfigError(f"checkpoint={cfg.checkpoint}: no such directory (give a run directory or an HF model dir)")
+    if is_checkpoint(path):
+        why = problem(path)
+        if why:
+            raise ConfigError(f"checkpoint={cfg.checkpoint}: an incomplete checkpoint ({why}); give a complete "
+                              "checkpoints/step_* or the run directory (its newest complete one)")
+        return path.resolve()
     if (path / "config.json").is_file():
-        return path
-    newest = latest_checkpoint(path)
+        return path.resolve()
+    newest, skipped = newest_complete(path)
     if newest is None:
-        raise ConfigError(f"checkpoint={cfg.checkpoint}: neither an HF model dir nor a run dir with a complete checkpoints/step_*")
-    return newest
+        why = f" ({skipped[0][0].name}: {skipped[0][1]})" if skipped else ""
+        raise ConfigError(f"checkpoint={cfg.checkpoint}: neither an HF model dir nor a run dir with a complete "
+                          f"{CHECKPOINTS}/step_*{why}")
+    for step, why in skipped:
+        progress(f"skipping {step.name}: {why}")
+    return newest.resolve()
+
+
+@contextmanager
+def loading(cfg: RunConfig, model_dir: Path, what: str):
+    """Reading ``model_dir``'s ``what`` (its tokenizer, its weights): a failure in one line naming the key
+    the user gave (the model readers name ``model.path``, which ``checkpoint=`` is not)."""
+    from safetensors import SafetensorError
+
+    if cfg.checkpoint is not None:
+        given = Path(cfg.checkpoint).resolve()
+        key = f"checkpoint={cfg.checkpoint}" + ("" if given == model_dir else f" ({model_dir})")
+    else:
+        key = f"model.path={cfg.model.path}" if cfg.model.path is not None else f"the base model {model_dir}"
+    try:
+        yield
+    except ConfigError as err:
+        text = str(err).replace(f"model.path={str(model_dir)!r}", key).replace(f"model dir {model_dir}", key)
+        raise ConfigError(text) from None
+    except (SafetensorError, OSError, RuntimeError, KeyError) as err:  # a checkpoint's manifest checks sizes only
+        first_line = (str(err).splitlines() or [""])[0]
+        raise ConfigError(f"{key}: {what} do not load ({type(err).__name__}: {first_line})") from None
 
 
 def reference_sampler(cfg: EvalConfig, model_dir: Path, seed: int):
@@ -59,12 +94,14 @@ def task_counts(plan: RunPlan, model_dir: Path, progress) -> tuple[list[dict], s
     from rlmix.seeds import derive_seed
 
     cfg = plan.cfg
-    tokenizer = load_fast_tokenizer(model_dir)
+    with loading(cfg, model_dir, "tokenizer files"):
+        tokenizer = load_fast_tokenizer(model_dir)
     task = plan.task.build(cfg.seed, tokenizer, cfg.eval.max_new_tokens, key="eval.max_new_tokens")
     problems = task.split(cfg.task.split)
     prompts = plan.task.check_prompts(problems, tokenizer, model_dir, cfg.eval.max_new_tokens, "eval.max_new_tokens",
                                       f"task.split={cfg.task.split}")
-    sampler, label = reference_sampler(cfg.eval, model_dir, cfg.seed)
+    with loading(cfg, model_dir, "weights"):
+        sampler, label = reference_sampler(cfg.eval, model_dir, cfg.seed)
     n = cfg.eval.samples
     rows = []
     for i, (problem, ids) in enumerate(zip(problems, prompts)):
@@ -106,6 +143,16 @@ def default_out_dir(cfg: RunConfig, split: str) -> Path:
     return Path("outputs") / "eval" / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{split}"
 
 
+def result_dir(cfg: RunConfig, split: str) -> Path:
+    """Where eval.json goes (``eval.out_dir``, else ``default_out_dir``), checked writable before the
+    first sample rather than after the last."""
+    from rlmix.assembly.rules import check_output_dir
+
+    out_dir = Path(cfg.eval.out_dir) if cfg.eval.out_dir else default_out_dir(cfg, split)
+    check_output_dir("eval.out_dir", str(out_dir))
+    return out_dir
+
+
 def run_task_name(run_dir: Path) -> str | None:
     """The task group option a run directory trained on (its composed ``.hydra/config.yaml``), if any."""
     from omegaconf import OmegaConf
@@ -119,11 +166,8 @@ def run_task_name(run_dir: Path) -> str | None:
 def evaluate(plan: RunPlan, progress=print) -> dict:
     """Run the evaluation ``plan`` describes, in its task kind's form (``TaskKind.evaluate``);
     writes eval.json and returns its content."""
-    cfg = plan.cfg
-    samples, ks = cfg.eval.samples, sorted(set(cfg.eval.k))
-    if not ks or ks[0] < 1 or ks[-1] > samples:
-        raise ConfigError(f"eval.k={cfg.eval.k}: every k must be in 1..eval.samples={samples}")
-    return plan.task.evaluate(Evaluation(plan, resolve_checkpoint(plan), ks, progress))
+    ks = sorted(set(plan.cfg.eval.k))  # in 1..eval.samples: checked with the config (rlmix.assembly.rules)
+    return plan.task.evaluate(Evaluation(plan, resolve_checkpoint(plan, progress), ks, progress))
 
 
 @dataclass(frozen=True)
@@ -140,11 +184,11 @@ class Evaluation:
         """``eval.samples`` completions of each problem of ``split``, scored by the task."""
         cfg, model_dir, ks, samples = self.plan.cfg, self.model_dir, self.ks, self.plan.cfg.eval.samples
         cfg.task.split = split
-        out_dir = Path(cfg.eval.out_dir) if cfg.eval.out_dir else default_out_dir(cfg, split)
+        out_dir = result_dir(cfg, split)
         rows, label = task_counts(self.plan, model_dir, self.progress)
         results = {k: mean_pass_at_k([(r["n"], r["c"]) for r in rows], k) for k in ks}
         summary = {
-            "checkpoint": str(model_dir),
+            "checkpoint": str(model_dir),  # absolute (resolve_checkpoint): read from any directory
             "task": cfg.task.name,
             "split": split,
             "samples": samples,
@@ -174,15 +218,17 @@ class Evaluation:
         from rlmix.models.tokenizer_file import load_fast_tokenizer
 
         cfg = self.plan.cfg
-        tokenizer = load_fast_tokenizer(self.model_dir)
-        sampler, label = reference_sampler(cfg.eval, self.model_dir, cfg.seed)
+        out_dir = result_dir(cfg, split)
+        with loading(cfg, self.model_dir, "tokenizer files"):
+            tokenizer = load_fast_tokenizer(self.model_dir)
+        with loading(cfg, self.model_dir, "weights"):
+            sampler, label = reference_sampler(cfg.eval, self.model_dir, cfg.seed)
         params = SamplingParams(
             temperature=cfg.eval.temperature,
             max_new_tokens=cfg.task.max_turn_tokens,
             stop_token_ids=(tokenizer.eos_token_id,),
             seed=cfg.seed,
         )
-        out_dir = Path(cfg.eval.out_dir) if cfg.eval.out_dir else default_out_dir(cfg, split)
         concurrent = task_cfg.concurrent_episodes
         batcher = TurnBatcher(sampler, seed=cfg.seed, continuous=task_cfg.continuous_batching) if concurrent != 1 else None
         policy = ModelPolicy(tokenizer, batcher or sampler, params)
