@@ -6,14 +6,23 @@ not after four runs, and not with a traceback or a half-written run directory. T
 checks that a local run's GPU pools fit the GPUs of this machine (rlmix/orchestration/hardware.py).
 It returns the plans, keyed by ``job_key``, so Hydra's job runs the plan already made instead of
 resolving its config a second time.
+
+A sweep job's directory is worked out as Hydra's launcher will name it, and must not hold a run:
+a new run there would append to that run's metrics and prune its checkpoints. ``resume=<sweep dir>``
+continues a sweep in place instead (``sweep_job``).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import NamedTuple
 
 from rlmix.errors import ConfigError
 
 CONFIG_MODULE = "rlmix.conf"
 CONFIG_NAME = "train"
+MULTIRUN_FILE = "multirun.yaml"  # what Hydra writes into a sweep's directory before its first job
 # Hydra flags that print or inspect instead of running: Hydra handles those itself.
 _INFO_FLAGS = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc"}
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--config-path", "-cp",
@@ -92,6 +101,13 @@ def compose_plan(overrides: list[str], for_training: bool = True, output_dir_key
     can be created and written, before Hydra creates it. ``run`` (``run_settings.RunSettings``):
     start from a run's task, model and generation length; ``overrides`` win.
     """
+    return _compose(overrides, for_training, output_dir_key, run)[0]
+
+
+def _compose(overrides: list[str], for_training: bool = True, output_dir_key: str | None = None, run=None,
+             job_num: int | None = None) -> tuple[object, str | None, str | None]:
+    """``(plan, output dir, job dir)``: ``compose_plan``'s plan, the directory of ``output_dir_key``
+    and, for sweep job ``job_num``, the job's directory in it (``hydra.sweep.subdir``)."""
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf, open_dict
@@ -101,10 +117,13 @@ def compose_plan(overrides: list[str], for_training: bool = True, output_dir_key
     from rlmix.config.load import one_line, to_run_config
     from rlmix.config.schema import register_configs
 
+    from rlmix.commands.naming import register_resolver
     from rlmix.commands.run_settings import apply_run_settings, group_overrides
 
     register_configs()
+    register_resolver()
     GlobalHydra.instance().clear()
+    out_dir = job_dir = None
     try:
         with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
             groups = overrides if run is None else group_overrides(run, overrides)
@@ -113,6 +132,10 @@ def compose_plan(overrides: list[str], for_training: bool = True, output_dir_key
                 apply_run_settings(cfg, run, overrides)
             if output_dir_key is not None:
                 out_dir = OmegaConf.select(cfg, output_dir_key)
+                if job_num is not None:  # the launcher numbers the jobs in the sweeper's order
+                    with open_dict(cfg):
+                        cfg.hydra.job.num = job_num
+                    job_dir = str(Path(out_dir) / OmegaConf.select(cfg, "hydra.sweep.subdir"))
                 with open_dict(cfg):
                     del cfg["hydra"]
     except ConfigError:
@@ -126,7 +149,7 @@ def compose_plan(overrides: list[str], for_training: bool = True, output_dir_key
         check_output_dir(output_dir_key, out_dir)
         if output_dir_key == "hydra.run.dir" and plan.cfg.resume is None:
             check_new_run_dir(output_dir_key, out_dir)
-    return plan
+    return plan, out_dir, job_dir
 
 
 def job_key(overrides: list[str]) -> tuple[str, ...]:
@@ -135,12 +158,29 @@ def job_key(overrides: list[str]) -> tuple[str, ...]:
     return tuple(o for o in overrides if not o.lstrip("+~").startswith("hydra."))
 
 
+class Job(NamedTuple):
+    """One job of a run or sweep, as the preflight planned it."""
+
+    key: tuple[str, ...]  # job_key: how Hydra's job finds its plan
+    plan: object  # its RunPlan
+    label: str  # a sweep job's swept overrides (naming.job_label); a single run's name
+    run_dir: Path | None  # a sweep job's directory (in the sweep directory the preflight saw)
+    kept: dict | None = None  # a continued sweep's job that failed with no checkpoint: its summary, kept as it is
+
+
 def preflight(args: list[str]) -> dict[tuple[str, ...], object]:
     """Every job of ``args`` composed, planned and checked against this machine: ``{job_key: RunPlan}``
     (empty for ``--help`` and the like); ConfigError on the first job that fails."""
+    return {job.key: job.plan for job in plan_jobs(args)}
+
+
+def plan_jobs(args: list[str]) -> list[Job]:
+    """``preflight``'s jobs, in the order Hydra runs them, with their labels and sweep directories."""
+    from rlmix.commands.naming import job_label
+
     overrides, multirun, info = split_args(args)
     if info:
-        return {}
+        return []
     try:
         jobs = expand_jobs(overrides, multirun)
     except Exception as err:
@@ -150,22 +190,103 @@ def preflight(args: list[str]) -> dict[tuple[str, ...], object]:
     from rlmix.assembly.checkpoints import check_resume
     from rlmix.orchestration.hardware import check_machine
 
-    plans = {}
-    for job in jobs:
-        plan = compose_plan(job, output_dir_key="hydra.sweep.dir" if multirun else "hydra.run.dir")
+    planned = []
+    for num, job in enumerate(jobs):
+        key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+        plan, sweep_dir, job_dir = _compose(job, output_dir_key=key, job_num=num if multirun else None)
         check_machine(plan.cfg)  # GPUs asked for exist here, before Ray or a run dir
+        kept = None
+        if multirun:
+            plan, kept = sweep_job(plan, Path(sweep_dir), Path(job_dir), len(jobs))
         check_resume(plan.cfg.resume)
-        plans[job_key(job)] = plan
-    return plans
+        label = job_label(job_key(job), plan.cfg.name, plan.cfg.seed) if multirun else plan.cfg.name
+        planned.append(Job(job_key(job), plan, label, Path(job_dir) if multirun else None, kept))
+    return planned
+
+
+def is_sweep_dir(path: str | Path | None) -> bool:
+    return path is not None and (Path(path) / MULTIRUN_FILE).is_file()
+
+
+def logged_run(run_dir: Path) -> str:
+    """What in ``run_dir`` shows that a run trained there ("" for nothing): rows in its metrics.jsonl,
+    or a checkpoint, complete or not."""
+    from rlmix.assembly.checkpoints import CHECKPOINTS
+    from rlmix.metrics.jsonl import METRICS_FILE
+
+    metrics = run_dir / METRICS_FILE
+    held = [METRICS_FILE] if metrics.is_file() and metrics.stat().st_size > 0 else []
+    return ", ".join(held + [CHECKPOINTS] * any((run_dir / CHECKPOINTS).glob("step_*")))
+
+
+def sweep_job(plan, sweep_dir: Path, job_dir: Path, jobs: int):
+    """``(plan, kept summary)`` of a sweep job that runs in ``job_dir``; ConfigError where it cannot.
+
+    A new sweep's job directory holds no run (Hydra would run the job on top of it). ``resume=`` names
+    one run, so a sweep of several jobs cannot share it, but ``resume=<sweep dir>`` continues a sweep
+    in place, job by job: a job with a complete checkpoint resumes from it (one that had ended trains
+    nothing unless ``loop.steps`` is raised), a job that never trained starts, and one that failed
+    before its first checkpoint is kept as it ended, as sweep tools keep errored trials. A job that
+    stopped before its first checkpoint any other way can do neither in place: refused.
+    """
+    import json
+
+    from rlmix.assembly.checkpoints import CHECKPOINTS, latest_checkpoint
+    from rlmix.metrics.jsonl import METRICS_FILE
+
+    resume = plan.cfg.resume
+    if resume is None:  # as rules.check_new_run_dir for a single run
+        held = ", ".join(n for n in (METRICS_FILE, CHECKPOINTS) if (job_dir / n).exists())
+        if held:
+            raise ConfigError(f"hydra.sweep.dir={sweep_dir}: {job_dir} already holds a run ({held}): continue the "
+                              f"sweep with resume={sweep_dir}, or give this sweep a directory of its own")
+        return plan, None
+    if not is_sweep_dir(resume):
+        if jobs > 1:
+            raise ConfigError(f"resume={resume}: each of the {jobs} jobs of this sweep would continue that one run; "
+                              "resume a run without -m, or continue a sweep with resume=<its sweep directory>")
+        return plan, None
+    if Path(resume).resolve() != sweep_dir.resolve():
+        raise ConfigError(f"resume={resume} continues that sweep in its own directory, not in "
+                          f"hydra.sweep.dir={sweep_dir}")
+    if latest_checkpoint(job_dir) is not None:
+        return replace(plan, cfg=replace(plan.cfg, resume=str(job_dir))), None
+    fresh = replace(plan, cfg=replace(plan.cfg, resume=None))
+    held = logged_run(job_dir)
+    if not held:
+        return fresh, None
+    try:
+        summary = json.loads((job_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        summary = {}
+    if summary.get("status") == "failed":
+        return fresh, summary
+    raise ConfigError(f"resume={resume}: {job_dir} holds a run ({held}) that stopped before its first complete "
+                      "checkpoint: it can neither continue nor start again there; move it out of the sweep "
+                      "directory to train that job again")
 
 
 def resume_in_place(args: list[str]) -> list[str]:
-    """``resume=<dir>`` continues in ``<dir>``: Hydra's run dir defaults to it rather than a new one."""
+    """``resume=<dir>`` continues in ``<dir>``: Hydra's run dir defaults to it rather than a new one, and
+    so does a sweep's directory when ``<dir>`` is a sweep's."""
     overrides, multirun, _ = split_args(args)
     resume = [o.split("=", 1)[1] for o in overrides if o.startswith("resume=")]
-    if multirun or not resume or any(o.startswith("hydra.run.dir=") for o in overrides):
+    key = "hydra.sweep.dir=" if multirun else "hydra.run.dir="
+    if not resume or any(o.startswith(key) for o in overrides):
         return args
-    return [*args, f"hydra.run.dir={resume[-1]}"]
+    if multirun and not is_sweep_dir(_value(resume[-1])):
+        return args
+    return [*args, f"{key}{resume[-1]}"]
+
+
+def _value(value: str) -> str | None:
+    """An override's value as Hydra reads it (``'a=b'`` → ``a=b``); None where it does not parse."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        return str(OverridesParser.create().parse_override(f"resume={value}").value())
+    except Exception:
+        return None
 
 
 def command_line(task_overrides: list[str]) -> str:

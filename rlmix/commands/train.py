@@ -7,6 +7,8 @@ ended becomes one line and the exit status here (docs/reliability.md):
 
 completed / collapsed: 0 · failed: 1 · bad input: 2 · interrupted by signal N: 128 + N (SIGINT 130, SIGTERM 143, SIGHUP 129).
 A failed job of a sweep does not stop the sweep; the command exits 1 once every job has run.
+A signal stops the sweep at the job it interrupts: the sweep's block still lists every job (those
+that never ran too) and the command that continues the sweep, ``resume=<sweep dir>``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from rlmix.commands.compose import CONFIG_MODULE, CONFIG_NAME, command_line, job_key, preflight, resume_in_place
+from rlmix.commands.compose import (CONFIG_MODULE, CONFIG_NAME, MULTIRUN_FILE, Job, command_line, job_key,
+                                    logged_run, plan_jobs, resume_in_place, sweep_job)
 from rlmix.commands.naming import job_label, register_resolver, sweep_name
 from rlmix.errors import ConfigError
 
@@ -30,8 +33,17 @@ _FAILED: list[str] = []  # run dirs of the failed jobs of this process's sweep
 
 
 _finished: list[tuple[str, dict, Path]] = []  # (label, summary, run dir) of each job of this command
-_sweep_dir: list[Path] = []  # the multirun directory, once a sweep's first job has run
-_planned: dict[tuple[str, ...], object] = {}  # the preflight's RunPlan of each job, by compose.job_key
+_sweep_dir: list[Path] = []  # the multirun directory, once a sweep's first job has started
+_jobs: list[Job] = []  # every job of this command as the preflight planned it, in the order Hydra runs them
+
+
+class SweepStopped(BaseException):
+    """A signal interrupted a job of a sweep: the sweep stops there (Hydra would start its next job,
+    and it lets a BaseException through, as it does not an Exception)."""
+
+    def __init__(self, code: int, signal_name: str):
+        super().__init__(code)
+        self.code, self.signal_name = code, signal_name
 
 
 @hydra.main(version_base="1.3", config_path="pkg://" + CONFIG_MODULE, config_name=CONFIG_NAME)
@@ -45,31 +57,51 @@ def _hydra_train(cfg: DictConfig) -> None:
 
     hc = HydraConfig.get()
     overrides = list(hc.overrides.task)
-    # The preflight planned this job from the same overrides; a job it did not see (Hydra called
-    # another way) is planned here.
-    plan = _planned.pop(job_key(overrides), None) or plan_run(to_run_config(cfg))
-    run_cfg = plan.cfg
     sweep = hc.mode is RunMode.MULTIRUN
-    label = job_label(overrides, run_cfg.name, run_cfg.seed) if sweep else run_cfg.name
+    output_dir = Path(hc.runtime.output_dir)
+    _sweep_dir[:] = [Path(hc.sweep.dir)] if sweep else []
     try:
-        summary = train(plan, run_dir=hc.runtime.output_dir, label=label,
-                        sweep_group=sweep_name(hc.sweep.dir) if sweep else None)
+        # The preflight planned this job from the same overrides, numbered as Hydra numbers a sweep's
+        # jobs (two jobs of a sweep can share their overrides); a job it did not see (Hydra called
+        # another way) is planned here.
+        num = hc.job.num if sweep else 0
+        job = _jobs[num] if num < len(_jobs) and _jobs[num].key == job_key(overrides) else None
+        plan, kept = (job.plan, job.kept) if job else (plan_run(to_run_config(cfg)), None)
+        if sweep and job is None:  # (the preflight refused a run's resume= shared by several jobs)
+            plan, kept = sweep_job(plan, Path(hc.sweep.dir), output_dir, jobs=1)
+        run_cfg = plan.cfg
+        label = job_label(overrides, run_cfg.name, run_cfg.seed) if sweep else run_cfg.name
+        if kept is not None:
+            keep_failed(kept, overrides, output_dir, label)
+            return
+        summary = train(plan, run_dir=output_dir, label=label, sweep_group=sweep_name(hc.sweep.dir) if sweep else None)
     except ConfigError as err:  # e.g. a model path that is not a model: one line, no traceback
         print(f"error: {err}", file=sys.stderr)
-        remove_unstarted(Path(hc.runtime.output_dir))
+        remove_unstarted(output_dir)
         sys.exit(2)
-    _finished.append(end_of_run(run_cfg, summary, overrides, Path(hc.runtime.output_dir), label))
-    _sweep_dir[:] = [Path(hc.sweep.dir)] if sweep else []
+    _finished.append(end_of_run(run_cfg, summary, overrides, output_dir, label))
     code = exit_code(summary)
     say(summary, overrides)
     if code == 1 and sweep:
-        _FAILED.append(hc.runtime.output_dir)  # the other jobs of the sweep still run
+        _FAILED.append(str(output_dir))  # the other jobs of the sweep still run
+    elif code != 0 and sweep:
+        raise SweepStopped(code, summary["signal"])
     elif code != 0:
         sys.exit(code)
 
 
+def keep_failed(summary: dict, overrides: list[str], run_dir: Path, label: str) -> None:
+    """A continued sweep's job that had failed before its first checkpoint stays as it ended: one line
+    with the command that trains it again, in a directory of its own."""
+    _finished.append((label, summary, run_dir))
+    _FAILED.append(str(run_dir))
+    again = command_line([o for o in overrides if not o.startswith(("hydra.", "+hydra."))])
+    print(f"{label}: kept as it ended (failed at step {summary.get('steps', 0)}, no checkpoint to continue "
+          f"from); start it again with: {again}", file=sys.stderr, flush=True)
+
+
 # What Hydra writes before a job runs: into the job's directory, and into a sweep's.
-JOB_FILES, SWEEP_FILES = {".hydra", "train.log"}, {"multirun.yaml"}
+JOB_FILES, SWEEP_FILES = {".hydra", "train.log"}, {MULTIRUN_FILE}
 
 
 def remove_unstarted(run_dir: Path) -> None:
@@ -120,13 +152,13 @@ def exit_code(summary: dict) -> int:
     return 1 if status == "failed" else 0
 
 
-def tell_interrupted(line: str, signal_name: str) -> None:
-    """An interrupted run's one line: on stderr, or, after a SIGHUP (the terminal is most likely
-    gone), in train.log (and on the console, which then is /dev/null)."""
+def tell_interrupted(line: str, signal_name: str, block: bool = False) -> None:
+    """An interrupted run's one line (or a stopped sweep's ``block``, on stdout): on stderr, or, after a
+    SIGHUP (the terminal is most likely gone), in train.log (and on the console, which then is /dev/null)."""
     if signal_name == "SIGHUP":
         log.warning(line)
     else:
-        print(line, file=sys.stderr, flush=True)
+        print(line, file=sys.stdout if block else sys.stderr, flush=True)
 
 
 def say(summary: dict, overrides: list[str]) -> None:
@@ -157,8 +189,7 @@ def run_train(args: list[str]) -> None:
     register_configs()
     register_resolver()
     args = resume_in_place(args)
-    _planned.clear()
-    _planned.update(preflight(args))
+    _jobs[:] = plan_jobs(args)
     from rlmix.orchestration.session import SESSION
 
     sys.argv = ["rlmix train", *args]
@@ -172,16 +203,53 @@ def run_train(args: list[str]) -> None:
         if _FAILED:
             print(f"error: {len(_FAILED)} job(s) of the sweep failed: {', '.join(_FAILED)}", file=sys.stderr)
             sys.exit(1)
+    except SweepStopped as stopped:
+        tell_interrupted(stopped_sweep(args), stopped.signal_name, block=True)
+        sys.exit(stopped.code)
     except KeyboardInterrupt as stopped:
         # A signal before a run's loop began (a run that trained ends through its summary instead).
         signum = getattr(stopped, "signum", signal.SIGINT)  # a bare KeyboardInterrupt: Ctrl-C before Ray
+        name = signal.Signals(signum).name
+        if _sweep_dir:
+            label = _jobs[len(_finished)].label if len(_finished) < len(_jobs) else "a job"
+            tell_interrupted(f"interrupted while {label} was starting ({name}: stopped at once), it trained nothing",
+                             name)
+            tell_interrupted(stopped_sweep(args, starting=True), name, block=True)
+            sys.exit(128 + signum)
         again = " ".join(["rlmix", "train", *map(shlex.quote, args)])
         trained = f"{len(_finished)} run(s) of the sweep had finished, that one trained nothing" if _finished \
             else "nothing trained"
-        name = signal.Signals(signum).name
         tell_interrupted(f"interrupted while the run was starting ({name}: stopped at once), {trained}; "
                          f"start again with: {again}", name)
         sys.exit(128 + signum)
     finally:
-        _planned.clear()
+        _jobs.clear()
         SESSION.end_command()  # a sweep kept Ray and its processes warm between jobs
+
+
+def stopped_sweep(args: list[str], starting: bool = False) -> str:
+    """The block of a sweep a signal stopped: every job, the interrupted one (``starting``: it was
+    stopped before it trained) and those that never ran, then the commands that work now, the one that
+    continues the sweep in its directory among them."""
+    from rlmix.assembly.checkpoints import latest_checkpoint
+    from rlmix.metrics.console import shown, sweep_block
+
+    sweep_dir = _sweep_dir[0]
+    jobs = list(_finished)
+    rest = [(job.label, sweep_dir / job.run_dir.name) for job in _jobs[len(jobs):]]
+    if starting and rest:
+        jobs.append((rest[0][0], {"status": "interrupted", "steps": 0}, rest.pop(0)[1]))
+    width = max(len(label) for label in [*(job[0] for job in jobs), *(label for label, _ in rest)])
+    lines = sweep_block([(label.ljust(width), *job) for label, *job in jobs], sweep_dir).split("\nnext:")[0]
+    lines = [lines, *(f"  {label:<{width}}  not run    {shown(run_dir)}" for label, run_dir in rest)]
+    lines.append("next:")
+    if any(logged_run(run_dir) for _, _, run_dir in jobs):
+        lines.append(f"  rlmix report {shlex.quote(shown(sweep_dir))}")
+    stuck = [run_dir for _, summary, run_dir in jobs if summary.get("status") != "failed"
+             and logged_run(run_dir) and latest_checkpoint(run_dir) is None]
+    if stuck:  # a second signal before its first checkpoint: nothing to continue from in place
+        lines.append(f"  (first move {shlex.quote(shown(stuck[0]))} out of the sweep directory: it stopped "
+                     "before its first checkpoint)")
+    kept = [a for a in args if not a.startswith(("resume=", "hydra.sweep.dir=", "+hydra.sweep.dir="))]
+    lines.append(" ".join(["  rlmix train", *map(shlex.quote, kept), f"resume={shlex.quote(shown(sweep_dir))}"]))
+    return "\n".join(lines)
