@@ -239,10 +239,7 @@ def stopped_sweep(args: list[str], starting: bool = False) -> str:
     rest = [(job.label, sweep_dir / job.run_dir.name) for job in _jobs[len(jobs):]]
     if starting and rest:
         jobs.append((rest[0][0], {"status": "interrupted", "steps": 0}, rest.pop(0)[1]))
-    width = max(len(label) for label in [*(job[0] for job in jobs), *(label for label, _ in rest)])
-    lines = sweep_block([(label.ljust(width), *job) for label, *job in jobs], sweep_dir).split("\nnext:")[0]
-    lines = [lines, *(f"  {label:<{width}}  not run    {shown(run_dir)}" for label, run_dir in rest)]
-    lines.append("next:")
+    lines = []
     if any(logged_run(run_dir) for _, _, run_dir in jobs):
         lines.append(f"  rlmix report {shlex.quote(shown(sweep_dir))}")
     stuck = [run_dir for _, summary, run_dir in jobs if summary.get("status") != "failed"
@@ -252,4 +249,4 @@ def stopped_sweep(args: list[str], starting: bool = False) -> str:
                      "before its first checkpoint)")
     kept = [a for a in args if not a.startswith(("resume=", "hydra.sweep.dir=", "+hydra.sweep.dir="))]
     lines.append(" ".join(["  rlmix train", *map(shlex.quote, kept), f"resume={shlex.quote(shown(sweep_dir))}"]))
-    return "\n".join(lines)
+    return sweep_block(jobs, sweep_dir, not_run=rest, next_lines=lines)

@@ -13,6 +13,7 @@ import os
 import re
 import shlex
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -207,17 +208,21 @@ def logs_text(log_dir: Path, run_dir: Path) -> str:
     return text
 
 
-def sweep_block(jobs: list[tuple[str, dict, Path]], sweep_dir: Path) -> str:
-    """One line per job of a sweep, then the command that compares them."""
-    width = max((len(label) for label, _, _ in jobs), default=0)
+def sweep_block(jobs: list[tuple[str, dict, Path]], sweep_dir: Path, not_run: Sequence[tuple[str, Path]] = (),
+                next_lines: Sequence[str] | None = None) -> str:
+    """One line per job of a sweep, and per job a signal kept from starting (``not_run``: label, the
+    directory it would have had), then what comes next (default: the command that compares them)."""
+    width = max((len(label) for label in [*(job[0] for job in jobs), *(label for label, _ in not_run)]), default=0)
     lines = [f"── sweep {shown(sweep_dir)} ".ljust(60, "─")]
     for label, summary, run_dir in jobs:
         final = summary.get("final") or {}
         lines.append(
             f"  {label:<{width}}  {summary.get('status', 'completed'):<9}  steps {summary.get('steps', 0)}"
-            f"  reward {_number(final.get('reward/mean'), '.3f')}  kl_k3 {_number(final.get('mismatch/kl_k3'), '.2e')}"
+            f"  reward {_number(final.get('reward/mean'), '.3f')}"
+            f"  kl_k3 {_number(final.get('mismatch/kl_k3'), '.2e')}"
             f"  fmt_err {_number(final.get('format/error_rate'), '.3f')}  collapse {collapse_text(summary.get('collapse'))}"
             f"  {shown(run_dir)}"
         )
-    lines += ["next:", f"  rlmix report {shlex.quote(shown(sweep_dir))}"]
+    lines += [f"  {label:<{width}}  {'not run':<9}  {shown(run_dir)}" for label, run_dir in not_run]
+    lines += ["next:", *(next_lines if next_lines is not None else [f"  rlmix report {shlex.quote(shown(sweep_dir))}"])]
     return "\n".join(lines)
