@@ -61,6 +61,17 @@ HACKS = {
     "SystemExit_in_call": "def f(x):\n    raise SystemExit(0)\n",
     "int_subclass": "class I(int):\n    def __eq__(self, o):\n        return True\n    __hash__ = int.__hash__\ndef f(x):\n    return I(7)\n",
     "in_a_list": "class A:\n    def __eq__(self, o):\n        return True\ndef f(x):\n    return [A()]\n",
+    # kill(-1) ends every process the sandbox user may signal: in the agentic verifier, the verifier.
+    "os.kill": "import os\ntry:\n    os.kill(-1, 9)\nexcept OSError:\n    pass\n" + RIGHT,
+    # sqlite3 loads native libraries; the events are raised here whether or not this sqlite3 has them.
+    "sqlite3_load_extension": "import sys\ntry:\n    sys.audit('sqlite3.load_extension', None, './x.so')\n"
+                              "except Exception:\n    pass\n" + RIGHT,
+    "sqlite3_enable_load_extension": "import sys\ntry:\n    sys.audit('sqlite3.enable_load_extension', None, True)\n"
+                                     "except Exception:\n    pass\n" + RIGHT,
+    # An extension module the solution wrote runs native code: only the interpreter's own load.
+    "extension_from_the_sandbox": "import _imp\nfrom importlib.machinery import ModuleSpec\ntry:\n"
+                                  "    _imp.create_dynamic(ModuleSpec('helper', None, origin='./helper.so'))\n"
+                                  "except ImportError:\n    pass\n" + RIGHT,
 }
 # Each would score 1 if its route worked: a forged verdict from the harness's own nonce and descriptor
 # (found through a frame or the object graph), or the tests' checks made to accept a wrong f.
@@ -145,6 +156,59 @@ def f(fn):
 """, "def check(candidate):\n    assert candidate(lambda v: v) == 2\ncheck(f)\n"),
     "proc_self_mem": ("open('/proc/self/mem', 'rb')\n" + WRONG, TESTS),
     "ctypes": ("import ctypes\n" + WRONG, TESTS),
+    # The module-creating functions the harness guards held the unguarded ones in their closures.
+    "guard_closure": ("""
+import _imp, os
+from importlib.machinery import ModuleSpec
+cells = [c.cell_contents for c in _imp.create_builtin.__closure__ or ()]
+create = next((c for c in cells if getattr(c, "__name__", "") == "create_builtin"), _imp.create_builtin)
+sig = create(ModuleSpec("_signal", None))
+_imp.exec_builtin(sig)
+def forge(frame):
+    while frame is not None:
+        found = frame.f_locals
+        if "nonce" in found and "out_fd" in found:
+            os.write(found["out_fd"], ("\\n%s 1 1 1 -\\n" % found["nonce"]).encode())
+            os._exit(0)
+        frame = frame.f_back
+sig.signal(14, lambda n, frame: forge(frame))
+def f(x):
+    sig.setitimer(sig.ITIMER_REAL, 0.01)
+    while True:
+        pass
+""", TESTS),
+    # In place: the module's names keep their objects, what the objects do changes.
+    "patch_a_class": ("import collections\ncollections.Counter.__eq__ = lambda s, o: True\ndef f(s):\n    return []\n",
+                      "import collections\nassert collections.Counter(f('ab')) == collections.Counter('ab')\n"),
+    "patch_a_class_in_call": ("import collections\ndef f(s):\n    collections.Counter.__eq__ = lambda s, o: True\n"
+                              "    return []\n",
+                              "import collections\nassert collections.Counter(f('ab')) == collections.Counter('ab')\n"),
+    "add_to_a_class": ("import string\nstring.Template.__eq__ = lambda s, o: True\n"
+                       "def f(x):\n    return string.Template('a')\n",
+                       "import string\nassert f(1) == string.Template('b')\n"),
+    "swap_code": ("import re\n"
+                  "re.fullmatch.__code__ = (lambda pattern, string, flags=0: _compile('', 0).match('')).__code__\n"
+                  "def f(x):\n    return '?'\n", "import re\nassert re.fullmatch(r'[a-z]-\\d', f(1)) is not None\n"),
+    "swap_defaults": ("import re\nre.sub.__defaults__ = (5,)\n" + WRONG, TESTS),
+    "swap_module_class": ("""
+import re, types
+class Module(types.ModuleType):
+    def __getattribute__(self, name):
+        return (lambda *a: True) if name == "fullmatch" else types.ModuleType.__getattribute__(self, name)
+re.__class__ = Module
+def f(x):
+    return "?"
+""", "import re\nassert re.fullmatch(r'[a-z]-\\d', f(1))\n"),
+    "shadow_a_builtin_in_a_module": ("import re\nre.isinstance = lambda *a: True\n" + WRONG, TESTS),
+    # Arithmetic with the expected value: an object whose __sub__ is 0 whatever the other side.
+    "arithmetic": ("class Zero:\n    def __sub__(self, o):\n        return 0.0\n    __rsub__ = __sub__\n"
+                   "def f(x):\n    return Zero()\n", "assert abs(f(1) - 2.0) < 1e-6\nassert abs(2.0 - f(1)) < 1e-6\n"),
+    "arithmetic_then_abs": ("class Small:\n    def __abs__(self):\n        return 0.0\n"
+                            "class Zero:\n    def __sub__(self, o):\n        return Small()\n"
+                            "def f(x):\n    return Zero()\n", "assert abs(f(1) - 2.0) < 1e-6\n"),
+    "arithmetic_in_a_generator": ("class Zero:\n    def __sub__(self, o):\n        return 0.0\n"
+                                  "def f(x):\n    return [Zero(), Zero()]\n",
+                                  "assert all(abs(a - b) < 1e-6 for a, b in zip(f(1), [1.0, 2.0]))\n"),
 }
 
 
@@ -173,6 +237,44 @@ def test_a_correct_solution_scores_1():
     humaneval = "import math, fractions\ndef f(x):\n    return math.sqrt(x)\n"
     tests = "def check(candidate):\n    assert math.isclose(candidate(4), 2.0)\n    assert fractions.Fraction(1, 2) == fractions.Fraction(2, 4)\ncheck(f)\n"
     assert grade(humaneval, tests) == (1.0, False)
+    # Classes of its own, changed as it likes; arithmetic in the asserts; a scratch file.
+    own = """
+        import dataclasses, enum, functools, copy, collections, typing
+        @dataclasses.dataclass(order=True)
+        class P:
+            a: int
+            b: list = dataclasses.field(default_factory=list, compare=False)
+        class Flag(enum.Flag):
+            A = 1
+            B = 2
+        @functools.total_ordering
+        class V:
+            def __init__(self, x):
+                self.x = x
+            def __add__(self, o):
+                return V(self.x + o.x)
+            def __eq__(self, o):
+                return self.x == o.x
+            def __lt__(self, o):
+                return self.x < o.x
+        V.twice = lambda self: V(2 * self.x)
+        class Stack(collections.UserList):
+            pass
+        def deco(fn):
+            @functools.wraps(fn)
+            def wrapper(*args):
+                return fn(*args)
+            return wrapper
+        @deco
+        def f(x: typing.Any) -> float:
+            open("scratch.txt", "w").write("x" * 100000)
+            copy.deepcopy([P(1), Flag.A | Flag.B, V(1)])
+            return x + 1.0
+    """
+    tests = ("assert abs(f(1) - 2) < 1e-9\nassert f(2) ** 2 == 9\nassert (V(1) + V(2)).x == 3\nassert V(1) < V(2)\n"
+             "assert len(Stack([1, 2])) == 2\nassert V(2).twice().x == 4\nassert '%d' % f(1) == '2'\n"
+             "assert all(abs(a - b) < 1e-9 for a, b in zip([f(0)], [1]))\n")
+    assert grade(own, tests) == (1.0, False)
 
 
 def under_an_init_that_never_reaps(body: str, *args: str) -> str:
@@ -300,6 +402,12 @@ def test_nothing_reaches_the_host(tmp_path):
         "write_system": "open('/usr/rlmix-escape', 'w').write('x')\n",
         "loopback": f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2).sendall(b'x')\n",
         "host_pid": f"import os\nos.kill({os.getpid()}, 0)\n",
+        # Memory is the machine's: /dev was a tmpfs of half its RAM; a file on disk had no bound.
+        "fill_dev_shm": "open('/dev/shm/big', 'wb').write(b'x' * (65 << 20))\n",
+        "fill_dev": "open('/dev/big', 'wb').write(b'x')\n",
+        "one_big_file": "open('big', 'wb').write(b'x' * (65 << 20))\n",
+        # The harness checks path names; a path relative to a descriptor of / passed it.
+        "proc_by_dir_fd": "import os\nos.open('proc/self/maps', os.O_RDONLY, dir_fd=os.open('/', os.O_RDONLY))\n",
     }
     try:
         for name, attempt in escapes.items():
@@ -313,6 +421,30 @@ def test_nothing_reaches_the_host(tmp_path):
     assert not outside.exists() and not Path("/usr/rlmix-escape").exists()
     # And the same escapes from inside the function the tests call.
     assert grade(f"import os\ndef f(x):\n    os.kill({os.getpid()}, 0)\n    return x + 1\n")[0] == 0.0
+
+
+NATIVE = r"""
+#include <unistd.h>
+__attribute__((constructor)) static void run(void) { write(0, "native", 6); _exit(0); }
+"""
+
+
+@needs_sandbox
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) to build the extension module")
+@pytest.mark.parametrize("load", ["import", "sqlite3"])
+def test_native_code_the_solution_wrote_does_not_load(tmp_path, load):
+    # Its constructor runs before any check of the module: it could search memory for the nonce.
+    # Here it ends the process, which is no verdict, but could have been one.
+    (tmp_path / "ext.c").write_text(NATIVE)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(tmp_path / "ext.so"), str(tmp_path / "ext.c")], check=True)
+    library = (tmp_path / "ext.so").read_bytes()
+    load_it = {"import": "sys.path.insert(0, '.')\nimport helper\n",
+               "sqlite3": "import sqlite3\nc = sqlite3.connect(':memory:')\nc.enable_load_extension(True)\n"
+                          "c.load_extension('./helper.so')\n"}[load]
+    code = f"import sys\nopen('helper.so', 'wb').write({library!r})\n{load_it}" + RIGHT
+    run = run_python_tests(code, TESTS, 10.0)
+    assert run.verdict and run.reward(False) == 0.0
+    assert run.exploit_suspected or load == "sqlite3"  # a sqlite3 built without extensions: AttributeError
 
 
 @pytest.mark.slow  # waits out its time limit: a second

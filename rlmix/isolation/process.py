@@ -35,6 +35,7 @@ class LocalLimits:
     max_procs: int  # RLIMIT_NPROC (the kernel ignores it for root)
     cpu_s: int  # RLIMIT_CPU
     output_cap_bytes: int  # command output kept (first and last halves)
+    file_size_mb: int | None = None  # RLIMIT_FSIZE: no file written grows past it (None: no limit)
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class Isolation:
     chdir: str  # the working directory inside
     network: bool
     die_with_parent: bool = True  # bwrap_argv's: killed when the thread that started it ends
+    proc: bool = True  # bwrap_argv's: a /proc inside
 
 
 class SandboxNotStarted(OSError):
@@ -66,9 +68,12 @@ def _lowered(which: int, value: int) -> int:
 
 def _rlimits(limits: LocalLimits) -> list[tuple[int, str, int]]:
     """(resource, prlimit option, value) of each limit a command runs under."""
-    return [(resource.RLIMIT_AS, "--as", _lowered(resource.RLIMIT_AS, limits.memory_mb * 1024 * 1024)),
-            (resource.RLIMIT_NPROC, "--nproc", _lowered(resource.RLIMIT_NPROC, limits.max_procs)),
-            (resource.RLIMIT_CPU, "--cpu", _lowered(resource.RLIMIT_CPU, limits.cpu_s))]
+    found = [(resource.RLIMIT_AS, "--as", _lowered(resource.RLIMIT_AS, limits.memory_mb * 1024 * 1024)),
+             (resource.RLIMIT_NPROC, "--nproc", _lowered(resource.RLIMIT_NPROC, limits.max_procs)),
+             (resource.RLIMIT_CPU, "--cpu", _lowered(resource.RLIMIT_CPU, limits.cpu_s))]
+    if limits.file_size_mb is not None:
+        found.append((resource.RLIMIT_FSIZE, "--fsize", _lowered(resource.RLIMIT_FSIZE, limits.file_size_mb << 20)))
+    return found
 
 
 def _limit_child(rlimits: list[tuple[int, str, int]]) -> None:
@@ -194,7 +199,8 @@ def start_limited(argv: Sequence[str], isolation: Isolation | None, cwd: str | P
     rlimits = _rlimits(limits)
     if isolation is not None:
         inside, rlimits = _inside_the_sandbox(rlimits)
-        argv = [*bwrap_argv(isolation.binds, isolation.chdir, isolation.network, isolation.die_with_parent),
+        argv = [*bwrap_argv(isolation.binds, isolation.chdir, isolation.network, isolation.die_with_parent,
+                            isolation.proc),
                 "--info-fd", str(info_w), *inside, *argv]
     argv, how = _launch(argv, rlimits, user)
     try:

@@ -7,9 +7,10 @@ The verdict is one line on the descriptor that was stdout when the harness start
 
     <nonce> <asserts passed> <asserts> <tests ran to the end: 0|1> <flags, comma separated, or ->
 
-Flags: ``nonbuiltin`` (an object compared with built-in data), ``early_exit`` (SystemExit and the
-like instead of a return), ``exit_hook`` (an ``atexit`` hook or ``sys.excepthook`` set), ``tamper``
-(builtins, a module or ``sys.modules`` changed), ``refused`` (an introspection route was tried).
+Flags: ``nonbuiltin`` (an object compared with, or in arithmetic with, built-in data), ``early_exit``
+(SystemExit and the like instead of a return), ``exit_hook`` (an ``atexit`` hook or ``sys.excepthook``
+set), ``tamper`` (builtins, a module, a class of one or ``sys.modules`` changed), ``refused`` (an
+introspection route, native code, a signal or an in-place change of a function was tried).
 
 written after the last test has run, then the process ends with ``os._exit`` (no ``atexit`` hook, no
 ``sys.excepthook``, no thread of the solution's runs after it). The nonce exists only in this
@@ -17,7 +18,8 @@ process's memory, where the solution cannot reach it: stdin is read and closed b
 runs, and an audit hook (PEP 578, which cannot be removed) refuses every route Python offers to
 another frame or to arbitrary objects (``sys._getframe``, traceback and generator frames, ``gc``'s
 object walks, ``ctypes``, tracing and profiling, signal handlers, which receive the current frame,
-``/proc``) and the process is made non-dumpable, so no process it starts can read its memory.
+``/proc``, native code: ``sqlite3`` extensions and extension modules from outside the interpreter's
+installation) and the process is made non-dumpable, so no process it starts can read its memory.
 A solution that ends the process, or raises ``SystemExit`` instead of returning, leaves no verdict
 (or a flagged one): reward 0.
 
@@ -25,9 +27,10 @@ The tests' code is rewritten (``ast``) before the solution runs: each ``assert``
 this harness whose functions are constants of the compiled code, in no namespace the solution sees.
 A comparison whose one side is built-in data (numbers, strings, bytes, None and containers of them)
 passes only if the other side is built-in data too, of the same type (``int``/``float`` mix), so an
-object whose ``__eq__`` always returns True fails it. The tests run on a copy of the builtins taken
-before the solution ran; that copy, the modules loaded before the solution, and ``sys.modules`` are
-checked for tampering at every assert and at the end.
+object whose ``__eq__`` always returns True fails it; so does an arithmetic operator between built-in
+data and an object (``abs(f(x) - y)`` with ``f(x).__sub__`` returning 0). The tests run on a copy of
+the builtins taken before the solution ran; that copy, the modules loaded before the solution, their
+classes, and ``sys.modules`` are checked for tampering at every assert and at the end.
 """
 
 import ast
@@ -46,11 +49,17 @@ NO_IMPORT = frozenset({"_signal", "signal", "ctypes", "_ctypes", "_posixsubproce
 REFUSED_EVENTS = frozenset({"os.fork", "sys._current_frames", "sys.settrace", "sys.setprofile", "sys.addaudithook",
                             "gc.get_objects", "gc.get_referrers", "gc.get_referents", "object.__getattr__",
                             "sys._getframe", "os.exec", "os.posix_spawn", "os.spawn", "os.system",
-                            "subprocess.Popen", "os.forkpty", "pty.spawn", "sys.remote_exec"})
+                            "subprocess.Popen", "os.forkpty", "pty.spawn", "sys.remote_exec", "os.kill", "os.killpg",
+                            "sqlite3.enable_load_extension", "sqlite3.load_extension"})
 PATH_EVENTS = frozenset({"open", "os.listdir", "os.scandir", "os.chdir", "os.readlink", "os.symlink", "os.link"})
 QUIET_REFUSALS = frozenset({"sys._getframe"})  # namedtuple, enum and typing ask and cope: not an exploit
 CMP_OPS = {ast.Eq: 0, ast.NotEq: 1, ast.Lt: 2, ast.LtE: 3, ast.Gt: 4, ast.GtE: 5, ast.Is: 6, ast.IsNot: 7,
            ast.In: 8, ast.NotIn: 9}
+ARITH_OPS = (ast.Add, ast.Sub, ast.Mult, ast.MatMult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.LShift, ast.RShift,
+             ast.BitOr, ast.BitXor, ast.BitAnd)  # in the order of main()'s arith_ops
+CREATE_EVENT = "rlmix.create_module"  # _imp's module creation, done by the audit hook (main)
+# New names in a class that existed before the solution: caches the standard library sets itself.
+CLASS_CACHES = frozenset({"__slotnames__", "__annotations__"})
 
 
 class Refused(RuntimeError, ValueError):
@@ -109,6 +118,12 @@ class _Operands(ast.NodeTransformer):
             return ast.copy_location(ast.Call(self.r._const("truth_not", node), [node.operand], []), node)
         return node
 
+    def visit_BinOp(self, node):
+        """``abs(f(x) - y) < 1e-6`` compares only built-in data when ``f(x).__sub__`` returns 0.0."""
+        self.generic_visit(node)
+        op = ast.Constant(ARITH_OPS.index(type(node.op)))
+        return ast.copy_location(ast.Call(self.r._const("arith", node), [op, node.left, node.right], []), node)
+
 
 def _swap_constants(code, table):
     """``code`` with every placeholder constant (nested code objects too) replaced by its object."""
@@ -134,9 +149,12 @@ def main():
     write, exit_now, fsdecode, realpath = os.write, os._exit, os.fsdecode, os.path.realpath
     import operator
 
-    from itertools import repeat
+    from itertools import chain, repeat
 
     is_, ops = operator.is_, (operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge)
+    arith_ops = (operator.add, operator.sub, operator.mul, operator.matmul, operator.truediv, operator.floordiv,
+                 operator.mod, operator.pow, operator.lshift, operator.rshift, operator.or_, operator.xor,
+                 operator.and_)
     job = json.loads(sys.stdin.buffer.read())
     os.close(0)
     nonce = job["nonce"]
@@ -154,7 +172,7 @@ def main():
 
     flags = _set()
     marks = {name: f"__rlmix_{name}_{os.getpid()}_{_id(job)}" for name in
-             ("truth", "truth_not", "compare", "raised", "check", "BaseException")}
+             ("truth", "truth_not", "compare", "arith", "raised", "check", "BaseException")}
     try:
         rewrite = _Rewrite(marks)
         tree = ast.fix_missing_locations(rewrite.visit(ast.parse(job["tests"], "<tests>")))
@@ -231,6 +249,14 @@ def main():
                 return False
         return True
 
+    def arith(op, a, b):
+        """An operator between built-in data and an object: the object's method decides the value."""
+        if _type(a) not in plain_atoms or _type(b) not in plain_atoms:
+            if is_plain(a) is not is_plain(b):
+                flags.add("nonbuiltin")
+                raise _Refused("arithmetic between built-in data and an object")
+        return arith_ops[op](a, b)
+
     def raised(i, err):
         if not _isinstance(err, _Exception):
             flags.add("early_exit")  # SystemExit, KeyboardInterrupt, GeneratorExit from the solution
@@ -252,43 +278,108 @@ def main():
     import _imp
     import builtins
 
+    from importlib.machinery import ModuleSpec
+
     _non_dumpable()
     sys.modules.pop("_signal", None)  # handlers are called with the current frame: none may be set
     sys.modules.pop("signal", None)
-    create_builtin, create_dynamic = _imp.create_builtin, _imp.create_dynamic
+    create_builtin, create_dynamic, audit_event = _imp.create_builtin, _imp.create_dynamic, sys.audit
+    installed = tuple({realpath(p) + "/" for p in (sys.base_prefix, sys.base_exec_prefix)})
     refusals = _set()
 
-    def guarded(create):
-        def make(spec, *args):  # the importer's back door: creating a module without an import event
-            if _str(_getattr(spec, "name", "")).split(".")[0] in no_import:
-                refusals.add("import")
-                raise _Refused("this module is not importable while grading")
-            return create(spec, *args)
+    def created(kind, spec, args):
+        """The module ``_imp`` was asked for, from a spec of plain strings read once (a property could
+        answer the check and the loader differently); extension modules only from the interpreter's
+        installation, never a library the solution wrote."""
+        name, origin = _getattr(spec, "name", None), _getattr(spec, "origin", None)
+        if _type(name) is not _str or name.split(".")[0] in no_import:
+            refusals.add("import")
+            raise _Refused("this module is not importable while grading")
+        if kind == "builtin":
+            return create_builtin(ModuleSpec(name, None))
+        origin = realpath(origin) if _type(origin) is _str else ""
+        if not origin.startswith(installed):
+            refusals.add("native")
+            raise _Refused("only the interpreter's own extension modules load while grading")
+        return create_dynamic(ModuleSpec(name, None, origin=origin), *args)
+
+    def guarded(kind):
+        # The importer's back door: creating a module without an import event. The check and the
+        # original functions live in the audit hook: a wrapper's closure would hand them to the solution.
+        def make(spec, *args):
+            box = []
+            audit_event(create_event, kind, spec, args, box)
+            return box[0]
         return make
 
-    _imp.create_builtin, _imp.create_dynamic = guarded(create_builtin), guarded(create_dynamic)
-    tests_builtins = dict(builtins.__dict__)
-    # (names, objects) per namespace: every name must still hold its object. New names may appear
-    # (importing a submodule sets an attribute on its package); warnings rebinds its filters.
-    watched = [(_list(keys_of(m.__dict__)), _list(values_of(m.__dict__)), m.__dict__)
-               for name, m in _list(sys.modules.items()) if name not in ("sys", "warnings") and _type(m) is module_type]
-    watched.append((_list(keys_of(tests_builtins)), _list(values_of(tests_builtins)), tests_builtins))
-    watched.append((_list(keys_of(sys.modules)), _list(values_of(sys.modules)), sys.modules))
-    missing = object()
-    modules, modules_then = sys.modules, dict(sys.modules)
+    import atexit
+    import gc
 
-    def untouched():
-        for names, values, d in watched:
-            if not _all(_map(is_, _map(d.get, names, repeat(missing)), values)):
+    _imp.create_builtin, _imp.create_dynamic = guarded("builtin"), guarded("dynamic")  # no import until the hook
+    tests_builtins = dict(builtins.__dict__)
+    # (names, objects, namespace, names it may not gain) per namespace: every name must still hold its
+    # object. A module may gain names (importing a submodule sets an attribute on its package), but
+    # none that would shadow a builtin for its functions; warnings rebinds its filters. A class that
+    # existed before the solution (``Counter.__eq__ = ...`` patches every Counter) gains only caches.
+    builtin_names = frozenset(tests_builtins)
+    namespaces = [m.__dict__ for name, m in _list(sys.modules.items())
+                  if name not in ("sys", "warnings") and _type(m) is module_type]
+    classes = {_id(c): c.__dict__ for d in namespaces for v in _list(values_of(d)) if _isinstance(v, type)
+               for c in v.__mro__ if not c.__flags__ & 256}  # Py_TPFLAGS_IMMUTABLETYPE: cannot change
+    spaces = [*namespaces, tests_builtins, sys.modules, *values_of(classes)]
+    may_not_gain = [builtin_names] * _len(namespaces) + [None, frozenset()] + [None] * _len(classes)
+    dict_get, proxy_get, missing, class_caches = dict.get, type(type.__dict__).get, object(), CLASS_CACHES
+    values_in, everywhere = operator.methodcaller("values"), chain.from_iterable
+
+    def snapshot():  # every namespace's names, objects (in order) and size: ~6,000 names
+        return _list(everywhere(spaces)), _list(everywhere(_map(values_in, spaces))), _list(_map(_len, spaces))
+
+    state = [snapshot()]
+
+    def grown():
+        """Some namespace has new names: if no old name changed and no new one is forbidden, they
+        join what is watched."""
+        names, values, sizes = state[0]
+        at = 0
+        for k in _range(_len(spaces)):
+            d, n = spaces[k], sizes[k]
+            get = dict_get if _type(d) is dict else proxy_get
+            if not _all(_map(is_, _map(get, repeat(d, n), names[at:at + n], repeat(missing)), values[at:at + n])):
                 return False
+            if _len(d) != n:
+                new, forbidden = _set(d) - _set(names[at:at + n]), may_not_gain[k]
+                if not new <= class_caches if forbidden is None else not new.isdisjoint(forbidden):
+                    return False
+            at += n
+        state[0] = snapshot()
         return True
 
-    table = {marks["truth"]: truth, marks["truth_not"]: truth_not, marks["compare"]: compare,
+    def untouched(names_too=False):
+        """At each assert: sizes and objects, in order (a C loop); a name could then change only if
+        an equal-sized namespace lost one and gained one for the same object. Before and after the
+        tests: the names as well."""
+        if _list(_map(_len, spaces)) != state[0][2] and not grown():
+            return False
+        names, values, _ = state[0]
+        if names_too and not _all(_map(is_, everywhere(spaces), names)):
+            return False
+        return _all(_map(is_, everywhere(_map(values_in, spaces)), values))
+
+    create_event = CREATE_EVENT
+    modules, modules_then = sys.modules, dict(sys.modules)
+
+    table = {marks["truth"]: truth, marks["truth_not"]: truth_not, marks["compare"]: compare, marks["arith"]: arith,
              marks["raised"]: raised, marks["check"]: check, marks["BaseException"]: _BaseException}
     tests_code = _swap_constants(tests_code, table)
     del table, marks
 
     def audit(event, args):
+        if event == create_event:
+            args[3].append(created(*args[:3]))
+            return
+        if event in ("object.__setattr__", "object.__delattr__") and (args[1] == "__code__" or _id(args[0]) in before):
+            refusals.add(event)  # a function's code, or anything of what existed before the solution ran
+            raise _Refused("not permitted while grading")
         if event == "object.__getattr__":  # frames, code objects, defaults of functions and generators
             name = args[1]
             if name in ("__defaults__", "__kwdefaults__") or (
@@ -310,9 +401,9 @@ def main():
                 raise _Refused("/proc is not readable while grading")
 
     tests_ns_holder = [None]
-    import atexit
-
     excepthook = sys.excepthook
+    existing = gc.get_objects()  # held, so that no id in ``before`` is reused by a new object
+    before = _set(_map(_id, existing))
     sys.addaudithook(audit)
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     try:
@@ -338,7 +429,7 @@ def main():
     tests_ns["__builtins__"] = tests_builtins
     tests_ns_holder[0] = tests_ns
     complete = False
-    if untouched():
+    if untouched(True):
         try:
             _exec(tests_code, tests_ns)
             complete = True
@@ -346,7 +437,7 @@ def main():
             pass
         except _BaseException:
             flags.add("early_exit")
-    if not untouched():
+    if not untouched(True):
         flags.add("tamper")
     if sys.excepthook is not excepthook or atexit._ncallbacks():
         flags.add("exit_hook")

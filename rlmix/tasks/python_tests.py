@@ -1,11 +1,12 @@
 """``task.reward=python_tests``: a completion's code and the row's asserts, graded in a bubblewrap sandbox.
 
 Each sample runs once, alone, in the isolation of the agentic ``local`` runtime (``rlmix/isolation``):
-a fresh temporary directory (the only thing writable), a read-only system, no network, its own PID
-namespace (host processes are invisible), an unprivileged user, RLIMIT_AS / RLIMIT_NPROC / RLIMIT_CPU,
-a wall-clock timeout and capped output. Inside, ``harness.py`` runs the solution, then the tests, and
-writes its verdict under a per-sample random nonce that only this process and the harness know; the
-exit code means nothing. No verdict (the process ended early, was killed, timed out) is reward 0.
+a fresh temporary directory (the only thing writable but a 64 MiB ``/dev/shm``), a read-only system,
+no ``/proc``, no network, its own PID namespace (host processes are invisible), an unprivileged user,
+RLIMIT_AS / RLIMIT_NPROC / RLIMIT_CPU / RLIMIT_FSIZE, a wall-clock timeout and capped output. Inside,
+``harness.py`` runs the solution, then the tests, and writes its verdict under a per-sample random
+nonce that only this process and the harness know; the exit code means nothing. No verdict (the
+process ended early, was killed, timed out) is reward 0.
 
 Where bwrap cannot run, ``PythonTests`` refuses to be built: one line naming ``task.reward`` and
 the fix, never a run on the host.
@@ -37,6 +38,9 @@ INSIDE = "/sandbox"  # the sample's directory inside: cwd, HOME and TMPDIR
 MEMORY_MB = 1024
 MAX_PROCS = 64
 OUTPUT_CAP_BYTES = 1 << 16  # the solution's own output goes to /dev/null; this bounds the rest
+# Per file written: tests write scratch files of kilobytes; a sample wrote 244 MiB in 2 s. Python
+# ignores SIGXFSZ, so a write past it fails with EFBIG instead of killing the harness.
+FILE_SIZE_MB = 64
 EXPLOIT_FLAGS = frozenset({"nonbuiltin", "early_exit", "exit_hook", "tamper", "refused"})
 
 
@@ -104,10 +108,12 @@ def run_python_tests(code: str, tests: str, timeout_s: float) -> Verdict:
     nonce = secrets.token_hex(16)
     job = json.dumps({"nonce": nonce, "solution": code, "tests": tests}).encode()
     limits = LocalLimits(memory_mb=MEMORY_MB, max_procs=MAX_PROCS, cpu_s=int(timeout_s) + 1,
-                         output_cap_bytes=OUTPUT_CAP_BYTES)
+                         output_cap_bytes=OUTPUT_CAP_BYTES, file_size_mb=FILE_SIZE_MB)
     work = _work_dir()
     try:
-        isolation = Isolation((*binds, Bind(str(work), INSIDE, writable=True)), INSIDE, network=False)
+        # No /proc: nothing here needs one, and a path relative to a descriptor (dir_fd) escapes the
+        # harness's check of path names.
+        isolation = Isolation((*binds, Bind(str(work), INSIDE, writable=True)), INSIDE, network=False, proc=False)
         env = {"PATH": PATH, "HOME": INSIDE, "TMPDIR": INSIDE, "LANG": "C.UTF-8"}
         done = run_limited([python, "-I", "-S", "-B", "-c", HARNESS.read_text()], isolation, work, env, limits,
                            timeout_s, sandbox_user(), stdin=job)
