@@ -80,7 +80,7 @@ def test_reading_and_writing_outside_the_sandbox_fails(sandbox, task, tmp_path):
     assert (task.path / "instruction.md").read_bytes() == instruction
     # Nor through the runner: a planted link to a host file is not followed when the reward is read.
     sandbox.run(f"ln -sf {secret} $LOGS_DIR/verifier/reward.txt", timeout_s=10.0)
-    assert sandbox.read_file(f"{sandbox.logs_dir}/verifier/reward.txt") is None
+    assert sandbox.read_file(f"{sandbox.logs_dir}/verifier/reward.txt", 4096) is None
     # Not the host's root either (whose uid may write kernel settings in /proc/sys even without capabilities).
     assert sandbox.run("id -u", timeout_s=10.0).output.strip() not in ("", "0")
     # The working copy itself is writable, and the host sees the change there and only there.
@@ -275,3 +275,61 @@ def test_without_bwrap_untrusted_tasks_are_refused_in_one_line(task, tmp_path, m
                 check_runtime(SwebenchProConfig(trusted=True, command_output_cap_bytes=10))
     finally:
         forget_isolation()
+
+
+def _play(task, tmp_path, calc_py: str, sample: int = 0):
+    """One episode whose patch replaces calc.py with ``calc_py``, graded as usual."""
+    b64 = base64.b64encode(calc_py.encode()).decode()
+    cfg = SwebenchProConfig(tasks_dir=str(tmp_path / "tasks"), subset="all", turn_timeout_s=10.0)
+    return run_sample(task, sample, ScriptedPolicy([f"<bash>echo {b64} | base64 -d > calc.py</bash>", SUBMIT]),
+                      check_runtime(cfg), cfg)
+
+
+FORGE = "import os\nd = os.environ['LOGS_DIR'] + '/verifier'\nos.makedirs(d, exist_ok=True)\n"
+# Write the reward, then kill every process the sandbox user may signal: the verifier dies before it
+# replaces the forged file, and its exit status (128 + 9) is all that is left of it.
+FORGE_AND_KILL = FORGE + "open(d + '/reward.txt', 'w').write('1\\n')\nos.kill(-1, 9)\n" + BUGGY
+# A reward file the script cannot replace: in a directory made unwritable, its `rm -rf` fails (and its
+# `&&` chain with it), and the forged file stays.
+FORGE_UNREMOVABLE = FORGE + "open(d + '/reward.txt', 'w').write('1\\n')\nos.chmod(d, 0o500)\n" + BUGGY
+# 64 MiB that cost the patch nothing (sparse) and begin with a passing reward.
+SPARSE_REWARD = (FORGE + "fd = os.open(d + '/reward.txt', os.O_WRONLY | os.O_CREAT, 0o644)\nos.write(fd, b'1 ')\n"
+                 "os.ftruncate(fd, 64 << 20)\nos.close(fd)\n" + BUGGY)
+# A Harbor-style verifier: it writes the reward file only when the tests pass.
+HARBOR_TEST_SH = "#!/bin/bash\ncd \"$APP_DIR\"\npython3 test_calc.py && echo 1 > \"$LOGS_DIR/verifier/reward.txt\"\n"
+
+
+@pytest.fixture
+def harbor_task(tmp_path):
+    """The fixture task with a Harbor-style test.sh: it writes the reward file only when the tests pass."""
+    (make_task(tmp_path / "tasks", "calc") / "tests" / "test.sh").write_text(HARBOR_TEST_SH)
+    return load_tasks(tmp_path / "tasks")["calc"]
+
+
+# Each attack: (calc.py, a task with rlmix_verify.sh or a Harbor-style test.sh, what the record says).
+# Under rlmix_verify.sh the harness may refuse the kill itself: then no note, and still 0.
+VERIFIER_ATTACKS = {
+    "rlmix_verify_forge_and_kill": (FORGE_AND_KILL, "task", None),
+    "rlmix_verify_unremovable_reward": (FORGE_UNREMOVABLE, "task", None),
+    "rlmix_verify_sparse_reward_and_kill": (SPARSE_REWARD.replace(BUGGY, "os.kill(-1, 9)\n" + BUGGY), "task", None),
+    "harbor_forge_and_kill": (FORGE_AND_KILL, "harbor_task", "signal 9"),
+    "harbor_sparse_reward": (SPARSE_REWARD, "harbor_task", "more than the 4096"),
+}
+
+
+@needs_bwrap
+@pytest.mark.parametrize("name", sorted(VERIFIER_ATTACKS))
+def test_a_verifier_killed_or_left_a_forged_reward_file_scores_zero(request, tmp_path, name):
+    calc_py, fixture, note = VERIFIER_ATTACKS[name]
+    hacked = _play(request.getfixturevalue(fixture), tmp_path, calc_py)
+    assert (hacked.outcome.reward, hacked.outcome.infra_error) == (0.0, None)
+    assert note is None or note in hacked.outcome.grade_note
+
+
+@needs_bwrap
+@pytest.mark.parametrize("fixture", ["task", "harbor_task"])
+def test_both_verifiers_still_tell_a_fix_from_none(request, tmp_path, fixture):
+    task = request.getfixturevalue(fixture)
+    fixed = _play(task, tmp_path, BUGGY.replace("a - b", "a + b", 1))
+    assert (fixed.outcome.reward, fixed.outcome.grade_note) == (1.0, None)
+    assert _play(task, tmp_path, BUGGY, 1).outcome.reward == 0.0

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from rlmix.agentic.harbor import HarborTask
-from rlmix.agentic.sandbox import DEFAULT_OUTPUT_CAP_BYTES, ExecResult, InfraError
+from rlmix.agentic.sandbox import DEFAULT_OUTPUT_CAP_BYTES, ExecResult, FileTooLarge, InfraError
 from rlmix.isolation.process import read_capped
 
 TIMEOUT_EXIT = 124  # coreutils timeout's exit status when the time limit was hit
@@ -92,9 +92,15 @@ class DockerSandbox:
         if res.returncode != 0:
             raise InfraError(f"docker cp into {self.name} failed: {res.stderr.decode(errors='replace')[-500:]}")
 
-    def read_file(self, sandbox_path: str) -> bytes | None:
-        res = _docker(["exec", self.name, "cat", sandbox_path], timeout_s=120.0)
-        return res.stdout if res.returncode == 0 else None
+    def read_file(self, sandbox_path: str, max_bytes: int) -> bytes | None:
+        # One byte past the cap tells a larger file; a FIFO or device is not read (it could block or never end).
+        res = _docker(["exec", self.name, "sh", "-c", 'test -f "$1" && head -c "$2" -- "$1"', "sh", sandbox_path,
+                       str(max_bytes + 1)], timeout_s=120.0)
+        if res.returncode != 0:
+            return None
+        if len(res.stdout) > max_bytes:
+            raise FileTooLarge(f"{sandbox_path} has more than the {max_bytes} bytes read")
+        return res.stdout
 
     def close(self) -> None:
         try:

@@ -10,8 +10,14 @@
    local runtime mounts them read-only), with ``rlmix_verify.sh`` and the python_tests harness beside
    them, and run ``bash $TESTS_DIR/test.sh`` with the task's ``[verifier] env`` and ``timeout_sec``.
    Nothing the agent wrote outside its patch reaches here.
-4. The reward is ``$LOGS_DIR/verifier/reward.txt`` (a number; or ``reward.json`` with ``"reward"``),
-   else the exit code (0 passes). Reward 1 iff that number is >= 1.
+4. The reward. A verifier that ended by a signal (exit status above 128, or killed) scores 0 whatever
+   files it left. A ``test.sh`` that calls ``rlmix_verify.sh`` is judged by what the host controls: the
+   verifier's own output must carry, under a nonce made for this grading, a passing verdict for every
+   ``rlmix_verify.sh`` run it started, and the exit status must be 0; no file in the sandbox counts.
+   Any other ``test.sh`` (Harbor's) is trusted as Harbor trusts it: ``$LOGS_DIR/verifier/reward.txt``
+   (a number; or ``reward.json`` with ``"reward"``; either at most ``REWARD_FILE_MAX_BYTES``, a larger
+   one scores 0 unread), else the exit code (0 passes). Reward 1 iff that number is >= 1. Why a
+   grading scored 0 where the verifier's output would not say is the grade's ``note``.
 
 Sandbox failures (``InfraError``) are retried ``retries`` times and then reported as an infra failure,
 which is left out of pass@k, never scored 0. A patch that does not apply, a verifier that times out
@@ -22,33 +28,46 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import secrets
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rlmix.agentic.harbor import HarborTask
-from rlmix.agentic.sandbox import ONLY_OWN_REPO, InfraError, Runtime, Sandbox
+from rlmix.agentic.sandbox import ONLY_OWN_REPO, FileTooLarge, InfraError, Runtime, Sandbox
 from rlmix.tasks.python_tests import HARNESS
 
 log = logging.getLogger(__name__)
 
 
 # ``bash $TESTS_DIR/rlmix_verify.sh FILE``: the python_tests harness (rlmix/tasks/harness.py) runs FILE's
-# asserts against the repository, whose modules it imports under its guards; the reward file is
-# written by this script from the nonce-keyed verdict after the harness has ended (it refuses
-# fork, so no process of the patch is left to overwrite it). Exit 0 iff every assert held.
+# asserts against the repository, whose modules it imports under its guards. The verdict the host
+# reads is the pair of lines this script prints under the host's nonce (``VERIFY_NONCE_ENV``, dropped
+# from the environment before the harness starts, so the code under test never inherits it): a start
+# line before the harness and a reward line after it has ended. Code that kills the script leaves a
+# start without its reward: 0. The reward file is still written, for Harbor's own runner; the host
+# does not read it. Exit 0 iff every assert held.
+VERIFY_NONCE_ENV = "RLMIX_VERIFY_NONCE"
 VERIFY_SH = r"""#!/bin/bash
 set -u
+host=${RLMIX_VERIFY_NONCE:-none}
+unset RLMIX_VERIFY_NONCE
+run=$(od -An -tx1 -N8 /dev/urandom | tr -d ' \n')
+printf '\nrlmix_verify %s %s start\n' "$host" "$run"
 nonce=$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')
 verdict=$(python3 -I -S -c 'import json, sys
-sys.stdout.write(json.dumps({"nonce": sys.argv[1], "solution": "", "tests": open(sys.argv[2]).read(), "path": ["."]}))' \
+sys.stdout.write(json.dumps({"nonce": sys.argv[1], "solution": "", "tests": open(sys.argv[2]).read(),
+                             "path": ["."]}))' \
     "$nonce" "$1" | python3 -I -S -B -c "$(cat "$TESTS_DIR/rlmix_harness.py")" | grep -a "^$nonce " | tail -n 1)
 set -- $verdict
 reward=0
 if [ "${4:-0}" = 1 ] && [ "${5:-}" = - ]; then reward=1; fi
 rm -rf "$LOGS_DIR/verifier" && mkdir -p "$LOGS_DIR/verifier" && echo "$reward" > "$LOGS_DIR/verifier/reward.txt"
 echo "rlmix_verify: ${2:-0} of ${3:-?} asserts held, flags ${5:-none}; reward $reward"
+printf '\nrlmix_verify %s %s reward %s\n' "$host" "$run" "$reward"
 [ "$reward" = 1 ]
 """
+REWARD_FILE_MAX_BYTES = 4096  # a reward is a number: a larger file is the verifier's (or the patch's) doing
 
 
 @dataclass(frozen=True)
@@ -60,24 +79,68 @@ class Grade:
     verifier_exit_code: int | None
     verifier_timed_out: bool
     log_tail: str  # end of the verifier's output
+    note: str | None = None  # why it scored 0 where the verifier's output would not say
 
 
-def read_reward(sandbox: Sandbox, exit_code: int) -> float:
-    """The verifier's reward file if it wrote one, else 1.0 for exit code 0."""
+def read_reward(sandbox: Sandbox, exit_code: int) -> tuple[float, str | None]:
+    """(the verifier's reward file if it wrote one, else 1.0 for exit code 0; why it scored 0 or None).
+
+    A reward file over ``REWARD_FILE_MAX_BYTES`` is not read (code under test may write one of any
+    size) and scores 0."""
     vdir = f"{sandbox.logs_dir}/verifier"
-    text = sandbox.read_file(f"{vdir}/reward.txt")
-    if text is not None and text.strip():
-        try:
-            return float(text.decode().strip().split()[0])
-        except ValueError:
-            return 0.0  # an unreadable reward is not a pass
-    raw = sandbox.read_file(f"{vdir}/reward.json")
+    try:
+        text = sandbox.read_file(f"{vdir}/reward.txt", REWARD_FILE_MAX_BYTES)
+        if text is not None and text.strip():
+            try:
+                return float(text.decode().strip().split()[0]), None
+            except ValueError:
+                return 0.0, "reward.txt holds no number"  # an unreadable reward is not a pass
+        raw = sandbox.read_file(f"{vdir}/reward.json", REWARD_FILE_MAX_BYTES)
+    except FileTooLarge as e:
+        return 0.0, f"reward file not read: {e}"
     if raw is not None:
         try:
-            return float(json.loads(raw)["reward"])
+            return float(json.loads(raw)["reward"]), None
         except (ValueError, KeyError, TypeError):
-            return 0.0
-    return 1.0 if exit_code == 0 else 0.0
+            return 0.0, "reward.json holds no number under 'reward'"
+    return (1.0 if exit_code == 0 else 0.0), None
+
+
+def ended_by_signal(exit_code: int) -> str | None:
+    """Why a verifier's exit status says it did not end on its own, or None.
+
+    Code under test that kills its verifier (every process it may signal) leaves whatever files it
+    wrote first: such a run's files and output prove nothing."""
+    if exit_code < 0:
+        return f"the verifier was killed by signal {-exit_code}"
+    if exit_code > 128:  # how shells and bwrap report a command killed by signal N: 128 + N
+        return f"the verifier ended with exit status {exit_code} (signal {exit_code - 128})"
+    return None
+
+
+def uses_rlmix_verify(task: HarborTask) -> bool:
+    """Whether the task's test.sh runs ``rlmix_verify.sh``: then only its nonce-keyed lines count."""
+    return "rlmix_verify.sh" in (task.tests_dir / "test.sh").read_text(errors="replace")
+
+
+def rlmix_verify_reward(output: str, nonce: str) -> tuple[float, str | None]:
+    """(1.0 iff every ``rlmix_verify.sh`` run that printed a start line under ``nonce`` printed reward 1
+    under it too, and at least one ran; why it scored 0 where no verdict says so, or None).
+
+    Only the script knows ``nonce`` (the host made it for this grading): code under test can print
+    none of these lines, and killing the script leaves its start line without a reward."""
+    started, rewards = set(), {}
+    for run, what in re.findall(rf"^rlmix_verify {re.escape(nonce)} ([0-9a-f]+) (start|reward [01])$", output,
+                                flags=re.MULTILINE):
+        if what == "start":
+            started.add(run)
+        else:
+            rewards[run] = what[-1]
+    if not started:
+        return 0.0, "no rlmix_verify.sh run reported under this grading's nonce"
+    if set(rewards) != started:
+        return 0.0, "an rlmix_verify.sh run ended without its verdict (killed?)"
+    return (1.0 if all(r == "1" for r in rewards.values()) else 0.0), None
 
 
 def _grade_once(task: HarborTask, patch: str, runtime: Runtime, network: bool) -> Grade:
@@ -98,12 +161,25 @@ def _grade_once(task: HarborTask, patch: str, runtime: Runtime, network: bool) -
         sandbox.put_file(f"{sandbox.tests_dir}/rlmix_verify.sh", VERIFY_SH.encode())
         # One process start for the verifier: every command in a sandbox costs one (docs/agentic.md).
         verifier = f"{shlex.quote(sandbox.logs_dir)}/verifier"
+        nonce = secrets.token_hex(16)  # a new one per grading: an earlier grading's output proves nothing here
         res = sandbox.run(f"mkdir -p {verifier}; rm -f {verifier}/reward.*; "
                           f"exec bash {shlex.quote(sandbox.tests_dir)}/test.sh",
-                          timeout_s=task.verifier_timeout_s, env=dict(task.verifier_env))
-        reward = 0.0 if res.timed_out else read_reward(sandbox, res.exit_code)
+                          timeout_s=task.verifier_timeout_s,
+                          env={**dict(task.verifier_env), VERIFY_NONCE_ENV: nonce})
+        note = (f"the verifier timed out after {task.verifier_timeout_s:g} s" if res.timed_out
+                else ended_by_signal(res.exit_code))
+        if note is not None:
+            reward = 0.0
+        elif uses_rlmix_verify(task):
+            reward, note = rlmix_verify_reward(res.output, nonce)
+            if res.exit_code != 0 and reward >= 1.0:
+                reward, note = 0.0, f"every rlmix_verify.sh run passed, but test.sh exited {res.exit_code}"
+        else:
+            reward, note = read_reward(sandbox, res.exit_code)
+        if note is not None:
+            log.info("grading %s: scored 0: %s", task.task_id, note)
         return Grade(1.0 if reward >= 1.0 else 0.0, None, 1, applied, res.exit_code, res.timed_out,
-                     res.output[-2000:])
+                     res.output[-2000:], note)
     finally:
         sandbox.close()
 
@@ -113,9 +189,7 @@ def grade_patch(task: HarborTask, patch: str, runtime: Runtime, retries: int, ne
     last = ""
     for attempt in range(1, retries + 2):
         try:
-            grade = _grade_once(task, patch, runtime, network)
-            return Grade(grade.reward, None, attempt, grade.patch_applied, grade.verifier_exit_code,
-                         grade.verifier_timed_out, grade.log_tail)
+            return replace(_grade_once(task, patch, runtime, network), attempts=attempt)
         except InfraError as e:
             last = str(e)
             log.warning("grading %s: infrastructure failure (attempt %d of %d): %s", task.task_id, attempt,

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from rlmix.agentic.harbor import DEFAULT_WORKDIR, HarborTask
-from rlmix.agentic.sandbox import DEFAULT_OUTPUT_CAP_BYTES, ExecResult, InfraError
+from rlmix.agentic.sandbox import DEFAULT_OUTPUT_CAP_BYTES, ExecResult, FileTooLarge, InfraError
 from rlmix.isolation.bwrap import (BUSY, PATH, Bind, isolation_fix, isolation_problem, sandbox_user,
                                   sandbox_workdir)
 from rlmix.isolation.scratch import scratch_dir
@@ -168,12 +168,19 @@ class LocalSandbox:
         except OSError as e:
             raise InfraError(f"could not write {target}: {e}") from e
 
-    def read_file(self, sandbox_path: str) -> bytes | None:
+    def read_file(self, sandbox_path: str, max_bytes: int) -> bytes | None:
         try:
             target = self._host(sandbox_path)
         except InfraError:
             return None
-        return target.read_bytes() if target.is_file() else None
+        if not target.is_file():
+            return None
+        with target.open("rb") as f:
+            data = f.read(max_bytes + 1)  # never more: a sparse file of gigabytes costs a command nothing
+            if len(data) > max_bytes:
+                raise FileTooLarge(f"{sandbox_path} has {os.fstat(f.fileno()).st_size} bytes, more than the "
+                                   f"{max_bytes} read")
+        return data
 
     def close(self) -> None:
         # Every command's processes died with it (see run); the resident namespace goes now.

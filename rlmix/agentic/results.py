@@ -36,6 +36,7 @@ class SampleOutcome:
     grade_attempts: int
     wall_s: float
     patch_error: str | None  # the agent left a repository whose changes could not be captured (scored 0)
+    grade_note: str | None = None  # why grading scored 0 where the verifier's output would not say (signal, timeout)
 
 
 def task_counts(outcomes: Sequence[SampleOutcome]) -> dict[str, tuple[int, int]]:

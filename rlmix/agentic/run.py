@@ -135,7 +135,7 @@ def run_sample(task: HarborTask, sample: int, policy: AgentPolicy, runtime: Runt
     grade = grade_patch(task, patch, runtime, cfg.grade_retries, network=cfg.grade_network)
     outcome = SampleOutcome(task.task_id, sample, grade.reward, grade.infra_error, episode.end_reason,
                             episode.num_actions, episode.format_errors, len(patch.encode()), grade.attempts,
-                            time.monotonic() - start, patch_error)
+                            time.monotonic() - start, patch_error, grade.note)
     return SampleResult(episode, outcome, patch)
 
 

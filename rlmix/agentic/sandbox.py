@@ -30,6 +30,11 @@ class InfraError(RuntimeError):
     """The sandbox itself failed (image build, engine, copy): retried, never scored as a failure."""
 
 
+class FileTooLarge(Exception):
+    """A file the runner reads from a sandbox is over the caller's cap: commands may write one of any
+    size (a sparse file costs them nothing), so it is refused unread, and is the sandbox's doing."""
+
+
 @dataclass(frozen=True)
 class ExecResult:
     exit_code: int  # -1 when the command was killed at its time limit
@@ -49,7 +54,8 @@ class Sandbox(Protocol):
 
     def put_file(self, sandbox_path: str, data: bytes) -> None: ...
 
-    def read_file(self, sandbox_path: str) -> bytes | None: ...
+    def read_file(self, sandbox_path: str, max_bytes: int) -> bytes | None:
+        """The regular file's bytes, or None; raises FileTooLarge past ``max_bytes`` (never read whole)."""
 
     def close(self) -> None: ...
 
@@ -100,7 +106,10 @@ def capture_patch(sandbox: Sandbox, baseline: str) -> tuple[str, str | None]:
     size = int(res.output.split()[-1]) if res.output.split() and res.output.split()[-1].isdigit() else -1
     if not 0 <= size <= MAX_PATCH_BYTES:
         return "", f"the patch has {size} bytes, more than the {MAX_PATCH_BYTES} allowed"
-    data = sandbox.read_file(path)
+    try:
+        data = sandbox.read_file(path, MAX_PATCH_BYTES)
+    except FileTooLarge as e:
+        return "", str(e)
     if data is None:
         return "", "could not read the captured patch"
     return data.decode("utf-8", errors="replace"), None
