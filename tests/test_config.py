@@ -41,6 +41,9 @@ def test_every_option_composes(option: Path, request):
         "dataset": lambda: [f"task.train_files={CONF.parent / 'examples/arith/train.jsonl'}", "task.prompt_key=question"],
         "sc_mis_replay": lambda: [f"model.path={request.getfixturevalue('tiny_qwen3_moe_dir')}"],  # experts to replay
         "minicode_trace": lambda: ["model=embedded_v2", "model.embedded_v2.answer=trace"],  # writes traces
+        # sized for the real models it serves: longer than the embedded model's 256 positions
+        "vllm_gpu_mixed": lambda: [f"fleet.pools.{p}.vllm.max_model_len=null" for p in ("h100_fp8", "h200_bf16",
+                                                                                        "a100_fp16")],
     }.get(name, list)()
     cfg = compose_run_config([override, *extra], for_training=group != "task")
     if group == "experiment":
@@ -93,7 +96,7 @@ def test_every_preset_says_what_it_corrects_and_cites_a_source():
 def test_the_fp16_arm_switches_the_trainer_and_every_pool_to_fp16():
     from rlmix.samplers.checks import pool_view
 
-    cfg = compose_run_config(["+experiment=fp16", "fleet.pools.h100_fp8.kv_precision=fp8_e4m3"])
+    cfg = compose_run_config(["+experiment=fp16"])
     assert cfg.trainer.precision is TrainerPrecision.fp16
     views = {name: pool_view(name, pool) for name, pool in cfg.fleet.pools.items()}
     assert len(views) == 6
@@ -268,11 +271,69 @@ def test_a_sweep_jobs_directory_is_a_path_hydra_accepts(tmp_path):
 
 
 def test_a_fleet_wide_precision_replaces_every_pool_knob_of_the_format():
-    """fleet.precision=fp16 (the FP16 remedy) serves every pool in fp16: a pool's KV format, fp8
-    scales, GEMM inputs and fp8 attention belong to its own format and are dropped with it."""
-    pool = "fleet.pools.b200_nvfp4"
-    cfg = compose_run_config(["fleet=emulated_hetero6", "fleet.precision=fp16", f"{pool}.linear_inputs=nvfp4",
-                              f"{pool}.kv_precision=fp8_e4m3", "fleet.pools.h100_fp8.fp8_attention=true"])
+    """fleet.precision=fp16 (the FP16 remedy) serves every pool of the fleet in fp16, the fleet's own
+    formats replaced; a pool's format set beside it is refused (FIXED_BAD), not dropped unseen."""
+    cfg = compose_run_config(["fleet=emulated_hetero6", "fleet.precision=fp16", "fleet.pools.a100_bf16.precision=fp16"])
     for p in cfg.fleet.pools.values():
         assert (p.precision, p.kv_precision, p.fp8_scales, p.linear_inputs, p.fp8_attention) == (
             "fp16", None, "channel", None, False)
+
+FIXED_BAD = [
+    # a seed torch cannot take killed the trainer at start (a Ray traceback, exit 1)
+    (["seed=99999999999999999999"], "seed="),
+    # no support recorded: the trainer compared its full log p with the truncated q
+    (["correction.support_slots=0", "fleet.top_p=0.9"], "correction.support_slots=0"),
+    # top-p alone can keep every token: the sampler refused the record mid-run
+    (["correction.support_slots=2", "fleet.top_p=0.99"], "vocabulary size 32"),
+    # slots beyond the 32-token vocabulary: padding in every record, sampling 5x slower
+    (["correction.num_candidates=20000"], "correction.num_candidates=20000"),
+    (["fleet=vllm_cpu_smoke", "fleet.pools.cpu_vllm_bf16.vllm.max_model_len=100000"], "vllm.max_model_len=100000"),
+    (["fleet=vllm_cpu_smoke", "fleet.pools.cpu_vllm_bf16.vllm.max_model_len=8"], "loop.max_new_tokens"),
+    # set beside fleet.precision, a pool's own format was replaced without a word
+    (["fleet.precision=fp16", "fleet.pools.h100_fp8.kv_precision=fp8_e4m3"], "fleet.pools.h100_fp8.kv_precision"),
+    (["fleet.precision=fp16", "fleet.pools.h100_fp8.precision=int8"], "fleet.pools.h100_fp8.precision=int8"),
+    (["+fleet.pools.mypool={acelerator:L4}"], "fleet.pools.mypool.acelerator: no such key"),
+    (["fleet.pools.h100_fp8.acelerator=L4"], "fleet.pools.h100_fp8.acelerator: no such key"),
+    (["+fleet.pools.mypool={count:two}"], "fleet.pools.mypool.count"),
+    # the constant schedule has no decay; a decay ending inside the warm-up dropped the lr to its floor
+    (["trainer.lr_decay_steps=1", "trainer.min_lr_ratio=0.1"], "trainer.lr_decay_steps=1"),
+    (["trainer.lr_schedule=linear", "trainer.lr_warmup_steps=3", "trainer.lr_decay_steps=2"],
+     "trainer.lr_warmup_steps=3"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "key"), FIXED_BAD, ids=[" ".join(o) for o, _ in FIXED_BAD])
+def test_settings_that_ran_wrong_or_died_in_an_actor_are_refused(overrides, key):
+    with pytest.raises(ConfigError) as err:
+        compose_run_config(["+experiment=smoke", *overrides])
+    message = str(err.value)
+    assert key in message and "\n" not in message, message
+
+
+@pytest.mark.parametrize("override", ["+fleet.pools.mypool={accelerator:L4,precision:int8,count:2}",
+                                      "++fleet.pools.mypool={accelerator:L4,precision:int8,count:2}"])
+def test_a_pool_can_be_added_on_the_command_line(override):
+    cfg = compose_run_config(["+experiment=smoke", override, "+fleet.pools.other.accelerator=A100"])
+    pool = cfg.fleet.pools["mypool"]
+    assert (pool.accelerator, pool.precision, pool.count, pool.kv_precision) == ("L4", "int8", 2, None)
+    assert cfg.fleet.pools["other"].accelerator == "A100" and set(cfg.fleet.pools) == {
+        "h100_fp8", "a100_bf16", "mypool", "other"}
+
+
+def test_an_actor_that_dies_of_bad_input_is_one_config_error(monkeypatch):
+    import ray
+
+    from rlmix.errors import RunFailed
+    from rlmix.orchestration.runner import started
+
+    died = ray.exceptions.RayActorError()
+    died.__cause__ = ConfigError("fleet.pools.x.vllm.max_model_len=9: too long\n(vLLM's details)")
+    monkeypatch.setattr(ray, "get", lambda ready: (_ for _ in ()).throw(died))
+    with pytest.raises(ConfigError, match=r"^fleet.pools.x.vllm.max_model_len=9: too long$"):
+        started([])
+    crashed = ray.exceptions.RayActorError()
+    crashed.__cause__ = ValueError("Overflow when unpacking long long")
+    monkeypatch.setattr(ray, "get", lambda ready: (_ for _ in ()).throw(crashed))
+    with pytest.raises(RunFailed, match="did not start") as err:
+        started([])
+    assert "\n" not in str(err.value)

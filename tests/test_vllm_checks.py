@@ -82,12 +82,20 @@ def test_engine_dtype_and_quantization_override_the_precision():
     assert engine_precision(vllm_pool(precision="bf16", quantization="awq"), "k") == ("bfloat16", "awq")
 
 
+# vllm_gpu_mixed on the embedded model: each engine at the model's own length.
+MODEL_OWN_LENGTH = [f"fleet.pools.{p}.vllm.max_model_len=null" for p in ("h100_fp8", "h200_bf16", "a100_fp16")]
+
+
 def test_presets_keep_cpu_defaults_and_gpu_preset_sets_engines():
     cpu = compose_run_config(["fleet=vllm_cpu_smoke"]).fleet.pools["cpu_vllm_bf16"]
     assert cpu.vllm == VllmEngineConfig()  # CPU build: every setting at the platform default
-    gpu = compose_run_config(["fleet=vllm_gpu_mixed"]).fleet.pools
+    gpu = compose_run_config(["fleet=vllm_gpu_mixed", *MODEL_OWN_LENGTH]).fleet.pools
     assert gpu["h200_bf16"].vllm.tensor_parallel_size == 2 and gpu["h100_fp8"].vllm.kv_cache_dtype == "fp8_e4m3"
-    assert all(p.vllm.gpu_memory_utilization and p.vllm.max_model_len for p in gpu.values())
+    assert all(p.vllm.gpu_memory_utilization for p in gpu.values())
+    # Its lengths are sized for the real models it serves: the embedded model's 256 positions are refused
+    # at planning time (the engine would refuse them at start, in its actor).
+    with pytest.raises(ConfigError, match=r"fleet.pools.h100_fp8.vllm.max_model_len=8192: the model's context is 256"):
+        compose_run_config(["fleet=vllm_gpu_mixed"])
 
 
 def test_the_actor_asks_ray_for_its_tensor_parallel_gpus():
@@ -103,4 +111,5 @@ def test_the_actor_asks_ray_for_its_tensor_parallel_gpus():
 
 def test_bad_engine_setting_through_validation_names_the_key():
     with pytest.raises(ConfigError, match=r"fleet.pools.h200_bf16.vllm.tensor_parallel_size=9"):
-        compose_run_config(["fleet=vllm_gpu_mixed", "fleet.pools.h200_bf16.vllm.tensor_parallel_size=9"])
+        compose_run_config(["fleet=vllm_gpu_mixed", *MODEL_OWN_LENGTH,
+                            "fleet.pools.h200_bf16.vllm.tensor_parallel_size=9"])

@@ -17,7 +17,10 @@ from pathlib import Path
 
 from rlmix.config.dataset import DatasetTaskConfig
 from rlmix.config.embedded import EmbeddedVersion, MiniCodeAnswer, check_moe_spec, v2_agent_hf_config
-from rlmix.config.schema import CorrectionConfig, MiniCodeTaskConfig, MiniCodeTraceTaskConfig, RunConfig, SamplerBackend, TrainerBackend, TrainerPrecision
+from rlmix.config.schema import (
+    CorrectionConfig, LRSchedule, MiniCodeTaskConfig, MiniCodeTraceTaskConfig, RunConfig, SamplerBackend,
+    TrainerBackend, TrainerPrecision,
+)
 from rlmix.config.swebench import AgentEnvConfig
 from rlmix.correction import Correction
 from rlmix.errors import ConfigError
@@ -149,6 +152,15 @@ def _check_trainer(cfg: RunConfig) -> None:
              f"trainer.lr_decay_steps={t.lr_decay_steps}: must be null (loop.steps) or >= 1 trainer steps")
     _require(math.isfinite(t.min_lr_ratio) and 0 <= t.min_lr_ratio <= 1,
              f"trainer.min_lr_ratio={t.min_lr_ratio}: must be in [0, 1] (the decay's floor as a share of trainer.lr)")
+    if t.lr_schedule is LRSchedule.constant:  # no decay: its settings would do nothing
+        _require(t.lr_decay_steps is None and t.min_lr_ratio == 0,
+                 f"trainer.lr_decay_steps={t.lr_decay_steps} trainer.min_lr_ratio={t.min_lr_ratio}: the constant "
+                 "schedule has no decay; set trainer.lr_schedule=linear or cosine, or leave both unset")
+    else:
+        decay = cfg.loop.steps if t.lr_decay_steps is None else t.lr_decay_steps
+        _require(decay > t.lr_warmup_steps,
+                 f"trainer.lr_decay_steps={decay} (null: loop.steps) must be > trainer.lr_warmup_steps="
+                 f"{t.lr_warmup_steps}: the decay ends after the warm-up")
     # AdamW's decoupled decay multiplies each weight by (1 - lr * weight_decay) per step.
     _require(math.isfinite(t.weight_decay) and 0 <= t.weight_decay <= 1, f"trainer.weight_decay={t.weight_decay}: must be in [0, 1]")
     _require(len(t.betas) == 2 and all(math.isfinite(b) and 0 <= b < 1 for b in t.betas),
@@ -169,6 +181,8 @@ def _check_run(cfg: RunConfig) -> None:
     from rlmix.config.monitor import check_monitor
 
     check_monitor(cfg.monitor)
+    # torch.manual_seed and numpy take a signed 64-bit seed; a larger one killed the processes at start.
+    _require(0 <= cfg.seed < 2**63, f"seed={cfg.seed}: must be in [0, 2**63)")
     _require(cfg.logger.console_every >= 1, f"logger.console_every={cfg.logger.console_every}: must be >= 1")
     _require(cfg.cluster.num_cpus is None or cfg.cluster.num_cpus >= 1,
              f"cluster.num_cpus={cfg.cluster.num_cpus}: must be null (all cores) or >= 1")
@@ -277,12 +291,83 @@ def _check_routing_replay(cfg: RunConfig, model: Mapping | None) -> None:
                  "use torch pools or set it to false")
 
 
+def model_vocabulary(cfg: RunConfig, model: Mapping | None) -> int | None:
+    """The sampler's vocabulary (its logits' width): config.json's ``vocab_size`` (or its language
+    model's), else the architecture's default; the embedded v1 model's, its character tokenizer's."""
+    from rlmix.samplers.model_config import DEFAULTS
+
+    if model is None:
+        from rlmix.embedded.chartok import SPECIAL_TOKENS, char_vocab
+
+        if isinstance(cfg.task, AgentEnvConfig):
+            from rlmix.embedded.minicode_agent.model import ALPHABET, ROLE_TOKENS
+
+            return len(SPECIAL_TOKENS) + len(ROLE_TOKENS) + len(set(ALPHABET))
+        from rlmix.embedded.minicode import ALPHABET
+
+        return len(char_vocab(ALPHABET))
+    text = model.get("text_config") if isinstance(model.get("text_config"), Mapping) else {}
+    default = DEFAULTS.get(model.get("model_type"), {}).get("vocab_size")
+    vocab = model.get("vocab_size") or text.get("vocab_size") or default
+    return vocab if isinstance(vocab, int) and vocab > 0 else None
+
+
+def model_positions(cfg: RunConfig, model: Mapping | None) -> int | None:
+    """The model's context length: the smallest one config.json states (``parts.CONTEXT_KEYS``), else the
+    architecture's default; the embedded v1 model's from its spec."""
+    from rlmix.assembly.parts import CONTEXT_KEYS
+    from rlmix.samplers.model_config import DEFAULTS
+
+    if model is None:
+        agent = isinstance(cfg.task, AgentEnvConfig)
+        return (cfg.model.embedded_agent if agent else cfg.model.embedded).max_position_embeddings
+    text = model.get("text_config") if isinstance(model.get("text_config"), Mapping) else {}
+    stated = [v for where in (model, text) for key in CONTEXT_KEYS
+              if isinstance(v := where.get(key), int) and not isinstance(v, bool) and v > 0]
+    default = DEFAULTS.get(model.get("model_type"), {}).get("max_position_embeddings")
+    return min(stated) if stated else default
+
+
+def _check_vocabulary(cfg: RunConfig, model: Mapping | None, truncating: dict[str, tuple[float, int]]) -> None:
+    """Records the sampler can fill: the support of a top-p pool without top-k can grow to the whole
+    vocabulary (the sampler refuses a longer one mid-run), and slots beyond the vocabulary are padding
+    in every record (the default K=128 stays allowed: the study ran it on the 32-token embedded model)."""
+    c = cfg.correction
+    if not any(top_k == 0 for _, top_k in truncating.values()) and \
+            max(c.num_candidates, c.support_slots) <= CorrectionConfig.num_candidates:
+        return
+    vocab = model_vocabulary(cfg, model)
+    if vocab is None:
+        return
+    for name, (top_p, top_k) in truncating.items():
+        _require(top_k > 0 or c.support_slots >= vocab,
+                 f"correction.support_slots={c.support_slots} with fleet.pools.{name} truncating by top_p={top_p} "
+                 f"alone: its support can hold every token, so it needs support_slots >= the vocabulary size "
+                 f"{vocab}; raise it or set a top_k <= support_slots")
+    limit = max(vocab, CorrectionConfig.num_candidates)
+    for key in ("num_candidates", "support_slots"):
+        value = getattr(c, key)
+        _require(value <= limit, f"correction.{key}={value}: the model's vocabulary has {vocab} tokens, so the "
+                                 f"slots beyond it are padding in every record; set it <= {limit}")
+
+
+def _check_context(cfg: RunConfig, model: Mapping | None) -> None:
+    """A vLLM pool's ``max_model_len`` fits the model and holds a prompt and the completion budget."""
+    from rlmix.samplers.vllm_checks import check_max_model_len
+
+    positions = model_positions(cfg, model)
+    for name, pool in cfg.fleet.pools.items():
+        if pool.backend is SamplerBackend.vllm:
+            check_max_model_len(f"fleet.pools.{name}", pool.vllm.max_model_len, positions, cfg.loop.max_new_tokens)
+
+
 def _check_fleet(cfg: RunConfig) -> None:
     fleet, c = cfg.fleet, cfg.correction
     _require(bool(fleet.pools), "fleet.pools is empty: a run needs at least one sampler pool")
     model = model_fields(cfg)
     _check_activation_checkpointing(cfg, model)
     _check_routing_replay(cfg, model)
+    _check_context(cfg, model)
     truncating, full = {}, []  # pool -> (top_p, top_k) where it truncates; the pools that do not
     for name, pool in fleet.pools.items():
         key = f"fleet.pools.{name}"
@@ -297,6 +382,9 @@ def _check_fleet(cfg: RunConfig) -> None:
                 f"{key} truncates (top_p={top_p}, top_k={top_k}) but correction.replay_support=false: every ratio "
                 "would be scaled by the kept mass (docs/math.md §4); set correction.replay_support=true or top_p=1, top_k=0",
             )
+            _require(c.support_slots >= 1, f"correction.support_slots=0 with {key} truncating (top_p={top_p}, "
+                     f"top_k={top_k}): no support would be recorded, so the trainer would compare its full log p "
+                     "with the truncated q; set correction.support_slots >= 1")
             _require(
                 top_k == 0 or c.support_slots >= top_k,
                 f"correction.support_slots={c.support_slots} < top_k={top_k} of {key}: the support would not fit",
@@ -306,6 +394,7 @@ def _check_fleet(cfg: RunConfig) -> None:
     # A batch mixes pools, and the trainer replays one kind of record across it: a truncated pool's
     # support (log p renormalised over it, docs/math.md §4) or the full vocabulary. Records with and
     # without a support cannot be trained in one batch.
+    _check_vocabulary(cfg, model, truncating)
     if truncating and full:
         cut, (top_p, top_k) = next(iter(truncating.items()))
         _require(False, f"fleet.pools.{cut} truncates (top_p={top_p}, top_k={top_k}) but fleet.pools.{full[0]} does "

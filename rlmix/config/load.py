@@ -8,11 +8,13 @@ rules (``rlmix.assembly.rules``), then what only a backend or a task can answer.
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from collections.abc import Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlmix.config.schema import PoolConfig, RunConfig
+from rlmix.config.schema import FleetConfig, PoolConfig, RunConfig
 from rlmix.errors import ConfigError
 
 
@@ -25,14 +27,67 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
         run = OmegaConf.to_object(cfg)
     except Exception as err:  # MISSING values and the like surface here
         raise ConfigError(one_line(err)) from None
-    if isinstance(run, RunConfig) and run.fleet.precision is not None:
-        default = PoolConfig()
-        for pool in run.fleet.pools.values():  # the fleet-wide format replaces each pool's, and its knobs
-            pool.precision = run.fleet.precision
-            for knob in FORMAT_KNOBS:
-                setattr(pool, knob, getattr(default, knob))
+    if isinstance(run, RunConfig):
+        run.fleet.pools = {name: to_pool(name, pool) for name, pool in run.fleet.pools.items()}
+        if run.fleet.precision is not None:
+            fleet_precision(run.fleet)
     return run
 
+
+def to_pool(name: str, pool) -> PoolConfig:
+    """One pool merged onto ``PoolConfig``'s defaults. ``fleet.pools`` is an untyped mapping, so that a
+    pool can be added on the command line (OmegaConf assigns no plain dict into a typed one); the
+    schema's key and type checks happen here, naming the pool's full key."""
+    from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+    key = f"fleet.pools.{name}"
+    if not isinstance(pool, Mapping):
+        raise ConfigError(f"{key}={pool}: a pool is a mapping, e.g. {key}={{accelerator:L4,precision:int8,count:2}}")
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PoolConfig), pool))
+    except OmegaConfBaseException as err:
+        full = f"{key}.{err.full_key}" if getattr(err, "full_key", None) else key
+        if isinstance(err, ConfigKeyError):
+            known = ", ".join(f.name for f in dataclasses.fields(PoolConfig))
+            raise ConfigError(f"{full}: no such key; a pool has {known}") from None
+        raise ConfigError(f"{full}: {str(err).splitlines()[0].strip()}") from None
+
+
+def fleet_precision(fleet: FleetConfig) -> None:
+    """``fleet.precision`` replaces each pool's weight format and resets its format knobs, in place. A
+    pool's format setting that differs from its fleet's own (the fleet's YAML, or the schema's default
+    for a pool it lacks) was set beside ``fleet.precision``, which would drop it unseen: refused."""
+    composed = shipped_pools(fleet.name)
+    default = PoolConfig()
+    for name, pool in fleet.pools.items():
+        own = (composed or {}).get(name) or {}
+        for knob in ("precision", *FORMAT_KNOBS):
+            value, wanted = getattr(pool, knob), fleet.precision if knob == "precision" else getattr(default, knob)
+            if composed is None:  # a fleet not shipped here: only the schema's defaults are known
+                set_here = knob != "precision" and value != getattr(default, knob)
+            else:
+                set_here = value != own.get(knob, getattr(default, knob))
+            if value != wanted and set_here:
+                raise ConfigError(f"fleet.pools.{name}.{knob}={_yaml(value)} with fleet.precision={fleet.precision}: "
+                                  f"the fleet-wide format sets every pool's precision and resets its "
+                                  f"{', '.join(FORMAT_KNOBS)}; drop one of the two")
+            setattr(pool, knob, wanted)
+
+
+def shipped_pools(fleet: str) -> dict | None:
+    """The pools of fleet option ``fleet`` as its file in ``rlmix/conf/fleet`` gives them (a fleet's
+    ``name`` is its file's); None for a fleet not shipped there."""
+    from importlib.resources import files
+
+    path = files("rlmix.conf") / "fleet" / f"{fleet}.yaml"
+    if not path.is_file():
+        return None
+    pools = OmegaConf.to_container(OmegaConf.create(path.read_text()).get("pools") or {})
+    return {name: pool for name, pool in pools.items() if isinstance(pool, dict)}
+
+
+def _yaml(value) -> str:
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def one_line(err: BaseException) -> str:

@@ -119,7 +119,9 @@ class PoolConfig:
 @dataclass
 class FleetConfig:
     name: str = "single_bf16"
-    pools: dict[str, PoolConfig] = field(default_factory=dict)
+    # name -> a PoolConfig's keys: untyped so that a pool can be added on the command line
+    # (+fleet.pools.<name>={accelerator:L4,precision:int8}); rlmix.config.load.to_pool types each one.
+    pools: dict[str, Any] = field(default_factory=dict)
     top_p: float = 1.0  # run-level default for every pool
     top_k: int = 0  # 0 = off
     # Set: every pool serves this weight format, its KV cache in the same (e.g. fp16 with
@@ -335,9 +337,14 @@ def register_configs() -> None:
     """Register every schema with Hydra's ConfigStore (idempotent)."""
     from hydra.core.config_store import ConfigStore
 
+    from omegaconf import OmegaConf
+
     cs = ConfigStore.instance()
-    cs.store(name="run_schema", node=RunConfig)
-    cs.store(group="fleet", name="fleet_schema", node=FleetConfig)
+    run, fleet = OmegaConf.structured(RunConfig), OmegaConf.structured(FleetConfig)
+    for pools in (run.fleet.pools, fleet.pools):  # a pool's keys are checked by rlmix.config.load.to_pool
+        OmegaConf.set_struct(pools, False)
+    cs.store(name="run_schema", node=run)
+    cs.store(group="fleet", name="fleet_schema", node=fleet)
     cs.store(group="correction", name="correction_schema", node=CorrectionConfig)
     cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
     cs.store(group="model", name="model_schema", node=ModelConfig)

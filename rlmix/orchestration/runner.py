@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from rlmix.config.schema import RunConfig
-from rlmix.errors import RunFailed, TrainerDied
+from rlmix.errors import ConfigError, RunFailed, TrainerDied
 from rlmix.metrics.jsonl import keep_rows
 from rlmix.metrics.jsonl import METRICS_FILE
 from rlmix.metrics.logger import SUMMARY_FILE, RunLogger
@@ -85,6 +85,26 @@ def start_actors(run: RunPlan, specs: list[SamplerSpec], model_dir: Path, cores:
     return handles[0], slots, ready
 
 
+def started(ready: list) -> None:
+    """Every actor up, or one line: an actor that died of a ``ConfigError`` is bad input (exit 2, the
+    run directory removed), any other death a failed start (exit 1); neither with Ray's traceback."""
+    import ray
+
+    from rlmix.orchestration.loop import first_line
+
+    try:
+        ray.get(ready)
+    except ray.exceptions.RayActorError as err:
+        causes = [err]  # Ray's wrappers, then what the actor raised (the innermost one is the message)
+        while len(causes) < 8 and (inner := getattr(causes[-1], "cause", None) or causes[-1].__cause__):
+            causes.append(inner)
+        config = next((c for c in reversed(causes) if isinstance(c, ConfigError)), None)
+        if config is not None:
+            lines = [ln.strip() for ln in str(config).splitlines() if ln.strip()]
+            raise ConfigError(lines[0] if lines else type(config).__name__) from None
+        raise RunFailed(f"a process did not start: {first_line(err)}") from None
+
+
 def train(plan: RunPlan, run_dir: Path, sweep_group: str | None = None, label: str | None = None) -> dict:
     """Run ``plan`` (``rlmix.assembly.plan.plan_run``: a validated, resolved config) in ``run_dir``; returns the summary written to summary.json (its ``status``:
     rlmix.orchestration.outcome).
@@ -131,7 +151,7 @@ def train(plan: RunPlan, run_dir: Path, sweep_group: str | None = None, label: s
             trainer, slots, ready = start_actors(plan, specs, model_dir, cores, env_vars)
             # Every process up before the clock starts: an engine that takes 20 s to start would
             # otherwise sit out the first steps of a short run. All are awaited together, once.
-            ray.get(ready)
+            started(ready)
             log.info("Ray and %d actors ready in %.1fs", len(ready), time.perf_counter() - launched)
             monitor = CollapseMonitor(cfg.monitor)
             state, run_dir, last = resume(cfg, trainer, monitor, run_dir)

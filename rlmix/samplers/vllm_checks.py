@@ -82,6 +82,17 @@ def _check_engine(key: str, engine, on_cpu: bool, model: Mapping | None) -> None
     _require(engine.cpu_kv_cache_gib >= 1, f"{key}.vllm.cpu_kv_cache_gib={engine.cpu_kv_cache_gib}: must be >= 1")
 
 
+def check_max_model_len(key: str, length: int | None, positions: int | None, max_new_tokens: int) -> None:
+    """``{key}.vllm.max_model_len`` within the model's context (vLLM refuses a longer one when the engine
+    starts) and longer than loop.max_new_tokens (room for a prompt); ``positions``: None if unknown."""
+    if length is None:
+        return
+    _require(positions is None or length <= positions, f"{key}.vllm.max_model_len={length}: the model's context "
+             f"is {positions} positions; set it <= {positions} or null (the model's own)")
+    _require(length > max_new_tokens, f"{key}.vllm.max_model_len={length} leaves no room for a prompt before "
+             f"loop.max_new_tokens={max_new_tokens} tokens; set it > {max_new_tokens} or null")
+
+
 @dataclass(frozen=True)
 class VllmEngine:
     """What one vLLM engine is built with: vLLM's dtype and quantisation names, resolved from the
