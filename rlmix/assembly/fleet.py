@@ -46,7 +46,8 @@ class SamplerSpec:
         return f"accelerator_type:{self.pool_cfg.accelerator.upper()}"
 
 
-def sampling_params(pool: PoolPlan, cfg: RunConfig, correction: Correction, eos_id: int) -> SamplingParams:
+def sampling_params(pool: PoolPlan, cfg: RunConfig, correction: Correction,
+                    stop_ids: int | tuple[int, ...]) -> SamplingParams:
     loop = cfg.loop
     truncates = pool.top_p < 1.0 or pool.top_k > 0
     return SamplingParams(
@@ -56,15 +57,23 @@ def sampling_params(pool: PoolPlan, cfg: RunConfig, correction: Correction, eos_
         max_new_tokens=loop.max_new_tokens,
         num_candidates=correction.head_size,
         support_slots=correction.support_slots if truncates else 0,
-        stop_token_ids=(eos_id,),
+        stop_token_ids=(stop_ids,) if isinstance(stop_ids, int) else tuple(stop_ids),
     )
 
 
-def resolve_fleet(plan: RunPlan, eos_id: int) -> list[SamplerSpec]:
-    """One spec per sampler instance, from the plan's resolved pools."""
+def resolve_fleet(plan: RunPlan, eos_id: int | None, model_dir: str | Path | None = None) -> list[SamplerSpec]:
+    """One spec per sampler instance, from the plan's resolved pools.
+
+    Samplers stop where Hugging Face ``generate`` stops: on the tokenizer's ``eos_id`` and the end-of-sequence
+    ids of the model directory (``model_dir``, else ``model.path``; ``stop_token_ids``), ConfigError if none.
+    """
+    from rlmix.models.tokenizer_file import stop_token_ids
+
+    model_dir = model_dir if model_dir is not None else plan.cfg.model.path
+    stops = stop_token_ids(model_dir, eos_id) if model_dir is not None else eos_id
     specs = []
     for name, pool in plan.pools.items():
-        params = sampling_params(pool, plan.cfg, plan.correction, eos_id)
+        params = sampling_params(pool, plan.cfg, plan.correction, stops)
         cfg, view = pool.config, pool.view
         tags = view.tags() if view is not None else {"accelerator": cfg.accelerator, "precision": cfg.precision}
         tags = tags | {"backend": cfg.backend.value}

@@ -89,13 +89,14 @@ def reference_sampler(cfg: EvalConfig, model_dir: Path, seed: int):
 
 def task_counts(plan: RunPlan, model_dir: Path, progress) -> tuple[list[dict], str]:
     """Sample ``eval.samples`` completions per problem of ``task.split``; (per-task rows, reference label)."""
-    from rlmix.models.tokenizer_file import load_fast_tokenizer
+    from rlmix.models.tokenizer_file import load_fast_tokenizer, stop_token_ids
     from rlmix.assembly.parts import decode_completions
     from rlmix.seeds import derive_seed
 
     cfg = plan.cfg
     with loading(cfg, model_dir, "tokenizer files"):
         tokenizer = load_fast_tokenizer(model_dir)
+    stops = stop_token_ids(model_dir, tokenizer.eos_token_id)  # before the weights load
     task = plan.task.build(cfg.seed, tokenizer, cfg.eval.max_new_tokens, key="eval.max_new_tokens")
     problems = task.split(cfg.task.split)
     prompts = plan.task.check_prompts(problems, tokenizer, model_dir, cfg.eval.max_new_tokens, "eval.max_new_tokens",
@@ -108,7 +109,7 @@ def task_counts(plan: RunPlan, model_dir: Path, progress) -> tuple[list[dict], s
         params = SamplingParams(
             temperature=cfg.eval.temperature,
             max_new_tokens=cfg.eval.max_new_tokens,
-            stop_token_ids=(tokenizer.eos_token_id,),
+            stop_token_ids=stops,
             seed=derive_seed(cfg.seed, "eval", problem.task_id),
         )
         out = sampler.generate([ids] * n, params)
@@ -215,18 +216,19 @@ class Evaluation:
         from rlmix.agentic.batching import TurnBatcher
         from rlmix.agentic.policy import ModelPolicy
         from rlmix.agentic.run import run_swebench_eval
-        from rlmix.models.tokenizer_file import load_fast_tokenizer
+        from rlmix.models.tokenizer_file import load_fast_tokenizer, stop_token_ids
 
         cfg = self.plan.cfg
         out_dir = result_dir(cfg, split)
         with loading(cfg, self.model_dir, "tokenizer files"):
             tokenizer = load_fast_tokenizer(self.model_dir)
+        stops = stop_token_ids(self.model_dir, tokenizer.eos_token_id)
         with loading(cfg, self.model_dir, "weights"):
             sampler, label = reference_sampler(cfg.eval, self.model_dir, cfg.seed)
         params = SamplingParams(
             temperature=cfg.eval.temperature,
             max_new_tokens=cfg.task.max_turn_tokens,
-            stop_token_ids=(tokenizer.eos_token_id,),
+            stop_token_ids=stops,
             seed=cfg.seed,
         )
         concurrent = task_cfg.concurrent_episodes

@@ -345,7 +345,7 @@ def probe_fleet(plan: RunPlan, progress=print) -> tuple[list[PoolProbe], dict]:
     tokenizer = load_fast_tokenizer(model_dir)
     plan.task.check_prompts(problems, tokenizer, model_dir, cfg.loop.max_new_tokens, "loop.max_new_tokens",
                             "the probe's prompts (task.split=test)")
-    specs = resolve_fleet(plan, tokenizer.eos_token_id)
+    specs = resolve_fleet(plan, tokenizer.eos_token_id, model_dir)
     firsts = [spec for spec in specs if spec.index == 0]
     draw = plan.task.probe_draw(cfg.seed, problems, tokenizer, settings.samples_per_prompt)
     ctx = ProbeContext(model_dir, tokenizer.pad_token_id, plan.correction, cfg.trainer, cfg.seed)

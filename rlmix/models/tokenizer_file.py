@@ -139,7 +139,45 @@ def read_special_tokens(model_dir: Path) -> tuple[dict[str, str | None], str | N
         for key, value in json.loads(map_file.read_text()).items():
             if key in special and special[key] is None:
                 special[key] = _token_text(value)
+    if special["pad_token"] is None:  # transformers takes the one tokenizer.json pads with
+        padding = json.loads((model_dir / "tokenizer.json").read_text()).get("padding") or {}
+        special["pad_token"] = padding.get("pad_token")
     return special, template
+
+
+def pad_fallback(special: dict[str, str | None]) -> dict[str, str | None]:
+    """``special`` with the EOS as pad token when it names none (Llama-3, Mistral base): a rollout's
+    rows are right-padded and the padding masked, so any id pads; ``io.load_tokenizer`` does the same."""
+    if special.get("pad_token") is None:
+        return special | {"pad_token": special.get("eos_token")}
+    return special
+
+
+def _eos_ids(value, where: str) -> list[int]:
+    """An ``eos_token_id`` as saved: an int, a list of ints, or absent."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return list(value)
+    if value is None:
+        return []
+    raise ConfigError(f"{where}: eos_token_id={value!r} is neither a token id nor a list of them")
+
+
+def stop_token_ids(model_dir: str | Path, tokenizer_eos: int | None) -> tuple[int, ...]:
+    """The ids that end a completion, as Hugging Face ``generate`` stops: the tokenizer's EOS and the
+    ``eos_token_id`` (an int or a list) of ``generation_config.json`` and ``config.json`` (an instruct
+    model's end of turn, e.g. Llama-3's ``<|eot_id|>``, is often only there). ConfigError if none."""
+    p = Path(model_dir)
+    ids = [tokenizer_eos] if tokenizer_eos is not None else []
+    for name in ("generation_config.json", "config.json"):
+        file = p / name
+        if file.is_file():
+            ids += _eos_ids(json.loads(file.read_text()).get("eos_token_id"), str(file))
+    if not ids:
+        raise ConfigError(f"model.path={str(model_dir)!r}: no end-of-sequence token: none in the tokenizer "
+                          "(eos_token), generation_config.json or config.json (eos_token_id)")
+    return tuple(dict.fromkeys(ids))
 
 
 def load_fast_tokenizer(path: str | Path):
@@ -157,6 +195,6 @@ def load_fast_tokenizer(path: str | Path):
 
     special, template = found
     try:
-        return FileTokenizer(Tokenizer.from_file(str(p / "tokenizer.json")), special, p, template)
+        return FileTokenizer(Tokenizer.from_file(str(p / "tokenizer.json")), pad_fallback(special), p, template)
     except Exception as e:  # the Rust library raises its own exception type for a malformed file
         raise ConfigError(f"model.path={str(path)!r}: no loadable tokenizer ({type(e).__name__})") from None

@@ -112,7 +112,7 @@ class DeepSpeedRank:
         """Join the process group and build the engine (BF16 module, ZeRO optimizer over AdamW)."""
         import deepspeed
 
-        from rlmix.models.io import load_causal_lm, load_tokenizer
+        from rlmix.models.io import load_tokenizer, load_trainable_lm
 
         cfg = self.cfg
         if setup.world_size > 1:
@@ -121,8 +121,7 @@ class DeepSpeedRank:
         torch.manual_seed(self.seed)
         self.rank, self.world_size = setup.rank, setup.world_size
         self.pad_id = load_tokenizer(self.model_dir).pad_token_id
-        model = load_causal_lm(self.model_dir, dtype=torch.float32)
-        model.train()
+        model = load_trainable_lm(self.model_dir, dtype=torch.float32)
         set_attention_backward(model, cfg.attention_backward)  # on the CPU, dense: a faster backward
         checkpoint_activations(model, cfg.activation_checkpointing)
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas),

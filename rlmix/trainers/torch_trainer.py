@@ -33,12 +33,11 @@ class TorchTrainer:
     """Implements ``rlmix.trainers.base.Trainer`` in one process."""
 
     def __init__(self, model_dir: str | Path, cfg: TrainerConfig, correction: Correction, seed: int):
-        from rlmix.models.io import load_causal_lm, load_tokenizer
+        from rlmix.models.io import load_tokenizer, load_trainable_lm
 
         torch.manual_seed(seed)
         self.cfg, self.correction = cfg, correction
-        self.model = load_causal_lm(model_dir, dtype=torch.float32)
-        self.model.train()
+        self.model = load_trainable_lm(model_dir, dtype=torch.float32)
         set_attention_backward(self.model, cfg.attention_backward)  # on the CPU, dense: a faster backward
         checkpoint_activations(self.model, cfg.activation_checkpointing)
         self.reference = reference_model(model_dir, correction, "cpu" if cfg.ref_on_cpu else self.model.device)
