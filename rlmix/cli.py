@@ -73,9 +73,11 @@ def train(ctx: typer.Context) -> None:
     from rlmix.commands.compose import quote_paths
     from rlmix.commands.train import run_train
     from rlmix.errors import ConfigError
+    from rlmix.metrics.console import console_outlives_reader
 
     try:
-        run_train(quote_paths(ctx.args))
+        with console_outlives_reader():  # `| head`: the run goes on, as after its terminal closed
+            run_train(quote_paths(ctx.args))
     except ConfigError as err:
         _fail(str(err))
 
@@ -86,9 +88,10 @@ def eval(ctx: typer.Context) -> None:  # noqa: A001 - the command is called eval
     from rlmix.commands.compose import quote_paths
     from rlmix.commands.eval import run_eval
     from rlmix.errors import ConfigError
+    from rlmix.metrics.console import console_outlives_reader
 
     try:
-        with _stoppable():
+        with _stoppable(), console_outlives_reader():
             run_eval(quote_paths(ctx.args))
     except ConfigError as err:
         _fail(str(err))
@@ -102,9 +105,10 @@ def probe(ctx: typer.Context) -> None:
     from rlmix.commands.compose import quote_paths
     from rlmix.commands.probe import run_probe
     from rlmix.errors import ConfigError
+    from rlmix.metrics.console import console_outlives_reader
 
     try:
-        with _stoppable():
+        with _stoppable(), console_outlives_reader():
             run_probe(quote_paths(ctx.args))
     except ConfigError as err:
         _fail(str(err))

@@ -123,6 +123,53 @@ def test_a_failed_runs_continue_line_survives_a_shell(capsys):
     assert shlex.split(command) == ["rlmix", "train", "+experiment=smoke", "loop.steps=9", f"resume={run_dir}"]
 
 
+def test_the_printed_commands_keep_where_the_configs_came_from(tmp_path, monkeypatch, capsys):
+    """Resuming or starting a run again repeats ``--config-dir``, ``--config-name`` and ``hydra.searchpath``
+    (Hydra keeps the search path out of a job's task overrides): without them an option of the
+    user's folder (``task=mymini``) is no option at all."""
+    from rlmix.commands import train
+    from rlmix.commands.compose import repeated_source
+
+    conf = tmp_path / "my conf"
+    conf.mkdir()
+    args = ["-cd", str(conf), "--config-name=mine", "hydra.searchpath=[file://extra]", "task=mymini", "-m"]
+    source = repeated_source(args)
+    assert source == ["--config-dir", str(conf), "--config-name", "mine", "hydra.searchpath=[file://extra]"]
+    run = tmp_path / "run"
+    commands = next_commands(run, ["task=mymini", "hydra.run.dir=x"], config_args=source)
+    assert shlex.split(commands[-1]) == ["rlmix", "train", *source, "task=mymini", f"resume={run}"]
+    assert commands[0] == f"rlmix eval checkpoint={run}"  # eval finds the folders in the run (run_settings)
+    monkeypatch.setattr(train, "_source", source)
+    train.say({"status": "failed", "steps": 4, "error": "boom", "resumable": False, "run_dir": str(run)},
+              ["task=mymini"])
+    line = capsys.readouterr().err.strip()
+    assert shlex.split(line.split("start again with: ", 1)[1]) == ["rlmix", "train", *source, "task=mymini"]
+
+
+def test_a_console_whose_reader_went_is_let_go_of_and_the_command_goes_on():
+    """``rlmix train | head``: once ``head`` has its lines, a write finds the pipe closed. The run
+    goes on (as after its terminal closed): the stream now writes to /dev/null, no BrokenPipeError."""
+    import io
+    import os
+    import sys
+
+    from rlmix.metrics.console import StepDisplay, console_outlives_reader
+
+    read, write = os.pipe()
+    os.close(read)
+    stream = io.TextIOWrapper(io.FileIO(write, "w"), line_buffering=True)
+    saved = sys.stdout
+    sys.stdout = stream
+    try:
+        with console_outlives_reader():
+            StepDisplay(2, live=False).update(1, "step 1/2")
+            print("the closing block")
+        assert os.readlink(f"/proc/self/fd/{write}") == os.devnull
+    finally:
+        sys.stdout = saved
+        stream.close()
+
+
 def test_rewinding_the_logger_drops_the_rows_after_the_checkpoint_and_appends_after_them(tmp_path):
     from rlmix.config.schema import WandbConfig, WandbMode
     from rlmix.metrics.logger import RunLogger

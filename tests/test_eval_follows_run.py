@@ -91,3 +91,21 @@ def test_another_task_is_scored_beside_the_runs_own_score_not_over_it(dataset_ru
     other = eval_plan([f"checkpoint={dataset_run}", "task=minicode"]).cfg
     assert default_out_dir(other, "test") == dataset_run / "eval_minicode_test"
     assert default_out_dir(own, "train") != default_out_dir(other, "train")
+
+
+def test_eval_of_a_run_finds_the_task_option_in_the_runs_own_config_folder(tmp_path, monkeypatch):
+    """A run that took ``task=arith`` from ``hydra.searchpath=[file://examples/arith/conf]`` (or
+    ``--config-dir``): Hydra records the folder in ``hydra.runtime.config_sources``, relative as given,
+    and ``rlmix eval checkpoint=<run>`` looks there, from wherever it is started."""
+    run = fake_run(tmp_path / "run", ROOT, ["hydra.searchpath=[file://examples/arith/conf]", "task=arith"],
+                   {"task": "arith", "model": "embedded"})
+    hydra = OmegaConf.load(run / ".hydra" / "hydra.yaml")
+    hydra.hydra.runtime.config_sources = [
+        {"path": "hydra.conf", "schema": "pkg", "provider": "hydra"},
+        {"path": "rlmix.conf", "schema": "pkg", "provider": "main"},
+        {"path": "examples/arith/conf", "schema": "file", "provider": "hydra.searchpath in command-line"},
+        {"path": "", "schema": "structured", "provider": "schema"}]
+    (run / ".hydra" / "hydra.yaml").write_text(OmegaConf.to_yaml(hydra))
+    monkeypatch.chdir(tmp_path)
+    cfg = eval_plan([f"checkpoint={run}", "task.split=train"]).cfg
+    assert isinstance(cfg.task, DatasetTaskConfig) and cfg.task.train_files == str(ARITH / "train.jsonl")

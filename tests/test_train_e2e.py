@@ -185,3 +185,56 @@ def test_training_on_a_held_out_split_says_so(tmp_path):
     out = rlmix_train_here("+experiment=smoke", "task.split=hard51", "loop.steps=1", "logger=disabled",
                            f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert "task.split=hard51: training on a held-out split" in out.stdout + out.stderr
+
+
+def test_a_config_of_ones_own_is_what_trains_and_its_printed_commands_work(tmp_path, warm_ray, monkeypatch):
+    """``--config-dir``/``--config-name`` and ``hydra.searchpath``: the job trains the plan the preflight
+    made from the config Hydra records (not rlmix's ``train``), and the printed commands keep the
+    folders: resume repeats them, eval finds the run's task option through the run."""
+    import shlex
+
+    import rlmix.orchestration.runner as runner
+    from rlmix.commands import train as train_command
+    from rlmix.commands.compose import plan_jobs
+    from rlmix.commands.eval import eval_plan
+
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "mine.yaml").write_text(
+        "defaults: [train, {override fleet: smoke}, {override logger: disabled}, _self_]\n"
+        "name: mine\nloop: {steps: 2, groups_per_step: 4, group_size: 4, max_new_tokens: 16}\n")
+    (tmp_path / "extra" / "task").mkdir(parents=True)
+    (tmp_path / "extra" / "task" / "tiny.yaml").write_text("defaults: [minicode_schema, _self_]\nlevels: [1, 2]\n")
+    planned = []
+    real_train = runner.train
+
+    def spy(plan, **kwargs):
+        planned.append(plan is train_command._jobs[0].plan)
+        return real_train(plan, **kwargs)
+
+    monkeypatch.setattr(runner, "train", spy)
+    out = rlmix_train_here("--config-dir", "conf", "--config-name", "mine", "hydra.searchpath=[file://extra]",
+                           "task=tiny", "hydra.run.dir=run", cwd=tmp_path)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert planned == [True] and summary["steps"] == 2 and "── run mine " in out.stdout
+    assert set(summary["fleet"]) == set(POOLS)
+    tail = out.stdout.strip().splitlines()[-3:]
+    assert tail == ["  rlmix eval checkpoint=run", "  rlmix report run", "  rlmix train --config-dir conf "
+                    "--config-name mine 'hydra.searchpath=[file://extra]' task=tiny resume=run"], tail
+    monkeypatch.chdir(tmp_path)
+    (job,) = plan_jobs(shlex.split(tail[-1])[2:])
+    assert (job.plan.cfg.name, job.plan.cfg.task.levels, job.plan.cfg.resume) == ("mine", [1, 2], "run")
+    assert eval_plan(shlex.split(tail[0])[2:]).cfg.task.levels == [1, 2]
+
+
+def test_a_run_whose_stdout_reader_goes_away_trains_to_its_end(tmp_path):
+    """``rlmix train | head -4``: the pipe closes after the start-up lines; the run goes on as after
+    its terminal closed (its summary and checkpoint written, exit 0), with nothing on stderr."""
+    proc = subprocess.Popen([RLMIX, "train", "+experiment=smoke", "logger=disabled", "loop.steps=2",
+                             "hydra.run.dir=run"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    head = [proc.stdout.readline() for _ in range(4)]
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=900)
+    assert proc.returncode == 0 and "Traceback" not in err, head + [err[-3000:]]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "completed" and (tmp_path / "run" / "checkpoints" / "step_2").is_dir()

@@ -131,3 +131,45 @@ def test_eval_and_probe_prompts_too_long_for_the_models_context_are_refused(tmp_
     refused(out, key)
     assert f"1 of 2 prompts take more than the 240 tokens that {budget} leaves" in out.stderr, out.stderr
     assert "dataset/test/1" in out.stderr and not (tmp_path / "outputs").exists()
+
+
+def config_folder(tmp_path: Path) -> Path:
+    """A folder of configs of one's own: a primary config built on rlmix's ``train`` and a fleet option."""
+    conf = tmp_path / "conf"
+    (conf / "fleet").mkdir(parents=True)
+    (conf / "mine.yaml").write_text("defaults: [train, {override fleet: smoke}, {override logger: disabled}, _self_]\n"
+                                    "name: mine\nloop: {steps: 2}\n")
+    (conf / "fleet" / "two.yaml").write_text("defaults: [fleet_schema, _self_]\nname: two\n"
+                                             "pools: {a100_bf16: {accelerator: A100, precision: bf16, count: 2}}\n")
+    return conf
+
+
+def test_config_dir_and_config_name_are_what_the_preflight_plans(tmp_path, monkeypatch):
+    """The plan a job trains is the preflight's: composed from ``--config-name`` with ``--config-dir``
+    added, as Hydra composes the config it records, not from rlmix's ``train`` alone."""
+    from rlmix.commands.compose import plan_jobs
+
+    monkeypatch.chdir(tmp_path)
+    conf = config_folder(tmp_path)
+    (job,) = plan_jobs(["--config-dir", str(conf), "--config-name", "mine"])
+    assert (job.plan.cfg.name, job.plan.cfg.loop.steps, job.plan.cfg.fleet.name) == ("mine", 2, "smoke")
+    (job,) = plan_jobs([f"-cd={conf}", "+experiment=smoke", "fleet=two"])  # an option of the added folder
+    assert job.plan.cfg.fleet.name == "two" and job.plan.cfg.name == "smoke"
+
+
+@pytest.mark.parametrize(("args", "key"), [(["-cp", "conf"], "-cp"), (["--config-path=conf"], "--config-path"),
+                                           (["--config-dir", "nowhere"], "--config-dir nowhere"),
+                                           (["--config-dir"], "--config-dir")])
+def test_config_flags_rlmix_cannot_honour_are_refused_in_one_line(tmp_path, args, key):
+    refused(rlmix_refusing("train", "+experiment=smoke", *args, cwd=tmp_path), key)
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_adding_a_pool_under_a_name_the_fleet_has_is_refused(tmp_path):
+    """``+fleet.pools.<name>={...}`` under an existing name would merge into that pool (Hydra's ``+`` on a
+    dict): an fp8 pool turned bf16 with its other fields kept. Refused, with the way to change a pool."""
+    out = rlmix_refusing("train", "+experiment=smoke", "+fleet.pools.h100_fp8={accelerator:H100,precision:bf16}",
+                         cwd=tmp_path)
+    refused(out, "+fleet.pools.h100_fp8")
+    assert "fleet.pools.h100_fp8.<field>=" in out.stderr
+    assert not (tmp_path / "outputs").exists()

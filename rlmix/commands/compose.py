@@ -14,6 +14,7 @@ continues a sweep in place instead (``sweep_job``).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
@@ -27,6 +28,7 @@ MULTIRUN_FILE = "multirun.yaml"  # what Hydra writes into a sweep's directory be
 _INFO_FLAGS = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc"}
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--config-path", "-cp",
                      "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}
+_CONFIG_DIR, _CONFIG_NAME, _CONFIG_PATH = ("--config-dir", "-cd"), ("--config-name", "-cn"), ("--config-path", "-cp")
 
 
 # Keys whose values are paths. A sweep job's directory carries its overrides in its name
@@ -68,6 +70,72 @@ def split_args(args: list[str]) -> tuple[list[str], bool, bool]:
     return overrides, multirun, info
 
 
+class ConfigSource(NamedTuple):
+    """Where Hydra composes a job from: rlmix's own configs, with ``--config-dir``'s folder added, and
+    ``--config-name`` as the primary config. The preflight composes from the same, so the plan it
+    makes is the one of the config Hydra records for the job."""
+
+    config_dir: str | None = None  # as given (the printed commands repeat it)
+    config_name: str = CONFIG_NAME
+
+    def args(self) -> list[str]:
+        """The flags that give this source again."""
+        return ([_CONFIG_DIR[0], self.config_dir] if self.config_dir is not None else []) + \
+            ([_CONFIG_NAME[0], self.config_name] if self.config_name != CONFIG_NAME else [])
+
+
+def config_source(args: list[str]) -> ConfigSource:
+    """The ``--config-dir`` and ``--config-name`` of a Hydra command line (ConfigError on a missing or
+    bad value, and on ``--config-path``, which would replace rlmix's own configs rather than add to them)."""
+    found: dict[str, str] = {}
+    rest = iter(args)
+    for arg in rest:
+        flag, eq, value = arg.partition("=")
+        if flag in _CONFIG_PATH:
+            raise ConfigError(f"{flag}: rlmix's own config folder cannot be replaced; add a folder of yours with "
+                              "--config-dir DIR (and pick a config in it with --config-name NAME)")
+        if arg.startswith("-") and flag in _CONFIG_DIR + _CONFIG_NAME:
+            value = value if eq else next(rest, "")
+            if not value or value.startswith("-"):
+                raise ConfigError(f"{flag} needs a value: --config-dir DIR, --config-name NAME")
+            found[_CONFIG_DIR[0] if flag in _CONFIG_DIR else _CONFIG_NAME[0]] = value
+    config_dir = found.get(_CONFIG_DIR[0])
+    if config_dir is not None and not Path(config_dir).expanduser().is_dir():
+        raise ConfigError(f"--config-dir {config_dir}: no such directory")
+    return ConfigSource(config_dir, found.get(_CONFIG_NAME[0], CONFIG_NAME))
+
+
+def searchpath_args(args: list[str]) -> list[str]:
+    """The ``hydra.searchpath`` overrides of a command line: Hydra keeps them out of a job's task
+    overrides, and a command that repeats the job needs them."""
+    return [a for a in args if not a.startswith("-") and a.split("=", 1)[0].lstrip("+") == "hydra.searchpath"]
+
+
+@contextmanager
+def _initialized(source: ConfigSource):
+    """Hydra initialised as ``rlmix train``'s ``@hydra.main`` is: ``rlmix.conf``, and ``--config-dir``'s
+    folder where Hydra adds it (ahead of the structured configs)."""
+    import os
+
+    from hydra import version
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
+    from hydra.initialize import get_gh_backup, restore_gh_from_backup
+
+    backup = get_gh_backup()
+    version.setbase("1.3")
+    search_path = create_config_search_path(f"pkg://{CONFIG_MODULE}")
+    if source.config_dir is not None:
+        search_path.prepend(provider="command-line", anchor=SearchPathQuery(provider="schema"),
+                            path="file://" + os.path.abspath(os.path.expanduser(source.config_dir)))
+    Hydra.create_main_hydra2(task_name="app", config_search_path=search_path)
+    try:
+        yield
+    finally:
+        restore_gh_from_backup(backup)
+
+
 def expand_jobs(overrides: list[str], multirun: bool) -> list[list[str]]:
     """One override list per job, as Hydra's basic sweeper would run them.
 
@@ -93,22 +161,26 @@ def compose_run_config(overrides: list[str], for_training: bool = True, output_d
     return compose_plan(overrides, for_training, output_dir_key, run).cfg
 
 
-def compose_plan(overrides: list[str], for_training: bool = True, output_dir_key: str | None = None, run=None):
+def compose_plan(overrides: list[str], for_training: bool = True, output_dir_key: str | None = None, run=None,
+                 source: ConfigSource = ConfigSource()):
     """Compose ``train.yaml`` with ``overrides`` and resolve it (``rlmix.assembly.plan.plan_run``) into a
     ``RunPlan`` (ConfigError on bad input).
 
     ``output_dir_key`` (``hydra.run.dir`` or ``hydra.sweep.dir``): also check that this directory
     can be created and written, before Hydra creates it. ``run`` (``run_settings.RunSettings``):
-    start from a run's task, model and generation length; ``overrides`` win.
+    start from a run's task, model and generation length; ``overrides`` win. ``source``: compose
+    ``--config-name`` with ``--config-dir`` added.
     """
-    return _compose(overrides, for_training, output_dir_key, run)[0]
+    return _compose(overrides, for_training, output_dir_key, run, source=source)[0]
 
 
 def _compose(overrides: list[str], for_training: bool = True, output_dir_key: str | None = None, run=None,
-             job_num: int | None = None) -> tuple[object, str | None, str | None]:
-    """``(plan, output dir, job dir)``: ``compose_plan``'s plan, the directory of ``output_dir_key``
-    and, for sweep job ``job_num``, the job's directory in it (``hydra.sweep.subdir``)."""
-    from hydra import compose, initialize_config_module
+             job_num: int | None = None,
+             source: ConfigSource = ConfigSource()) -> tuple[object, str | None, str | None, dict]:
+    """``(plan, output dir, job dir, config)``: ``compose_plan``'s plan, the directory of ``output_dir_key``
+    and, for sweep job ``job_num``, the job's directory in it (``hydra.sweep.subdir``), and the composed
+    config it was planned from (``composed``)."""
+    from hydra import compose
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf, open_dict
 
@@ -125,9 +197,11 @@ def _compose(overrides: list[str], for_training: bool = True, output_dir_key: st
     GlobalHydra.instance().clear()
     out_dir = job_dir = None
     try:
-        with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
+        with _initialized(source):
             groups = overrides if run is None else group_overrides(run, overrides)
-            cfg = compose(config_name=CONFIG_NAME, overrides=groups, return_hydra_config=output_dir_key is not None)
+            _check_added_pools(groups, source.config_name)
+            cfg = compose(config_name=source.config_name, overrides=groups,
+                          return_hydra_config=output_dir_key is not None)
             if run is not None:
                 apply_run_settings(cfg, run, overrides)
             if output_dir_key is not None:
@@ -138,6 +212,7 @@ def _compose(overrides: list[str], for_training: bool = True, output_dir_key: st
                     job_dir = str(Path(out_dir) / OmegaConf.select(cfg, "hydra.sweep.subdir"))
                 with open_dict(cfg):
                     del cfg["hydra"]
+            config = composed(cfg)
     except ConfigError:
         raise
     except Exception as err:
@@ -149,7 +224,32 @@ def _compose(overrides: list[str], for_training: bool = True, output_dir_key: st
         check_output_dir(output_dir_key, out_dir)
         if output_dir_key == "hydra.run.dir" and plan.cfg.resume is None:
             check_new_run_dir(output_dir_key, out_dir)
-    return plan, out_dir, job_dir
+    return plan, out_dir, job_dir, config
+
+
+def _check_added_pools(overrides: list[str], config_name: str) -> None:
+    """``+fleet.pools.<name>={...}`` adds a pool; under a name the fleet already has, Hydra would merge
+    the value into that pool instead (a pool neither the fleet's nor the one asked for): refused."""
+    from hydra import compose
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    added = {o.input_line: o.key_or_group.split(".", 2)[2] for o in parsed
+             if o.is_add() and o.key_or_group.startswith("fleet.pools.") and o.key_or_group.count(".") == 2}
+    if not added:
+        return
+    pools = compose(config_name=config_name, overrides=[o for o in overrides if o not in added]).fleet.pools
+    for line, name in added.items():
+        if name in pools:
+            raise ConfigError(f"{line.split('=', 1)[0]}: the fleet already has a pool {name}; set its fields with "
+                              f"fleet.pools.{name}.<field>=..., or add the new pool under another name")
+
+
+def composed(cfg) -> dict:
+    """A composed config as it compares to another (interpolations unresolved, without ``hydra``)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(cfg, resolve=False)
 
 
 def job_key(overrides: list[str]) -> tuple[str, ...]:
@@ -166,6 +266,7 @@ class Job(NamedTuple):
     label: str  # a sweep job's swept overrides (naming.job_label); a single run's name
     run_dir: Path | None  # a sweep job's directory (in the sweep directory the preflight saw)
     kept: dict | None = None  # a continued sweep's job that failed with no checkpoint: its summary, kept as it is
+    config: dict | None = None  # the config it was planned from (``composed``): Hydra's job must have composed the same
 
 
 def preflight(args: list[str]) -> dict[tuple[str, ...], object]:
@@ -181,6 +282,7 @@ def plan_jobs(args: list[str]) -> list[Job]:
     overrides, multirun, info = split_args(args)
     if info:
         return []
+    source = config_source(args)
     try:
         jobs = expand_jobs(overrides, multirun)
     except Exception as err:
@@ -188,19 +290,22 @@ def plan_jobs(args: list[str]) -> list[Job]:
 
         raise ConfigError(one_line(err)) from None
     from rlmix.assembly.checkpoints import check_resume
+    from rlmix.metrics.logger import check_wandb_login
     from rlmix.orchestration.hardware import check_machine
 
     planned = []
     for num, job in enumerate(jobs):
         key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-        plan, sweep_dir, job_dir = _compose(job, output_dir_key=key, job_num=num if multirun else None)
+        plan, sweep_dir, job_dir, config = _compose(job, output_dir_key=key, job_num=num if multirun else None,
+                                                    source=source)
         check_machine(plan.cfg)  # GPUs asked for exist here, before Ray or a run dir
+        check_wandb_login(plan.cfg.logger.wandb)  # online needs an API key: refused before Ray, not after
         kept = None
         if multirun:
             plan, kept = sweep_job(plan, Path(sweep_dir), Path(job_dir), len(jobs))
         check_resume(plan.cfg.resume)
         label = job_label(job_key(job), plan.cfg.name, plan.cfg.seed) if multirun else plan.cfg.name
-        planned.append(Job(job_key(job), plan, label, Path(job_dir) if multirun else None, kept))
+        planned.append(Job(job_key(job), plan, label, Path(job_dir) if multirun else None, kept, config))
     return planned
 
 
@@ -289,9 +394,16 @@ def _value(value: str) -> str | None:
         return None
 
 
-def command_line(task_overrides: list[str]) -> str:
-    """The command that reproduces this job, without ``resume=`` (the caller appends its own)."""
+def command_line(task_overrides: list[str], config_args: list[str] | tuple[str, ...] = ()) -> str:
+    """The command that reproduces this job, without ``resume=`` (the caller appends its own);
+    ``config_args`` (``repeated_source``) first."""
     import shlex
 
     kept = [o for o in task_overrides if not o.startswith("resume=")]
-    return " ".join(["rlmix", "train", *map(shlex.quote, kept)])
+    return " ".join(["rlmix", "train", *map(shlex.quote, [*config_args, *kept])])
+
+
+def repeated_source(args: list[str]) -> list[str]:
+    """What a command that repeats a job of ``args`` needs besides its task overrides: the
+    ``--config-dir`` and ``--config-name`` flags and the ``hydra.searchpath`` overrides."""
+    return [*config_source(args).args(), *searchpath_args(args)]

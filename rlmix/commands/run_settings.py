@@ -4,7 +4,8 @@ A run directory holds the config Hydra composed for it (``.hydra/config.yaml``) 
 options it picked (``.hydra/hydra.yaml``, ``hydra.runtime.choices``). Evaluating that run means
 evaluating the task it trained on, so the eval command starts from those settings; every key the
 command line sets wins over the run's value, and a group option on the command line (``task=...``,
-``model=...``) replaces the run's whole group.
+``model=...``) replaces the run's whole group. An option of the run's own config folders
+(``--config-dir``, ``hydra.searchpath``: ``hydra.runtime.config_sources``) is found in them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ PATH_VALUES = {"task.train_files", "task.eval_files", "task.tasks_dir", "task.su
 class RunSettings:
     choices: dict[str, str]  # group -> option the run picked (task=dataset)
     values: dict[str, Any]  # dotted key -> the run's value, for the keys an eval takes over
+    searchpath: tuple[str, ...] = ()  # the config folders the run added to rlmix's (file:///abs/dir)
 
 
 def run_settings(run_dir: Path) -> RunSettings | None:
@@ -44,7 +46,23 @@ def run_settings(run_dir: Path) -> RunSettings | None:
                     values[key] = _absolute(value, started_in) if key in PATH_VALUES else value
     values["eval.max_new_tokens"] = composed.loop.max_new_tokens
     choices = {g: runtime.choices[g] for g in GROUPS if runtime.choices.get(g) is not None}
-    return RunSettings(choices=choices, values=values)
+    return RunSettings(choices=choices, values=values, searchpath=_added_sources(runtime, started_in))
+
+
+# The config sources every run has: Hydra's own, rlmix.conf and the structured configs.
+_OWN_SOURCES = {"hydra", "main", "schema"}
+
+
+def _added_sources(runtime, started_in: Path) -> tuple[str, ...]:
+    """The config folders a run added (``--config-dir``, ``hydra.searchpath``), as search path
+    entries; a relative folder is taken from the directory the run was started in."""
+    added = []
+    for source in runtime.get("config_sources") or []:
+        if source.provider in _OWN_SOURCES:
+            continue
+        path = _absolute(source.path, started_in) if source.schema == "file" else source.path
+        added.append(f"{source.schema}://{path}")
+    return tuple(added)
 
 
 def _leaves(prefix: str, node: Any):
@@ -79,9 +97,14 @@ def checkpoint_dir(overrides: list[str]) -> Path | None:
 
 
 def group_overrides(settings: RunSettings, overrides: list[str]) -> list[str]:
-    """The run's group options (``task=dataset``) ahead of ``overrides``, unless they pick their own."""
+    """The run's group options (``task=dataset``) ahead of ``overrides``, unless they pick their own,
+    and the run's config folders (``hydra.searchpath``) unless they give theirs."""
     given = overridden_keys(overrides)
-    return [f"{g}={option}" for g, option in settings.choices.items() if g not in given] + overrides
+    picked = [f"{g}={option}" for g, option in settings.choices.items() if g not in given]
+    if settings.searchpath and "hydra.searchpath" not in given:
+        quoted = ("'" + p.replace("\\", "\\\\").replace("'", "\\'") + "'" for p in settings.searchpath)
+        picked.insert(0, f"hydra.searchpath=[{','.join(quoted)}]")
+    return picked + overrides
 
 
 def apply_run_settings(cfg, settings: RunSettings, overrides: list[str]) -> None:

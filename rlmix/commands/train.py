@@ -22,10 +22,11 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from rlmix.commands.compose import (CONFIG_MODULE, CONFIG_NAME, MULTIRUN_FILE, Job, command_line, job_key,
-                                    logged_run, plan_jobs, resume_in_place, sweep_job)
+from rlmix.commands.compose import (CONFIG_MODULE, CONFIG_NAME, MULTIRUN_FILE, Job, command_line, composed,
+                                    job_key, logged_run, plan_jobs, repeated_source, resume_in_place, sweep_job)
 from rlmix.commands.naming import job_label, register_resolver, sweep_name
-from rlmix.errors import ConfigError
+from rlmix.errors import ConfigError, RunFailed
+from rlmix.metrics.quiet import WORKERS_LOG
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ _FAILED: list[str] = []  # run dirs of the failed jobs of this process's sweep
 _finished: list[tuple[str, dict, Path]] = []  # (label, summary, run dir) of each job of this command
 _sweep_dir: list[Path] = []  # the multirun directory, once a sweep's first job has started
 _jobs: list[Job] = []  # every job of this command as the preflight planned it, in the order Hydra runs them
+_source: list[str] = []  # the config flags and hydra.searchpath of this command (compose.repeated_source)
 
 
 class SweepStopped(BaseException):
@@ -61,11 +63,12 @@ def _hydra_train(cfg: DictConfig) -> None:
     output_dir = Path(hc.runtime.output_dir)
     _sweep_dir[:] = [Path(hc.sweep.dir)] if sweep else []
     try:
-        # The preflight planned this job from the same overrides, numbered as Hydra numbers a sweep's
-        # jobs (two jobs of a sweep can share their overrides); a job it did not see (Hydra called
-        # another way) is planned here.
+        # The preflight planned this job from the same overrides and config, numbered as Hydra numbers
+        # a sweep's jobs (two jobs of a sweep can share their overrides); a job it did not see (Hydra
+        # called another way, or composing another config) is planned here.
         num = hc.job.num if sweep else 0
         job = _jobs[num] if num < len(_jobs) and _jobs[num].key == job_key(overrides) else None
+        job = job if job is not None and job.config == composed(cfg) else None
         plan, kept = (job.plan, job.kept) if job else (plan_run(to_run_config(cfg)), None)
         if sweep and job is None:  # (the preflight refused a run's resume= shared by several jobs)
             plan, kept = sweep_job(plan, Path(hc.sweep.dir), output_dir, jobs=1)
@@ -79,6 +82,13 @@ def _hydra_train(cfg: DictConfig) -> None:
         print(f"error: {err}", file=sys.stderr)
         remove_unstarted(output_dir)
         sys.exit(2)
+    except RunFailed as err:  # a process did not start (runner.started): nothing trained, no summary
+        output = output_dir / WORKERS_LOG
+        print(f"error: {err}" + (f" (its output: {output})" if output.is_file() else ""), file=sys.stderr)
+        if sweep:
+            _FAILED.append(str(output_dir))  # the other jobs of the sweep still run
+            return
+        sys.exit(1)
     _finished.append(end_of_run(run_cfg, summary, overrides, output_dir, label))
     code = exit_code(summary)
     say(summary, overrides)
@@ -95,13 +105,13 @@ def keep_failed(summary: dict, overrides: list[str], run_dir: Path, label: str) 
     with the command that trains it again, in a directory of its own."""
     _finished.append((label, summary, run_dir))
     _FAILED.append(str(run_dir))
-    again = command_line([o for o in overrides if not o.startswith(("hydra.", "+hydra."))])
+    again = command_line([o for o in overrides if not o.startswith(("hydra.", "+hydra."))], _source)
     print(f"{label}: kept as it ended (failed at step {summary.get('steps', 0)}, no checkpoint to continue "
           f"from); start it again with: {again}", file=sys.stderr, flush=True)
 
 
 # What Hydra writes before a job runs: into the job's directory, and into a sweep's.
-JOB_FILES, SWEEP_FILES = {".hydra", "train.log"}, {MULTIRUN_FILE}
+JOB_FILES, SWEEP_FILES = {".hydra", "train.log", WORKERS_LOG}, {MULTIRUN_FILE}
 
 
 def remove_unstarted(run_dir: Path) -> None:
@@ -131,7 +141,7 @@ def end_of_run(cfg, summary: dict, overrides: list[str], output_dir: Path, label
     run_dir = Path(cfg.resume) if resumed else output_dir
     checkpoint = latest_checkpoint(run_dir)
     print(run_block(summary, run_dir, checkpoint, cfg.loop.steps, overrides, log_dir=output_dir,
-                    eval_args=eval_args(cfg)), flush=True)
+                    eval_args=eval_args(cfg), config_args=_source), flush=True)
     return label, summary, run_dir
 
 
@@ -165,8 +175,9 @@ def say(summary: dict, overrides: list[str]) -> None:
     """The one line for a run that did not complete: what happened and the command that continues
     it, or that starts it again (in a new directory) when no checkpoint was written."""
     status, step = summary["status"], summary["steps"]
-    resume_cmd = f"continue with: {command_line(overrides)} resume={shlex.quote(str(summary['run_dir']))}"
-    train_cmd = command_line([o for o in overrides if not o.startswith(("hydra.", "+hydra."))])
+    resume = shlex.quote(str(summary["run_dir"]))
+    resume_cmd = f"continue with: {command_line(overrides, _source)} resume={resume}"
+    train_cmd = command_line([o for o in overrides if not o.startswith(("hydra.", "+hydra."))], _source)
     if status == "interrupted":
         checkpoint = Path(summary["checkpoint"]).name if summary["checkpoint"] else None
         then = resume_cmd if checkpoint else f"start again with: {train_cmd}"
@@ -190,6 +201,7 @@ def run_train(args: list[str]) -> None:
     register_resolver()
     args = resume_in_place(args)
     _jobs[:] = plan_jobs(args)
+    _source[:] = repeated_source(args) if _jobs else []
     from rlmix.orchestration.session import SESSION
 
     sys.argv = ["rlmix train", *args]
@@ -224,6 +236,7 @@ def run_train(args: list[str]) -> None:
         sys.exit(128 + signum)
     finally:
         _jobs.clear()
+        _source.clear()
         SESSION.end_command()  # a sweep kept Ray and its processes warm between jobs
 
 

@@ -14,6 +14,7 @@ import re
 import shlex
 import sys
 from collections.abc import Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
@@ -71,6 +72,56 @@ def leave_hung_up_terminal() -> None:
                 devnull = os.open(os.devnull, os.O_WRONLY)
                 os.dup2(devnull, fd)
                 os.close(devnull)
+
+
+class _OutlivesReader:
+    """A console stream whose reader may go before the command ends (``rlmix train | head``): once a
+    write finds the pipe closed (EPIPE), its descriptor points at /dev/null, as a hung-up terminal's
+    does, and the command goes on; what it would still print is in its log files."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._let_go()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._let_go()
+
+    def _let_go(self) -> None:
+        try:
+            fd = self._stream.fileno()
+        except (OSError, ValueError):  # a stream without a descriptor (a test's capture)
+            return
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+        try:
+            self._stream.flush()  # what the pipe refused goes to /dev/null now
+        except OSError:
+            pass
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+@contextmanager
+def console_outlives_reader():
+    """stdout and stderr as ``_OutlivesReader``s while the block runs (the streams a run's logging
+    and step lines pick up when it starts)."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _OutlivesReader(sys.stdout), _OutlivesReader(sys.stderr)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
 
 
 class CountedLines:
@@ -151,16 +202,17 @@ def warnings_text(collapse: dict | None) -> str:
 
 
 def next_commands(run_dir: Path, overrides: list[str], eval_args: tuple[str, ...] = (),
-                  checkpoint: bool = True, rows: bool = True) -> list[str]:
+                  checkpoint: bool = True, rows: bool = True, config_args: Sequence[str] = ()) -> list[str]:
     """The commands that can work on ``run_dir`` now: evaluate and resume it when it has a
     ``checkpoint``, report it when it logged ``rows``, else start it again. Resuming or starting
-    again repeats the run's own overrides.
+    again repeats the run's own overrides, after ``config_args`` (``--config-dir``, ``--config-name``
+    and ``hydra.searchpath``: where its configs came from).
 
-    ``rlmix eval`` takes the run's task from ``run_dir``; ``eval_args`` pick what differs (the
-    split of a task without held-out rows)."""
+    ``rlmix eval`` takes the run's task from ``run_dir`` (its search path too); ``eval_args`` pick
+    what differs (the split of a task without held-out rows)."""
     keep = [o for o in overrides if not o.startswith(("resume=", "hydra.", "+hydra."))]
     where = shlex.quote(shown(run_dir))
-    train = ["rlmix train", *map(shlex.quote, keep)]
+    train = ["rlmix train", *map(shlex.quote, [*config_args, *keep])]
     commands = [" ".join(["rlmix eval", f"checkpoint={where}", *eval_args])] if checkpoint else []
     commands += [f"rlmix report {where}"] if rows else []
     return commands + [" ".join([*train, f"resume={where}"] if checkpoint else train)]
@@ -168,7 +220,7 @@ def next_commands(run_dir: Path, overrides: list[str], eval_args: tuple[str, ...
 
 def run_block(
     summary: dict, run_dir: Path, checkpoint: Path | None, total_steps: int, overrides: list[str], log_dir: Path,
-    eval_args: tuple[str, ...] = (),
+    eval_args: tuple[str, ...] = (), config_args: Sequence[str] = (),
 ) -> str:
     """The lines that end ``rlmix train``: outcome, where everything went, and what to run next."""
     final = summary.get("final") or {}
@@ -191,7 +243,8 @@ def run_block(
     lines = [f"── run {summary.get('name', '')} ".ljust(60, "─")]
     lines += [f"  {key:<{width}}  {value}" for key, value in rows]
     logged = (run_dir / METRICS_FILE).is_file() and (run_dir / METRICS_FILE).stat().st_size > 0
-    commands = next_commands(run_dir, overrides, eval_args, checkpoint=checkpoint is not None, rows=logged)
+    commands = next_commands(run_dir, overrides, eval_args, checkpoint=checkpoint is not None, rows=logged,
+                             config_args=config_args)
     lines += ["next:"] + [f"  {command}" for command in commands]
     return "\n".join(lines)
 

@@ -1,6 +1,8 @@
 """Where per-step metrics go: ``metrics.jsonl`` (always), W&B (offline by default), the console.
 
 W&B is best effort: if it fails to start or to log, the run continues on JSONL and says so once.
+``online`` needs an API key, checked before the run starts (``check_wandb_login``); an online start
+that cannot reach W&B waits ``WANDB_INIT_TIMEOUT`` seconds at most, then logs offline in the run dir.
 """
 
 from __future__ import annotations
@@ -9,12 +11,15 @@ import json
 import logging
 import math
 import os
+import shlex
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
 from rlmix.config.schema import WandbConfig, WandbMode
-from rlmix.metrics.console import StepDisplay
+from rlmix.errors import ConfigError
+from rlmix.metrics.console import StepDisplay, shown
 from rlmix.metrics.jsonl import METRICS_FILE, keep_rows
 from rlmix.metrics.quiet import quiet_console
 from rlmix.metrics.wandb_tables import finish_wandb
@@ -23,6 +28,10 @@ from rlmix.metrics.written import write_atomically
 log = logging.getLogger(__name__)
 
 SUMMARY_FILE = "summary.json"
+# How long an online start may wait for W&B's server: a reachable one starts a run in a few seconds,
+# and 30 s leaves room for its retries; wandb's own 90 s held up every start without a network.
+INIT_TIMEOUT_ENV = "WANDB_INIT_TIMEOUT"  # wandb's own variable for it: a user's value is kept
+INIT_TIMEOUT_S = 30.0
 
 
 def _jsonable(value: Any) -> Any:
@@ -129,18 +138,99 @@ def start_wandb(cfg: WandbConfig, run_dir: Path, name: str, config: dict, group:
         import wandb
 
         os.environ.setdefault("WANDB_SILENT", "true")  # the run's own console line says enough
-        return wandb.init(
-            project=cfg.project,
-            entity=cfg.entity,
-            group=cfg.group or group,
-            name=name,
-            dir=str(run_dir),
-            mode=cfg.mode.value,
-            config=config,
-            reinit="finish_previous",
-            id=run_id,
-            resume="allow" if run_id else None,
-        )
+        run = dict(project=cfg.project, entity=cfg.entity, group=cfg.group or group, name=name, dir=str(run_dir),
+                   config=config, reinit="finish_previous", id=run_id, resume="allow" if run_id else None)
+        if cfg.mode is WandbMode.online:
+            return _start_online(wandb, run)
+        return wandb.init(mode=cfg.mode.value, **run)
     except Exception as err:
-        log.warning("W&B did not start in %s mode (%s); metrics go to %s only", cfg.mode.value, err, METRICS_FILE)
+        log.warning("W&B did not start in %s mode (%s); metrics go to %s only", cfg.mode.value, _first_line(err),
+                    METRICS_FILE)
         return None
+
+
+def _start_online(wandb, run: dict):
+    """An online W&B run, or, when W&B's server cannot be reached in time, an offline one in the
+    run dir: its metrics are kept for ``wandb sync`` instead of lost, and the run has waited
+    ``init_timeout()`` seconds, not wandb's 90."""
+    timeout = init_timeout()
+    log.info("waiting for W&B to start the run online (up to %.0f s, %s)", timeout, INIT_TIMEOUT_ENV)
+    try:
+        with _wandb_errors_in_log_only():
+            return wandb.init(mode="online", settings=wandb.Settings(init_timeout=timeout), **run)
+    except Exception as err:
+        offline = wandb.init(mode="offline", **run)
+        log.warning("W&B did not start online (%s); logging offline instead, upload later with: wandb sync %s",
+                    _first_line(err), shlex.quote(shown(offline.settings.sync_dir)))
+        return offline
+
+
+@contextmanager
+def _wandb_errors_in_log_only():
+    """W&B's own report of a failed start (an error record with a traceback) goes to train.log only:
+    the run says in one line what it does instead. A streamed console (``logger.verbose``) keeps it."""
+    handlers = [h for h in logging.getLogger("wandb").handlers if not isinstance(h, logging.FileHandler)]
+    for handler in handlers:
+        handler.addFilter(_drop)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(_drop)
+
+
+def _drop(record: logging.LogRecord) -> bool:
+    return False
+
+
+def _first_line(err: BaseException) -> str:
+    """wandb's errors run to several lines of advice; the first says what failed."""
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def init_timeout() -> float:
+    """Seconds an online start waits for W&B: ``WANDB_INIT_TIMEOUT`` where set, else ``INIT_TIMEOUT_S``."""
+    value = os.environ.get(INIT_TIMEOUT_ENV, "").strip()
+    try:
+        seconds = float(value) if value else INIT_TIMEOUT_S
+    except ValueError:
+        seconds = math.nan
+    if not seconds > 0 or math.isinf(seconds):
+        raise ConfigError(f"{INIT_TIMEOUT_ENV}={value}: must be a number of seconds > 0 (how long "
+                          "logger.wandb.mode=online waits for W&B before it logs offline)")
+    return seconds
+
+
+def check_wandb_login(cfg: WandbConfig) -> None:
+    """``logger.wandb.mode=online`` with no API key where wandb looks for one is refused before
+    anything starts: wandb.init would prompt for one, or fail once Ray is up, with nothing written
+    for a later ``wandb sync``. ConfigError naming the two ways out."""
+    if cfg.mode is not WandbMode.online:
+        return
+    init_timeout()  # a WANDB_INIT_TIMEOUT that is not a number is refused here too
+    from wandb.errors import AuthenticationError
+
+    try:
+        found = _wandb_credentials()
+    except AuthenticationError as err:  # a key that cannot be one (too short), or two sources of one
+        raise ConfigError(f"logger.wandb.mode=online: {_first_line(err).rstrip('.')}; fix it, or set "
+                          "logger.wandb.mode=offline and upload later with `wandb sync`") from None
+    if not found:
+        raise ConfigError("logger.wandb.mode=online: no W&B API key found (WANDB_API_KEY, or the netrc file "
+                          "that `wandb login` writes); log in with `wandb login` (or set WANDB_API_KEY), or "
+                          "set logger.wandb.mode=offline and upload later with `wandb sync`")
+
+
+def _wandb_credentials() -> bool:
+    """Whether wandb.init would find credentials, asked as it asks (the environment, the netrc file,
+    wandb's settings files), without the network and without a prompt."""
+    os.environ.setdefault("WANDB_SILENT", "true")  # as start_wandb, before wandb reads its settings
+    try:
+        from wandb.sdk import wandb_setup
+        from wandb.sdk.lib import wbauth
+
+        host = wbauth.HostUrl(wandb_setup.singleton().settings.base_url)
+    except Exception as err:  # another wandb version, or settings it rejects: its own start decides
+        log.debug("W&B credentials not checked (%s)", err)
+        return True
+    return wbauth.authenticate_session(host=host, source="rlmix", prompt=False, update_session=False) is not None
