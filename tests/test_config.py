@@ -299,6 +299,9 @@ FIXED_BAD = [
     (["trainer.lr_decay_steps=1", "trainer.min_lr_ratio=0.1"], "trainer.lr_decay_steps=1"),
     (["trainer.lr_schedule=linear", "trainer.lr_warmup_steps=3", "trainer.lr_decay_steps=2"],
      "trainer.lr_warmup_steps=3"),
+    # a pool's name ends its metric keys: lag_0_0 wrote into the staleness bucket's (a fleet file's name
+    # with a / or a space made them ambiguous)
+    (["+fleet.pools.lag_0_0={accelerator:H100,precision:bf16}"], "fleet.pools.lag_0_0: a pool's name"),
 ]
 
 

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -112,6 +113,7 @@ def _check_loop(cfg: RunConfig) -> None:
 
 
 TEMPERATURE = (1e-3, 100.0)
+POOL_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def _check_eval(cfg: RunConfig, for_training: bool) -> None:
@@ -371,6 +373,10 @@ def _check_fleet(cfg: RunConfig) -> None:
     truncating, full = {}, []  # pool -> (top_p, top_k) where it truncates; the pools that do not
     for name, pool in fleet.pools.items():
         key = f"fleet.pools.{name}"
+        # A pool's name ends its metric keys (mismatch/kl_k3/<pool>), beside the staleness buckets' lag_<a>_<b>.
+        _require(POOL_NAME.fullmatch(name) is not None and not name.startswith("lag_"),
+                 f"{key}: a pool's name is letters, digits, _ and - (it ends metric keys: .../{name}), and "
+                 "not lag_* (the staleness buckets' keys)")
         _require(pool.count >= 1, f"{key}.count={pool.count}: must be >= 1")
         top_p, top_k = fleet.truncation(pool)
         _require(0 < top_p <= 1, f"{key}: top_p={top_p} must be in (0, 1]")
