@@ -302,6 +302,9 @@ FIXED_BAD = [
     # a pool's name ends its metric keys: lag_0_0 wrote into the staleness bucket's (a fleet file's name
     # with a / or a space made them ambiguous)
     (["+fleet.pools.lag_0_0={accelerator:H100,precision:bf16}"], "fleet.pools.lag_0_0: a pool's name"),
+    # named a pool's key the user never typed; offered KV formats that are then refused as KV formats
+    (["fleet.precision=fp8_e4m3"], "fleet.precision=fp8_e4m3: fleet.pools.a100_bf16: accelerator A100"),
+    (["fleet.pools.h100_fp8.kv_precision=fp3"], "allowed: fp32, bf16, fp16, fp8_e4m3, fp8_e5m2"),
 ]
 
 

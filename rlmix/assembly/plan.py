@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from rlmix.assembly.rules import model_fields, validate
 from rlmix.config.schema import PoolConfig, RunConfig
 from rlmix.correction import Correction
+from rlmix.errors import ConfigError
 from rlmix.assembly.task_kinds import TaskKind, task_kind
 from rlmix.samplers.accelerators import PrecisionView
 from rlmix.samplers.checks import POOL_CHECKS
@@ -55,7 +56,12 @@ class RunPlan:
 
 
 def plan_pool(name: str, pool: PoolConfig, cfg: RunConfig, model: Mapping | None) -> PoolPlan:
-    view, engine = POOL_CHECKS[pool.backend](name, pool, model)
+    try:
+        view, engine = POOL_CHECKS[pool.backend](name, pool, model)
+    except ConfigError as err:
+        if cfg.fleet.precision is not None and "precision" in str(err):  # the pool's format is fleet.precision's
+            raise ConfigError(f"fleet.precision={cfg.fleet.precision}: {err}") from None
+        raise
     top_p, top_k = cfg.fleet.truncation(pool)
     return PoolPlan(name, pool, view, engine, top_p, top_k)
 

@@ -164,12 +164,12 @@ class PrecisionView:
         }
 
 
-def _parse_precision(value: str, key: str) -> Precision:
+def _parse_precision(value: str, key: str, allowed: tuple[Precision, ...] = tuple(Precision)) -> Precision:
     try:
         return Precision[value]
     except KeyError:
-        allowed = ", ".join(p.name for p in Precision)
-        raise ConfigError(f"{key}={value!r} is not a precision; allowed: {allowed}") from None
+        names = ", ".join(p.name for p in allowed)
+        raise ConfigError(f"{key}={value!r} is not a precision; allowed: {names}") from None
 
 
 def lookup_accelerator(accelerator: str) -> AcceleratorSpec:
@@ -220,7 +220,7 @@ def resolve_view(
     beyond = _check_native(spec, weights, spec.native_weight_precisions, "precision", allow_emulation)
     activations = weights if weights in _FLOAT else Precision.bf16
     inputs = _parse_inputs(linear_inputs, weights, activations)
-    kv = activations if kv_precision is None else _parse_precision(kv_precision, "kv_precision")
+    kv = activations if kv_precision is None else _parse_precision(kv_precision, "kv_precision", _KV_FP8)
     if kv not in _KV_FP8:
         allowed = ", ".join(p.name for p in _KV_FP8)
         raise ConfigError(f"kv_precision={kv.name} is not a KV-cache format; allowed: {allowed}")
