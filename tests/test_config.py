@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 from pathlib import Path
 
 import pytest
@@ -270,13 +271,25 @@ def test_a_sweep_jobs_directory_is_a_path_hydra_accepts(tmp_path):
     assert (cfg.checkpoint, cfg.resume) == (str(job), str(job))
 
 
-def test_a_fleet_wide_precision_replaces_every_pool_knob_of_the_format():
-    """fleet.precision=fp16 (the FP16 remedy) serves every pool of the fleet in fp16, the fleet's own
-    formats replaced; a pool's format set beside it is refused (FIXED_BAD), not dropped unseen."""
-    cfg = compose_run_config(["fleet=emulated_hetero6", "fleet.precision=fp16", "fleet.pools.a100_bf16.precision=fp16"])
+def test_a_fleet_wide_precision_replaces_every_pool_knob_of_the_format(caplog):
+    """fleet.precision=fp16 (the FP16 remedy) serves every pool in fp16: a pool's KV format, fp8
+    scales, GEMM inputs and fp8 attention belong to its own format and go with it (the FP16 arm is
+    swept across the map's doses this way); one set beside it is replaced in one line, not unseen."""
+    pool = "fleet.pools.b200_nvfp4"
+    with caplog.at_level(logging.WARNING, logger="rlmix.config.load"):
+        cfg = compose_run_config(["fleet=emulated_hetero6", "fleet.precision=fp16", f"{pool}.linear_inputs=nvfp4",
+                                  f"{pool}.kv_precision=fp8_e4m3", "fleet.pools.h100_fp8.fp8_attention=true"])
     for p in cfg.fleet.pools.values():
         assert (p.precision, p.kv_precision, p.fp8_scales, p.linear_inputs, p.fp8_attention) == (
             "fp16", None, "channel", None, False)
+    said = [r.getMessage() for r in caplog.records]
+    assert any("fleet.precision=fp16 replaces fleet.pools.b200_nvfp4.kv_precision=fp8_e4m3" in m for m in said), said
+    assert any("fleet.pools.h100_fp8.fp8_attention=true" in m for m in said), said
+    # the fleet's own formats are replaced without a word: that is what fleet.precision is for
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="rlmix.config.load"):
+        compose_run_config(["fleet=emulated_nvfp4", "fleet.precision=fp16"])
+    assert not caplog.records
 
 FIXED_BAD = [
     # a seed torch cannot take killed the trainer at start (a Ray traceback, exit 1)
@@ -289,9 +302,6 @@ FIXED_BAD = [
     (["correction.num_candidates=20000"], "correction.num_candidates=20000"),
     (["fleet=vllm_cpu_smoke", "fleet.pools.cpu_vllm_bf16.vllm.max_model_len=100000"], "vllm.max_model_len=100000"),
     (["fleet=vllm_cpu_smoke", "fleet.pools.cpu_vllm_bf16.vllm.max_model_len=8"], "loop.max_new_tokens"),
-    # set beside fleet.precision, a pool's own format was replaced without a word
-    (["fleet.precision=fp16", "fleet.pools.h100_fp8.kv_precision=fp8_e4m3"], "fleet.pools.h100_fp8.kv_precision"),
-    (["fleet.precision=fp16", "fleet.pools.h100_fp8.precision=int8"], "fleet.pools.h100_fp8.precision=int8"),
     (["+fleet.pools.mypool={acelerator:L4}"], "fleet.pools.mypool.acelerator: no such key"),
     (["fleet.pools.h100_fp8.acelerator=L4"], "fleet.pools.h100_fp8.acelerator: no such key"),
     (["+fleet.pools.mypool={count:two}"], "fleet.pools.mypool.count"),

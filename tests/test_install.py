@@ -145,14 +145,19 @@ def test_wheel_installs_and_trains_from_any_directory(tmp_path):
 
 # --- the GPU preflight ----------------------------------------------------------------------
 
+# vllm_gpu_mixed on the embedded model: its engine lengths are sized for real models' contexts
+# (refused beyond the model's 256 positions), so each engine takes the model's own here.
+GPU_MIXED = ["fleet=vllm_gpu_mixed", *(f"fleet.pools.{p}.vllm.max_model_len=null"
+                                       for p in ("h100_fp8", "h200_bf16", "a100_fp16"))]
+
 def test_gpu_demand_counts_real_gpu_actors_only():
     assert gpu_demand(compose_run_config(["+experiment=smoke"])) == {}  # emulated pools run on the CPU
     assert gpu_demand(compose_run_config(["fleet=vllm_cpu_smoke"])) == {}
-    mixed = compose_run_config(["fleet=vllm_gpu_mixed"])
+    mixed = compose_run_config(GPU_MIXED)
     assert gpu_demand(mixed) == {"fleet.pools.h100_fp8": 2, "fleet.pools.h200_bf16": 2, "fleet.pools.a100_fp16": 2}
     assert gpu_demand(mixed, one_per_pool=True) == {"fleet.pools.h100_fp8": 1, "fleet.pools.h200_bf16": 2,
                                                     "fleet.pools.a100_fp16": 1}  # h200_bf16: tensor parallel 2
-    tp = compose_run_config(["fleet=vllm_gpu_mixed", "fleet.pools.h100_fp8.vllm.tensor_parallel_size=2"])
+    tp = compose_run_config([*GPU_MIXED, "fleet.pools.h100_fp8.vllm.tensor_parallel_size=2"])
     assert gpu_demand(tp)["fleet.pools.h100_fp8"] == 4  # count x each instance's tensor-parallel group
     ds = ["+experiment=smoke", "trainer=deepspeed", "trainer.deepspeed.ranks=4"]
     nccl = compose_run_config([*ds, "trainer.deepspeed.comm_backend=nccl"])
@@ -164,14 +169,14 @@ def test_gpu_demand_counts_real_gpu_actors_only():
 
 
 def test_check_gpus_refuses_what_the_machine_lacks():
-    mixed = compose_run_config(["fleet=vllm_gpu_mixed"])
+    mixed = compose_run_config(GPU_MIXED)
     check_gpus(mixed, visible=6)
     with pytest.raises(ConfigError, match=r"needs 6 GPUs .* this machine has 5 GPUs"):
         check_gpus(mixed, visible=5)
     with pytest.raises(ConfigError, match="has no CUDA device"):
         check_gpus(mixed, visible=0)
     # A cluster's own resources decide where its actors go: nothing to check on this machine.
-    check_gpus(compose_run_config(["fleet=vllm_gpu_mixed", "cluster.address=auto"]), visible=0)
+    check_gpus(compose_run_config([*GPU_MIXED, "cluster.address=auto"]), visible=0)
 
 
 def test_visible_gpus_follows_cuda_visible_devices(monkeypatch):
@@ -182,7 +187,7 @@ def test_visible_gpus_follows_cuda_visible_devices(monkeypatch):
 @pytest.mark.skipif(visible_gpus() > 0, reason="checks the refusal on a machine without GPUs")
 @pytest.mark.parametrize("command", ["train", "probe"])
 def test_gpu_fleet_on_this_machine_is_one_line(tmp_path, command):
-    out = rlmix_refusing(command, "fleet=vllm_gpu_mixed", cwd=tmp_path)
+    out = rlmix_refusing(command, *GPU_MIXED, cwd=tmp_path)
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: fleet vllm_gpu_mixed needs"), out.stderr

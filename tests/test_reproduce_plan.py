@@ -248,7 +248,8 @@ def test_a_resumed_invocation_keeps_the_probe_it_has(tmp_path, monkeypatch):
 def test_a_cell_no_machine_can_train_is_refused_before_anything_runs():
     # The FP16 arm asks every pool for fp16, which the matched control's CPU pools do not have.
     problem = R.plan_problem([(R.HEADLINE, ("grpo", "fp16")), ("v2_matched", ("grpo", "fp16"))], steps=2)
-    assert problem.startswith("fp16 at v2_matched: fleet.pools.cpu_bf16_a: accelerator CPU has no native")
+    assert problem.startswith("fp16 at v2_matched: fleet.precision=fp16: fleet.pools.cpu_bf16_a: "
+                              "accelerator CPU has no native")
     assert R.plan_problem([(R.HEADLINE, R.MAP_ARMS)], steps=2) is None
 
 

@@ -9,6 +9,7 @@ rules (``rlmix.assembly.rules``), then what only a backend or a task can answer.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 from collections.abc import Mapping
 
@@ -16,6 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlmix.config.schema import FleetConfig, PoolConfig, RunConfig
 from rlmix.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 # A pool's settings that belong to its own weight format: a fleet-wide precision resets them.
@@ -54,9 +57,10 @@ def to_pool(name: str, pool) -> PoolConfig:
 
 
 def fleet_precision(fleet: FleetConfig) -> None:
-    """``fleet.precision`` replaces each pool's weight format and resets its format knobs, in place. A
-    pool's format setting that differs from its fleet's own (the fleet's YAML, or the schema's default
-    for a pool it lacks) was set beside ``fleet.precision``, which would drop it unseen: refused."""
+    """``fleet.precision`` replaces each pool's weight format and resets its format knobs, in place (the
+    FP16 arm serves every pool in fp16 whatever dose it is swept with). A pool's format setting that
+    differs from its fleet's own (the fleet's YAML, or the schema's default for a fleet not shipped
+    here) was set beside ``fleet.precision``: replaced too, and said in one line, not dropped unseen."""
     composed = shipped_pools(fleet.name)
     default = PoolConfig()
     for name, pool in fleet.pools.items():
@@ -68,9 +72,9 @@ def fleet_precision(fleet: FleetConfig) -> None:
             else:
                 set_here = value != own.get(knob, getattr(default, knob))
             if value != wanted and set_here:
-                raise ConfigError(f"fleet.pools.{name}.{knob}={_yaml(value)} with fleet.precision={fleet.precision}: "
-                                  f"the fleet-wide format sets every pool's precision and resets its "
-                                  f"{', '.join(FORMAT_KNOBS)}; drop one of the two")
+                log.warning("fleet.precision=%s replaces fleet.pools.%s.%s=%s: the fleet-wide format sets every "
+                            "pool's precision and resets its %s", fleet.precision, name, knob, _yaml(value),
+                            ", ".join(FORMAT_KNOBS))
             setattr(pool, knob, wanted)
 
 
