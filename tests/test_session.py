@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from tests.faults import parent
+from rlmix.orchestration.session import _children
+from tests.faults import parent, title
 
 pytestmark = pytest.mark.slow
 
@@ -127,7 +128,7 @@ def test_jobs_of_a_sweep_reuse_ray_and_processes_with_fresh_state(tmp_path):
         assert [s.actor._actor_id for s in slots] == [ids[1]] and versions == [0, 0]
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(parked[1].actor.version.remote(), timeout=60)
-        raylet = next(pid for pid in _children(os.getpid()) if _argv(pid)[:1] and _argv(pid)[0].endswith("/raylet"))
+        raylet = next(pid for pid in _children(os.getpid()) if title(pid).endswith("/raylet"))
         under_raylet = _children(raylet)  # its agents, the job's workers
         assert under_raylet
         SESSION.release(keep=False)
@@ -136,20 +137,9 @@ def test_jobs_of_a_sweep_reuse_ray_and_processes_with_fresh_state(tmp_path):
         deadline = time.monotonic() + 30
         while (left := [pid for pid in under_raylet if _alive(pid)]) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not left, [_argv(pid) for pid in left]
+        assert not left, [title(pid) for pid in left]
     finally:
         SESSION.close()
-
-
-def _children(pid: int) -> list[int]:
-    return [int(p) for p in os.listdir("/proc") if p.isdigit() and parent(int(p)) == pid]
-
-
-def _argv(pid: int) -> list[str]:
-    try:
-        return open(f"/proc/{pid}/cmdline").read().split("\0")
-    except OSError:
-        return []
 
 
 def _alive(pid: int) -> bool:

@@ -198,13 +198,18 @@ def check_output_dir(key: str, path: str) -> None:
     _require(os.access(existing, os.W_OK | os.X_OK), f"{key}={path}: {existing} is not writable")
 
 
-def check_new_run_dir(key: str, path: str) -> None:
-    """A new run's directory holds no earlier run: that run's checkpoints would be pruned, and resumed
-    from, as if they were the new run's, and the new rows appended to its metrics.jsonl."""
+def held_run(path: str | Path) -> list[str]:
+    """What in directory ``path`` belongs to a run (its metrics.jsonl, its checkpoints); [] for none."""
     from rlmix.assembly.checkpoints import CHECKPOINTS
     from rlmix.metrics.jsonl import METRICS_FILE
 
-    held = [name for name in (METRICS_FILE, CHECKPOINTS) if (Path(path) / name).exists()]
+    return [name for name in (METRICS_FILE, CHECKPOINTS) if (Path(path) / name).exists()]
+
+
+def check_new_run_dir(key: str, path: str) -> None:
+    """A new run's directory holds no earlier run: that run's checkpoints would be pruned, and resumed
+    from, as if they were the new run's, and the new rows appended to its metrics.jsonl."""
+    held = held_run(path)
     _require(not held, f"{key}={path} already holds a run ({', '.join(held)}): continue it with resume={path}, "
                        "or give this run a directory of its own")
 

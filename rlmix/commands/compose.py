@@ -336,15 +336,14 @@ def sweep_job(plan, sweep_dir: Path, job_dir: Path, jobs: int):
     """
     import json
 
-    from rlmix.assembly.checkpoints import CHECKPOINTS, latest_checkpoint
-    from rlmix.metrics.jsonl import METRICS_FILE
+    from rlmix.assembly.checkpoints import latest_checkpoint
+    from rlmix.assembly.rules import held_run
 
     resume = plan.cfg.resume
     if resume is None:  # as rules.check_new_run_dir for a single run
-        held = ", ".join(n for n in (METRICS_FILE, CHECKPOINTS) if (job_dir / n).exists())
-        if held:
-            raise ConfigError(f"hydra.sweep.dir={sweep_dir}: {job_dir} already holds a run ({held}): continue the "
-                              f"sweep with resume={sweep_dir}, or give this sweep a directory of its own")
+        if held := held_run(job_dir):
+            raise ConfigError(f"hydra.sweep.dir={sweep_dir}: {job_dir} already holds a run ({', '.join(held)}): "
+                              f"continue the sweep with resume={sweep_dir}, or give this sweep a directory of its own")
         return plan, None
     if not is_sweep_dir(resume):
         if jobs > 1:
