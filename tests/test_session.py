@@ -198,7 +198,7 @@ def test_a_process_that_has_served_nothing_refuses_a_driver_that_saw_it_serve(ti
     cfg = RunConfig(task=MiniCodeTaskConfig())
     cfg.loop.max_new_tokens = 4
     planned = plan_pool("a100", pool, cfg, None)
-    spec = SamplerSpec("a100", 0, pool, sampling_params(planned, cfg, resolve_correction(cfg.correction), 2),
+    spec = SamplerSpec("a100", 0, pool, sampling_params(planned, cfg, resolve_correction(cfg.correction), (2,)),
                        planned.view)
     task = make_task(cfg.task, 0)
 

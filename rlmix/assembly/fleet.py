@@ -47,7 +47,7 @@ class SamplerSpec:
 
 
 def sampling_params(pool: PoolPlan, cfg: RunConfig, correction: Correction,
-                    stop_ids: int | tuple[int, ...]) -> SamplingParams:
+                    stop_ids: tuple[int, ...]) -> SamplingParams:
     loop = cfg.loop
     truncates = pool.top_p < 1.0 or pool.top_k > 0
     return SamplingParams(
@@ -57,7 +57,7 @@ def sampling_params(pool: PoolPlan, cfg: RunConfig, correction: Correction,
         max_new_tokens=loop.max_new_tokens,
         num_candidates=correction.head_size,
         support_slots=correction.support_slots if truncates else 0,
-        stop_token_ids=(stop_ids,) if isinstance(stop_ids, int) else tuple(stop_ids),
+        stop_token_ids=stop_ids,
     )
 
 
@@ -70,7 +70,7 @@ def resolve_fleet(plan: RunPlan, eos_id: int | None, model_dir: str | Path | Non
     from rlmix.models.tokenizer_file import stop_token_ids
 
     model_dir = model_dir if model_dir is not None else plan.cfg.model.path
-    stops = stop_token_ids(model_dir, eos_id) if model_dir is not None else eos_id
+    stops = stop_token_ids(model_dir, eos_id) if model_dir is not None else (eos_id,)
     specs = []
     for name, pool in plan.pools.items():
         params = sampling_params(pool, plan.cfg, plan.correction, stops)
