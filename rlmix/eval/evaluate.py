@@ -87,16 +87,22 @@ def reference_sampler(cfg: EvalConfig, model_dir: Path, seed: int):
     return view_sampler(model_dir, view, pool="eval_reference", seed=seed), view.label
 
 
+def reference_tokenizer(cfg: RunConfig, model_dir: Path) -> tuple[object, tuple[int, ...]]:
+    """(the model's tokenizer, the ids a completion stops at), read before any weights load."""
+    from rlmix.models.tokenizer_file import load_fast_tokenizer, stop_token_ids
+
+    with loading(cfg, model_dir, "tokenizer files"):
+        tokenizer = load_fast_tokenizer(model_dir)
+    return tokenizer, stop_token_ids(model_dir, tokenizer.eos_token_id)
+
+
 def task_counts(plan: RunPlan, model_dir: Path, progress) -> tuple[list[dict], str]:
     """Sample ``eval.samples`` completions per problem of ``task.split``; (per-task rows, reference label)."""
-    from rlmix.models.tokenizer_file import load_fast_tokenizer, stop_token_ids
     from rlmix.assembly.parts import decode_completions
     from rlmix.seeds import derive_seed
 
     cfg = plan.cfg
-    with loading(cfg, model_dir, "tokenizer files"):
-        tokenizer = load_fast_tokenizer(model_dir)
-    stops = stop_token_ids(model_dir, tokenizer.eos_token_id)  # before the weights load
+    tokenizer, stops = reference_tokenizer(cfg, model_dir)
     task = plan.task.build(cfg.seed, tokenizer, cfg.eval.max_new_tokens, key="eval.max_new_tokens")
     problems = task.split(cfg.task.split)
     prompts = plan.task.check_prompts(problems, tokenizer, model_dir, cfg.eval.max_new_tokens, "eval.max_new_tokens",
@@ -216,13 +222,10 @@ class Evaluation:
         from rlmix.agentic.batching import TurnBatcher
         from rlmix.agentic.policy import ModelPolicy
         from rlmix.agentic.run import run_swebench_eval
-        from rlmix.models.tokenizer_file import load_fast_tokenizer, stop_token_ids
 
         cfg = self.plan.cfg
         out_dir = result_dir(cfg, split)
-        with loading(cfg, self.model_dir, "tokenizer files"):
-            tokenizer = load_fast_tokenizer(self.model_dir)
-        stops = stop_token_ids(self.model_dir, tokenizer.eos_token_id)
+        tokenizer, stops = reference_tokenizer(cfg, self.model_dir)
         with loading(cfg, self.model_dir, "weights"):
             sampler, label = reference_sampler(cfg.eval, self.model_dir, cfg.seed)
         params = SamplingParams(
