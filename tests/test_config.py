@@ -353,3 +353,15 @@ def test_an_actor_that_dies_of_bad_input_is_one_config_error(monkeypatch):
     with pytest.raises(RunFailed, match="did not start") as err:
         started([])
     assert "\n" not in str(err.value)
+
+
+def test_the_mandatory_value_marker_is_omegaconfs():
+    """rlmix.config spells OmegaConf's marker out (its actors do not import OmegaConf); a field
+    left at it must still be one OmegaConf calls missing."""
+    import omegaconf
+
+    from rlmix.config.dataset import MISSING
+    from rlmix.config.schema import RunConfig
+
+    assert MISSING == omegaconf.MISSING
+    assert omegaconf.OmegaConf.is_missing(omegaconf.OmegaConf.structured(RunConfig), "task")

@@ -160,8 +160,9 @@ def test_the_models_context_is_read_wherever_its_config_states_it(fields, positi
 
 @pytest.mark.slow  # a fresh interpreter builds a sampler worker: ~14 s
 def test_a_sampler_worker_never_imports_transformers(tiny_llama_dir):
-    """Start-up cost: ``transformers`` is ~2.4 core-seconds per sampler process (docs/performance.md);
-    the actor's whole path — worker, torch sampler, tokenizer, task, one request — runs without it."""
+    """Start-up cost: ``transformers`` is ~2.4 core-seconds per sampler process (docs/performance.md),
+    OmegaConf and Hydra ~0.13; the actor's whole path — worker, torch sampler, tokenizer, task, one
+    request — runs without them."""
     script = f"""
 import sys
 from rlmix.assembly.fleet import SamplerSpec, sampling_params
@@ -181,7 +182,7 @@ spec = SamplerSpec("h100", 0, pool, params, planned.view)
 worker = SamplerWorker(spec, {str(tiny_llama_dir)!r}, task_kind(cfg.task), seed=0, threads=1)
 out = worker.generate(make_request(make_task(cfg.task, 0), 0, 1, 0), 2, None, 0)
 assert len(out) == 2, len(out)
-print(sorted(m for m in sys.modules if m.split(".")[0] == "transformers")[:5])
+print(sorted(m for m in sys.modules if m.split(".")[0] in ("transformers", "omegaconf", "hydra"))[:5])
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -10,7 +10,10 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from omegaconf import MISSING
+# OmegaConf's mandatory-value marker, spelled out: importing omegaconf (with PyYAML and ANTLR) for one
+# string cost every sampler and trainer process ~0.13 core-s at start-up, since their constructor
+# arguments carry these classes. tests/test_config.py checks it is OmegaConf's own.
+MISSING: Any = "???"
 
 
 class ChatTemplateMode(enum.Enum):

@@ -12,9 +12,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from omegaconf import MISSING
-
-from rlmix.config.dataset import ChatTemplateMode, DatasetTaskConfig
+from rlmix.config.dataset import MISSING, ChatTemplateMode, DatasetTaskConfig
 from rlmix.config.deepspeed import DeepSpeedConfig
 from rlmix.config.embedded import AgentModelSpec, EmbeddedModelSpec, EmbeddedMoeSpec, EmbeddedVersion
 from rlmix.config.monitor import MonitorConfig
