@@ -258,6 +258,27 @@ def test_each_sweep_job_is_planned_once_and_hydras_job_finds_its_plan(tmp_path):
     assert preflight([*args, "--help"]) == {}
 
 
+def test_hydra_reads_the_run_mode_the_preflight_read_instead_of_composing_again(tmp_path, monkeypatch):
+    """``Hydra.get_mode`` composes the whole config to read ``hydra.mode``; under ``mode_known`` it
+    answers the preflight's value (what that composition gives) and composes nothing."""
+    from hydra._internal.hydra import Hydra
+    from hydra.types import RunMode
+
+    from rlmix.commands.compose import mode_known, plan_jobs
+
+    run = plan_jobs(["+experiment=smoke", f"hydra.run.dir={tmp_path / 'a'}"])
+    multi = plan_jobs(["+experiment=smoke", "hydra.mode=MULTIRUN", f"hydra.run.dir={tmp_path / 'b'}"])
+    assert [run[0].mode, multi[0].mode] == [None, RunMode.MULTIRUN]
+    original = Hydra.get_mode
+    composed = []
+    monkeypatch.setattr(Hydra, "compose_config", lambda *a, **k: composed.append(a))
+    with mode_known(multi):
+        assert Hydra.get_mode(object(), "train", ["seed=0,1"]) is RunMode.MULTIRUN
+    with mode_known([]):  # nothing planned (--help): Hydra's own
+        assert Hydra.get_mode is original
+    assert Hydra.get_mode is original and composed == []
+
+
 def test_a_sweep_jobs_directory_is_a_path_hydra_accepts(tmp_path):
     """Sweep job directories carry their overrides (``=``, ``,``) in their names; as ``checkpoint=`` or
     ``resume=`` values they are quoted for Hydra, so the commands a run prints work as printed."""

@@ -176,10 +176,11 @@ def compose_plan(overrides: list[str], for_training: bool = True, output_dir_key
 
 def _compose(overrides: list[str], for_training: bool = True, output_dir_key: str | None = None, run=None,
              job_num: int | None = None,
-             source: ConfigSource = ConfigSource()) -> tuple[object, str | None, str | None, dict]:
-    """``(plan, output dir, job dir, config)``: ``compose_plan``'s plan, the directory of ``output_dir_key``
-    and, for sweep job ``job_num``, the job's directory in it (``hydra.sweep.subdir``), and the composed
-    config it was planned from (``composed``)."""
+             source: ConfigSource = ConfigSource()) -> tuple[object, str | None, str | None, dict, object]:
+    """``(plan, output dir, job dir, config, mode)``: ``compose_plan``'s plan, the directory of
+    ``output_dir_key`` and, for sweep job ``job_num``, the job's directory in it (``hydra.sweep.subdir``),
+    the composed config it was planned from (``composed``) and the ``hydra.mode`` it sets (None where
+    ``output_dir_key`` is None, or where the command line's ``-m`` decides)."""
     from hydra import compose
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf, open_dict
@@ -195,7 +196,7 @@ def _compose(overrides: list[str], for_training: bool = True, output_dir_key: st
     register_configs()
     register_resolver()
     GlobalHydra.instance().clear()
-    out_dir = job_dir = None
+    out_dir = job_dir = mode = None
     try:
         with _initialized(source):
             groups = overrides if run is None else group_overrides(run, overrides)
@@ -205,7 +206,7 @@ def _compose(overrides: list[str], for_training: bool = True, output_dir_key: st
             if run is not None:
                 apply_run_settings(cfg, run, overrides)
             if output_dir_key is not None:
-                out_dir = OmegaConf.select(cfg, output_dir_key)
+                out_dir, mode = OmegaConf.select(cfg, output_dir_key), OmegaConf.select(cfg, "hydra.mode")
                 if job_num is not None:  # the launcher numbers the jobs in the sweeper's order
                     with open_dict(cfg):
                         cfg.hydra.job.num = job_num
@@ -224,7 +225,7 @@ def _compose(overrides: list[str], for_training: bool = True, output_dir_key: st
         check_output_dir(output_dir_key, out_dir)
         if output_dir_key == "hydra.run.dir" and plan.cfg.resume is None:
             check_new_run_dir(output_dir_key, out_dir)
-    return plan, out_dir, job_dir, config
+    return plan, out_dir, job_dir, config, mode
 
 
 def _check_added_pools(overrides: list[str], config_name: str) -> None:
@@ -267,6 +268,7 @@ class Job(NamedTuple):
     run_dir: Path | None  # a sweep job's directory (in the sweep directory the preflight saw)
     kept: dict | None = None  # a continued sweep's job that failed with no checkpoint: its summary, kept as it is
     config: dict | None = None  # the config it was planned from (``composed``): Hydra's job must have composed the same
+    mode: object = None  # the ``hydra.mode`` its config sets (None: the command line's ``-m`` decides)
 
 
 def preflight(args: list[str]) -> dict[tuple[str, ...], object]:
@@ -296,8 +298,8 @@ def plan_jobs(args: list[str]) -> list[Job]:
     planned = []
     for num, job in enumerate(jobs):
         key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-        plan, sweep_dir, job_dir, config = _compose(job, output_dir_key=key, job_num=num if multirun else None,
-                                                    source=source)
+        plan, sweep_dir, job_dir, config, mode = _compose(job, output_dir_key=key, job_num=num if multirun else None,
+                                                          source=source)
         check_machine(plan.cfg)  # GPUs asked for exist here, before Ray or a run dir
         check_wandb_login(plan.cfg.logger.wandb)  # online needs an API key: refused before Ray, not after
         kept = None
@@ -305,8 +307,26 @@ def plan_jobs(args: list[str]) -> list[Job]:
             plan, kept = sweep_job(plan, Path(sweep_dir), Path(job_dir), len(jobs))
         check_resume(plan.cfg.resume)
         label = job_label(job_key(job), plan.cfg.name, plan.cfg.seed) if multirun else plan.cfg.name
-        planned.append(Job(job_key(job), plan, label, Path(job_dir) if multirun else None, kept, config))
+        planned.append(Job(job_key(job), plan, label, Path(job_dir) if multirun else None, kept, config, mode))
     return planned
+
+
+@contextmanager
+def mode_known(jobs: list[Job]):
+    """Hydra's ``run`` and ``multirun`` compose the whole config once more only to read ``hydra.mode``
+    (``Hydra.get_mode``, 0.3 s before Ray starts); the preflight read it already, from the same config
+    and overrides (a sweep's first job stands for the sweep: ``hydra.mode`` is no value to sweep)."""
+    from hydra._internal.hydra import Hydra
+
+    original = Hydra.__dict__.get("get_mode")
+    if not jobs or original is None:  # nothing planned (Hydra handles --help and the like), or another Hydra
+        yield
+        return
+    Hydra.get_mode = lambda self, config_name, overrides: jobs[0].mode
+    try:
+        yield
+    finally:
+        Hydra.get_mode = original
 
 
 def is_sweep_dir(path: str | Path | None) -> bool:

@@ -23,7 +23,8 @@ import hydra
 from omegaconf import DictConfig
 
 from rlmix.commands.compose import (CONFIG_MODULE, CONFIG_NAME, MULTIRUN_FILE, Job, command_line, composed,
-                                    job_key, logged_run, plan_jobs, repeated_source, resume_in_place, sweep_job)
+                                    job_key, logged_run, mode_known, plan_jobs, repeated_source, resume_in_place,
+                                    sweep_job)
 from rlmix.commands.naming import job_label, register_resolver, sweep_name
 from rlmix.errors import ConfigError, RunFailed
 from rlmix.metrics.quiet import WORKERS_LOG
@@ -209,7 +210,8 @@ def run_train(args: list[str]) -> None:
         _finished.clear()
         _FAILED.clear()
         _sweep_dir.clear()
-        _hydra_train()
+        with mode_known(_jobs):
+            _hydra_train()
         if _sweep_dir and _finished:
             print(sweep_block(_finished, _sweep_dir[0]), flush=True)
         if _FAILED:
