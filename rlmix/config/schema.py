@@ -332,12 +332,15 @@ class RunConfig:
 
 
 def register_configs() -> None:
-    """Register every schema with Hydra's ConfigStore (idempotent)."""
+    """Register every schema with Hydra's ConfigStore, once per process (building the structured
+    configs is ~0.1 s, and the driver registers from more than one place before Ray starts)."""
     from hydra.core.config_store import ConfigStore
 
     from omegaconf import OmegaConf
 
     cs = ConfigStore.instance()
+    if "run_schema.yaml" in cs.repo:
+        return
     run, fleet = OmegaConf.structured(RunConfig), OmegaConf.structured(FleetConfig)
     for pools in (run.fleet.pools, fleet.pools):  # a pool's keys are checked by rlmix.config.load.to_pool
         OmegaConf.set_struct(pools, False)
