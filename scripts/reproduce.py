@@ -211,8 +211,22 @@ class RunResult:
 
 
 def run(cmd: list[str], quiet: bool = False) -> None:
+    """Run an ``rlmix`` command to its end; CalledProcessError when it fails.
+
+    A terminal's Ctrl-C reaches the command as well as this script (one process group): the command
+    finishes its step, saves and prints how it stopped. This waits for that instead of killing it, as
+    ``subprocess.run`` does a quarter second after a KeyboardInterrupt (which left the run's Ray
+    processes behind and no line to go on with)."""
     print("+", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL if quiet else None)
+    with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL if quiet else None) as proc:
+        while True:
+            try:
+                code = proc.wait()
+                break
+            except KeyboardInterrupt:
+                continue
+    if code != 0:
+        raise subprocess.CalledProcessError(code, cmd)
 
 
 def machine() -> str:
@@ -700,6 +714,9 @@ def main() -> None:
     except subprocess.CalledProcessError as err:  # rlmix printed why; the runs that ended are kept
         sys.exit(f"reproduce: `{' '.join(err.cmd[1:3])}` exited with {err.returncode} (above); "
                  f"to go on from here: --resume {base}")
+    except KeyboardInterrupt:  # between commands (the page, a plot): what ended is kept as well
+        print(f"reproduce: interrupted; to go on from here: --resume {base}", file=sys.stderr)
+        sys.exit(130)
 
 
 def reproduce(args: argparse.Namespace, plan: list[tuple[str, tuple[str, ...]]], base: Path) -> None:

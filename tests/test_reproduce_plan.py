@@ -308,3 +308,40 @@ def test_a_run_s_worst_format_window_is_kept_beside_its_last_10_steps(tmp_path):
     assert R.worst_window([{"x": 1.0}], "x", 5) == 1.0 and R.worst_window([{}], "x", 5) != R.worst_window([{}], "x", 5)
     table = R.arm_table([run], ("mis",))
     assert "| format errors, last 10 | format errors, worst 5 steps |" in table and "| 0.020 | 0.900 |" in table
+
+
+def test_a_terminals_ctrl_c_lets_the_running_command_finish_and_end_on_its_own(tmp_path):
+    """Ctrl-C in a terminal signals the script and its command together: the command (which saves
+    and says how it stopped) is waited for, not killed, and the script ends on its failure."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    ready, finished = tmp_path / "ready", tmp_path / "finished"
+    child = ("import signal, sys, time, pathlib\n"
+             "def stop(*_):\n"
+             "    time.sleep(0.6)  # a step finishing, a checkpoint\n"
+             f"    pathlib.Path({str(finished)!r}).touch(); sys.exit(130)\n"
+             "signal.signal(signal.SIGINT, stop)\n"
+             f"pathlib.Path({str(ready)!r}).touch()\n"
+             "time.sleep(60)\n")
+    script = ("import importlib.util, subprocess, sys\n"
+              f"spec = importlib.util.spec_from_file_location('reproduce', {str(SCRIPT)!r})\n"
+              "mod = sys.modules['reproduce'] = importlib.util.module_from_spec(spec)\n"
+              "spec.loader.exec_module(mod)\n"
+              "try:\n"
+              f"    mod.run([sys.executable, '-c', {child!r}])\n"
+              "except subprocess.CalledProcessError as err:\n"
+              "    print('exit', err.returncode)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ready.exists(), proc.communicate()
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+    out, err = proc.communicate(timeout=60)
+    assert finished.exists(), "the command was killed before it finished"
+    assert "exit 130" in out and "Traceback" not in err, (out, err)
