@@ -168,3 +168,15 @@ def test_a_trainer_step_that_raises_fails_the_run_in_one_line(clock):
     loop.trainer.train_step = Method(lambda batch: clock.vray.ref(out_of_memory, 1.0))
     with pytest.raises(RunFailed, match=r"^the trainer failed step 1: MemoryError: CPU out of memory$"):
         run(loop, 3)
+
+
+def test_every_key_the_loop_adds_is_a_named_metric(clock):
+    """docs/architecture.md: every metric key is a constant of rlmix.metrics.names, or one with a
+    suffix; the loop's own keys (the trainer's come from it) are checked here."""
+    from rlmix.metrics import names
+
+    constants = {v for k, v in vars(names).items() if k.isupper() and isinstance(v, str)}
+    cfg = LoopConfig(steps=2, groups_per_step=4, group_size=2, groups_per_request=2)
+    for metrics in run(make_loop(clock, cfg), 2):
+        unnamed = [k for k in metrics if k not in constants and k.rsplit("/", 1)[0] not in constants]
+        assert unnamed == [], unnamed

@@ -21,6 +21,7 @@ from rlmix.config.schema import WandbConfig, WandbMode
 from rlmix.errors import ConfigError
 from rlmix.metrics.console import StepDisplay, shown
 from rlmix.metrics.jsonl import METRICS_FILE, keep_rows
+from rlmix.metrics.names import FORMAT_KEY, KL_KEY, REWARD_KEY, SAMPLER_TOKENS_PER_S, STALENESS_MEAN, STEP_S
 from rlmix.metrics.quiet import quiet_console
 from rlmix.metrics.wandb_tables import finish_wandb
 from rlmix.metrics.written import write_atomically
@@ -120,13 +121,14 @@ class RunLogger:
 
 
 def progress_line(step: int, total: int, metrics: dict, elapsed_s: float) -> str:
-    tokens_s = sum(v for k, v in metrics.items() if k.startswith("throughput/sampler_tokens_per_s/"))
+    tokens_s = sum(v for k, v in metrics.items() if k.startswith(f"{SAMPLER_TOKENS_PER_S}/"))
+    nan = float("nan")
     return (
-        f"step {step:>4}/{total}  reward {metrics.get('reward/mean', float('nan')):.3f}  "
-        f"kl_k3 {metrics.get('mismatch/kl_k3', float('nan')):.2e}  "
-        f"fmt_err {metrics.get('format/error_rate', float('nan')):.3f}  "
-        f"stale {metrics.get('staleness/mean', float('nan')):.1f}  "
-        f"sampler {tokens_s:,.0f} tok/s  step {metrics.get('time/step_s', float('nan')):.2f}s  "
+        f"step {step:>4}/{total}  reward {metrics.get(REWARD_KEY, nan):.3f}  "
+        f"kl_k3 {metrics.get(KL_KEY, nan):.2e}  "
+        f"fmt_err {metrics.get(FORMAT_KEY, nan):.3f}  "
+        f"stale {metrics.get(STALENESS_MEAN, nan):.1f}  "
+        f"sampler {tokens_s:,.0f} tok/s  step {metrics.get(STEP_S, nan):.2f}s  "
         f"[{elapsed_s:,.0f}s]"
     )
 

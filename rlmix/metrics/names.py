@@ -87,6 +87,7 @@ PPO_OLD_SAMPLER_GAP = "ppo/old_sampler_gap"  # mean |log pi_old - log q|: 0 when
 # staleness/ and policy_version/: how old the batch's samples were
 STALENESS_MEAN = "staleness/mean"
 STALENESS_MAX = "staleness/max"
+DROPPED_GROUPS = "staleness/dropped_groups"  # groups dropped over loop.max_staleness during the step
 POLICY_VERSION_MIN = "policy_version/min"
 POLICY_VERSION_MAX = "policy_version/max"
 
@@ -95,6 +96,11 @@ STEP_S = "time/step_s"
 TRAINER_IDLE_FRAC = "time/trainer_idle_frac"  # the trainer waited for a batch: sampler-bound
 SAMPLER_BUSY_FRAC = "time/sampler_busy_frac"  # share of the samplers' lanes with a request in flight
 BUFFERED_GROUPS = "loop/buffered_groups"  # finished groups waiting when the step ended: trainer-bound if >= a batch
+WEIGHT_SYNC_S = "time/weight_sync_s"  # publishing the step's weights to the samplers
+
+# throughput/: tokens per second
+TRAINER_TOKENS_PER_S = "throughput/trainer_tokens_per_s"  # train/tokens over the step's non-idle time
+SAMPLER_TOKENS_PER_S = "throughput/sampler_tokens_per_s"  # + /<pool>: generated over the last few steps
 
 # fault/: cumulative over the run (docs/reliability.md)
 SAMPLER_RESTARTS = "fault/sampler_restarts"  # sampler actors Ray restarted that came back

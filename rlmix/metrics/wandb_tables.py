@@ -16,8 +16,9 @@ from pathlib import Path
 
 from rlmix.metrics.console import episodes_text, warnings_text
 from rlmix.metrics.jsonl import read_metrics
+from rlmix.metrics.names import FORMAT_KEY, KL_KEY, SAMPLER_TOKENS_PER_S
 
-POOL_COLUMNS = ("mismatch/kl_k3", "format/error_rate", "throughput/sampler_tokens_per_s")
+POOL_COLUMNS = (KL_KEY, FORMAT_KEY, SAMPLER_TOKENS_PER_S)
 
 
 def pool_rows(fleet: dict[str, dict], metrics_path: Path) -> list[list]:

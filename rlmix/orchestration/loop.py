@@ -36,8 +36,9 @@ from rlmix.assembly.producers import Request
 from rlmix.config.schema import LoopConfig, Overlong
 from rlmix.errors import RunFailed, TrainerDied
 from rlmix.metrics.names import (
-    BUFFERED_GROUPS, OVERLONG_FRAC, REQUESTS_REISSUED, SAMPLER_BUSY_FRAC, SAMPLER_RESTARTS, STEP_S,
-    TRAINER_IDLE_FRAC, TRAINER_RESTARTS, UNIFORM_DROPPED_FRAC,
+    BUFFERED_GROUPS, DROPPED_GROUPS, OVERLONG_FRAC, REQUESTS_REISSUED, SAMPLER_BUSY_FRAC, SAMPLER_RESTARTS,
+    SAMPLER_TOKENS_PER_S, STEP_S, TOKENS, TRAINER_IDLE_FRAC, TRAINER_RESTARTS, TRAINER_TOKENS_PER_S,
+    UNIFORM_DROPPED_FRAC, WEIGHT_SYNC_S,
 )
 from rlmix.orchestration.filters import count_groups, filter_part, take_groups
 from rlmix.orchestration.lag import LagSchedule, request_of
@@ -549,18 +550,18 @@ class AsyncLoop:
         now = time.perf_counter()
         elapsed = max(now - self.window.start, 1e-9)
         metrics[STEP_S] = elapsed
-        metrics["time/weight_sync_s"] = sync_s
+        metrics[WEIGHT_SYNC_S] = sync_s
         metrics[TRAINER_IDLE_FRAC] = min(self.window.idle_s / elapsed, 1.0)
         busy = max(elapsed - self.window.idle_s, 1e-9)
-        metrics["throughput/trainer_tokens_per_s"] = metrics.get("train/tokens", 0.0) / busy
+        metrics[TRAINER_TOKENS_PER_S] = metrics.get(TOKENS, 0.0) / busy
         # Sampler throughput over the last few steps: a single step's window often closes before
         # any request finishes (the next batch was already buffered), which would read as 0.
         self.recent.append((elapsed, self.window.tokens))
         span = sum(e for e, _ in self.recent)
         for pool in {p for _, tokens in self.recent for p in tokens}:
             tokens = sum(t.get(pool, 0) for _, t in self.recent)
-            metrics[f"throughput/sampler_tokens_per_s/{pool}"] = tokens / span
-        metrics["staleness/dropped_groups"] = float(self.window.dropped_groups)
+            metrics[f"{SAMPLER_TOKENS_PER_S}/{pool}"] = tokens / span
+        metrics[DROPPED_GROUPS] = float(self.window.dropped_groups)
         if self.cfg.dynamic_sampling:
             metrics[UNIFORM_DROPPED_FRAC] = self.window.uniform_dropped / max(self.window.groups, 1)
         if self.cfg.overlong is not Overlong.keep:
