@@ -82,9 +82,23 @@ def train(ctx: typer.Context) -> None:
         _fail(str(err))
 
 
-@app.command(context_settings=_PASSTHROUGH)
+_EVAL_HELP = (
+    "Evaluate a checkpoint with pass@k: `rlmix eval checkpoint=<run dir> task.split=hard51 eval.k=[1,4]`.\n\n"
+    "Takes Hydra overrides, as `rlmix train` does (`rlmix train --cfg job` prints every key): checkpoint= "
+    "(a run directory, one of its checkpoints, or any HF model directory; a run's task, model and generation "
+    "length come with it), task=, task.split= (test, hard51), eval.k=, eval.samples=, eval.temperature=, "
+    "eval.max_new_tokens=, eval.out_dir=, seed=. Writes eval.json."
+)
+_PROBE_HELP = (
+    "Measure each pool's mismatch against the trainer, without training: `rlmix probe fleet=emulated_hetero6`.\n\n"
+    "Takes Hydra overrides, as `rlmix train` does (`rlmix train --cfg job` prints every key): fleet=, model=, "
+    "model.path=, task=, probe.prompts= (from the task's test split), probe.samples_per_prompt=, "
+    "probe.num_candidates=, probe.out_dir=, loop.max_new_tokens=, seed=. Writes probe.json (docs/probe.md)."
+)
+
+
+@app.command(context_settings=_PASSTHROUGH, options_metavar="[KEY=VALUE]...", help=_EVAL_HELP)
 def eval(ctx: typer.Context) -> None:  # noqa: A001 - the command is called eval
-    """Evaluate a checkpoint with pass@k: `rlmix eval checkpoint=<run dir> task.split=hard51 eval.k=[1,4]`."""
     from rlmix.commands.compose import quote_paths
     from rlmix.commands.eval import run_eval
     from rlmix.errors import ConfigError
@@ -99,9 +113,8 @@ def eval(ctx: typer.Context) -> None:  # noqa: A001 - the command is called eval
         _interrupted("eval", "eval.json", stopped)
 
 
-@app.command(context_settings=_PASSTHROUGH)
+@app.command(context_settings=_PASSTHROUGH, options_metavar="[KEY=VALUE]...", help=_PROBE_HELP)
 def probe(ctx: typer.Context) -> None:
-    """Measure each pool's mismatch against the trainer, without training: `rlmix probe fleet=emulated_hetero6`."""
     from rlmix.commands.compose import quote_paths
     from rlmix.commands.probe import run_probe
     from rlmix.errors import ConfigError

@@ -30,6 +30,18 @@ def test_help_lists_the_commands(tmp_path):
         assert command in out.stdout
 
 
+def test_eval_and_probe_help_say_they_take_overrides_and_name_their_keys():
+    from typer.testing import CliRunner
+
+    from rlmix.cli import app
+
+    for command, keys in (("eval", ("checkpoint=", "task.split=", "eval.k=", "eval.samples=")),
+                          ("probe", ("fleet=", "probe.prompts=", "probe.samples_per_prompt=", "probe.out_dir="))):
+        out = CliRunner().invoke(app, [command, "--help"], prog_name="rlmix", terminal_width=200)
+        assert out.exit_code == 0, out.output
+        assert f"rlmix {command} [KEY=VALUE]..." in out.output and all(k in out.output for k in keys), out.output
+
+
 @pytest.mark.slow
 def test_train_help_is_hydras_and_lists_the_groups(tmp_path):
     out = rlmix("train", "--help", cwd=tmp_path)
