@@ -7,12 +7,13 @@ import torch
 
 from rlmix.assembly.plan import RunPlan
 from rlmix.errors import ConfigError
-from rlmix.eval.evaluate import evaluate
+from rlmix.eval.evaluate import evaluate, saved_by
 from rlmix.isolation.scratch import run_scratch
 
 
 def run_of(args: list[str]):
-    """The settings of the run ``checkpoint=`` names (None: a model dir, the base model)."""
+    """The settings of the run ``checkpoint=`` names, itself or by one of its ``checkpoints/step_N``
+    (None: a model dir, the base model)."""
     from rlmix.commands.run_settings import checkpoint_dir, run_settings
     from rlmix.config.load import one_line
 
@@ -20,7 +21,7 @@ def run_of(args: list[str]):
         where = checkpoint_dir(args)
     except Exception as err:
         raise ConfigError(one_line(err)) from None
-    return None if where is None else run_settings(where)
+    return None if where is None else run_settings(saved_by(where) or where)
 
 
 def eval_plan(args: list[str]) -> RunPlan:
@@ -28,20 +29,26 @@ def eval_plan(args: list[str]) -> RunPlan:
     unless ``args`` say otherwise; a dataset without held-out rows is refused at ``task.split=test``,
     and a minicode split it does not have at the one given, before any model loads."""
     from rlmix.commands.compose import compose_plan
-    from rlmix.commands.run_settings import overridden_keys
     from rlmix.config.dataset import DatasetTaskConfig
-    from rlmix.config.schema import MiniCodeTaskConfig
 
     plan = compose_plan(args, for_training=False, run=run_of(args))
     task = plan.cfg.task
     if isinstance(task, DatasetTaskConfig) and task.split == "test" and task.eval_files is None:
         raise ConfigError("task.split=test: this task has no task.eval_files (rows held out for evaluation); "
                           "give task.eval_files=<file> or evaluate the training rows with task.split=train")
-    # minicode's default split, train, stands for test here; given, it is refused like any other
-    # name the task lacks: training draws fresh problems, there is no train split to score
-    if isinstance(task, MiniCodeTaskConfig) and "task.split" in overridden_keys(args):
-        plan.task.make(plan.cfg.seed).split(task.split)
+    check_given_split(plan, args)
     return plan
+
+
+def check_given_split(plan: RunPlan, args: list[str]) -> None:
+    """minicode's default split, train, stands for test (in ``rlmix eval`` and ``rlmix probe``); given, it
+    is refused like any other name the task lacks: training draws fresh problems, there is no train
+    split to score or sample."""
+    from rlmix.commands.run_settings import overridden_keys
+    from rlmix.config.schema import MiniCodeTaskConfig
+
+    if isinstance(plan.cfg.task, MiniCodeTaskConfig) and "task.split" in overridden_keys(args):
+        plan.task.make(plan.cfg.seed).split(plan.cfg.task.split)
 
 
 def run_eval(args: list[str]) -> None:

@@ -2,15 +2,15 @@
 
     rlmix probe fleet=emulated_hetero6 [Hydra overrides]
 
-The prompt set is the task's fixed ``test`` split, thinned evenly to ``probe.prompts``
-prompts, each sampled ``probe.samples_per_prompt`` times with ``loop.max_new_tokens``
-and ``loop.temperature`` (for an episode task, ``probe.samples_per_prompt`` whole episodes, each turn up
-to ``task.max_turn_tokens``); K = ``probe.num_candidates`` (default ``correction.num_candidates``).
-Writes two console tables (the pools' mismatch and its attribution; where it sits: by trainer
-probability, position, distance after an environment token, router flips) and ``probe.json``
-(fleet manifest, reference definition, per-pool results) to ``probe.out_dir`` or
-``outputs/probe/<time>/``. The measurement itself is ``rlmix.eval.probe.probe_fleet``; how to read
-it, docs/probe.md.
+The prompt set is the task's fixed ``task.split`` (``test`` unless given: minicode's ``hard51``,
+a dataset's ``train`` rows), thinned evenly to ``probe.prompts`` prompts, each sampled
+``probe.samples_per_prompt`` times with ``loop.max_new_tokens`` and ``loop.temperature`` (for an
+episode task, ``probe.samples_per_prompt`` whole episodes, each turn up to ``task.max_turn_tokens``);
+K = ``probe.num_candidates`` (default ``correction.num_candidates``). Writes two console tables
+(the pools' mismatch and its attribution; where it sits: by trainer probability, position, distance
+after an environment token, router flips), then ``probe.json`` (fleet manifest, reference
+definition, per-pool results) to ``probe.out_dir`` or ``outputs/probe/<time>/``. The measurement
+itself is ``rlmix.eval.probe.probe_fleet``; how to read it, docs/probe.md.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import json
 import time
 from pathlib import Path
 
+from rlmix.assembly.plan import RunPlan
 from rlmix.eval.probe import FACTORS, PoolProbe, probe_fleet
 from rlmix.eval.where import POSITION_EDGES, PROB_EDGES, MismatchBin, env_distance_labels
 
@@ -91,19 +92,36 @@ def write_probe(out_dir: Path, summary: dict) -> Path:
     return write_result(out_dir / PROBE_FILE, json.dumps(summary, indent=2))
 
 
+def probe_split(plan: RunPlan, args: list[str]) -> str:
+    """The split the probe samples: ``task.split``, read as ``rlmix eval`` reads it (a name the task lacks
+    is refused when the prompts are drawn). minicode's default, ``train``, names its training stream,
+    which has no fixed problems: it stands for ``test``; given, it is refused. A task without splits
+    (a Harbor task set) samples its whole set, whatever the name."""
+    from rlmix.commands.eval import check_given_split
+    from rlmix.config.schema import MiniCodeTaskConfig
+
+    check_given_split(plan, args)
+    task = plan.cfg.task
+    return "test" if isinstance(task, MiniCodeTaskConfig) and task.split == "train" else getattr(task, "split", "test")
+
+
 def run_probe(args: list[str]) -> None:
-    """The ``rlmix probe`` entry point: Hydra overrides in, table on stdout, ``probe.json`` on disk."""
+    """The ``rlmix probe`` entry point: Hydra overrides in, tables on stdout, then ``probe.json`` on disk
+    (its directory checked writable before the first sample, not after the last)."""
+    from rlmix.assembly.rules import check_output_dir
     from rlmix.commands.compose import compose_plan
     from rlmix.metrics.console import CountedLines
     from rlmix.orchestration.hardware import check_machine
 
     plan = compose_plan(list(args), for_training=False)
     cfg = plan.cfg
+    split = probe_split(plan, list(args))
     check_machine(cfg, one_per_pool=True)  # the probe builds its samplers here, one per pool
     out_dir = Path(cfg.probe.out_dir) if cfg.probe.out_dir else Path("outputs") / "probe" / time.strftime(
         "%Y-%m-%d_%H-%M-%S")
+    check_output_dir("probe.out_dir", str(out_dir))
     with CountedLines("probe") as progress:
-        results, summary = probe_fleet(plan, progress)
+        results, summary = probe_fleet(plan, progress, split)
     print(probe_table(results))
     print(where_table(results))
     print(WHERE_LEGEND)

@@ -1,4 +1,5 @@
-"""What ``rlmix eval checkpoint=<run dir>`` takes from the run: its task, model and generation length.
+"""What ``rlmix eval checkpoint=<run dir>`` (or one of its ``checkpoints/step_N``) takes from the run:
+its task, model and generation length.
 
 A run directory holds the config Hydra composed for it (``.hydra/config.yaml``) and the group
 options it picked (``.hydra/hydra.yaml``, ``hydra.runtime.choices``). Evaluating that run means

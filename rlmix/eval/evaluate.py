@@ -96,8 +96,9 @@ def reference_tokenizer(cfg: RunConfig, model_dir: Path) -> tuple[object, tuple[
     return tokenizer, stop_token_ids(model_dir, tokenizer.eos_token_id)
 
 
-def task_counts(plan: RunPlan, model_dir: Path, progress) -> tuple[list[dict], str]:
-    """Sample ``eval.samples`` completions per problem of ``task.split``; (per-task rows, reference label)."""
+def task_counts(plan: RunPlan, model_dir: Path, progress) -> tuple[list[dict], str, str | None]:
+    """Sample ``eval.samples`` completions per problem of ``task.split``; (per-task rows, reference label,
+    the first reward error's message or None)."""
     from rlmix.assembly.parts import decode_completions
     from rlmix.seeds import derive_seed
 
@@ -110,7 +111,7 @@ def task_counts(plan: RunPlan, model_dir: Path, progress) -> tuple[list[dict], s
     with loading(cfg, model_dir, "weights"):
         sampler, label = reference_sampler(cfg.eval, model_dir, cfg.seed)
     n = cfg.eval.samples
-    rows = []
+    rows, first_error = [], None
     for i, (problem, ids) in enumerate(zip(problems, prompts)):
         params = SamplingParams(
             temperature=cfg.eval.temperature,
@@ -120,6 +121,7 @@ def task_counts(plan: RunPlan, model_dir: Path, progress) -> tuple[list[dict], s
         )
         out = sampler.generate([ids] * n, params)
         scores = [task.score(problem, text) for text in decode_completions(tokenizer, out)]
+        first_error = first_error or next((s.error for s in scores if s.error is not None), None)
         rows.append({
             "task_id": problem.task_id,
             "difficulty": problem.difficulty,
@@ -130,7 +132,7 @@ def task_counts(plan: RunPlan, model_dir: Path, progress) -> tuple[list[dict], s
             "exploit_suspected": sum(s.exploit_suspected for s in scores),
         })
         progress(f"[{i + 1}/{len(problems)}] {problem.task_id}: {rows[-1]['c']}/{n} correct")
-    return rows, label
+    return rows, label, first_error
 
 
 def pass_table(results: dict[int, PassAtK]) -> str:
@@ -142,12 +144,19 @@ def pass_table(results: dict[int, PassAtK]) -> str:
 def default_out_dir(cfg: RunConfig, split: str) -> Path:
     """A run directory's own task: ``<run>/eval_<split>``; another task: ``<run>/eval_<task>_<split>``,
     so it never overwrites the run's own score (what ``scripts/reproduce.py`` and a reader take as
-    the run's). A model directory, or none: ``outputs/eval/<time>_<split>``."""
-    if cfg.checkpoint is not None and not (Path(cfg.checkpoint) / "config.json").is_file():
-        run = Path(cfg.checkpoint)
-        own = run_task_name(run)
-        return run / (f"eval_{split}" if own in (None, cfg.task.name) else f"eval_{cfg.task.name}_{split}")
-    return Path("outputs") / "eval" / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{split}"
+    the run's). One of a run's ``checkpoints/step_N``: ``<run>/eval_step_N_<split>`` (or
+    ``eval_<task>_step_N_<split>``), beside the run's score and not over it (an older step is another
+    model), nor inside the checkpoint, which pruning deletes. A model directory, or none:
+    ``outputs/eval/<time>_<split>``."""
+    given = None if cfg.checkpoint is None else Path(cfg.checkpoint)
+    run = None if given is None else saved_by(given)
+    step = "" if run is None else f"{given.resolve().name}_"
+    if run is None and given is not None and not (given / "config.json").is_file():
+        run = given
+    if run is None:
+        return Path("outputs") / "eval" / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{split}"
+    other = "" if run_task_name(run) in (None, cfg.task.name) else f"{cfg.task.name}_"
+    return run / f"eval_{other}{step}{split}"
 
 
 def result_dir(cfg: RunConfig, split: str) -> Path:
@@ -158,6 +167,15 @@ def result_dir(cfg: RunConfig, split: str) -> Path:
     out_dir = Path(cfg.eval.out_dir) if cfg.eval.out_dir else default_out_dir(cfg, split)
     check_output_dir("eval.out_dir", str(out_dir))
     return out_dir
+
+
+def saved_by(checkpoint: Path) -> Path | None:
+    """The run directory ``checkpoint`` is one of the ``checkpoints/step_N`` of (None: it is not): a run's
+    checkpoint is evaluated on the run's settings, as the run directory is, and scored beside it."""
+    from rlmix.assembly.checkpoints import CHECKPOINTS
+
+    parent = Path(checkpoint).resolve().parent
+    return parent.parent if parent.name == CHECKPOINTS and (parent.parent / ".hydra").is_dir() else None
 
 
 def run_task_name(run_dir: Path) -> str | None:
@@ -192,7 +210,8 @@ class Evaluation:
         cfg, model_dir, ks, samples = self.plan.cfg, self.model_dir, self.ks, self.plan.cfg.eval.samples
         cfg.task.split = split
         out_dir = result_dir(cfg, split)
-        rows, label = task_counts(self.plan, model_dir, self.progress)
+        rows, label, first_error = task_counts(self.plan, model_dir, self.progress)
+        reward_errors = sum(r["reward_errors"] for r in rows)
         results = {k: mean_pass_at_k([(r["n"], r["c"]) for r in rows], k) for k in ks}
         summary = {
             "checkpoint": str(model_dir),  # absolute (resolve_checkpoint): read from any directory
@@ -203,10 +222,15 @@ class Evaluation:
             "pass_at_k": {str(k): {"mean": r.mean, "stderr": r.stderr, "tasks": r.num_tasks}
                           for k, r in results.items()},
             "format_error_rate": sum(r["format_errors"] for r in rows) / max(len(rows) * samples, 1),
+            "reward_errors": reward_errors,  # samples whose reward raised or was not a number: scored 0
+            "first_reward_error": first_error,
             "tasks": rows,
         }
         write_eval(out_dir, summary, cfg)
         self.progress(pass_table(results))
+        if reward_errors:  # a failing reward reads as a model that is never right: say so
+            self.progress(f"reward errors: {reward_errors} of {len(rows) * samples} samples scored 0 "
+                          f"(first: {first_error.splitlines()[0]}; per task in {out_dir / EVAL_FILE})")
         self.progress(f"wrote {out_dir / EVAL_FILE}")
         return summary
 

@@ -85,7 +85,10 @@ class ProbeSettings:
         k = cfg.correction.num_candidates if cfg.probe.num_candidates is None else cfg.probe.num_candidates
         if k < 1:
             raise ConfigError(f"probe.num_candidates={k}: the probe needs K >= 1 to report the SC tail ratio and head mass")
-        return cls(cfg.probe.prompts, cfg.probe.samples_per_prompt, k, cfg.seed)
+        n = cfg.probe.samples_per_prompt
+        if n < 1:
+            raise ConfigError(f"probe.samples_per_prompt={n}: the probe samples each prompt at least once; use >= 1")
+        return cls(cfg.probe.prompts, n, k, cfg.seed)
 
 
 # -- pure math ---------------------------------------------------------------------------------
@@ -321,30 +324,32 @@ REFERENCE_DEFINITION = (
 )
 
 
-def probe_prompts(task: TaskKind, seed: int, count: int) -> list:
-    """``count`` problems of the task's test split, evenly spaced so every difficulty level is present."""
-    problems = task.make(seed).split("test")
+def probe_prompts(task: TaskKind, seed: int, count: int, split: str) -> list:
+    """``count`` problems of the task's ``split``, evenly spaced so every difficulty level is present;
+    a split the task lacks is the task's one-line ConfigError."""
+    problems = task.make(seed).split(split)
     if not 1 <= count <= len(problems):
         raise ConfigError(
-            f"probe.prompts={count}: the probe samples that many prompts from the test split, "
+            f"probe.prompts={count}: the probe samples that many prompts from the {split} split, "
             f"which has {len(problems)}; use 1..{len(problems)}"
         )
     return [problems[i * len(problems) // count] for i in range(count)]
 
 
-def probe_fleet(plan: RunPlan, progress=print) -> tuple[list[PoolProbe], dict]:
-    """Probe every pool of the plan's fleet (one instance each): (per-pool results, what ``probe.json`` holds)."""
+def probe_fleet(plan: RunPlan, progress=print, split: str = "test") -> tuple[list[PoolProbe], dict]:
+    """Probe every pool of the plan's fleet (one instance each) on the task's ``split`` (``rlmix probe``
+    passes ``task.split`` as ``rlmix eval`` reads it): (per-pool results, what ``probe.json`` holds)."""
     from rlmix.models.tokenizer_file import load_fast_tokenizer
 
     cfg = plan.cfg
     if not cfg.fleet.pools:
         raise ConfigError("fleet.pools is empty: the probe needs at least one pool (e.g. fleet=emulated_hetero6)")
     settings = ProbeSettings.from_run_config(cfg)
-    problems = probe_prompts(plan.task, cfg.seed, settings.prompts)
+    problems = probe_prompts(plan.task, cfg.seed, settings.prompts, split)
     model_dir = resolve_model_dir(plan, progress=progress)
     tokenizer = load_fast_tokenizer(model_dir)
     plan.task.check_prompts(problems, tokenizer, model_dir, cfg.loop.max_new_tokens, "loop.max_new_tokens",
-                            "the probe's prompts (task.split=test)")
+                            f"the probe's prompts (task.split={split})")
     specs = resolve_fleet(plan, tokenizer.eos_token_id, model_dir)
     firsts = [spec for spec in specs if spec.index == 0]
     draw = plan.task.probe_draw(cfg.seed, problems, tokenizer, settings.samples_per_prompt)
@@ -372,7 +377,7 @@ def probe_fleet(plan: RunPlan, progress=print) -> tuple[list[PoolProbe], dict]:
             "temperature": cfg.loop.temperature,
             "max_new_tokens": cfg.loop.max_new_tokens,
             "correction": cfg.correction.mode.value,
-            "prompt_set": "test",
+            "prompt_set": split,
             "task_ids": [p.task_id for p in problems],
         },
         "pools": {r.pool: dataclasses.asdict(r) for r in results},
