@@ -26,6 +26,8 @@ CONFIG_NAME = "train"
 MULTIRUN_FILE = "multirun.yaml"  # what Hydra writes into a sweep's directory before its first job
 # Hydra flags that print or inspect instead of running: Hydra handles those itself.
 _INFO_FLAGS = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc"}
+# Of those, the ones that compose the config to print it (or what it is made of): the preflight checks it composes.
+_COMPOSING_FLAGS = {"--cfg", "-c", "--info", "-i"}
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--config-path", "-cp",
                      "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}
 _CONFIG_DIR, _CONFIG_NAME, _CONFIG_PATH = ("--config-dir", "-cd"), ("--config-name", "-cn"), ("--config-path", "-cp")
@@ -182,50 +184,70 @@ def _compose(overrides: list[str], for_training: bool = True, output_dir_key: st
     the composed config it was planned from (``composed``) and the ``hydra.mode`` it sets (None where
     ``output_dir_key`` is None, or where the command line's ``-m`` decides)."""
     from hydra import compose
-    from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf, open_dict
 
     from rlmix.assembly.plan import plan_run
     from rlmix.assembly.rules import check_new_run_dir, check_output_dir
-    from rlmix.config.load import one_line, to_run_config
-    from rlmix.config.schema import register_configs
+    from rlmix.config.load import to_run_config
 
-    from rlmix.commands.naming import register_resolver
     from rlmix.commands.run_settings import apply_run_settings, group_overrides
 
-    register_configs()
-    register_resolver()
-    GlobalHydra.instance().clear()
     out_dir = job_dir = mode = None
-    try:
-        with _initialized(source):
-            groups = overrides if run is None else group_overrides(run, overrides)
-            _check_added_pools(groups, source.config_name)
-            cfg = compose(config_name=source.config_name, overrides=groups,
-                          return_hydra_config=output_dir_key is not None)
-            if run is not None:
-                apply_run_settings(cfg, run, overrides)
-            if output_dir_key is not None:
-                out_dir, mode = OmegaConf.select(cfg, output_dir_key), OmegaConf.select(cfg, "hydra.mode")
-                if job_num is not None:  # the launcher numbers the jobs in the sweeper's order
-                    with open_dict(cfg):
-                        cfg.hydra.job.num = job_num
-                    job_dir = str(Path(out_dir) / OmegaConf.select(cfg, "hydra.sweep.subdir"))
+    with _composing(source):
+        groups = overrides if run is None else group_overrides(run, overrides)
+        _check_added_pools(groups, source.config_name)
+        cfg = compose(config_name=source.config_name, overrides=groups, return_hydra_config=output_dir_key is not None)
+        if run is not None:
+            apply_run_settings(cfg, run, overrides)
+        if output_dir_key is not None:
+            out_dir, mode = OmegaConf.select(cfg, output_dir_key), OmegaConf.select(cfg, "hydra.mode")
+            if job_num is not None:  # the launcher numbers the jobs in the sweeper's order
                 with open_dict(cfg):
-                    del cfg["hydra"]
-            config = composed(cfg)
-    except ConfigError:
-        raise
-    except Exception as err:
-        raise ConfigError(one_line(err)) from None
-    finally:
-        GlobalHydra.instance().clear()
+                    cfg.hydra.job.num = job_num
+                job_dir = str(Path(out_dir) / OmegaConf.select(cfg, "hydra.sweep.subdir"))
+            with open_dict(cfg):
+                del cfg["hydra"]
+        config = composed(cfg)
     plan = plan_run(to_run_config(cfg), for_training=for_training)
     if output_dir_key is not None:
         check_output_dir(output_dir_key, out_dir)
         if output_dir_key == "hydra.run.dir" and plan.cfg.resume is None:
             check_new_run_dir(output_dir_key, out_dir)
     return plan, out_dir, job_dir, config, mode
+
+
+@contextmanager
+def _composing(source: ConfigSource):
+    """Hydra initialised for composing from ``source`` (``_initialized``), and cleared after; an error
+    of composing is one line (ConfigError)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from rlmix.commands.naming import register_resolver
+    from rlmix.config.load import one_line
+    from rlmix.config.schema import register_configs
+
+    register_configs()
+    register_resolver()
+    GlobalHydra.instance().clear()
+    try:
+        with _initialized(source):
+            yield
+    except ConfigError:
+        raise
+    except Exception as err:
+        raise ConfigError(one_line(err)) from None
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def _check_composes(overrides: list[str], source: ConfigSource) -> None:
+    """``--cfg`` and ``--info`` print the config as Hydra composes it, nothing planned or checked: overrides it
+    cannot compose (``fleet=bogus``) are refused in one line, as a run's are, not with Hydra's error and its
+    config search path."""
+    from hydra import compose
+
+    with _composing(source):
+        compose(config_name=source.config_name, overrides=overrides, return_hydra_config=True)
 
 
 def _check_added_pools(overrides: list[str], config_name: str) -> None:
@@ -282,8 +304,8 @@ def plan_jobs(args: list[str]) -> list[Job]:
     from rlmix.commands.naming import job_label
 
     overrides, multirun, info = split_args(args)
-    if info:
-        return []
+    if info and not ({a.split("=")[0] for a in args} & _INFO_FLAGS) <= _COMPOSING_FLAGS:
+        return []  # --help and the like: nothing is composed
     source = config_source(args)
     try:
         jobs = expand_jobs(overrides, multirun)
@@ -291,6 +313,10 @@ def plan_jobs(args: list[str]) -> list[Job]:
         from rlmix.config.load import one_line
 
         raise ConfigError(one_line(err)) from None
+    if info:  # Hydra prints the config, which must compose
+        for job in jobs:
+            _check_composes(job, source)
+        return []
     from rlmix.assembly.checkpoints import check_resume
     from rlmix.metrics.logger import check_wandb_login
     from rlmix.orchestration.hardware import check_machine

@@ -2,7 +2,8 @@
 
 Every job of the run or sweep is composed and planned first (``compose.preflight``); then Hydra
 runs each job, which takes its plan and calls ``rlmix.orchestration.runner.train``, then
-prints the block that ends the run (and, after a sweep's last job, one line per job). How the run
+prints the block that ends the run (and, after a sweep's last job, one line per job: where a launcher
+ran the jobs in other processes, from the summary.json each left). How the run
 ended becomes one line and the exit status here (docs/reliability.md):
 
 completed / collapsed: 0 · failed: 1 · bad input: 2 · interrupted by signal N: 128 + N (SIGINT 130, SIGTERM 143, SIGHUP 129).
@@ -17,6 +18,7 @@ import logging
 import shlex
 import signal
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import hydra
@@ -210,8 +212,14 @@ def run_train(args: list[str]) -> None:
         _finished.clear()
         _FAILED.clear()
         _sweep_dir.clear()
-        with mode_known(_jobs):
+        with mode_known(_jobs), sweep_dir_seen() as seen:
             _hydra_train()
+        # A sweep the preflight planned whose jobs ran in other processes (joblib's workers): what they left on disk.
+        if seen and not _sweep_dir and all(job.run_dir for job in _jobs):
+            _sweep_dir[:] = seen
+            _finished[:] = ran_elsewhere(seen[0])
+            _FAILED[:] = [str(run_dir.absolute()) for _, summary, run_dir in _finished
+                          if summary.get("status") == "failed"]
         if _sweep_dir and _finished:
             print(sweep_block(_finished, _sweep_dir[0]), flush=True)
         if _FAILED:
@@ -240,6 +248,47 @@ def run_train(args: list[str]) -> None:
         _jobs.clear()
         _source.clear()
         SESSION.end_command()  # a sweep kept Ray and its processes warm between jobs
+
+
+@contextmanager
+def sweep_dir_seen():
+    """A list that gets the sweep's directory as Hydra resolves it for the launcher (its ``${now:}`` kept
+    for the jobs): a launcher that runs the jobs in other processes never runs ``_hydra_train`` here."""
+    from hydra._internal.callbacks import Callbacks
+
+    seen: list[Path] = []
+    original = Callbacks.__dict__.get("on_multirun_start")
+    if original is None:  # another Hydra: no sweep block for jobs run elsewhere
+        yield seen
+        return
+
+    def on_multirun_start(self, config, **kwargs):
+        seen.append(Path(config.hydra.sweep.dir))
+        original(self, config=config, **kwargs)
+
+    Callbacks.on_multirun_start = on_multirun_start
+    try:
+        yield seen
+    finally:
+        Callbacks.on_multirun_start = original
+
+
+def ran_elsewhere(sweep_dir: Path) -> list[tuple[str, dict, Path]]:
+    """(label, summary, run dir) of each planned job, from the summary.json its run wrote; a job without one
+    (a process did not start) failed, as ``_FAILED`` counts it where the jobs run in this process."""
+    import json
+
+    from rlmix.metrics.logger import SUMMARY_FILE
+
+    rows = []
+    for job in _jobs:
+        run_dir = Path(job.plan.cfg.resume or sweep_dir / job.run_dir.name)  # a resumed job continues in its run
+        try:
+            summary = json.loads((run_dir / SUMMARY_FILE).read_text())
+        except (OSError, ValueError):
+            summary = {"status": "failed", "steps": 0}
+        rows.append((job.label, summary, run_dir))
+    return rows
 
 
 def stopped_sweep(args: list[str], starting: bool = False) -> str:

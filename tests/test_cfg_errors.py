@@ -1,0 +1,35 @@
+"""Hydra's flags that print the composed config (``--cfg``, ``--info``) refuse overrides it cannot compose as a
+run does: one line naming the group and its options, exit status 2, not Hydra's error with its search path."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.cli import rlmix_in_process, rlmix_refusing
+from tests.test_validation_cli import refused
+
+
+@pytest.mark.parametrize(
+    ("args", "key"),
+    [
+        (["--cfg", "job", "fleet=bogus"], "fleet=bogus: no such option; available: "),
+        (["-c", "job", "fleet=bogus"], "fleet=bogus: no such option; available: "),
+        (["fleet=bogus", "--cfg=job"], "fleet=bogus: no such option; available: "),
+        (["--cfg", "hydra", "hydra/launcher=bogus"], "hydra/launcher=bogus: no such option; available: basic"),
+        (["--info", "defaults", "fleet=bogus"], "fleet=bogus: no such option; available: "),
+        (["fleet=bogus", "-i"], "fleet=bogus: no such option; available: "),
+        (["-m", "--cfg", "job", "correction=sc,bogus"], "correction=bogus: no such option; available: "),
+    ],
+)
+def test_printing_the_config_of_a_bad_override_is_one_line_exit_2(tmp_path, args, key):
+    out = rlmix_refusing("train", *args, cwd=tmp_path)
+    refused(out, key)
+    assert "emulated_hetero6" in out.stderr or "joblib" in out.stderr or "sc_mis" in out.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_good_cfg_job_still_prints_the_composed_config(tmp_path):
+    out = rlmix_in_process("train", "--cfg", "job", "+experiment=smoke", "seed=3", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "name: smoke" in out.stdout and "seed: 3" in out.stdout and "hydra:" not in out.stdout
+    assert out.stderr == "" and list(tmp_path.iterdir()) == []
