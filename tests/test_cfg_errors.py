@@ -33,3 +33,23 @@ def test_a_good_cfg_job_still_prints_the_composed_config(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "name: smoke" in out.stdout and "seed: 3" in out.stdout and "hydra:" not in out.stdout
     assert out.stderr == "" and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("override", ["correction=correction_schema", "fleet=fleet_schema", "+task=dataset_schema"])
+def test_a_groups_schema_is_not_an_option(override):
+    """The schema each group's options extend sits among them in Hydra's group; chosen, it composed to
+    the schema's defaults without a word."""
+    from rlmix.commands.compose import plan_jobs
+    from rlmix.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"{override.lstrip('+')}: that is the .* group's schema"):
+        plan_jobs([override, "loop.steps=1"])
+
+
+def test_train_help_lists_no_schema_among_a_groups_options():
+    from rlmix.commands.train import without_schemas
+
+    text = ("== Configuration groups ==\nCompose your configuration from those groups (group=option)\n\n"
+            "correction: correction_schema, mis, sc_mis\ntask: dataset, dataset_schema\n\n\n== Config ==\n"
+            "name: default\nnote: a_schema, b\n")
+    assert without_schemas(text) == text.replace("correction_schema, ", "").replace(", dataset_schema", "")

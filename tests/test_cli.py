@@ -49,6 +49,7 @@ def test_train_help_is_hydras_and_lists_the_groups(tmp_path):
     for group in ("fleet:", "correction:", "trainer:", "model:", "task:", "logger:", "experiment:"):
         assert group in out.stdout
     assert "sc_mis_topp" in out.stdout
+    assert "_schema" not in out.stdout.split("== Config ==")[0]  # a group's schema is not an option
 
 
 @pytest.mark.slow

@@ -195,6 +195,7 @@ def _compose(overrides: list[str], for_training: bool = True, output_dir_key: st
     out_dir = job_dir = mode = None
     with _composing(source):
         groups = overrides if run is None else group_overrides(run, overrides)
+        _check_no_schema_chosen(groups)
         _check_added_pools(groups, source.config_name)
         cfg = compose(config_name=source.config_name, overrides=groups, return_hydra_config=output_dir_key is not None)
         if run is not None:
@@ -247,7 +248,21 @@ def _check_composes(overrides: list[str], source: ConfigSource) -> None:
     from hydra import compose
 
     with _composing(source):
+        _check_no_schema_chosen(overrides)
         compose(config_name=source.config_name, overrides=overrides, return_hydra_config=True)
+
+
+SCHEMA_SUFFIX = "_schema"  # rlmix.config.schema.register_configs' names: each group's typed keys
+
+
+def _check_no_schema_chosen(overrides: list[str]) -> None:
+    """``correction=correction_schema`` would compose: the group's schema sits beside its options (the
+    options extend it), and composes to the schema's defaults, which no option is. Refused in one line."""
+    for override in overrides:
+        key, eq, value = override.lstrip("+~").partition("=")
+        if eq and "." not in key and not key.startswith("hydra/") and value.strip().endswith(SCHEMA_SUFFIX):
+            raise ConfigError(f"{key}={value}: that is the {key} group's schema (its keys and types), not an option; "
+                              f"`rlmix train --help` lists the {key} options")
 
 
 def _check_added_pools(overrides: list[str], config_name: str) -> None:

@@ -24,9 +24,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from rlmix.commands.compose import (CONFIG_MODULE, CONFIG_NAME, MULTIRUN_FILE, Job, command_line, composed,
-                                    job_key, logged_run, mode_known, plan_jobs, repeated_source, resume_in_place,
-                                    sweep_job)
+from rlmix.commands.compose import (CONFIG_MODULE, CONFIG_NAME, MULTIRUN_FILE, SCHEMA_SUFFIX, Job, command_line,
+                                    composed, job_key, logged_run, mode_known, plan_jobs, repeated_source,
+                                    resume_in_place, sweep_job)
 from rlmix.commands.naming import job_label, register_resolver, sweep_name
 from rlmix.errors import ConfigError, RunFailed
 from rlmix.metrics.quiet import WORKERS_LOG
@@ -212,7 +212,7 @@ def run_train(args: list[str]) -> None:
         _finished.clear()
         _FAILED.clear()
         _sweep_dir.clear()
-        with mode_known(_jobs), sweep_dir_seen() as seen:
+        with mode_known(_jobs), sweep_dir_seen() as seen, help_without_schemas(args):
             _hydra_train()
         # A sweep the preflight planned whose jobs ran in other processes (joblib's workers): what they left on disk.
         if seen and not _sweep_dir and all(job.run_dir for job in _jobs):
@@ -248,6 +248,37 @@ def run_train(args: list[str]) -> None:
         _jobs.clear()
         _source.clear()
         SESSION.end_command()  # a sweep kept Ray and its processes warm between jobs
+
+
+@contextmanager
+def help_without_schemas(args: list[str]):
+    """``rlmix train --help``: Hydra lists every config of a group, each group's schema among its options
+    (``correction: correction_schema, mis, ...``); the schemas go from those lines."""
+    if not {"--help", "-h"} & set(args):
+        yield
+        return
+    import contextlib
+    import io
+
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            yield
+    finally:
+        sys.stdout.write(without_schemas(printed.getvalue()))
+
+
+def without_schemas(help_text: str) -> str:
+    """Hydra's help with the ``*_schema`` options left out of its configuration groups' lines."""
+    groups, _, rest = help_text.partition("== Config ==")
+    lines = []
+    for line in groups.splitlines(keepends=True):
+        group, sep, options = line.partition(": ")
+        if sep and " " not in group and not line.startswith(" "):
+            kept = [o for o in options.rstrip("\n").split(", ") if not o.endswith(SCHEMA_SUFFIX)]
+            line = f"{group}: {', '.join(kept)}\n"
+        lines.append(line)
+    return "".join(lines) + (f"== Config =={rest}" if _ else "")
 
 
 @contextmanager
