@@ -95,6 +95,19 @@ def test_the_run_block_lists_recovered_episodes_and_warnings_under_a_clean_verdi
     assert "episodes" not in run_block(quiet, tmp_path, None, 150, [], log_dir=tmp_path)
 
 
+def test_the_run_block_counts_the_samples_the_reward_failed_on(tmp_path):
+    """A reward that fails scores 0 and trains nothing: the block says so, not only workers.log."""
+    from rlmix.metrics.console import run_block
+
+    summary = {"status": "completed", "name": "x", "steps": 3, "final": {}, "collapse": None}
+    rows = [{"step": 1, "reward/errors": 0.0}, {"step": 2, "reward/errors": 16.0}, {"step": 3, "reward/errors": 16.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    block = run_block(summary, tmp_path, None, 3, [], log_dir=tmp_path)
+    assert "  reward errors  32 samples in 2 of 3 steps scored 0: the reward raised" in block, block
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/errors": 0.0}) + "\n")
+    assert "reward errors" not in run_block(summary, tmp_path, None, 3, [], log_dir=tmp_path)
+
+
 def test_resume_repeats_the_runs_overrides_but_not_its_directory(tmp_path):
     commands = next_commands(tmp_path / "run", ["+experiment=smoke", "hydra.run.dir=x", "loop.steps=5"])
     assert commands[-1] == f"rlmix train +experiment=smoke loop.steps=5 resume={tmp_path / 'run'}"

@@ -230,7 +230,8 @@ def run_block(
         ("last step", f"reward {_number(final.get('reward/mean'), '.3f')}  kl_k3 {_number(final.get('mismatch/kl_k3'), '.2e')}"
                   f"  format errors {_number(final.get('format/error_rate'), '.3f')}"),
         ("collapse", collapse_text(summary.get("collapse"))),
-        *[(key, text) for key, text in (("episodes", episodes_text(summary.get("collapse"))),
+        *[(key, text) for key, text in (("reward errors", reward_errors_text(run_dir)),
+                                        ("episodes", episodes_text(summary.get("collapse"))),
                                         ("warnings", warnings_text(summary.get("collapse")))) if text],
         ("run dir", shown(run_dir)),
         ("checkpoint", shown(checkpoint) if checkpoint else "none"),
@@ -247,6 +248,24 @@ def run_block(
                              config_args=config_args)
     lines += ["next:"] + [f"  {command}" for command in commands]
     return "\n".join(lines)
+
+
+def reward_errors_text(run_dir: Path) -> str:
+    """The samples the reward function failed on over the run ("" for none): each scored 0 and left its
+    group, so a run whose reward always fails trains on nothing and would otherwise read as completed."""
+    from rlmix.errors import ConfigError
+    from rlmix.metrics.jsonl import read_metrics
+    from rlmix.metrics.names import REWARD_ERRORS
+
+    try:
+        failed = [row.get(REWARD_ERRORS, 0.0) for row in read_metrics(run_dir / METRICS_FILE)]
+    except (OSError, ConfigError):
+        return ""
+    if not sum(failed):
+        return ""
+    steps = sum(1 for f in failed if f)
+    return (f"{sum(failed):,.0f} samples in {steps} of {len(failed)} steps scored 0: the reward raised or gave no "
+            "number (workers.log: 'reward failed on')")
 
 
 def logs_text(log_dir: Path, run_dir: Path) -> str:
