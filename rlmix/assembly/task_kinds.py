@@ -107,8 +107,13 @@ class SingleTurnKind(TaskKind):
         return task
 
     def check_run(self, task, tokenizer, model_dir: Path, max_new_tokens: int | None = None) -> None:
-        """A completion budget that leaves the model's context no room for a prompt, or (a dataset)
-        too little for one of its prompts: the model would run on past the positions it knows."""
+        """A dataset's prompt that renders to no token; a completion budget that leaves the model's
+        context no room for a prompt, or (a dataset) too little for one of its prompts: the model would
+        run on past the positions it knows."""
+        if isinstance(self.config, DatasetTaskConfig):
+            from rlmix.tasks.dataset import check_nonempty
+
+            check_nonempty(task, tokenizer)
         if max_new_tokens is None:
             return
         room = room_for_prompts(model_dir, max_new_tokens, "loop.max_new_tokens")
@@ -122,8 +127,17 @@ class SingleTurnKind(TaskKind):
     def check_prompts(self, problems: list, tokenizer, model_dir: Path, max_new_tokens: int, key: str,
                       source: str) -> list[list[int]]:
         """Each problem's prompt ids through the task's chat template; ConfigError if one leaves less
-        than ``max_new_tokens`` (the setting ``key``) of the model's context."""
+        than ``max_new_tokens`` (the setting ``key``) of the model's context, or (a dataset) the tokenizer
+        cannot encode it or it renders to no token."""
+        dataset = isinstance(self.config, DatasetTaskConfig)
+        if dataset:
+            from rlmix.tasks.dataset import check_problems_encodable, refuse_empty_prompt
+
+            check_problems_encodable(problems, tokenizer)
         prompts = encode_prompts(tokenizer, tuple(problems), 1, self.config.chat_template)
+        for problem, ids in zip(problems, prompts):
+            if dataset and not ids:
+                refuse_empty_prompt(problem.task_id)
         room = room_for_prompts(model_dir, max_new_tokens, key)
         if room is not None:
             overlong = [(p.task_id, len(ids)) for p, ids in zip(problems, prompts) if len(ids) > room]

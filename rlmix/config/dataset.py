@@ -30,7 +30,8 @@ class DatasetTaskConfig:
     name: str = "dataset"
     # A .jsonl/.json/.parquet file, a glob of them, a save_to_disk directory, or a list of these
     # (verl's form, `[a.jsonl,b.parquet]`: their rows in list order). Any: OmegaConf has no str | list.
-    train_files: Any = MISSING
+    # Training requires it (rlmix.tasks.dataset.check_config); eval and probe may read eval_files alone.
+    train_files: Any = None
     eval_files: Any = None  # the same forms; `rlmix eval` scores them (split=test)
     prompt_key: str = "prompt"  # column holding the prompt text
     answer_key: str = "answer"  # column holding what the reward compares against

@@ -10,7 +10,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.utils import logging as hf_logging
 
 from rlmix.errors import ConfigError
-from rlmix.models.tokenizer_file import check_model_dir as _model_dir
+from rlmix.models.tokenizer_file import check_model_dir as _model_dir, check_tokenizer_files
 
 try:  # what transformers' strict config classes raise for a field of the wrong type (bos_token_id: [1])
     from huggingface_hub.errors import StrictDataclassError
@@ -28,6 +28,7 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
     """The fast tokenizer saved in the model directory. Without a pad token of its own its EOS pads, as
     in ``load_fast_tokenizer``, so every process pads alike (rows are right-padded and masked)."""
     p = _model_dir(path)
+    check_tokenizer_files(p, path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(p, use_fast=True)
     except (OSError, ValueError) as e:

@@ -20,6 +20,9 @@ from pathlib import Path
 from rlmix.errors import ConfigError
 
 SPECIAL_KEYS = ("pad_token", "eos_token", "bos_token", "unk_token")
+# The files a tokenizer is read from (fast, SentencePiece, byte-level BPE, WordPiece, tiktoken): a
+# directory with none of them gets a one-token tokenizer from transformers 5, not an error.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt", "*.tiktoken")
 TEMPLATE_KEYS = SPECIAL_KEYS + ("sep_token", "cls_token", "mask_token")  # what a template may read
 
 
@@ -37,6 +40,26 @@ def check_model_dir(path: str | Path) -> Path:
     if not any(a.endswith("ForCausalLM") for a in archs):
         raise ConfigError(f"model.path={str(path)!r} is not a causal LM (architectures={archs})")
     return p
+
+
+def check_tokenizer_files(model_dir: Path, path: str | Path) -> None:
+    """ConfigError if ``model_dir`` holds none of ``TOKENIZER_FILES``."""
+    if not any(next(model_dir.glob(name), None) for name in TOKENIZER_FILES):
+        raise ConfigError(f"model.path={str(path)!r}: the directory has no tokenizer (none of "
+                          f"{', '.join(TOKENIZER_FILES)}); save the model's tokenizer into it")
+
+
+def check_vocab(tokenizer, model_dir: Path, path: str | Path) -> None:
+    """ConfigError if the tokenizer has more ids than the model has embeddings (``vocab_size`` of
+    config.json, or of its ``text_config``): an id past them fails only inside a sampler or the
+    trainer's first step. Fewer is normal (embedding tables are padded to a round size)."""
+    fields = json.loads((model_dir / "config.json").read_text())
+    text = fields.get("text_config") if isinstance(fields.get("text_config"), dict) else {}
+    size = fields.get("vocab_size", text.get("vocab_size"))
+    if isinstance(size, int) and not isinstance(size, bool) and len(tokenizer) > size:
+        raise ConfigError(f"model.path={str(path)!r}: the tokenizer has {len(tokenizer)} token ids but config.json's "
+                          f"vocab_size is {size}, so ids {size}..{len(tokenizer) - 1} have no embedding; "
+                          "use the tokenizer the model was trained with")
 
 
 @dataclass
@@ -183,18 +206,22 @@ def stop_token_ids(model_dir: str | Path, tokenizer_eos: int | None) -> tuple[in
 def load_fast_tokenizer(path: str | Path):
     """A ``FileTokenizer`` for ``path`` where one reproduces transformers exactly, else transformers'.
 
-    ConfigError when ``path`` is not a causal-LM directory.
+    ConfigError when ``path`` is not a causal-LM directory, or its tokenizer has ids the model lacks.
     """
     p = check_model_dir(path)
     found = read_special_tokens(p) if (p / "tokenizer.json").is_file() else None
     if found is None:
         from rlmix.models.io import load_tokenizer
 
-        return load_tokenizer(p)
-    from tokenizers import Tokenizer
+        tokenizer = load_tokenizer(p)
+    else:
+        from tokenizers import Tokenizer
 
-    special, template = found
-    try:
-        return FileTokenizer(Tokenizer.from_file(str(p / "tokenizer.json")), pad_fallback(special), p, template)
-    except Exception as e:  # the Rust library raises its own exception type for a malformed file
-        raise ConfigError(f"model.path={str(path)!r}: no loadable tokenizer ({type(e).__name__})") from None
+        special, template = found
+        try:
+            tokenizer = FileTokenizer(Tokenizer.from_file(str(p / "tokenizer.json")), pad_fallback(special), p,
+                                      template)
+        except Exception as e:  # the Rust library raises its own exception type for a malformed file
+            raise ConfigError(f"model.path={str(path)!r}: no loadable tokenizer ({type(e).__name__})") from None
+    check_vocab(tokenizer, p, path)
+    return tokenizer

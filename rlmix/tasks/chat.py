@@ -5,9 +5,10 @@ Two modes (``task.chat_template``):
 - ``auto``: the tokenizer's own chat template when it has one (``apply_chat_template`` semantics:
   the rendered text, tokenised without adding special tokens, generation prompt appended). A
   tokenizer without a template gets ``PLAIN_TEMPLATE``: ``bos`` then each message's content, an
-  ``eos`` after each assistant turn. For one user turn that is exactly ``tokenizer(prompt)`` of a
-  tokenizer that prepends ``bos`` — so the embedded model (whose warm start saw raw prompts) sees the
-  same token ids whichever mode is chosen.
+  ``eos`` after each assistant turn and a newline after a system message, as ``raw`` separates it
+  (without one, "be brief" and "1+1?" read "be brief1+1?"). For one user turn that is exactly
+  ``tokenizer(prompt)`` of a tokenizer that prepends ``bos`` — so the embedded model (whose warm start
+  saw raw prompts) sees the same token ids whichever mode is chosen.
 - ``raw``: no template. The message contents joined by newlines, tokenised as plain text (the
   tokenizer adds its usual special tokens). For one user turn: ``tokenizer(prompt)``.
 
@@ -34,7 +35,8 @@ Message = dict[str, str]  # {"role": "system"|"user"|"assistant"|"tool", "conten
 
 PLAIN_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{{ message['content'] }}"
-    "{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}{% endfor %}"
+    "{% if message['role'] == 'assistant' %}{{ eos_token }}{% elif message['role'] == 'system' %}{{ '\\n' }}"
+    "{% endif %}{% endfor %}"
 )
 
 
@@ -54,7 +56,7 @@ def render_text(tokenizer, messages: Sequence[Message], add_generation_prompt: b
     template = getattr(tokenizer, "chat_template", None)
     if not template:
         bos, eos = tokenizer.bos_token or "", tokenizer.eos_token or ""  # an unset token renders as ""
-        return bos + "".join(m["content"] + (eos if m["role"] == "assistant" else "") for m in messages)
+        return bos + "".join(m["content"] + {"assistant": eos, "system": "\n"}.get(m["role"], "") for m in messages)
     return tokenizer.apply_chat_template(
         # Named templates ({name: template}, which only transformers reads) pick their default there.
         list(messages), chat_template=template if isinstance(template, str) else None, tokenize=False,

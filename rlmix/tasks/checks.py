@@ -23,11 +23,12 @@ TaskCheck = Callable[[RunConfig, bool], None]
 
 
 def check_dataset_task(cfg: RunConfig, for_training: bool) -> None:
-    """Files load, fields exist, the reward imports and returns a number, the run fits ``task.epochs``."""
+    """Files load, fields exist, the reward imports and returns a number, the run fits ``task.epochs``;
+    ``task.train_files`` is set for training (eval and probe may read ``task.eval_files`` alone)."""
     from rlmix.tasks.dataset import check_config
 
     trained_prompts = cfg.loop.steps * cfg.loop.groups_per_step if for_training else 0
-    check_config(cfg.task, cfg.seed, trained_prompts)
+    check_config(cfg.task, cfg.seed, trained_prompts, for_training)
 
 
 def check_minicode_task(cfg: RunConfig, for_training: bool) -> None:

@@ -19,6 +19,7 @@ import json
 import random
 import re
 from bisect import bisect_right
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import accumulate
@@ -246,8 +247,15 @@ def messages_of(row: dict, cfg: DatasetTaskConfig, where: str) -> list[Message]:
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
+def row_name(task_id: str) -> str:
+    """``dataset/test/3`` as the key and row a user looks up (``task.eval_files row 3``); other text as is."""
+    kind, _, rest = task_id.partition("/")
+    split, _, index = rest.partition("/")
+    return f"task.{SPLITS[split]} row {index}" if kind == "dataset" and split in SPLITS and index.isdigit() else task_id
+
+
 def to_problem(row: dict, cfg: DatasetTaskConfig, task_id: str) -> Problem:
-    messages = messages_of(row, cfg, task_id)
+    messages = messages_of(row, cfg, row_name(task_id))
     return Problem(
         task_id=task_id,
         prompt=messages[-1]["content"],
@@ -264,8 +272,10 @@ class DatasetTask:
 
     def __init__(self, cfg: DatasetTaskConfig, seed: int = 0) -> None:
         self.cfg, self.seed = cfg, seed
-        self.rows = load_rows(cfg.train_files, "task.train_files")
-        check_columns(self.rows, cfg, "task.train_files")
+        # None without task.train_files: `rlmix eval` and `rlmix probe` read task.eval_files only.
+        self.rows = None if cfg.train_files is None else load_rows(cfg.train_files, "task.train_files")
+        if self.rows is not None:
+            check_columns(self.rows, cfg, "task.train_files")
         self.reward = resolve_reward(cfg.reward, cfg.python_timeout_s, cfg.partial_credit)
         self.format_re = compile_format(cfg.format_regex)
 
@@ -335,27 +345,33 @@ def _permutation(n: int, seed: int, epoch: int, shuffle: bool) -> tuple[int, ...
     return tuple(order)
 
 
-def check_config(cfg: DatasetTaskConfig, seed: int, trained_prompts: int) -> None:
+def check_config(cfg: DatasetTaskConfig, seed: int, trained_prompts: int, for_training: bool = True) -> None:
     """Everything that can be checked before any process starts (ConfigError, one line).
 
     Files load, fields exist and hold text/messages, the reward imports with the right signature
-    and returns a number on the first row, and ``trained_prompts`` fit in ``task.epochs``.
+    and returns a number on the first row, and ``trained_prompts`` fit in ``task.epochs``. Only
+    training needs ``task.train_files``: ``rlmix eval`` and ``rlmix probe`` may read ``task.eval_files`` alone.
     """
+    if for_training and cfg.train_files is None:
+        raise ConfigError("task.train_files: not set, and it has no default; give task.train_files=...")
     if not cfg.python_timeout_s > 0:
         raise ConfigError(f"task.python_timeout_s={cfg.python_timeout_s}: must be a positive number of seconds")
     task = DatasetTask(cfg, seed)
+    eval_rows = None
     if cfg.eval_files is not None:
-        check_columns(load_rows(cfg.eval_files, "task.eval_files"), cfg, "task.eval_files")
+        eval_rows = load_rows(cfg.eval_files, "task.eval_files")
+        check_columns(eval_rows, cfg, "task.eval_files")
     if cfg.epochs is not None:
         if cfg.epochs < 1:
             raise ConfigError(f"task.epochs={cfg.epochs}: must be >= 1 or null (cycle forever)")
-        if trained_prompts > cfg.epochs * len(task):
+        if task.rows is not None and trained_prompts > cfg.epochs * len(task):
             raise ConfigError(
                 f"task.epochs={cfg.epochs}: loop.steps x loop.groups_per_step = {trained_prompts} prompts, "
                 f"more than {cfg.epochs} pass(es) over {len(task)} rows; lower loop.steps or raise task.epochs"
             )
-    if ":" in cfg.reward:  # a user function: call it once, as the run will
-        row = task.rows[0]
+    rows = task.rows if task.rows is not None else eval_rows
+    if ":" in cfg.reward and rows is not None:  # a user function: call it once, as the run will
+        row = rows[0]
         try:
             value = task.reward(str(row[cfg.answer_key]), row[cfg.answer_key], row)
         except Exception as err:
@@ -367,7 +383,16 @@ def check_config(cfg: DatasetTaskConfig, seed: int, trained_prompts: int) -> Non
 
 
 def check_encodable(task: DatasetTask, tokenizer, limit: int = 2000) -> None:
-    """ConfigError if the tokenizer cannot encode a character of the first ``limit`` prompts.
+    """ConfigError if the tokenizer cannot encode a character of the first ``limit`` training prompts
+    (``check_problems_encodable``); nothing without ``task.train_files``."""
+    if task.rows is not None:
+        count = min(len(task), limit)
+        check_problems_encodable((to_problem(task.rows[i], task.cfg, f"dataset/train/{i}") for i in range(count)),
+                                 tokenizer)
+
+
+def check_problems_encodable(problems: Iterable[Problem], tokenizer) -> None:
+    """ConfigError naming the row of the first problem the tokenizer cannot encode a character of.
 
     The tokenizer is asked, character by character (each distinct one once): a character it maps to
     its unknown token, or, not being whitespace, to no token at all (a vocabulary without an unknown
@@ -382,15 +407,42 @@ def check_encodable(task: DatasetTask, tokenizer, limit: int = 2000) -> None:
             verdicts[ch] = (unk is None or unk not in ids) and (bool(ids) or ch.isspace())
         return verdicts[ch]
 
-    for index in range(min(len(task), limit)):
-        problem = to_problem(task.rows[index], task.cfg, f"row {index}")
+    for problem in problems:
         for message in problem.messages:
             bad = sorted({ch for ch in message["content"] if not encodes(ch)})
             if bad:
                 raise ConfigError(
-                    f"task.train_files row {index}: the model's tokenizer cannot encode {''.join(bad)!r}; "
+                    f"{row_name(problem.task_id)}: the model's tokenizer cannot encode {''.join(bad)!r}; "
                     "use model=embedded_v2 (byte-level BPE: any text) or model.path=<an HF model>"
                 )
+
+
+def refuse_empty_prompt(task_id: str) -> None:
+    """The one-line refusal of a prompt that renders to no token: a sampler cannot continue nothing."""
+    raise ConfigError(f"{row_name(task_id)}: the prompt renders to no token (blank text, and the tokenizer has no "
+                      "chat template or beginning-of-sequence token to add); give the row text or drop it")
+
+
+def check_nonempty(task: DatasetTask, tokenizer) -> None:
+    """``refuse_empty_prompt`` for the first training row whose prompt renders to no token. Only a row
+    whose texts are all blank can, so only those are encoded."""
+    if task.rows is None:
+        return
+    cfg = task.cfg
+    for index, value in enumerate(task.rows[cfg.messages_key or cfg.prompt_key]):
+        if _blank(value, cfg):
+            problem = to_problem(task.rows[index], cfg, f"dataset/train/{index}")
+            if not render_ids(tokenizer, problem.messages, cfg.chat_template):
+                refuse_empty_prompt(problem.task_id)
+
+
+def _blank(value, cfg: DatasetTaskConfig) -> bool:
+    """Whether a row's prompt field holds no text but whitespace (a message list: in each message; an
+    empty list is left to ``to_problem`` to refuse)."""
+    if cfg.messages_key is None:
+        return isinstance(value, str) and not value.strip()
+    return isinstance(value, list) and all(
+        isinstance(m, dict) and isinstance(m.get("content"), str) and not m["content"].strip() for m in value)
 
 
 def overlong_rows(task: DatasetTask, tokenizer, room: int) -> list[tuple[int, int]]:

@@ -14,7 +14,8 @@ Built-ins (``task.reward=exact|math|python_tests``):
 
 - ``exact``: the stripped completion equals ``str(answer)`` stripped.
 - ``math``: the last number in the completion (``\\boxed{}`` content preferred; integers, decimals,
-  fractions ``a/b``, thousands separators) equals the answer's number within 1e-6 relative.
+  fractions ``a/b``, thousands separators) equals the answer's number (``math_answer``): exactly for an
+  integer or fraction answer, to the places it shows for a decimal one.
 - ``python_tests``: the completion (its first fenced block, if any) is Python source; ``answer`` is
   test code (asserts). Graded in a bubblewrap sandbox (``rlmix.tasks.python_tests``: no network, a
   read-only system, its own PID namespace, time, memory, process and output limits) by a harness
@@ -77,30 +78,42 @@ def boxed(text: str) -> str | None:
     return None  # never closed
 
 
-def parse_number(text: str) -> Fraction | float | None:
-    """The number ``text`` answers with, or None: the content of its last ``\\boxed{}`` when it has
-    one, else its last number. ``\\frac{a}{b}`` reads as a/b and LaTeX's thousands separators as
-    none. A box holding anything but a number (``\\sqrt{2}``, ``2^{10}``) is no number: reading the
-    last digits of it would score ``\\boxed{\\frac{1}{4}}`` right for the answer 4."""
+def number_token(text: str) -> str | None:
+    """The number ``text`` answers with, as written (thousands separators dropped), or None: the
+    content of its last ``\\boxed{}`` when it has one, else its last number. ``\\frac{a}{b}`` reads
+    as a/b and LaTeX's thousands separators as none. A box holding anything but a number
+    (``\\sqrt{2}``, ``2^{10}``) is no number: reading the last digits of it would score
+    ``\\boxed{\\frac{1}{4}}`` right for the answer 4."""
     inside = boxed(text)
     source = _LATEX_GAPS.sub("", _FRAC.sub(r"\1/\2", text if inside is None else inside)).strip().rstrip(".")
     if inside is not None and ("\\" in source or "^" in source or "{" in source):
         return None
     found = _NUMBER.findall(source)
-    if not found:
-        return None
-    token = found[-1].replace(",", "")
+    return found[-1].replace(",", "") if found else None
+
+
+def parse_number(text: str) -> Fraction | None:
+    """``number_token(text)`` as an exact number, or None."""
+    token = number_token(text)
     try:
-        return Fraction(token)
+        return None if token is None else Fraction(token)
     except (ValueError, ZeroDivisionError):
         return None
 
 
 def math_answer(completion: str, answer: Any, row: Mapping[str, Any]) -> float:
-    got, want = parse_number(completion), parse_number(str(answer))
+    """1.0 iff the completion's number is the answer's. Both are read exactly (``parse_number``), so an
+    integer or fraction answer takes only its own value: a relative tolerance let 1000001 pass for
+    1000000, slack a policy under RL finds. A decimal answer stands for its value rounded to the places
+    it shows, so a number within half a unit of its last place passes (3.14 takes 3.1416 and 22/7, not
+    3.15 or 3.1); an exact answer is not rounded (1/3 takes neither 0.333 nor 0.3333333)."""
+    got, want, token = parse_number(completion), parse_number(str(answer)), number_token(str(answer))
     if got is None or want is None:
         return 0.0
-    return float(math.isclose(float(got), float(want), rel_tol=1e-6, abs_tol=1e-9))
+    if "." not in token:  # an integer or a fraction
+        return float(got == want)
+    places = len(token.partition(".")[2])
+    return float(2 * abs(got - want) * 10**places <= 1)
 
 
 @dataclass(frozen=True)
