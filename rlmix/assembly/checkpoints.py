@@ -30,6 +30,7 @@ class RunState:
     next_request: int  # the data position: the first request id not yet handed out
     wall_time_s: float  # accumulated over every part of the run
     wandb_id: str | None = None
+    written_by: dict | None = None  # ``written_by``: what a run must ask for to load it (None before it was recorded)
 
 
 def step_of(path: Path) -> int:
@@ -92,6 +93,69 @@ def check_resume(resume: str | None) -> None:
 
         why = f" ({skipped[0][0].name}: {skipped[0][1]})" if skipped else ""
         raise ConfigError(f"resume={resume}: no complete checkpoint under {CHECKPOINTS}/{why}; nothing to resume")
+
+
+def written_by(cfg, model_dir: Path) -> dict:
+    """What loading a checkpoint needs of the run that resumes it, recorded with it (``check_fits``): the
+    trainer backend, DeepSpeed's ranks and ZeRO stage (its state is sharded by them), and the model's shapes."""
+    trainer = {"backend": cfg.trainer.backend.value}
+    if trainer["backend"] == "deepspeed":
+        trainer |= {"ranks": cfg.trainer.deepspeed.ranks, "zero_stage": cfg.trainer.deepspeed.zero_stage}
+    model = cfg.model
+    source = f"model.path={model.path}" if model.path else f"model.embedded_version={model.embedded_version.value}"
+    return {"trainer": trainer, "model": model_shapes(model_dir), "model_source": source}
+
+
+def model_shapes(model_dir: Path) -> dict:
+    """What in a model's config.json fixes its parameters' names and shapes: the architecture and the sizes."""
+    path = Path(model_dir) / "config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    return {k: v for k, v in config.items() if k in ("architectures", "model_type", "tie_word_embeddings")
+            or (type(v) is int and not k.endswith("_token_id"))}
+
+
+def _trainer_from_files(checkpoint: Path) -> dict:
+    """A checkpoint written before ``written_by`` was recorded: its backend, and DeepSpeed's ranks, from its files."""
+    from rlmix.trainers.deepspeed_rank import DS_DIR, DS_TAG
+
+    if not (checkpoint / DS_DIR).is_dir():
+        return {"backend": "torch"}
+    ranks = len(list((checkpoint / DS_DIR / DS_TAG).glob("*zero_pp_rank_*_optim_states.pt")))
+    return {"backend": "deepspeed"} | ({"ranks": ranks} if ranks else {})
+
+
+def _trainer_args(trainer: dict) -> str:
+    names = {"ranks": "trainer.deepspeed.ranks", "zero_stage": "trainer.deepspeed.zero_stage"}
+    return " ".join([f"trainer={trainer['backend']}", *(f"{names[k]}={v}" for k, v in trainer.items() if k in names)])
+
+
+def _trainer_text(trainer: dict) -> str:
+    shards = [f"{label} {trainer[k]}" for k, label in (("ranks", "ranks"), ("zero_stage", "ZeRO")) if k in trainer]
+    return f"trainer={trainer['backend']}" + (f" ({', '.join(shards)})" if shards else "")
+
+
+def check_fits(resume: str, cfg, model_dir: Path) -> None:
+    """ConfigError where the newest complete checkpoint under ``resume`` cannot load into the trainer or the
+    model this run asks for: said before Ray starts, not as a traceback once every process is up."""
+    from rlmix.errors import ConfigError
+
+    checkpoint, _ = newest_complete(Path(resume))
+    if checkpoint is None:
+        return
+    state = read_run_state(checkpoint)
+    record = (state.written_by if state else None) or {}
+    wanted = written_by(cfg, model_dir)
+    trainer = record.get("trainer") or _trainer_from_files(checkpoint)
+    if any(wanted["trainer"].get(k) != v for k, v in trainer.items()):
+        raise ConfigError(f"resume={resume}: its checkpoint {checkpoint.name} was written by {_trainer_text(trainer)}; "
+                          f"this run asks for {_trainer_text(wanted['trainer'])}: add {_trainer_args(trainer)}")
+    shapes = record.get("model") or model_shapes(checkpoint)
+    differ = [f"{k} {shapes[k]} (this run's {wanted['model'][k]})"
+              for k in sorted(shapes.keys() & wanted["model"].keys()) if shapes[k] != wanted["model"][k]]
+    if differ:
+        source = record.get("model_source", "the model.path or model.embedded_version it was trained from")
+        raise ConfigError(f"resume={resume}: its checkpoint {checkpoint.name} holds another model than this run's "
+                          f"{model_dir} ({'; '.join(differ[:3])}{'; …' * (len(differ) > 3)}): add {source}")
 
 
 def read_run_state(checkpoint: Path) -> RunState | None:

@@ -333,8 +333,10 @@ def plan_jobs(args: list[str]) -> list[Job]:
             _check_composes(job, source)
         return []
     from rlmix.assembly.checkpoints import check_resume
+    from rlmix.assembly.parts import resolve_model_dir
     from rlmix.metrics.logger import check_wandb_login
     from rlmix.orchestration.hardware import check_machine
+    from rlmix.orchestration.runner import check_continues, ended_run
 
     planned = []
     for num, job in enumerate(jobs):
@@ -347,6 +349,8 @@ def plan_jobs(args: list[str]) -> list[Job]:
         if multirun:
             plan, kept = sweep_job(plan, Path(sweep_dir), Path(job_dir), len(jobs))
         check_resume(plan.cfg.resume)
+        if plan.cfg.resume and ended_run(Path(plan.cfg.resume), plan.cfg.loop.steps) is None:
+            check_continues(plan.cfg, resolve_model_dir(plan))  # before Hydra writes the run's .hydra/ anew
         label = job_label(job_key(job), plan.cfg.name, plan.cfg.seed) if multirun else plan.cfg.name
         planned.append(Job(job_key(job), plan, label, Path(job_dir) if multirun else None, kept, config, mode))
     return planned

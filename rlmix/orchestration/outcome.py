@@ -126,10 +126,12 @@ def _finish(loop, steps, stop: StopRequest, facts: dict, decided: list[dict]) ->
             checkpoint = steps.checkpoint(loop.version)
         except RunFailed as err:  # the final save: no step is left to train again after a restart
             failure, status = str(err), Status.failed
+    if status is Status.failed:  # no final save: the newest one written is what resume= takes
+        checkpoint = latest_checkpoint(steps.run_dir)
     summary = _summary(status, facts, loop, steps, verdict, checkpoint)
     if failure:
         summary["error"] = failure
-        summary["resumable"] = latest_checkpoint(steps.run_dir) is not None
+        summary["resumable"] = checkpoint is not None
     if stop.signum is not None:
         summary["signal"] = signal.Signals(stop.signum).name
     decided.append(summary)

@@ -126,6 +126,8 @@ def train(plan: RunPlan, run_dir: Path, sweep_group: str | None = None, label: s
               f"train at loop.steps={cfg.loop.steps} (raise it to go on)", flush=True)
         return ended
     model_dir = resolve_model_dir(plan)
+    if cfg.resume:
+        check_continues(cfg, model_dir)
     tokenizer = load_fast_tokenizer(model_dir)
     # Before Ray: a prompt it cannot encode, or an answer the budget would cut, is one line.
     task = plan.task.build(cfg.seed, tokenizer, cfg.loop.max_new_tokens)
@@ -159,7 +161,8 @@ def train(plan: RunPlan, run_dir: Path, sweep_group: str | None = None, label: s
                 run_dir, cfg.logger.wandb, label or cfg.name, config_dict(cfg), sweep_group or cfg.name,
                 cfg.loop.steps, cfg.logger.console_every, run_id=state.wandb_id, elapsed_s=state.wall_time_s,
             )
-            steps = StepHandler(cfg, trainer, monitor, logger, run_dir, saved_step=state.step, last=last)
+            steps = StepHandler(cfg, trainer, monitor, logger, run_dir, saved_step=state.step, last=last,
+                                written_by=checkpoints.written_by(cfg, model_dir))
             loop = AsyncLoop(
                 cfg.loop, trainer, slots, task, cfg.seed, tokenizer.pad_token_id,
                 start_version=state.step, start_request=state.next_request, generating=cores.generating,
@@ -189,8 +192,9 @@ class StepHandler:
     """After each trainer step: collapse monitor, logging, periodic checkpoints, the stop decision."""
 
     def __init__(self, cfg: RunConfig, trainer, monitor, logger: RunLogger, run_dir: Path, saved_step: int,
-                 last: dict[str, float | str]):
+                 last: dict[str, float | str], written_by: dict | None = None):
         self.cfg, self.trainer, self.monitor, self.logger, self.run_dir = cfg, trainer, monitor, logger, run_dir
+        self.written_by = written_by  # recorded in each checkpoint: what a resume must ask for to load it
         self.loop = None  # the AsyncLoop, whose data position a checkpoint records
         self.last = last  # the newest step's metrics (a resumed run's before it trains any)
         self.saved_step = saved_step  # a resumed run starts from a saved step
@@ -247,7 +251,8 @@ class StepHandler:
                             "waiting on the trainer") from err
         except ray.exceptions.RayError as err:  # the save raised in the trainer (a full disk, say)
             raise RunFailed(f"saving step {step} failed: {first_line(err)}") from err
-        state = RunState(step, self.loop.data_position(step), self.logger.elapsed_s(), self.logger.wandb_id)
+        state = RunState(step, self.loop.data_position(step), self.logger.elapsed_s(), self.logger.wandb_id,
+                         self.written_by)
         try:
             path = checkpoints.seal(tmp, state, self.cfg.loop.keep_checkpoints)
         except OSError as err:
@@ -319,6 +324,18 @@ def ended_run(run_dir: Path, steps: int) -> dict | None:
     return summary
 
 
+def check_continues(cfg: RunConfig, model_dir: Path) -> None:
+    """ConfigError, before Ray starts and with the run's files untouched, where resuming cannot go as asked:
+    a checkpoint of another trainer or model (``checkpoints.check_fits``), or ``loop.steps`` below the
+    step it is at (nothing would train, and the run would be called completed short of its steps)."""
+    checkpoints.check_fits(cfg.resume, cfg, model_dir)
+    checkpoint, _ = checkpoints.newest_complete(Path(cfg.resume))
+    state = checkpoints.read_run_state(checkpoint) if checkpoint is not None else None
+    if state is not None and cfg.loop.steps < state.step:
+        raise ConfigError(f"resume={cfg.resume}: the run is at step {state.step} ({checkpoint.name}); "
+                          f"loop.steps={cfg.loop.steps} is below it: give loop.steps above {state.step} to train more")
+
+
 def resume(cfg: RunConfig, trainer, monitor, run_dir: Path) -> tuple[RunState, Path, dict]:
     """(run state to start from, run dir, metrics of its newest logged step): a resumed run continues
     in its own directory from its newest complete checkpoint. The metrics are what its summary reports
@@ -327,23 +344,38 @@ def resume(cfg: RunConfig, trainer, monitor, run_dir: Path) -> tuple[RunState, P
 
     if not cfg.resume:
         return RunState(step=0, next_request=0, wall_time_s=0.0), run_dir, {}
-    checkpoint, skipped = checkpoints.newest_complete(Path(cfg.resume))
+    run_dir = Path(cfg.resume).resolve()  # summary.json's paths hold wherever the command is run from
+    checkpoint, skipped = checkpoints.newest_complete(run_dir)
     if checkpoint is None:  # validate() checked this; the directory changed since
-        from rlmix.errors import ConfigError
-
-        raise ConfigError(f"resume={cfg.resume}: no complete checkpoint under {Path(cfg.resume) / checkpoints.CHECKPOINTS}")
+        raise ConfigError(f"resume={cfg.resume}: no complete checkpoint under {run_dir / checkpoints.CHECKPOINTS}")
     for path, why in skipped:
         print(f"skipping {path.name}: {why}")
     ray.get(trainer.load_checkpoint.remote(str(checkpoint)))
     state = checkpoints.read_run_state(checkpoint)
-    run_dir = Path(cfg.resume)
     rows = keep_rows(run_dir / METRICS_FILE, state.step)  # later steps are trained again
+    if gaps := missing_rows(rows, state.step):
+        log.warning("%s", gaps)
     # The run is going again: its summary is written anew when it ends. Left in place, it would tell
     # `rlmix report` the earlier part's outcome while this part runs, or after it is killed.
     (run_dir / SUMMARY_FILE).unlink(missing_ok=True)
     feed_monitor(monitor, rows)
     print(f"resuming {run_dir} from {checkpoint.name} at step {state.step}")
     return state, run_dir, last_metrics(rows)
+
+
+def missing_rows(rows: list[dict], step: int) -> str:
+    """'' when ``rows`` hold every step 1..``step``, else a line naming the missing ones: the collapse
+    monitor is rebuilt from the rows (``feed_monitor``), so the steps without one are not in its history."""
+    missing = sorted(set(range(1, step + 1)) - {row["step"] for row in rows})
+    if not missing:
+        return ""
+    spans, start = [], missing[0]
+    for prev, now in zip(missing, [*missing[1:], None]):
+        if now != prev + 1:
+            spans.append(str(start) if start == prev else f"{start}-{prev}")
+            start = now
+    return (f"{METRICS_FILE} lacks step{'s' * (len(missing) > 1)} {', '.join(spans)} of the {step} the checkpoint "
+            f"has: the collapse monitor sees only the other {step - len(missing)}")
 
 
 def last_metrics(rows: list[dict]) -> dict:

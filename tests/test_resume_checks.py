@@ -1,0 +1,186 @@
+"""What ``resume=`` checks before Ray starts (a checkpoint of another trainer or model, ``loop.steps``
+below its step), what it says of a gappy metrics.jsonl, and the paths and checkpoint summary.json names."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from rlmix.assembly import checkpoints as ck
+from rlmix.assembly.checkpoints import RunState
+from rlmix.config.schema import RunConfig, TrainerBackend
+from rlmix.errors import ConfigError, RunFailed
+from rlmix.orchestration import runner
+
+V1 = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "num_hidden_layers": 2,
+      "vocab_size": 32, "eos_token_id": 2, "dtype": "float32", "transformers_version": "5.19.0"}
+V2 = V1 | {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": 1024}
+
+
+def model(path: Path, config: dict) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+def save(run_dir: Path, step: int, files: dict[str, bytes], config: dict = V1, written_by: dict | None = None) -> Path:
+    tmp = ck.staging_dir(run_dir, step)
+    model(tmp, config)
+    for name, data in files.items():
+        (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / name).write_bytes(data)
+    recorded = {"written_by": written_by} if written_by else {}  # (none: as a checkpoint from before the record)
+    return ck.seal(tmp, RunState(step, 0, 0.0, **recorded), keep=2)
+
+
+TORCH = {"trainer_state.pt": b"x"}
+DS2 = {f"deepspeed/step/bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt": b"x" for r in range(2)}
+
+
+def config(resume: Path, backend=TrainerBackend.torch, ranks=1, zero_stage=1, steps=40) -> RunConfig:
+    cfg = RunConfig()
+    cfg.resume, cfg.loop.steps, cfg.trainer.backend = str(resume), steps, backend
+    cfg.trainer.deepspeed.ranks, cfg.trainer.deepspeed.zero_stage = ranks, zero_stage
+    return cfg
+
+
+def snapshot(run_dir: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+def test_a_recorded_deepspeed_layout_resumed_with_another_trainer_is_one_line_naming_the_overrides(tmp_path):
+    cfg = config(tmp_path / "run", TrainerBackend.deepspeed, ranks=2, zero_stage=2)
+    written = ck.written_by(cfg, model(tmp_path / "model", V1))
+    save(tmp_path / "run", 10, DS2, written_by=written)
+    for asked in (config(tmp_path / "run"), config(tmp_path / "run", TrainerBackend.deepspeed, ranks=1, zero_stage=2)):
+        with pytest.raises(ConfigError) as err:
+            runner.check_continues(asked, tmp_path / "model")
+        assert str(err.value).startswith(f"resume={tmp_path / 'run'}: its checkpoint step_10 was written by "
+                                         "trainer=deepspeed (ranks 2, ZeRO 2); this run asks for trainer=")
+        assert str(err.value).endswith(
+            "add trainer=deepspeed trainer.deepspeed.ranks=2 trainer.deepspeed.zero_stage=2")
+    runner.check_continues(cfg, tmp_path / "model")  # the same settings: no refusal
+
+
+def test_checkpoints_without_the_record_are_told_by_their_files(tmp_path):
+    """Written before the record existed: torch's trainer_state.pt, DeepSpeed's directory and its shards."""
+    save(tmp_path / "torch_run", 5, TORCH)
+    save(tmp_path / "ds_run", 5, DS2)
+    model_dir = model(tmp_path / "model", V1)
+    runner.check_continues(config(tmp_path / "torch_run"), model_dir)
+    runner.check_continues(config(tmp_path / "ds_run", TrainerBackend.deepspeed, ranks=2, zero_stage=2), model_dir)
+    with pytest.raises(ConfigError, match="written by trainer=torch; this run asks for trainer=deepspeed "
+                                          r"\(ranks 1, ZeRO 1\): add trainer=torch$"):
+        runner.check_continues(config(tmp_path / "torch_run", TrainerBackend.deepspeed), model_dir)
+    with pytest.raises(ConfigError, match=r"written by trainer=deepspeed \(ranks 2\); this run asks for "
+                                          "trainer=torch: add trainer=deepspeed trainer.deepspeed.ranks=2$"):
+        runner.check_continues(config(tmp_path / "ds_run"), model_dir)
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_a_checkpoint_of_another_model_is_refused_naming_what_differs(tmp_path, recorded):
+    cfg = config(tmp_path / "run")
+    written = ck.written_by(cfg, model(tmp_path / "v1", V1)) if recorded else None
+    save(tmp_path / "run", 7, TORCH, V1, written)
+    with pytest.raises(ConfigError) as err:
+        runner.check_continues(cfg, model(tmp_path / "v2", V2))
+    line = str(err.value)
+    assert "\n" not in line and line.startswith(f"resume={tmp_path / 'run'}: its checkpoint step_7 holds another "
+                                                f"model than this run's {tmp_path / 'v2'} (architectures")
+    assert "vocab_size 32 (this run's 1024)" in line
+    assert line.endswith("add model.embedded_version=auto" if recorded else "it was trained from")
+    # What save_pretrained rewrites (dtype, transformers_version) or adds is no other model.
+    runner.check_continues(cfg, model(tmp_path / "v1_again", V1 | {"dtype": "bfloat16", "head_dim": 64}))
+
+
+def test_loop_steps_below_the_checkpoint_is_refused_and_leaves_the_run_as_it_was(tmp_path):
+    run_dir = tmp_path / "run"
+    save(run_dir, 9, TORCH)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, 10)))
+    (run_dir / "summary.json").write_text(json.dumps({"status": "interrupted", "steps": 9}))
+    before = snapshot(run_dir)
+    with pytest.raises(ConfigError, match=r": the run is at step 9 \(step_9\); loop.steps=5 is below it: give "
+                                          "loop.steps above 9 to train more$"):
+        runner.check_continues(config(run_dir, steps=5), model(tmp_path / "model", V1))
+    assert snapshot(run_dir) == before
+    runner.check_continues(config(run_dir, steps=9), tmp_path / "model")  # trains nothing, writes its summary
+
+
+def test_missing_rows_names_the_steps_metrics_jsonl_lacks():
+    rows = [{"step": s} for s in (*range(1, 20), 25)]
+    assert runner.missing_rows(rows, 25) == ("metrics.jsonl lacks steps 20-24 of the 25 the checkpoint has: "
+                                             "the collapse monitor sees only the other 20")
+    assert runner.missing_rows([{"step": 2}], 4).startswith("metrics.jsonl lacks steps 1, 3-4 of the 4")
+    assert runner.missing_rows([{"step": s} for s in range(1, 5)], 4) == ""
+
+
+class Trainer:
+    class load_checkpoint:
+        @staticmethod
+        def remote(path):
+            return path
+
+
+def resumed(cfg: RunConfig, monkeypatch, tmp_path: Path):
+    """``runner.resume`` with a trainer whose load does nothing."""
+    import ray
+
+    from rlmix.metrics.monitor import CollapseMonitor
+
+    monkeypatch.setattr(ray, "get", lambda ref: None)
+    return runner.resume(cfg, Trainer(), CollapseMonitor(cfg.monitor), tmp_path / "hydra_dir")
+
+
+def test_a_relative_resume_continues_in_an_absolute_run_dir(tmp_path, monkeypatch):
+    """summary.json's run_dir (and the checkpoint under it) hold wherever they are read from."""
+    monkeypatch.chdir(tmp_path)
+    save(tmp_path / "k3", 6, TORCH)
+    state, run_dir, _ = resumed(config(Path("k3")), monkeypatch, tmp_path)
+    assert state.step == 6 and run_dir == tmp_path / "k3"
+
+
+@pytest.mark.parametrize("damage", ["rows_deleted", "file_deleted", "torn_last_line"])
+def test_resume_warns_of_the_steps_metrics_jsonl_lacks(tmp_path, monkeypatch, caplog, damage):
+    save(tmp_path / "run", 6, TORCH)
+    rows = [json.dumps({"step": s, "reward/mean": 0.5}) for s in range(1, 7)]
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    metrics.write_text({"rows_deleted": "\n".join(rows[:2] + rows[4:]) + "\n", "file_deleted": "",
+                        "torn_last_line": "\n".join(rows[:5] + [rows[5][:9]])}[damage])
+    if damage == "file_deleted":
+        metrics.unlink()
+    with caplog.at_level(logging.WARNING, logger="rlmix.orchestration.runner"):
+        state, _, _ = resumed(config(tmp_path / "run"), monkeypatch, tmp_path)
+    missing, others = {"rows_deleted": ("3-4", 4), "file_deleted": ("1-6", 0), "torn_last_line": ("6", 5)}[damage]
+    steps = "step" if damage == "torn_last_line" else "steps"
+    assert state.step == 6 and [r.getMessage() for r in caplog.records] == [
+        f"metrics.jsonl lacks {steps} {missing} of the 6 the checkpoint has: the collapse monitor sees only the other "
+        f"{others}"]
+
+
+def test_a_failed_run_names_its_newest_complete_checkpoint(tmp_path):
+    """Sampler deaths past loop.sampler_max_restarts after step 10: no final save, but step_10 resumes it."""
+    import types
+
+    from rlmix.metrics.verdict import MonitorVerdict
+    from rlmix.orchestration.outcome import StopRequest, finish
+
+    newest = save(tmp_path, 10, TORCH)
+    save(tmp_path, 12, TORCH).joinpath("complete.json").unlink()  # a save cut short: not a checkpoint
+
+    class Loop:
+        version, sampler_restarts, requests_reissued, trainer_restarts = 12, 0, 0, 0
+
+        def run(self, steps, on_step, stop):
+            raise RunFailed("sampler P/0 died 1 times and no sampler is left")
+
+    monitor = types.SimpleNamespace(verdict=MonitorVerdict(False, None, "", None))
+    monitor.finish = lambda: monitor.verdict
+    steps = types.SimpleNamespace(cfg=config(tmp_path), monitor=monitor, last={}, run_dir=tmp_path,
+                                  logger=types.SimpleNamespace(finish=lambda summary, at_once=False: summary))
+    stop = StopRequest()
+    stop.training()
+    summary = finish(Loop(), steps, stop, {})
+    assert summary["status"] == "failed" and summary["checkpoint"] == str(newest) and summary["resumable"] is True
