@@ -18,13 +18,20 @@ from tests.test_validation_cli import refused
         (["--cfg", "hydra", "hydra/launcher=bogus"], "hydra/launcher=bogus: no such option; available: basic"),
         (["--info", "defaults", "fleet=bogus"], "fleet=bogus: no such option; available: "),
         (["fleet=bogus", "-i"], "fleet=bogus: no such option; available: "),
-        (["-m", "--cfg", "job", "correction=sc,bogus"], "correction=bogus: no such option; available: "),
     ],
 )
 def test_printing_the_config_of_a_bad_override_is_one_line_exit_2(tmp_path, args, key):
     out = rlmix_refusing("train", *args, cwd=tmp_path)
     refused(out, key)
     assert "emulated_hetero6" in out.stderr or "joblib" in out.stderr or "sc_mis" in out.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args", [["-m", "--cfg", "job", "seed=0,1"], ["--multirun", "--info", "config", "seed=0,1"]])
+def test_a_sweep_has_no_one_config_to_print(tmp_path, args):
+    """Hydra takes one of --multirun, --cfg and --info, and said so with a ValueError's traceback."""
+    out = rlmix_refusing("train", *args, cwd=tmp_path)
+    refused(out, "prints one config, -m runs a sweep: Hydra takes one of them; leave out -m")
     assert list(tmp_path.iterdir()) == []
 
 

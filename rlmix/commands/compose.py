@@ -319,7 +319,11 @@ def plan_jobs(args: list[str]) -> list[Job]:
     from rlmix.commands.naming import job_label
 
     overrides, multirun, info = split_args(args)
-    if info and not ({a.split("=")[0] for a in args} & _INFO_FLAGS) <= _COMPOSING_FLAGS:
+    flags = {a.split("=")[0] for a in args} & _INFO_FLAGS
+    if multirun and flags & _COMPOSING_FLAGS:  # Hydra's answer: a ValueError and its traceback
+        raise ConfigError(f"{min(flags & _COMPOSING_FLAGS)} prints one config, -m runs a sweep: Hydra takes one of "
+                          "them; leave out -m (and give one value per key) to see a job's config")
+    if info and not flags <= _COMPOSING_FLAGS:
         return []  # --help and the like: nothing is composed
     source = config_source(args)
     try:
