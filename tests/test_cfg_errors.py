@@ -18,6 +18,7 @@ from tests.test_validation_cli import refused
         (["--cfg", "hydra", "hydra/launcher=bogus"], "hydra/launcher=bogus: no such option; available: basic"),
         (["--info", "defaults", "fleet=bogus"], "fleet=bogus: no such option; available: "),
         (["fleet=bogus", "-i"], "fleet=bogus: no such option; available: "),
+        (["--help", "fleet=bogus"], "fleet=bogus: no such option; available: "),
     ],
 )
 def test_printing_the_config_of_a_bad_override_is_one_line_exit_2(tmp_path, args, key):
@@ -33,6 +34,11 @@ def test_a_sweep_has_no_one_config_to_print(tmp_path, args):
     out = rlmix_refusing("train", *args, cwd=tmp_path)
     refused(out, "prints one config, -m runs a sweep: Hydra takes one of them; leave out -m")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_help_shows_one_config_not_a_sweeps(tmp_path):
+    out = rlmix_refusing("train", "-m", "--help", "seed=0,1", cwd=tmp_path)
+    refused(out, "--help shows one config: give each key one value")
 
 
 def test_a_good_cfg_job_still_prints_the_composed_config(tmp_path):

@@ -255,7 +255,9 @@ def test_each_sweep_job_is_planned_once_and_hydras_job_finds_its_plan(tmp_path):
         GlobalHydra.instance().clear()
         plan = plans[job_key(list(hydra_job.hydra.overrides.task))]
         assert plan.cfg.correction.mode.value == hydra_job.correction.mode and plan.cfg.seed == hydra_job.seed
-    assert preflight([*args, "--help"]) == {}
+    assert preflight(["-m", "+experiment=smoke", "--help"]) == {}  # nothing planned: Hydra prints its help
+    with pytest.raises(ConfigError, match="--help shows one config"):  # Hydra's help composes one job
+        preflight([*args, "--help"])
 
 
 def test_hydra_reads_the_run_mode_the_preflight_read_instead_of_composing_again(tmp_path, monkeypatch):

@@ -26,8 +26,10 @@ CONFIG_NAME = "train"
 MULTIRUN_FILE = "multirun.yaml"  # what Hydra writes into a sweep's directory before its first job
 # Hydra flags that print or inspect instead of running: Hydra handles those itself.
 _INFO_FLAGS = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc"}
-# Of those, the ones that compose the config to print it (or what it is made of): the preflight checks it composes.
-_COMPOSING_FLAGS = {"--cfg", "-c", "--info", "-i"}
+# Of those, the ones that print the config (or what it is made of), which Hydra takes instead of -m; with --help,
+# which prints it too, the ones that compose it: the preflight checks it composes.
+_PRINTING_FLAGS = {"--cfg", "-c", "--info", "-i"}
+_COMPOSING_FLAGS = _PRINTING_FLAGS | {"--help", "-h"}
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--config-path", "-cp",
                      "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}
 _CONFIG_DIR, _CONFIG_NAME, _CONFIG_PATH = ("--config-dir", "-cd"), ("--config-name", "-cn"), ("--config-path", "-cp")
@@ -320,8 +322,8 @@ def plan_jobs(args: list[str]) -> list[Job]:
 
     overrides, multirun, info = split_args(args)
     flags = {a.split("=")[0] for a in args} & _INFO_FLAGS
-    if multirun and flags & _COMPOSING_FLAGS:  # Hydra's answer: a ValueError and its traceback
-        raise ConfigError(f"{min(flags & _COMPOSING_FLAGS)} prints one config, -m runs a sweep: Hydra takes one of "
+    if multirun and flags & _PRINTING_FLAGS:  # Hydra's answer: a ValueError and its traceback
+        raise ConfigError(f"{min(flags & _PRINTING_FLAGS)} prints one config, -m runs a sweep: Hydra takes one of "
                           "them; leave out -m (and give one value per key) to see a job's config")
     if info and not flags <= _COMPOSING_FLAGS:
         return []  # --help and the like: nothing is composed
@@ -333,6 +335,8 @@ def plan_jobs(args: list[str]) -> list[Job]:
 
         raise ConfigError(one_line(err)) from None
     if info:  # Hydra prints the config, which must compose
+        if len(jobs) > 1 and flags & {"--help", "-h"}:  # Hydra's help composes one (a traceback, for a sweep)
+            raise ConfigError("--help shows one config: give each key one value (a sweep's lists compose one job each)")
         for job in jobs:
             _check_composes(job, source)
         return []
