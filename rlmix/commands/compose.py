@@ -197,8 +197,7 @@ def _compose(overrides: list[str], for_training: bool = True, output_dir_key: st
     out_dir = job_dir = mode = None
     with _composing(source):
         groups = overrides if run is None else group_overrides(run, overrides)
-        _check_no_schema_chosen(groups)
-        _check_added_pools(groups, source.config_name)
+        _check_overrides(groups, source.config_name)
         cfg = compose(config_name=source.config_name, overrides=groups, return_hydra_config=output_dir_key is not None)
         if run is not None:
             apply_run_settings(cfg, run, overrides)
@@ -250,8 +249,15 @@ def _check_composes(overrides: list[str], source: ConfigSource) -> None:
     from hydra import compose
 
     with _composing(source):
-        _check_no_schema_chosen(overrides)
+        _check_overrides(overrides, source.config_name)
         compose(config_name=source.config_name, overrides=overrides, return_hydra_config=True)
+
+
+def _check_overrides(overrides: list[str], config_name: str) -> None:
+    """What Hydra would compose without a word but rlmix refuses: a group's schema chosen as an option, a
+    pool added under a name the fleet has."""
+    _check_no_schema_chosen(overrides)
+    _check_added_pools(overrides, config_name)
 
 
 SCHEMA_SUFFIX = "_schema"  # rlmix.config.schema.register_configs' names: each group's typed keys

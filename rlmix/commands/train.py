@@ -270,7 +270,7 @@ def help_without_schemas(args: list[str]):
 
 def without_schemas(help_text: str) -> str:
     """Hydra's help with the ``*_schema`` options left out of its configuration groups' lines."""
-    groups, _, rest = help_text.partition("== Config ==")
+    groups, config, rest = help_text.partition("== Config ==")
     lines = []
     for line in groups.splitlines(keepends=True):
         group, sep, options = line.partition(": ")
@@ -278,7 +278,7 @@ def without_schemas(help_text: str) -> str:
             kept = [o for o in options.rstrip("\n").split(", ") if not o.endswith(SCHEMA_SUFFIX)]
             line = f"{group}: {', '.join(kept)}\n"
         lines.append(line)
-    return "".join(lines) + (f"== Config =={rest}" if _ else "")
+    return "".join(lines) + config + rest
 
 
 @contextmanager
