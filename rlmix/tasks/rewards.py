@@ -14,8 +14,8 @@ Built-ins (``task.reward=exact|math|python_tests``):
 
 - ``exact``: the stripped completion equals ``str(answer)`` stripped.
 - ``math``: the last number in the completion (``\\boxed{}`` content preferred; integers, decimals,
-  fractions ``a/b``, thousands separators) equals the answer's number (``math_answer``): exactly for an
-  integer or fraction answer, to the places it shows for a decimal one.
+  fractions ``a/b``, thousands separators, exponents ``1e-07``) equals the answer's number
+  (``math_answer``): exactly for an integer or fraction answer, to the places it shows for a decimal one.
 - ``python_tests``: the completion (its first fenced block, if any) is Python source; ``answer`` is
   test code (asserts). Graded in a bubblewrap sandbox (``rlmix.tasks.python_tests``: no network, a
   read-only system, its own PID namespace, time, memory, process and output limits) by a harness
@@ -49,7 +49,8 @@ from rlmix.tasks.python_tests import PythonTests
 
 RewardFn = Callable[[str, Any, Mapping[str, Any]], float]
 
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
+# An exponent (1e-07, 2.5E3, -1e+2) belongs to its number; a fraction's parts take none.
+_NUMBER = re.compile(r"-?(?:\d[\d,]*(?:\.\d+)?|\.\d+)[eE][+-]?\d+|-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 _FRAC = re.compile(r"\\[dt]?frac\{\s*(-?[\d.]+)\s*\}\{\s*(-?[\d.]+)\s*\}")  # \frac{1}{2} -> 1/2
 # LaTeX's thousands separators (1{,}000, 1,\!000) and thin spaces, written out of a number
 _LATEX_GAPS = re.compile(r"\{,\}|,\\!|\\[!,;: ]")
@@ -92,11 +93,17 @@ def number_token(text: str) -> str | None:
     return found[-1].replace(",", "") if found else None
 
 
+# The largest exponent read: 1e10000000 as an exact number takes seconds to build, 1e100000000 minutes.
+MAX_EXPONENT = 1000
+
+
 def parse_number(text: str) -> Fraction | None:
-    """``number_token(text)`` as an exact number, or None."""
+    """``number_token(text)`` as an exact number, or None (also for an exponent beyond ±``MAX_EXPONENT``)."""
     token = number_token(text)
+    if token is None or abs(int(token.lower().partition("e")[2] or 0)) > MAX_EXPONENT:
+        return None
     try:
-        return None if token is None else Fraction(token)
+        return Fraction(token)
     except (ValueError, ZeroDivisionError):
         return None
 
@@ -106,14 +113,25 @@ def math_answer(completion: str, answer: Any, row: Mapping[str, Any]) -> float:
     integer or fraction answer takes only its own value: a relative tolerance let 1000001 pass for
     1000000, slack a policy under RL finds. A decimal answer stands for its value rounded to the places
     it shows, so a number within half a unit of its last place passes (3.14 takes 3.1416 and 22/7, not
-    3.15 or 3.1); an exact answer is not rounded (1/3 takes neither 0.333 nor 0.3333333)."""
+    3.15 or 3.1); an exact answer is not rounded (1/3 takes neither 0.333 nor 0.3333333). An exponent
+    moves the places its mantissa shows (``shown_places``)."""
     got, want, token = parse_number(completion), parse_number(str(answer)), number_token(str(answer))
     if got is None or want is None:
         return 0.0
-    if "." not in token:  # an integer or a fraction
+    places = shown_places(token)
+    if places is None:  # an integer or a fraction
         return float(got == want)
-    places = len(token.partition(".")[2])
-    return float(2 * abs(got - want) * 10**places <= 1)
+    return float(2 * abs(got - want) * Fraction(10) ** places <= 1)
+
+
+def shown_places(token: str) -> int | None:
+    """The decimal places a number as written shows, None for an exact one. An exponent keeps its
+    mantissa's rule and moves the places: ``1.50e-3`` shows 5 (down to 1e-5), ``2.5E3`` -2 (the
+    hundreds), and ``1e-07``, with an integer mantissa, is exact, as ``7`` is."""
+    mantissa, _, exponent = token.lower().partition("e")
+    if "." not in mantissa:
+        return None
+    return len(mantissa.partition(".")[2]) - int(exponent or 0)
 
 
 @dataclass(frozen=True)
