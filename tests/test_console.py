@@ -249,3 +249,20 @@ def test_the_wandb_run_id_outlives_a_wandb_failure(tmp_path, monkeypatch):
     resumed = logger_module.RunLogger(tmp_path / "again", WandbConfig(mode=WandbMode.offline), "r", {}, None, 10,
                                       stream=io.StringIO(), run_id="run-abc")
     assert resumed.wandb_id == "run-abc"
+
+
+def test_the_block_of_a_run_that_had_ended_shows_its_own_steps_not_a_lower_loop_steps(tmp_path):
+    """Resumed with loop.steps=2, a run that completed 3 steps trains nothing: its block says 3/3."""
+    from rlmix.metrics.console import run_block
+
+    def steps_row(summary: dict, total_steps: int) -> str:
+        block = run_block(summary, tmp_path, None, total_steps, [], log_dir=tmp_path)
+        return next(line.split(None, 1)[1] for line in block.splitlines() if line.startswith("  steps "))
+
+    for status in ("completed", "collapsed"):
+        ended = {"status": status, "name": "smoke", "steps": 3, "final": {}, "collapse": None, "wall_time_s": 1}
+        assert steps_row(ended, 2) == "3/3 in 1 s"
+        assert steps_row(ended, 3) == "3/3 in 1 s"
+    # a run that stopped short shows the steps it was asked for
+    stopped = {"status": "interrupted", "name": "smoke", "steps": 2, "final": {}, "collapse": None, "wall_time_s": 1}
+    assert steps_row(stopped, 5) == "2/5 in 1 s"

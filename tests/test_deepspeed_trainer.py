@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlmix.assembly.checkpoints import zero_stage_of
 from rlmix.assembly.rules import resolve_correction
 from rlmix.config.schema import CorrectionConfig, TrainerConfig, TrainerPrecision
 from rlmix.correction import Correction, CorrectionMode
@@ -20,6 +21,7 @@ from rlmix.errors import ConfigError
 from rlmix.rollout import Rollouts
 from rlmix.config.deepspeed import DeepSpeedConfig, GradAccumDtype, check_deepspeed
 from rlmix.trainers.deepspeed_config import deepspeed_json
+from rlmix.trainers.deepspeed_rank import DS_DIR, DS_TAG
 from rlmix.trainers.step import advantages_for, forward_backward
 
 pytest.importorskip("deepspeed")
@@ -162,6 +164,7 @@ def test_zero3_partitions_and_still_matches(model_dir, corr, tmp_path):
         weights = trainer.published_weights()
         assert_same_update(weights, reference, load_file(model_dir / "model.safetensors"))
         trainer.save_checkpoint(tmp_path)
+        assert zero_stage_of(tmp_path / DS_DIR / DS_TAG) == 3
         trainer.train_step(batch)
         trainer.load_checkpoint(tmp_path)
         assert trainer.version == 1
@@ -176,6 +179,7 @@ def test_checkpoint_round_trip(one_rank, model_dir, tmp_path):
 
     batch = fixed_batch(model_dir, seed=1)
     one_rank.save_checkpoint(tmp_path / "ckpt")
+    assert zero_stage_of(tmp_path / "ckpt" / DS_DIR / DS_TAG) == 1  # as DeepSpeed saved it: what resume= reads
     saved = one_rank.published_weights()
     first = one_rank.train_step(batch)
     moved = one_rank.published_weights()

@@ -75,9 +75,73 @@ def test_checkpoints_without_the_record_are_told_by_their_files(tmp_path):
     with pytest.raises(ConfigError, match="written by trainer=torch; this run asks for trainer=deepspeed "
                                           r"\(ranks 1, ZeRO 1\): add trainer=torch$"):
         runner.check_continues(config(tmp_path / "torch_run", TrainerBackend.deepspeed), model_dir)
-    with pytest.raises(ConfigError, match=r"written by trainer=deepspeed \(ranks 2\); this run asks for "
-                                          "trainer=torch: add trainer=deepspeed trainer.deepspeed.ranks=2$"):
+    with pytest.raises(ConfigError, match=r"written by trainer=deepspeed \(ranks 2, ZeRO 1 or 2: not recorded, and "
+                                          r"its files do not tell which\); this run asks for trainer=torch: add "
+                                          r"trainer=deepspeed trainer.deepspeed.ranks=2 "
+                                          r"trainer.deepspeed.zero_stage=1\|2 \(whichever it was trained with\)$"):
         runner.check_continues(config(tmp_path / "ds_run"), model_dir)
+
+
+def model_states(stage: int) -> bytes:
+    """A model states file as DeepSpeed saves it, with the config its engine ran with (no weights here)."""
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save({"module": {"w": torch.zeros(2)}, "ds_config": {"zero_optimization": {"stage": stage}},
+                "ds_version": "0.19.8"}, buffer)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_a_checkpoint_without_the_record_is_refused_at_another_zero_stage_its_files_tell(tmp_path, stage):
+    """Written before the record: the ZeRO stage is read from the config DeepSpeed saved with the model
+    states (resumed at another stage, it was loaded as if it fitted)."""
+    states = "zero_pp_rank_0_mp_rank_00_model_states.pt" if stage == 3 else "mp_rank_00_model_states.pt"
+    files = {f"deepspeed/step/{states}": model_states(stage)}
+    if stage:
+        files |= {"deepspeed/step/bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt": b"x"}
+    save(tmp_path / "run", 5, files)
+    model_dir = model(tmp_path / "model", V1)
+    assert runner.check_continues(config(tmp_path / "run", TrainerBackend.deepspeed, zero_stage=stage), model_dir) \
+        is None  # the stage it was written with: nothing left unchecked
+    other = 1 if stage == 2 else 2
+    with pytest.raises(ConfigError) as err:
+        runner.check_continues(config(tmp_path / "run", TrainerBackend.deepspeed, zero_stage=other), model_dir)
+    assert str(err.value).endswith(f"was written by trainer=deepspeed ({'ranks 1, ' if stage else ''}ZeRO {stage}); "
+                                   f"this run asks for trainer=deepspeed (ranks 1, ZeRO {other}): add trainer=deepspeed "
+                                   f"{'trainer.deepspeed.ranks=1 ' if stage else ''}trainer.deepspeed.zero_stage={stage}")
+
+
+def test_where_the_files_leave_the_zero_stage_open_the_names_narrow_it_and_the_run_is_told(tmp_path):
+    """Without a readable config the names tell stage 3 (model states per rank) and 0 (no optimizer
+    partitions) from 1 and 2, which name their files alike: resumed at 1 or 2, the run is told that
+    its stage was not checked; at 0 or 3 it is refused."""
+    ds = "deepspeed/step/"
+    shards = {f"{ds}bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt": b"x" for r in range(2)}
+    save(tmp_path / "zero3", 5, shards | {f"{ds}zero_pp_rank_{r}_mp_rank_00_model_states.pt": b"x" for r in range(2)})
+    save(tmp_path / "zero0", 5, {f"{ds}mp_rank_00_model_states.pt": b"x"})
+    save(tmp_path / "open", 5, shards | {f"{ds}mp_rank_00_model_states.pt": b"x"})
+    assert ck.zero_stage_of(tmp_path / "zero3" / "checkpoints" / "step_5" / ds) == 3
+    assert ck.zero_stage_of(tmp_path / "zero0" / "checkpoints" / "step_5" / ds) == 0
+    assert ck.zero_stage_of(tmp_path / "open" / "checkpoints" / "step_5" / ds) == (1, 2)
+    model_dir = model(tmp_path / "model", V1)
+    for stage in (1, 2):
+        told = runner.check_continues(config(tmp_path / "open", TrainerBackend.deepspeed, ranks=2, zero_stage=stage),
+                                      model_dir)
+        assert told == (f"resume={tmp_path / 'open'}: its checkpoint step_5 does not record its ZeRO stage, and its "
+                        f"files tell only 1 or 2; loading it with trainer.deepspeed.zero_stage={stage} as this run "
+                        "asks (give the stage it was trained with if not)")
+    for stage in (0, 3):
+        with pytest.raises(ConfigError, match=r"\(ranks 2, ZeRO 1 or 2: not recorded, and its files do not tell "
+                                              rf"which\); this run asks for trainer=deepspeed \(ranks 2, ZeRO {stage}\)"):
+            runner.check_continues(config(tmp_path / "open", TrainerBackend.deepspeed, ranks=2, zero_stage=stage),
+                                   model_dir)
+    recorded = ck.written_by(config(tmp_path / "x", TrainerBackend.deepspeed, ranks=2, zero_stage=2), model_dir)
+    save(tmp_path / "recorded", 5, shards, written_by=recorded)
+    assert runner.check_continues(config(tmp_path / "recorded", TrainerBackend.deepspeed, ranks=2, zero_stage=2),
+                                  model_dir) is None  # recorded: nothing left unchecked
 
 
 @pytest.mark.parametrize("recorded", [True, False])

@@ -7,6 +7,7 @@ and its warm actor processes (``warm_ray``), as the jobs of a sweep do."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -163,6 +164,11 @@ def test_resume_continues_from_the_last_checkpoint(tmp_path, warm_ray):
     assert [r["step"] for r in read_metrics(run_dir)] == [1, 2, 3, 4, 5]
     assert again["status"] == "completed" and again["steps"] == 5
     assert again["final"] == summary["final"] and "reward/mean" in again["final"]
+    # ... and so with a lower loop.steps: its block shows the steps the run did, not 5/4.
+    out = rlmix_train_here(*common, "loop.steps=4", f"resume={run_dir}", f"hydra.run.dir={tmp_path / 'fourth'}",
+                           cwd=tmp_path)
+    assert re.search(r"^  steps +5/5 in ", out.stdout, re.MULTILINE), out.stdout
+    assert "nothing is left to train at loop.steps=4 (raise it above 5 to go on)" in out.stdout
 
 
 def test_the_vllm_and_deepspeed_console_holds_only_rlmix_lines(tmp_path):

@@ -115,38 +115,89 @@ def model_shapes(model_dir: Path) -> dict:
 
 
 def _trainer_from_files(checkpoint: Path) -> dict:
-    """A checkpoint written before ``written_by`` was recorded: its backend, and DeepSpeed's ranks, from its files."""
+    """A checkpoint written before ``written_by`` was recorded: its backend, and DeepSpeed's ranks and ZeRO
+    stage, from its files (``zero_stage``: a tuple of the stages they leave open where they cannot tell)."""
     from rlmix.trainers.deepspeed_rank import DS_DIR, DS_TAG
 
     if not (checkpoint / DS_DIR).is_dir():
         return {"backend": "torch"}
-    ranks = len(list((checkpoint / DS_DIR / DS_TAG).glob("*zero_pp_rank_*_optim_states.pt")))
-    return {"backend": "deepspeed"} | ({"ranks": ranks} if ranks else {})
+    tag_dir = checkpoint / DS_DIR / DS_TAG
+    ranks = len(list(tag_dir.glob("*zero_pp_rank_*_optim_states.pt")))
+    return {"backend": "deepspeed"} | ({"ranks": ranks} if ranks else {}) | {"zero_stage": zero_stage_of(tag_dir)}
+
+
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+def zero_stage_of(tag_dir: Path) -> int | tuple[int, ...]:
+    """The ZeRO stage a DeepSpeed checkpoint was saved with, or the stages its files leave open.
+
+    The model states (``mp_rank_00_model_states.pt``; ZeRO 3: one ``zero_pp_rank_<r>_mp_rank_00_model_states.pt``
+    per rank) hold the config the engine ran with, ``ds_config``, read here without the weights (mmap,
+    weights only). Without it the names tell what they can: only stage 3 saves model states per rank,
+    only stage 0 saves no optimizer partitions (``*zero_pp_rank_<r>_mp_rank_00_optim_states.pt``), and
+    stages 1 and 2 name their files alike."""
+    import torch
+
+    per_rank = sorted(tag_dir.glob("zero_pp_rank_*_mp_rank_00_model_states.pt"))
+    for path in [tag_dir / "mp_rank_00_model_states.pt", *per_rank[:1]]:
+        try:
+            stage = torch.load(path, map_location="cpu", mmap=True, weights_only=True)["ds_config"][
+                "zero_optimization"]["stage"]
+        except Exception:  # absent, another layout, or not a torch file: the names below decide
+            continue
+        if stage in ZERO_STAGES and type(stage) is int:
+            return stage
+    if per_rank:
+        return 3
+    if not any(tag_dir.glob("*zero_pp_rank_*_optim_states.pt")):
+        return 0 if (tag_dir / "mp_rank_00_model_states.pt").is_file() else ZERO_STAGES
+    return (1, 2)
+
+
+def _fits(wanted: dict, found: dict) -> bool:
+    """``wanted`` (this run's ``written_by`` trainer) can load what ``found`` describes."""
+    return all(wanted.get(k) in v if isinstance(v, tuple) else wanted.get(k) == v for k, v in found.items())
+
+
+def _open_stages(trainer: dict, sep: str = " or ") -> str:
+    """The ZeRO stages a checkpoint's files leave open, joined by ``sep`` ('' where they tell the stage)."""
+    stages = trainer.get("zero_stage")
+    return sep.join(map(str, stages)) if isinstance(stages, tuple) else ""
 
 
 def _trainer_args(trainer: dict) -> str:
     names = {"ranks": "trainer.deepspeed.ranks", "zero_stage": "trainer.deepspeed.zero_stage"}
-    return " ".join([f"trainer={trainer['backend']}", *(f"{names[k]}={v}" for k, v in trainer.items() if k in names)])
+    args = [f"trainer={trainer['backend']}", *(f"{names[k]}={v}" for k, v in trainer.items()
+                                               if k in names and not isinstance(v, tuple))]
+    if _open_stages(trainer):
+        args.append(f"trainer.deepspeed.zero_stage={_open_stages(trainer, '|')} (whichever it was trained with)")
+    return " ".join(args)
 
 
 def _trainer_text(trainer: dict) -> str:
-    shards = [f"{label} {trainer[k]}" for k, label in (("ranks", "ranks"), ("zero_stage", "ZeRO")) if k in trainer]
+    shards = [f"{label} {trainer[k]}" for k, label in (("ranks", "ranks"), ("zero_stage", "ZeRO"))
+              if k in trainer and not isinstance(trainer[k], tuple)]
+    if _open_stages(trainer):
+        shards.append(f"ZeRO {_open_stages(trainer)}: not recorded, and its files do not tell which")
     return f"trainer={trainer['backend']}" + (f" ({', '.join(shards)})" if shards else "")
 
 
-def check_fits(resume: str, cfg, model_dir: Path) -> None:
+def check_fits(resume: str, cfg, model_dir: Path) -> str | None:
     """ConfigError where the newest complete checkpoint under ``resume`` cannot load into the trainer or the
-    model this run asks for: said before Ray starts, not as a traceback once every process is up."""
+    model this run asks for: said before Ray starts, not as a traceback once every process is up. Returns
+    what could not be checked (a checkpoint from before the record whose files leave its ZeRO stage open,
+    loaded with the stage this run asks for), for the run to log; None when everything was."""
     from rlmix.errors import ConfigError
 
     checkpoint, _ = newest_complete(Path(resume))
     if checkpoint is None:
-        return
+        return None
     state = read_run_state(checkpoint)
     record = (state.written_by if state else None) or {}
     wanted = written_by(cfg, model_dir)
     trainer = record.get("trainer") or _trainer_from_files(checkpoint)
-    if any(wanted["trainer"].get(k) != v for k, v in trainer.items()):
+    if not _fits(wanted["trainer"], trainer):
         raise ConfigError(f"resume={resume}: its checkpoint {checkpoint.name} was written by {_trainer_text(trainer)}; "
                           f"this run asks for {_trainer_text(wanted['trainer'])}: add {_trainer_args(trainer)}")
     shapes = record.get("model") or model_shapes(checkpoint)
@@ -156,6 +207,11 @@ def check_fits(resume: str, cfg, model_dir: Path) -> None:
         source = record.get("model_source", "the model.path or model.embedded_version it was trained from")
         raise ConfigError(f"resume={resume}: its checkpoint {checkpoint.name} holds another model than this run's "
                           f"{model_dir} ({'; '.join(differ[:3])}{'; …' * (len(differ) > 3)}): add {source}")
+    if _open_stages(trainer):
+        return (f"resume={resume}: its checkpoint {checkpoint.name} does not record its ZeRO stage, and its files "
+                f"tell only {_open_stages(trainer)}; loading it with trainer.deepspeed.zero_stage="
+                f"{wanted['trainer']['zero_stage']} as this run asks (give the stage it was trained with if not)")
+    return None
 
 
 def read_run_state(checkpoint: Path) -> RunState | None:

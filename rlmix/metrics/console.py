@@ -20,6 +20,7 @@ from typing import TextIO
 
 from rlmix.metrics.jsonl import METRICS_FILE
 from rlmix.metrics.quiet import DRIVER_LOG, WORKERS_LOG, worker_warnings
+from rlmix.metrics.status import Status
 
 
 class StepDisplay:
@@ -222,11 +223,17 @@ def run_block(
     summary: dict, run_dir: Path, checkpoint: Path | None, total_steps: int, overrides: list[str], log_dir: Path,
     eval_args: tuple[str, ...] = (), config_args: Sequence[str] = (),
 ) -> str:
-    """The lines that end ``rlmix train``: outcome, where everything went, and what to run next."""
+    """The lines that end ``rlmix train``: outcome, where everything went, and what to run next.
+
+    ``total_steps`` is this command's ``loop.steps``. A completed or collapsed run ran every step it
+    was asked for, so its own steps are its total: a run that had ended, resumed with a lower
+    ``loop.steps``, trains nothing and is shown as it ended (3/3, not 3/2)."""
     final = summary.get("final") or {}
+    status, steps = str(summary.get("status", "completed")), summary.get("steps", 0)
+    total = steps if status in (Status.completed.value, Status.collapsed.value) else total_steps
     rows = [
-        ("status", str(summary.get("status", "completed"))),
-        ("steps", f"{summary.get('steps', 0)}/{total_steps} in {_number(summary.get('wall_time_s'), ',.0f')} s"),
+        ("status", status),
+        ("steps", f"{steps}/{total} in {_number(summary.get('wall_time_s'), ',.0f')} s"),
         ("last step", f"reward {_number(final.get('reward/mean'), '.3f')}  kl_k3 {_number(final.get('mismatch/kl_k3'), '.2e')}"
                   f"  format errors {_number(final.get('format/error_rate'), '.3f')}"),
         ("collapse", collapse_text(summary.get("collapse"))),

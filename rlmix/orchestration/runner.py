@@ -123,11 +123,11 @@ def train(plan: RunPlan, run_dir: Path, sweep_group: str | None = None, label: s
     run_dir = Path(run_dir)
     if cfg.resume and (ended := ended_run(Path(cfg.resume), cfg.loop.steps)) is not None:
         print(f"resume={cfg.resume}: the run ended at step {ended['steps']} ({ended['status']}); nothing is left to "
-              f"train at loop.steps={cfg.loop.steps} (raise it to go on)", flush=True)
+              f"train at loop.steps={cfg.loop.steps} (raise it above {ended['steps']} to go on)", flush=True)
         return ended
     model_dir = resolve_model_dir(plan)
-    if cfg.resume:
-        check_continues(cfg, model_dir)
+    if cfg.resume and (unchecked := check_continues(cfg, model_dir)):
+        log.warning("%s", unchecked)
     tokenizer = load_fast_tokenizer(model_dir)
     # Before Ray: a prompt it cannot encode, or an answer the budget would cut, is one line.
     task = plan.task.build(cfg.seed, tokenizer, cfg.loop.max_new_tokens)
@@ -324,16 +324,18 @@ def ended_run(run_dir: Path, steps: int) -> dict | None:
     return summary
 
 
-def check_continues(cfg: RunConfig, model_dir: Path) -> None:
+def check_continues(cfg: RunConfig, model_dir: Path) -> str | None:
     """ConfigError, before Ray starts and with the run's files untouched, where resuming cannot go as asked:
     a checkpoint of another trainer or model (``checkpoints.check_fits``), or ``loop.steps`` below the
-    step it is at (nothing would train, and the run would be called completed short of its steps)."""
-    checkpoints.check_fits(cfg.resume, cfg, model_dir)
+    step it is at (nothing would train, and the run would be called completed short of its steps).
+    Returns what ``check_fits`` could not check, for the run to log (None when it checked everything)."""
+    unchecked = checkpoints.check_fits(cfg.resume, cfg, model_dir)
     checkpoint, _ = checkpoints.newest_complete(Path(cfg.resume))
     state = checkpoints.read_run_state(checkpoint) if checkpoint is not None else None
     if state is not None and cfg.loop.steps < state.step:
         raise ConfigError(f"resume={cfg.resume}: the run is at step {state.step} ({checkpoint.name}); "
                           f"loop.steps={cfg.loop.steps} is below it: give loop.steps above {state.step} to train more")
+    return unchecked
 
 
 def resume(cfg: RunConfig, trainer, monitor, run_dir: Path) -> tuple[RunState, Path, dict]:
