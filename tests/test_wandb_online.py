@@ -114,3 +114,20 @@ def test_online_with_no_server_to_reach_waits_briefly_then_logs_offline_for_wand
     assert "Traceback" not in console and "error in wandb.init()" not in console, console[-3000:]
     assert "error in wandb.init()" in (tmp_path / "run" / "train.log").read_text()
     assert "steps       1/1" in out.stdout
+
+
+def test_eval_online_without_an_api_key_is_refused_before_it_evaluates(tmp_path, no_wandb_login, monkeypatch):
+    """As ``rlmix train`` refuses it: found only after the scores, it fell back to an offline W&B run."""
+    import rlmix.commands.eval as eval_command
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc of this machine's user either
+    evaluated = []
+    monkeypatch.setattr(eval_command, "evaluate", lambda plan, progress: evaluated.append(plan))
+    cwd = tmp_path / "here"
+    cwd.mkdir()
+    out = rlmix_refusing("eval", "logger.wandb.mode=online", cwd=cwd)
+    line = refused(out, "logger.wandb.mode=online", "no W&B API key", "wandb login", "logger.wandb.mode=offline")
+    assert evaluated == [] and list(cwd.iterdir()) == []
+    train = rlmix_refusing("train", "+experiment=smoke", "logger.wandb.mode=online", cwd=cwd)
+    assert refused(train) == line  # the same one line
+    assert rlmix_refusing("eval", "logger.wandb.mode=offline", cwd=cwd).returncode == 0 and len(evaluated) == 1

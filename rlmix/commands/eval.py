@@ -27,11 +27,15 @@ def run_of(args: list[str]):
 def eval_plan(args: list[str]) -> RunPlan:
     """The plan of ``rlmix eval args``: a run directory's own task, model and ``max_new_tokens``
     unless ``args`` say otherwise; a dataset without held-out rows is refused at ``task.split=test``,
-    and a minicode split it does not have at the one given, before any model loads."""
+    and a minicode split it does not have at the one given, before any model loads.
+    ``logger.wandb.mode=online`` with no W&B API key is refused here too, as ``rlmix train`` refuses it:
+    found only once the scores are in, it left them in an offline W&B run."""
     from rlmix.commands.compose import compose_plan
     from rlmix.config.dataset import DatasetTaskConfig
+    from rlmix.metrics.logger import check_wandb_login
 
     plan = compose_plan(args, for_training=False, run=run_of(args))
+    check_wandb_login(plan.cfg.logger.wandb)
     task = plan.cfg.task
     if isinstance(task, DatasetTaskConfig) and task.split == "test" and task.eval_files is None:
         raise ConfigError("task.split=test: this task has no task.eval_files (rows held out for evaluation); "
