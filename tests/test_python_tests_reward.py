@@ -205,6 +205,58 @@ def f(x):
                                   "assert all(abs(a - b) < 1e-6 for a, b in zip(f(1), [1.0, 2.0]))\n"),
 }
 
+# The expected value handed to the object through a call the tests make rather than an operator they
+# write: the builtin (a function of a module loaded before the solution, a helper of the tests) calls the
+# object's methods with the test's data, and what comes back is built-in data. Each scored 1 before.
+SEES_ALL = """
+class F:
+    def __radd__(self, o):
+        return self
+    def __add__(self, o):
+        return 0
+    def __sub__(self, o):
+        return 0
+    def __gt__(self, o):
+        return False
+    def __lt__(self, o):
+        return True
+    def __eq__(self, o):
+        return True
+    def __hash__(self):
+        return 2
+def f(x):
+    return F()
+"""
+THROUGH_A_CALL = {
+    "sum": (SEES_ALL, "assert sum([f(1), -3]) == 0\n"),
+    "operator_sub": (SEES_ALL, "import operator\nassert abs(operator.sub(f(1), 3)) < 1e-9\n"),
+    "max": (SEES_ALL, "assert max(f(1), 3) == 3\n"),
+    "max_of_starred_args": (SEES_ALL, "assert max(*[f(1), 3]) == 3\n"),
+    "sorted": (SEES_ALL, "assert sorted([f(1), 3])[-1] == 3\n"),
+    "sum_start_keyword": (SEES_ALL, "assert sum([-3], start=f(1)) == 0\n"),
+    "sum_of_a_generator": (SEES_ALL, "assert sum(v for v in [f(1), -3]) == 0\n"),
+    "sum_of_an_iterator": (SEES_ALL, "assert sum(iter([f(1), -3])) == 0\n"),
+    "reduce": (SEES_ALL, "import functools, operator\nassert functools.reduce(operator.add, [f(1), -3]) == 0\n"),
+    "partial": (SEES_ALL, "import functools, operator\nassert functools.partial(operator.sub, f(1))(3) == 0\n"),
+    "map": (SEES_ALL, "import operator\nassert list(map(operator.sub, [f(1)], [3])) == [0]\n"),
+    "bisect": (SEES_ALL, "import bisect\nassert bisect.bisect_left([1, 2, 3], f(1)) == 0\n"),
+    # Methods of built-in data compare their items with the argument: the object's __eq__ answers.
+    "list_count": (SEES_ALL, "assert [1, 2].count(f(1)) == 2\n"),
+    "dict_get": (SEES_ALL, "assert {2: 'ok'}.get(f(1)) == 'ok'\n"),
+    "count_of_a_returned_list": ("class L(list):\n    pass\n" + SEES_ALL.replace("return F()", "return L([F(), F()])"),
+                                 "assert f(1).count(3) == 2\n"),
+    "count_of_a_returned_deque": ("import collections\n" + SEES_ALL.replace("return F()",
+                                                                              "return collections.deque([F()])"),
+                                  "assert f(1).count(3) == 1\n"),
+    "helper_of_the_tests": (SEES_ALL, "def close(a, b):\n    return abs(a - b) < 1e-9\nassert close(f(1), 2.0)\n"),
+    "divmod": ("class D:\n    def __divmod__(self, o):\n        return (0, 1)\ndef f(x):\n    return D()\n",
+               "assert divmod(f(1), 3) == (0, 1)\n"),
+    "pow": ("class P:\n    def __pow__(self, o, m=None):\n        return 4\ndef f(x):\n    return P()\n",
+            "assert pow(f(1), 2) == 4\n"),
+    "math_prod": ("class P:\n    def __rmul__(self, o):\n        return 6\ndef f(x):\n    return P()\n",
+                  "import math\nassert math.prod([2, f(1)]) == 6\n"),
+}
+
 
 @needs_sandbox
 def test_a_correct_solution_scores_1():
@@ -269,6 +321,92 @@ def test_a_correct_solution_scores_1():
              "assert len(Stack([1, 2])) == 2\nassert V(2).twice().x == 4\nassert '%d' % f(1) == '2'\n"
              "assert all(abs(a - b) < 1e-9 for a, b in zip([f(0)], [1]))\n")
     assert grade(own, tests) == (1.0, False)
+
+
+@needs_sandbox
+@pytest.mark.parametrize("name", sorted(THROUGH_A_CALL))
+def test_an_object_handed_the_expected_value_through_a_call_scores_0(name):
+    code, tests = THROUGH_A_CALL[name]
+    run = run_python_tests(textwrap.dedent(code), tests, 10.0)
+    assert run.reward(False) == 0.0 and "nonbuiltin" in run.flags, (name, run)
+
+
+@needs_sandbox
+def test_calls_in_asserts_keep_working():
+    # Built-in data through builtins and methods, a generator of the solution's, tests that read their
+    # own frame (eval, locals, super): as before.
+    plain = """
+        def f(x):
+            return [3, 1, 2][:x]
+        def g(n):
+            yield from range(n)
+        def h(x):
+            return 0.1 + x
+    """
+    tests = ("import math, functools, operator, heapq, collections\nassert sum(f(3)) == 6\n"
+             "assert sorted(f(3)) == [1, 2, 3]\nassert sorted(f(3), reverse=True) == [3, 2, 1]\n"
+             "assert max(f(3)) == 3 and min(f(3), default=None) == 1\n"
+             "assert math.isclose(h(0.2), 0.3)\nassert functools.reduce(operator.add, f(3), 0) == 6\n"
+             "assert heapq.nsmallest(2, f(3)) == [1, 2]\nassert f(3).count(1) == 1 and [1, 2].index(f(3)[2]) == 1\n"
+             "assert ', '.join(map(str, f(2))) == '3, 1'\nassert sum(g(4)) == 6\n"
+             "assert collections.deque(f(3)).count(3) == 1\nassert sum(collections.deque(g(3))) == 3\n"
+             "assert list(zip(g(2), 'ab')) == [(0, 'a'), (1, 'b')]\n"
+             "it = g(3)\nassert next(it) == 0 and list(it) == [1, 2]\nassert sum(x * x for x in f(3)) == 14\n"
+             "y = 2\nassert eval('y + f(1)[0]') == 5 and locals()['y'] == 2 and 'y' in dir()\n"
+             "def close(a, b):\n    return abs(a - b) < 1e-9\nassert close(h(0.2), 0.3)\n")
+    assert grade(plain, tests) == (1.0, False)
+    # The solution's own objects: asked for their own answers, given to its own functions, compared
+    # with one another, sorted among themselves.
+    objects = """
+        import dataclasses
+        @dataclasses.dataclass(order=True)
+        class Point:
+            x: int
+            y: int
+        class V:
+            def __init__(self, x):
+                self.x = x
+            def __add__(self, o):
+                return V(self.x + o.x)
+            def __radd__(self, o):
+                return self if o == 0 else NotImplemented
+            def __len__(self):
+                return 3
+            def __float__(self):
+                return float(self.x)
+        def f(n):
+            return [Point(i, -i) for i in range(n)]
+        def scale(v, k):
+            return V(v.x * k)
+    """
+    tests = ("assert sorted(f(3), reverse=True)[0] == Point(2, -2)\nassert max(f(3), key=lambda p: p.x).x == 2\n"
+             "assert [p.x for p in sorted(f(3))] == [0, 1, 2]\nassert Point(1, 2) == Point(1, 2)\n"
+             "assert str(f(1)[0]) == 'Point(x=0, y=0)' and repr(V(1)).startswith('<')\n"
+             "assert len(V(1)) == 3 and isinstance(V(1), V) and type(f(1)) is list\n"
+             "assert int(float(V(2))) == 2 and getattr(f(1)[0], 'x') == 0 and hasattr(V(1), 'x')\n"
+             "assert scale(V(2), 3).x == 6 and sum([V(1), V(2)]).x == 3\n"
+             "assert min(f(2), default=None) == Point(0, 0)\nassert sum(p.x for p in f(3)) == 3\n"
+             "assert '{} {}'.format(f(1)[0], 3) == 'Point(x=0, y=0) 3'\n"
+             "class Q(Point):\n    def norm(self):\n        assert super().__repr__() == 'Q(x=1, y=2)'\n"
+             "        return 3\nassert Q(1, 2).norm() == 3\n")
+    assert grade(objects, tests) == (1.0, False)
+    # A class of the tests' own, with operators, handed to a helper of theirs with an index.
+    reverse = ("def f(head):\n    prev = None\n    while head:\n        head.next, prev, head = prev, head, head.next\n"
+               "    return prev\n")
+    tests = textwrap.dedent("""
+        class Node:
+            def __init__(self, val, next=None):
+                self.val, self.next = val, next
+            def __eq__(self, other):
+                return isinstance(other, Node) and (self.val, self.next) == (other.val, other.next)
+        def build(vals):
+            return Node(vals[0], build(vals[1:])) if vals else None
+        def nth(node, k):
+            return node.val if k == 0 else nth(node.next, k - 1)
+        assert f(build([1, 2, 3])) == build([3, 2, 1])
+        assert nth(f(build([1, 2, 3])), 2) == 1
+    """)
+    assert grade(reverse, tests) == (1.0, False)
 
 
 def under_an_init_that_never_reaps(body: str, *args: str) -> str:

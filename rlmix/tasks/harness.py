@@ -7,10 +7,10 @@ The verdict is one line on the descriptor that was stdout when the harness start
 
     <nonce> <asserts passed> <asserts> <tests ran to the end: 0|1> <flags, comma separated, or ->
 
-Flags: ``nonbuiltin`` (an object compared with, or in arithmetic with, built-in data), ``early_exit``
-(SystemExit and the like instead of a return), ``exit_hook`` (an ``atexit`` hook or ``sys.excepthook``
-set), ``tamper`` (builtins, a module, a class of one or ``sys.modules`` changed), ``refused`` (an
-introspection route, native code, a signal or an in-place change of a function was tried).
+Flags: ``nonbuiltin`` (an object compared with, or in arithmetic with, built-in data, directly or through
+a call), ``early_exit`` (SystemExit and the like instead of a return), ``exit_hook`` (an ``atexit`` hook
+or ``sys.excepthook`` set), ``tamper`` (builtins, a module, a class of one or ``sys.modules`` changed),
+``refused`` (an introspection route, native code, a signal or an in-place change of a function was tried).
 
 written after the last test has run, then the process ends with ``os._exit`` (no ``atexit`` hook, no
 ``sys.excepthook``, no thread of the solution's runs after it). The nonce exists only in this
@@ -28,7 +28,11 @@ this harness whose functions are constants of the compiled code, in no namespace
 A comparison whose one side is built-in data (numbers, strings, bytes, None and containers of them)
 passes only if the other side is built-in data too, of the same type (``int``/``float`` mix), so an
 object whose ``__eq__`` always returns True fails it; so does an arithmetic operator between built-in
-data and an object (``abs(f(x) - y)`` with ``f(x).__sub__`` returning 0). The tests run on a copy of
+data and an object (``abs(f(x) - y)`` with ``f(x).__sub__`` returning 0), and so does a call that would
+hand built-in data and such an object to each other: a function that is not the solution's own (``sum``,
+``max``, ``sorted``, ``operator.sub``, ``math.*``, ``[1, 2].count``, a helper of the tests) given both
+built-in data and an object whose class defines a comparison or arithmetic operator
+(``sum([f(x), -y])`` calls ``f(x).__add__(-y)``; ``_call_check``). The tests run on a copy of
 the builtins taken before the solution ran; that copy, the modules loaded before the solution, their
 classes, and ``sys.modules`` are checked for tampering at every assert and at the end.
 """
@@ -57,6 +61,18 @@ CMP_OPS = {ast.Eq: 0, ast.NotEq: 1, ast.Lt: 2, ast.LtE: 3, ast.Gt: 4, ast.GtE: 5
            ast.In: 8, ast.NotIn: 9}
 ARITH_OPS = (ast.Add, ast.Sub, ast.Mult, ast.MatMult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.LShift, ast.RShift,
              ast.BitOr, ast.BitXor, ast.BitAnd)  # in the order of main()'s arith_ops
+# What an object would see of the test's data through a call: a class (made since the solution started)
+# defining one of these hands its object what it is compared with or computed with.
+ARITH_NAMES = ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow", "lshift", "rshift", "and", "or",
+               "xor")
+OPERATOR_DUNDERS = frozenset(["__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__contains__", "__divmod__",
+                              "__rdivmod__", *(f"__{p}{n}__" for n in ARITH_NAMES for p in ("", "r", "i"))])
+# Builtins that never hand their arguments to one another's operators (they ask an object for its own
+# answer: its length, type, text, number, truth, attribute): calls of them are not checked.
+CALL_EXEMPT = ("len", "isinstance", "issubclass", "type", "id", "repr", "ascii", "str", "format", "hash", "callable",
+               "getattr", "hasattr", "print", "bool", "all", "any", "int", "float", "complex", "list", "tuple")
+# Builtins that read their caller's frame: called by name in an assert, they stay the test's own call.
+FRAME_CALLS = frozenset({"eval", "exec", "locals", "vars", "dir", "globals", "super", "breakpoint"})
 CREATE_EVENT = "rlmix.create_module"  # _imp's module creation, done by the audit hook (main)
 # New names in a class that existed before the solution: caches the standard library sets itself.
 CLASS_CACHES = frozenset({"__slotnames__", "__annotations__"})
@@ -124,6 +140,13 @@ class _Operands(ast.NodeTransformer):
         op = ast.Constant(ARITH_OPS.index(type(node.op)))
         return ast.copy_location(ast.Call(self.r._const("arith", node), [op, node.left, node.right], []), node)
 
+    def visit_Call(self, node):
+        """``sum([f(x), -y]) == 0`` compares only built-in data when ``f(x).__add__`` returns 0."""
+        self.generic_visit(node)
+        if type(node.func) is ast.Name and node.func.id in FRAME_CALLS:
+            return node
+        return ast.copy_location(ast.Call(self.r._const("call", node), [node.func, *node.args], node.keywords), node)
+
 
 def _swap_constants(code, table):
     """``code`` with every placeholder constant (nested code objects too) replaced by its object."""
@@ -135,6 +158,141 @@ def _swap_constants(code, table):
             c = table[c]
         consts.append(c)
     return code.replace(co_consts=tuple(consts))
+
+
+def _call_check(flags, refused, context):
+    """The harness's ``call``: ``fn(*args, **kwargs)`` in an assert's test. A function that is not the
+    solution's own (a builtin, a C method, a function or class of a module loaded before the solution, a
+    function of the tests) handed built-in data and an object whose class defines an operator
+    (``OPERATOR_DUNDERS``) would let that object see the expected value: ``sum([f(x), -y])`` calls
+    ``f(x).__add__(-y)``. Such a call is flagged ``nonbuiltin`` and refused. ``context`` is filled before
+    the solution runs: the ids of what existed then (held, so never reused), then the tests' namespace.
+    Names are bound here, before the solution runs. A function that is not the solution's is called from
+    a function of an empty namespace: a builtin that reads its caller's frame (``eval`` as a ``key``)
+    finds nothing of the harness's there."""
+    import builtins
+    import functools
+    import types
+    from collections import deque
+
+    _type, _id, _list, _tuple, _set, _len, _dict = type, id, list, tuple, set, len, dict
+    keys_of, values_of = dict.keys, dict.values
+    mro_of, dict_of = type.__dict__["__mro__"].__get__, type.__dict__["__dict__"].__get__
+    partial_type, method_type, generator_type = functools.partial, types.MethodType, types.GeneratorType
+    function_type = types.FunctionType
+    ids = lambda objects: frozenset(map(id, objects))  # noqa: E731
+    native = ids((types.BuiltinMethodType, types.MethodWrapperType))
+    atoms, options, text = ids(PLAIN_ATOMS), ids((bool, type(None))), ids((str, bytes))
+    containers = ids((*PLAIN_CONTAINERS, deque))  # walked as stored (a deque: a BFS's answer)
+    plain_types = ids((*PLAIN_ATOMS, *PLAIN_CONTAINERS, object))
+    exempt = ids(getattr(builtins, name) for name in CALL_EXEMPT)
+    dunders, budget0 = OPERATOR_DUNDERS, PLAIN_BUDGET
+    namespace = {"__builtins__": {}}
+    exec("def invoke(fn, args, kwargs):\n    return fn(*args, **kwargs)\n", namespace)
+    invoke = namespace.pop("invoke")
+
+    def kind(t, cache):
+        """(``t``, whether its objects are odd, its built-in container base or None). Odd: ``t`` was made
+        after the solution started and a class of its MRO (other than built-in data's) defines an
+        operator that is not a function of the tests (a ``ListNode.__eq__`` the tests wrote is theirs).
+        Cached per call; the entry holds ``t``, so its id is not reused meanwhile."""
+        entry = cache.get(_id(t))
+        if entry is None:
+            base, odd = None, False
+            for c in mro_of(t):
+                if base is None and _id(c) in containers:
+                    base = c
+                if _id(c) not in plain_types:
+                    d = dict_of(c)
+                    for name in dunders.intersection(d):
+                        odd = odd or not (_type(d[name]) is function_type and d[name].__globals__ is context[1])
+            entry = cache[_id(t)] = (t, odd and _id(t) not in context[0], base)
+        return entry
+
+    def contents(v, base):  # as stored: a subclass's own __iter__ is not asked
+        return (keys_of(v), values_of(v)) if base is _dict else (base.__iter__(v),)
+
+    def mixed(values, seen):
+        """Walks ``values`` breadth first, into built-in containers (their subclasses too) while the
+        budget lasts (a container past it is not walked); ``seen``: [built-in data found, an odd object
+        found, budget left, kinds], over one call. Built-in data: numbers, strings, bytes; True and None
+        are options (``reverse=True``, ``default=None``)."""
+        queue, visited, at = _list(values), _set(), 0
+        while at < _len(queue):
+            v, at = queue[at], at + 1
+            t = _type(v)
+            if _id(t) in atoms:
+                seen[0] = seen[0] or _id(t) not in options
+            else:
+                _, odd, base = kind(t, seen[3])
+                seen[1] = seen[1] or odd
+                if base is not None and _id(v) not in visited:
+                    visited.add(_id(v))
+                    seen[2] -= base.__len__(v)
+                    if seen[2] >= 0:
+                        for part in contents(v, base):
+                            queue.extend(part)
+            if seen[0] and seen[1]:
+                return True
+        return False
+
+    def refuse():
+        flags.add("nonbuiltin")
+        raise refused("a call handed built-in data and an object with operators of its own to each other")
+
+    def watched(items, seen):
+        """A generator's items, walked as they come: they are not there to see before the call."""
+        for item in items:
+            if mixed([item], seen):
+                refuse()
+            yield item
+
+    def others(fn):
+        """A function that is not the solution's: it existed before the solution ran, or is the tests'."""
+        return _id(fn) in context[0] or (_type(fn) is function_type and fn.__globals__ is context[1])
+
+    def handed(fn):
+        """What a call of ``fn`` hands over besides its arguments (a method's object or container's items,
+        a partial's arguments), or None: ``fn`` is the solution's own (so are classes made since it
+        started), or never hands its arguments to an operator (``CALL_EXEMPT``, methods of text)."""
+        held = []
+        while _type(fn) is partial_type:
+            held += [fn.args, fn.keywords]
+            fn = fn.func
+        t = _type(fn)
+        if _id(fn) in exempt:
+            return None
+        if t is method_type:  # a Python method: whose function it is decides
+            if not others(fn.__func__):
+                return None
+            held.append(fn.__self__)
+        elif _id(t) in native:  # a C method: ``[1, 2].count(x)`` compares x with the list's items
+            owner = fn.__self__
+            if _id(_type(owner)) in text:  # takes text, or asks for a format or an __index__
+                return None
+            base = kind(_type(owner), {})[2]
+            if base is not None:  # its items, not itself: a list subclass's own __eq__ is not asked
+                held.append(owner if _type(owner) is base else [item for part in contents(owner, base)
+                                                                 for item in part])
+        elif not others(fn):
+            return None
+        return held
+
+    def call(fn, /, *args, **kwargs):
+        if _type(fn) is function_type and not others(fn):
+            return fn(*args, **kwargs)  # the solution's own function, in a frame of its own
+        held = handed(fn)
+        if held is not None:
+            seen = [False, False, budget0, {}]
+            args = _tuple([watched(a, seen) if _type(a) is generator_type else a for a in args])
+            for k, v in _list(kwargs.items()):
+                if _type(v) is generator_type:
+                    kwargs[k] = watched(v, seen)
+            if mixed([*held, *args, *values_of(kwargs)], seen):
+                refuse()
+        return invoke(fn, args, kwargs)
+
+    return call
 
 
 def main():
@@ -172,7 +330,7 @@ def main():
 
     flags = _set()
     marks = {name: f"__rlmix_{name}_{os.getpid()}_{_id(job)}" for name in
-             ("truth", "truth_not", "compare", "arith", "raised", "check", "BaseException")}
+             ("truth", "truth_not", "compare", "arith", "call", "raised", "check", "BaseException")}
     try:
         rewrite = _Rewrite(marks)
         tree = ast.fix_missing_locations(rewrite.visit(ast.parse(job["tests"], "<tests>")))
@@ -256,6 +414,9 @@ def main():
                 flags.add("nonbuiltin")
                 raise _Refused("arithmetic between built-in data and an object")
         return arith_ops[op](a, b)
+
+    context = []  # for calls: what existed before the solution ran, then the tests' namespace
+    call = _call_check(flags, _Refused, context)
 
     def raised(i, err):
         if not _isinstance(err, _Exception):
@@ -369,7 +530,8 @@ def main():
     modules, modules_then = sys.modules, dict(sys.modules)
 
     table = {marks["truth"]: truth, marks["truth_not"]: truth_not, marks["compare"]: compare, marks["arith"]: arith,
-             marks["raised"]: raised, marks["check"]: check, marks["BaseException"]: _BaseException}
+             marks["call"]: call, marks["raised"]: raised, marks["check"]: check,
+             marks["BaseException"]: _BaseException}
     tests_code = _swap_constants(tests_code, table)
     del table, marks
 
@@ -403,7 +565,8 @@ def main():
     tests_ns_holder = [None]
     excepthook = sys.excepthook
     existing = gc.get_objects()  # held, so that no id in ``before`` is reused by a new object
-    before = _set(_map(_id, existing))
+    before = frozenset(_map(_id, existing))
+    context.append(before | frozenset(_map(_id, state[0][1])))  # with what modules, classes, builtins held
     sys.addaudithook(audit)
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     try:
@@ -428,6 +591,7 @@ def main():
         tests_ns[k] = v
     tests_ns["__builtins__"] = tests_builtins
     tests_ns_holder[0] = tests_ns
+    context.append(tests_ns)
     complete = False
     if untouched(True):
         try:
