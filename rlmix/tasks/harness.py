@@ -12,7 +12,7 @@ a call), ``early_exit`` (SystemExit and the like instead of a return), ``exit_ho
 or ``sys.excepthook`` set), ``tamper`` (builtins, a module, a class of one or ``sys.modules`` changed),
 ``refused`` (an introspection route, native code, a signal or an in-place change of a function was tried).
 
-written after the last test has run, then the process ends with ``os._exit`` (no ``atexit`` hook, no
+The line is written after the last test has run, then the process ends with ``os._exit`` (no ``atexit`` hook, no
 ``sys.excepthook``, no thread of the solution's runs after it). The nonce exists only in this
 process's memory, where the solution cannot reach it: stdin is read and closed before the solution
 runs, and an audit hook (PEP 578, which cannot be removed) refuses every route Python offers to
