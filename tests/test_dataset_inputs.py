@@ -64,26 +64,24 @@ def test_a_model_directory_without_tokenizer_files_is_refused(tmp_path):
             load(bare)
 
 
-def test_an_empty_prompt_is_refused_naming_its_file_and_row(tmp_path, no_template):
+def test_an_empty_prompt_is_refused_naming_its_file_and_line(tmp_path, no_template):
+    """Whatever the tokenizer adds (a beginning-of-sequence token, a system prompt): tests/test_dataset_rows.py."""
     rows = [{"prompt": "1+1?", "answer": "2"}, {"prompt": "", "answer": "1"}, {"prompt": " ", "answer": "0"}]
     cfg = DatasetTaskConfig(train_files=write_jsonl(tmp_path / "train.jsonl", rows),
                             eval_files=write_jsonl(tmp_path / "test.jsonl", rows[1:]))
-    kind, task = task_kind(cfg), DatasetTask(cfg)
-    with pytest.raises(ConfigError, match=r"^task.train_files row 1: the prompt renders to no token"):
-        kind.check_run(task, no_template, tmp_path)
-    with pytest.raises(ConfigError, match=r"^task.eval_files row 0: the prompt renders to no token"):
-        kind.check_prompts(task.split("test"), no_template, tmp_path, 8, "eval.max_new_tokens", "task.split=test")
-    with_bos = build_char_tokenizer(ALPHABET + "+?")  # a beginning-of-sequence token: one token at least
-    kind.check_run(task, with_bos, tmp_path)
-    system = DatasetTaskConfig(train_files=cfg.train_files, system_prompt="be brief")
-    kind.check_run(DatasetTask(system), no_template, tmp_path)
+    kind = task_kind(cfg)
+    with pytest.raises(ConfigError, match=r"^task.train_files=\S*/train.jsonl: line 2: the prompt is empty"):
+        kind.check_run(DatasetTask(cfg), no_template, tmp_path)
+    evals = DatasetTask(DatasetTaskConfig(eval_files=cfg.eval_files))
+    with pytest.raises(ConfigError, match=r"^task.eval_files=\S*/test.jsonl: line 1: the prompt is empty"):
+        kind.check_prompts(evals.split("test"), no_template, tmp_path, 8, "eval.max_new_tokens", "task.split=test")
 
 
 def test_a_prompt_of_empty_messages_is_refused(tmp_path, no_template):
     rows = [{"messages": [{"role": "user", "content": "hi"}], "answer": "1"},
             {"messages": [{"role": "user", "content": ""}, {"role": "tool", "content": ""}], "answer": "1"}]
     cfg = DatasetTaskConfig(train_files=write_jsonl(tmp_path / "m.jsonl", rows), messages_key="messages")
-    with pytest.raises(ConfigError, match=r"^task.train_files row 1: the prompt renders to no token"):
+    with pytest.raises(ConfigError, match=r"^task.train_files=\S*/m.jsonl: line 2: the prompt is empty"):
         task_kind(cfg).check_run(DatasetTask(cfg), no_template, tmp_path)
 
 
@@ -94,7 +92,8 @@ def test_eval_rows_the_tokenizer_cannot_encode_are_named(tmp_path):
     kind = task_kind(cfg)
     tok = build_char_tokenizer(ALPHABET)
     task = kind.build(0, tok)  # the training rows encode
-    with pytest.raises(ConfigError, match=r"^task.eval_files row 1: the model's tokenizer cannot encode '\+Whi'"):
+    with pytest.raises(ConfigError,
+                       match=r"^task.eval_files=\S*/test.jsonl: line 2: the model's tokenizer cannot encode '\+Whi'"):
         kind.check_prompts(task.split("test"), tok, tmp_path, 8, "eval.max_new_tokens", "task.split=test")
 
 

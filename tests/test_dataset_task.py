@@ -20,7 +20,7 @@ from rlmix.orchestration.workers import make_request
 from rlmix.rollout import Rollouts
 from rlmix.tasks import dataset as dataset_module
 from rlmix.tasks.chat import render_ids
-from rlmix.tasks.dataset import DatasetTask, check_config, check_encodable, overlong_rows
+from rlmix.tasks.dataset import AtLeast, DatasetTask, check_config, check_encodable, overlong_rows
 from rlmix.config.dataset import DatasetTaskConfig
 from rlmix.embedded.minicode import ALPHABET
 from rlmix.tasks.python_tests import run_python_tests, sandbox_problem
@@ -233,7 +233,7 @@ def test_text_a_vocabulary_without_unknown_token_would_drop_is_named(tmp_path):
     assert hf.unk_token_id is None and hf("abc", add_special_tokens=False).input_ids == [1, 2]  # "c" dropped
     rows = [{"prompt": "ab ba?", "answer": "1"}, {"prompt": "a cab?", "answer": "2"}]
     cfg = DatasetTaskConfig(train_files=str(write_jsonl(tmp_path / "d.jsonl", rows)))
-    with pytest.raises(ConfigError, match=r"row 1: the model's tokenizer cannot encode 'c'; use model=embedded_v2"):
+    with pytest.raises(ConfigError, match=r"/d.jsonl: line 2: the model's tokenizer cannot encode 'c'; use model="):
         check_encodable(DatasetTask(cfg), hf)
     check_encodable(DatasetTask(DatasetTaskConfig(train_files=str(write_jsonl(tmp_path / "ok.jsonl", rows[:1])))), hf)
 
@@ -256,7 +256,8 @@ def byte_bpe_with_template():
 
 @pytest.mark.parametrize("messages", [False, True], ids=["prompt_key", "messages_key"])
 def test_overlong_prompts_are_found_as_encoding_every_row_finds_them(tmp_path, monkeypatch, messages):
-    """The oracle encodes every row; ``overlong_rows`` encodes only the rows its byte bound cannot clear."""
+    """The oracle encodes every row; ``overlong_rows`` encodes only the rows its byte bound cannot clear,
+    and counts one its token floor already puts past the room as that floor (an ``AtLeast``)."""
     import random
 
     rng = random.Random(0)
@@ -274,7 +275,9 @@ def test_overlong_prompts_are_found_as_encoding_every_row_finds_them(tmp_path, m
     encoded = []
     monkeypatch.setattr(dataset_module, "render_ids", lambda *a: encoded.append(1) or render_ids(*a))
     for room in (10, 40, 90, 200, 10_000):
-        assert overlong_rows(task, tok, room) == [(i, n) for i, n in enumerate(lengths) if n > room]
+        found = overlong_rows(task, tok, room)
+        assert [i for i, _ in found] == [i for i, n in enumerate(lengths) if n > room]
+        assert all(room < n <= lengths[i] if isinstance(n, AtLeast) else n == lengths[i] for i, n in found)
     encoded.clear()
     assert overlong_rows(task, tok, 10_000) == [] and len(encoded) == 1  # the template alone: no row encoded
 
@@ -294,10 +297,11 @@ BAD_INPUT = [
     (["task.train_files=d.jsonl", "task.reward=rewards:two_args"], "must accept (completion, answer, row)"),
     (["task.train_files=d.jsonl", "task.reward=rewards:text"], "returned str 'yes'; it must return a finite number"),
     (["task.train_files=d.jsonl", "task.reward=fuzzy"], "task.reward='fuzzy': use a built-in (exact|math|python_tests)"),
-    (["task.train_files=gaps.jsonl"], "task.prompt_key='prompt': row 2 of task.train_files has no value"),
+    (["task.train_files=gaps.jsonl"], "task.train_files=gaps.jsonl: line 3: no value for task.prompt_key='prompt'"),
     (["task.train_files=d.jsonl", "task.eval_files=nope/"], "task.eval_files=nope/: no such file or directory"),
     (["task.train_files=d.jsonl"], "cannot encode"),  # v1's tokenizer has no capital W
     (["task.train_files=broken.jsonl"], "task.train_files=broken.jsonl: line 2 is not JSON (Expecting value"),
+    (["task.train_files=blank.jsonl"], "task.train_files=blank.jsonl: line 2: the prompt is empty"),
 ]
 # Checked against the embedded model, which a machine whose cache lacks it builds first (minutes).
 NEEDS_THE_MODEL = {"cannot encode"}
@@ -310,6 +314,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, args, message):
     rows = numbers(3) if message != "cannot encode" else [{"prompt": "What?", "answer": "1"}]
     write_jsonl(tmp_path / "d.jsonl", rows)
     write_jsonl(tmp_path / "gaps.jsonl", numbers(2) + [{"answer": "1"}])
+    write_jsonl(tmp_path / "blank.jsonl", numbers(1) + [{"prompt": " ", "answer": "1"}])
     (tmp_path / "broken.jsonl").write_text('{"prompt": "1 add 1?", "answer": "2"}\n{"prompt": "2?", "answer": }\n')
     (tmp_path / "rewards.py").write_text("def two_args(completion, answer):\n    return 1.0\n\n"
                                          "def text(completion, answer, row):\n    return 'yes'\n")
@@ -382,7 +387,7 @@ def test_train_and_eval_files_take_one_path_or_a_list_like_verl(tmp_path, monkey
 @pytest.mark.parametrize("files, message", [
     ("[]", r"^task.train_files=\[\]: give a path .* or a list of them$"),
     ("[a.jsonl,nope.jsonl]", r"^task.train_files=nope.jsonl: no such file or directory$"),
-    ("[a.jsonl,c.jsonl]", r"^task.prompt_key='prompt': row 3 of task.train_files has no value for it$"),
+    ("[a.jsonl,c.jsonl]", r"^task.train_files=c.jsonl: line 1: no value for task.prompt_key='prompt'$"),
 ])
 def test_bad_file_lists_are_refused_in_one_line(tmp_path, monkeypatch, files, message):
     from rlmix.commands.compose import compose_run_config

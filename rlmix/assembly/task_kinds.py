@@ -113,34 +113,49 @@ class SingleTurnKind(TaskKind):
         if isinstance(self.config, DatasetTaskConfig):
             from rlmix.tasks.dataset import check_nonempty
 
-            check_nonempty(task, tokenizer)
+            check_nonempty(task)
         if max_new_tokens is None:
             return
         room = room_for_prompts(model_dir, max_new_tokens, "loop.max_new_tokens")
         if room is not None and isinstance(self.config, DatasetTaskConfig):
             from rlmix.tasks.dataset import overlong_rows
 
-            overlong = [(f"row {row}", n) for row, n in overlong_rows(task, tokenizer, room)]
+            overlong = [(task.rows.name(row), n) for row, n in overlong_rows(task, tokenizer, room)]
             refuse_overlong_prompts(overlong, "task.train_files", len(task), room, model_dir, max_new_tokens,
                                     "loop.max_new_tokens")
 
     def check_prompts(self, problems: list, tokenizer, model_dir: Path, max_new_tokens: int, key: str,
                       source: str) -> list[list[int]]:
         """Each problem's prompt ids through the task's chat template; ConfigError if one leaves less
-        than ``max_new_tokens`` (the setting ``key``) of the model's context, or (a dataset) the tokenizer
-        cannot encode it or it renders to no token."""
-        dataset = isinstance(self.config, DatasetTaskConfig)
-        if dataset:
-            from rlmix.tasks.dataset import check_problems_encodable, refuse_empty_prompt
+        than ``max_new_tokens`` (the setting ``key``) of the model's context, or (a dataset) is blank, the
+        tokenizer cannot encode it or it renders to no token. A dataset's row is named in its file
+        (``task.eval_files=test.jsonl: line 4``), and one whose ``token_floor`` alone exceeds the room
+        is refused without encoding it."""
+        if not isinstance(self.config, DatasetTaskConfig):
+            prompts = encode_prompts(tokenizer, tuple(problems), 1, self.config.chat_template)
+            room = room_for_prompts(model_dir, max_new_tokens, key)
+            if room is not None:
+                overlong = [(p.task_id, len(ids)) for p, ids in zip(problems, prompts) if len(ids) > room]
+                refuse_overlong_prompts(overlong, source, len(problems), room, model_dir, max_new_tokens, key)
+            return prompts
+        from rlmix.tasks.dataset import (AtLeast, check_problems_encodable, floor_tokens, is_blank, problem_name,
+                                         refuse_empty_prompt, refuse_no_token, token_floor)
 
-            check_problems_encodable(problems, tokenizer)
-        prompts = encode_prompts(tokenizer, tuple(problems), 1, self.config.chat_template)
-        for problem, ids in zip(problems, prompts):
-            if dataset and not ids:
-                refuse_empty_prompt(problem.task_id)
+        for problem in problems:
+            if is_blank(problem.messages):
+                refuse_empty_prompt(problem_name(problem), self.config)
+        check_problems_encodable(problems, tokenizer)
         room = room_for_prompts(model_dir, max_new_tokens, key)
+        floor = token_floor(tokenizer) if room is not None else None
+        least = [floor_tokens(floor, problem.messages) for problem in problems]
+        bounded = [(problem_name(p), AtLeast(n)) for p, n in zip(problems, least) if room is not None and n > room]
+        rest = tuple(p for p, n in zip(problems, least) if not bounded or n <= room)
+        prompts = encode_prompts(tokenizer, rest, 1, self.config.chat_template)
+        for problem, ids in zip(rest, prompts):
+            if not ids:
+                refuse_no_token(problem)
         if room is not None:
-            overlong = [(p.task_id, len(ids)) for p, ids in zip(problems, prompts) if len(ids) > room]
+            overlong = bounded + [(problem_name(p), len(ids)) for p, ids in zip(rest, prompts) if len(ids) > room]
             refuse_overlong_prompts(overlong, source, len(problems), room, model_dir, max_new_tokens, key)
         return prompts
 

@@ -19,7 +19,7 @@ import json
 import random
 import re
 from bisect import bisect_right
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import accumulate
@@ -40,6 +40,7 @@ ROLES = {"system", "user", "assistant", "tool"}
 class DatasetPayload:
     answer: Any  # the row's answer_key value
     row: dict  # the whole row, passed to the reward function
+    where: str = ""  # the row as a user finds it: ``task.train_files=data/train.jsonl: line 3``
 
 
 def file_specs(spec, key: str) -> list[str]:
@@ -52,16 +53,20 @@ def file_specs(spec, key: str) -> list[str]:
 
 def load_rows(spec, key: str) -> Rows:
     """Every row of ``spec`` (one path or a list, rows in list order; a glob's files in name order)."""
-    return Rows([part for s in file_specs(spec, key) for part in _load_one(s, key)])
+    loaded = [found for s in file_specs(spec, key) for found in _load_one(s, key)]
+    return Rows([part for part, _ in loaded], [where for _, where in loaded])
 
 
 class Rows:
     """The rows of a task's files in order, each a dict of every file's fields (None where a row has
     no value); ``rows[field]`` is that field's column. A JSON file's part is a ``JsonRows``, a Parquet
-    file's or saved dataset's a ``datasets.Dataset`` (the types of its columns)."""
+    file's or saved dataset's a ``datasets.Dataset`` (the types of its columns). ``wheres`` holds
+    each part's file as its messages name it (``task.train_files=a.jsonl: ``); ``name(i)`` is row
+    ``i`` as a user finds it in its file."""
 
-    def __init__(self, parts: list) -> None:
+    def __init__(self, parts: list, wheres: list[str] | None = None) -> None:
         self.parts = parts
+        self.wheres = wheres if wheres is not None else [""] * len(parts)
         self.column_names = list(dict.fromkeys(name for part in parts for name in part.column_names))
         self.blank = dict.fromkeys(self.column_names)
         self.ends = list(accumulate(len(part) for part in parts))
@@ -75,9 +80,22 @@ class Rows:
                     for value in (part[key] if key in part.column_names else [None] * len(part))]
         if not -len(self) <= key < len(self):
             raise IndexError(f"row {key} of {len(self)}")
-        key %= len(self)
-        i = bisect_right(self.ends, key)
-        return {**self.blank, **self.parts[i][key - (self.ends[i - 1] if i else 0)]}
+        i, j = self._locate(key)
+        return {**self.blank, **self.parts[i][j]}
+
+    def _locate(self, index: int) -> tuple[int, int]:
+        """(part, row within the part) of row ``index``."""
+        index %= len(self)
+        i = bisect_right(self.ends, index)
+        return i, index - (self.ends[i - 1] if i else 0)
+
+    def name(self, index: int) -> str:
+        """Row ``index`` as its file holds it: ``task.train_files=b.jsonl: line 2`` (1-based, as the
+        JSON checks count; a JSON list's ``item N of its list``), a Parquet file's or saved dataset's
+        ``row N`` (0-based, as ``datasets`` indexes it)."""
+        i, j = self._locate(index)
+        part = self.parts[i]
+        return self.wheres[i] + (part.places[j] if isinstance(part, JsonRows) else f"row {j}")
 
     def __iter__(self):
         for part in self.parts:
@@ -94,8 +112,9 @@ class JsonRows:
     not a column type inferred for the whole file, and a reward that changes its ``row`` changes no
     other."""
 
-    def __init__(self, texts: list[str], column_names: list[str]) -> None:
+    def __init__(self, texts: list[str], column_names: list[str], places: list[str] | None = None) -> None:
         self.texts, self.column_names = texts, column_names
+        self.places = places if places is not None else [f"item {i} of its list" for i in range(len(texts))]
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -109,9 +128,10 @@ class JsonRows:
         return (self[i] for i in range(len(self)))
 
 
-def _load_one(spec: str, key: str) -> list:
-    """The rows of a file, a glob or a ``save_to_disk`` directory (ConfigError otherwise): a JSON
-    glob's a ``JsonRows`` per file, a Parquet glob's one ``datasets.Dataset``."""
+def _load_one(spec: str, key: str) -> list[tuple[Any, str]]:
+    """The rows of a file, a glob or a ``save_to_disk`` directory (ConfigError otherwise), each part
+    with the prefix that names its file: a JSON glob's a ``JsonRows`` per file, a Parquet glob's one
+    ``datasets.Dataset``."""
     path = Path(spec).expanduser()
     if not path.exists() and not glob.glob(str(path)):  # a glob may have its wildcards in a folder's name
         raise ConfigError(f"{key}={spec}: no such file or directory")
@@ -121,7 +141,8 @@ def _load_one(spec: str, key: str) -> list:
         files = [Path(f) for f in found if Path(f).is_file()]
         if not files:
             raise ConfigError(f"{key}={spec}: no such file")
-        return [_read_json(f, f"{key}={spec}: " + ("" if f == path else f"{f} ")) for f in files]
+        wheres = [f"{key}={spec}: " + ("" if f == path else f"{f} ") for f in files]
+        return [(_read_json(f, where), where) for f, where in zip(files, wheres)]
     import datasets
 
     datasets.disable_progress_bars()
@@ -133,10 +154,11 @@ def _load_one(spec: str, key: str) -> list:
                 if split not in loaded:
                     raise ConfigError(f"{key}={spec}: a DatasetDict without a 'train' split ({sorted(loaded)})")
                 loaded = loaded[split]
-            return [loaded]
+            return [(loaded, f"{key}={spec}: ")]
         if kind is None:
             raise ConfigError(f"{key}={spec}: use .jsonl, .json, .parquet files or a save_to_disk directory")
-        return [_valid_text(datasets.load_dataset(kind, data_files=str(path), split="train"), spec, key)]
+        return [(_valid_text(datasets.load_dataset(kind, data_files=str(path), split="train"), spec, key),
+                 f"{key}={spec}: ")]
     except ConfigError:
         raise
     except Exception as err:  # not Parquet, not a saved dataset, ...
@@ -181,7 +203,7 @@ def _read_json(path: Path, where: str) -> JsonRows:
             what = f"field {bad!r} holds" if bad is not None else "a field's name is"
             raise ConfigError(f"{where}{place}: {what} text that is not UTF-8")
         fields.update(dict.fromkeys(row))
-    return JsonRows(texts, list(fields))
+    return JsonRows(texts, list(fields), [place for place, _ in rows])
 
 
 def _utf8(text: str) -> bool:
@@ -226,41 +248,84 @@ def check_columns(rows, cfg: DatasetTaskConfig, key: str) -> None:
     for name, column in wanted.items():  # a row without the field reads as None
         first = next((i for i, value in enumerate(rows[column]) if value is None), None)
         if first is not None:
-            raise ConfigError(f"{name}={column!r}: row {first} of {key} has no value for it")
+            raise ConfigError(f"{rows.name(first)}: no value for {name}={column!r}")
     for i in range(min(len(rows), 8)):
-        messages_of(rows[i], cfg, f"{key} row {i}")
+        messages_of(rows[i], cfg, rows.name(i))
+    refuse_blank(rows, cfg)
 
 
 def messages_of(row: dict, cfg: DatasetTaskConfig, where: str) -> list[Message]:
-    """The row's prompt as chat messages (ConfigError if the field is not a string / message list)."""
+    """The row's prompt as chat messages (ConfigError naming the row, ``where``, if the field is not a
+    string / message list)."""
     if cfg.messages_key is None:
         prompt = row[cfg.prompt_key]
         if not isinstance(prompt, str):
-            raise ConfigError(f"task.prompt_key={cfg.prompt_key!r}: {where} holds {type(prompt).__name__}, not text")
+            raise ConfigError(f"{where}: task.prompt_key={cfg.prompt_key!r} holds {type(prompt).__name__}, not text")
         return prompt_messages(prompt, cfg.system_prompt)
     messages = row[cfg.messages_key]
     ok = isinstance(messages, list) and messages and all(
         isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str) for m in messages
     )
     if not ok:
-        raise ConfigError(f"task.messages_key={cfg.messages_key!r}: {where} is not a list of {{role, content}} messages")
+        raise ConfigError(f"{where}: task.messages_key={cfg.messages_key!r} is not a list of {{role, content}} "
+                          "messages")
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
+def refuse_blank(rows: Rows, cfg: DatasetTaskConfig) -> None:
+    """ConfigError naming the first row whose prompt is empty or whitespace only (``_blank``), whatever
+    the model's chat template would wrap around it: a sampler would answer no question."""
+    column = cfg.messages_key or cfg.prompt_key
+    first = next((i for i, value in enumerate(rows[column]) if _blank(value, cfg)), None)
+    if first is not None:
+        refuse_empty_prompt(rows.name(first), cfg)
+
+
+def _blank(value, cfg: DatasetTaskConfig) -> bool:
+    """Whether a row's prompt field holds no text but whitespace (a message list: ``is_blank``); a list
+    that is not well-formed is left to ``messages_of`` to refuse."""
+    if cfg.messages_key is None:
+        return isinstance(value, str) and not value.strip()
+    return (isinstance(value, list) and bool(value)
+            and all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in value) and is_blank(value))
+
+
+def is_blank(messages) -> bool:
+    """Whether a prompt's user turns (a prompt without one: all its messages) hold no text but whitespace.
+    ``task.system_prompt`` or a row's system message is no question to answer."""
+    turns = [m for m in messages if m.get("role") == "user"] or messages
+    return all(not m["content"].strip() for m in turns)
+
+
+def refuse_empty_prompt(where: str, cfg: DatasetTaskConfig) -> None:
+    """The one-line refusal of a row (``where``) whose prompt is empty or whitespace only."""
+    what = (f"task.messages_key={cfg.messages_key!r}: its user turns hold" if cfg.messages_key
+            else f"task.prompt_key={cfg.prompt_key!r} holds")
+    raise ConfigError(f"{where}: the prompt is empty ({what} no text but whitespace); give the row text or drop it")
+
+
+def problem_name(problem: Problem) -> str:
+    """A problem's row as a user finds it in its file (``task.eval_files=test.jsonl: line 4``)."""
+    payload = problem.payload
+    return payload.where if isinstance(payload, DatasetPayload) and payload.where else row_name(problem.task_id)
+
+
 def row_name(task_id: str) -> str:
-    """``dataset/test/3`` as the key and row a user looks up (``task.eval_files row 3``); other text as is."""
+    """``dataset/test/3`` as the key and row (0-based, in list order) a user looks up, for a problem
+    that does not know its file (``problem_name``); other text as is."""
     kind, _, rest = task_id.partition("/")
     split, _, index = rest.partition("/")
     return f"task.{SPLITS[split]} row {index}" if kind == "dataset" and split in SPLITS and index.isdigit() else task_id
 
 
-def to_problem(row: dict, cfg: DatasetTaskConfig, task_id: str) -> Problem:
-    messages = messages_of(row, cfg, row_name(task_id))
+def to_problem(row: dict, cfg: DatasetTaskConfig, task_id: str, where: str = "") -> Problem:
+    """The row as a problem; ``where`` names it in its file (``Rows.name``) for every later message."""
+    messages = messages_of(row, cfg, where or row_name(task_id))
     return Problem(
         task_id=task_id,
         prompt=messages[-1]["content"],
         difficulty=0,
-        payload=DatasetPayload(answer=row[cfg.answer_key], row=row),
+        payload=DatasetPayload(answer=row[cfg.answer_key], row=row, where=where),
         messages=tuple(messages),
     )
 
@@ -293,7 +358,7 @@ class DatasetTask:
         out = []
         for i in range(position, position + n):
             index = self.row_at(i)
-            out.append(to_problem(self.rows[index], self.cfg, f"dataset/train/{index}"))
+            out.append(to_problem(self.rows[index], self.cfg, f"dataset/train/{index}", self.rows.name(index)))
         return out
 
     def sample(self, n: int, seed: int) -> list[Problem]:
@@ -310,7 +375,7 @@ class DatasetTask:
             raise ConfigError(f"task.split={name}: set task.{SPLITS[name]} (a file or directory of rows to evaluate)")
         rows = self.rows if name == "train" else load_rows(spec, f"task.{SPLITS[name]}")
         check_columns(rows, self.cfg, f"task.{SPLITS[name]}")
-        return [to_problem(row, self.cfg, f"dataset/{name}/{i}") for i, row in enumerate(rows)]
+        return [to_problem(row, self.cfg, f"dataset/{name}/{i}", rows.name(i)) for i, row in enumerate(rows)]
 
     def score(self, problem: Problem, completion: str) -> Score:
         """Format rule first, then the reward; a reward function that raises gives ``Score.error``."""
@@ -387,8 +452,9 @@ def check_encodable(task: DatasetTask, tokenizer, limit: int = 2000) -> None:
     (``check_problems_encodable``); nothing without ``task.train_files``."""
     if task.rows is not None:
         count = min(len(task), limit)
-        check_problems_encodable((to_problem(task.rows[i], task.cfg, f"dataset/train/{i}") for i in range(count)),
-                                 tokenizer)
+        rows = task.rows
+        check_problems_encodable((to_problem(rows[i], task.cfg, f"dataset/train/{i}", rows.name(i))
+                                  for i in range(count)), tokenizer)
 
 
 def check_problems_encodable(problems: Iterable[Problem], tokenizer) -> None:
@@ -412,37 +478,91 @@ def check_problems_encodable(problems: Iterable[Problem], tokenizer) -> None:
             bad = sorted({ch for ch in message["content"] if not encodes(ch)})
             if bad:
                 raise ConfigError(
-                    f"{row_name(problem.task_id)}: the model's tokenizer cannot encode {''.join(bad)!r}; "
+                    f"{problem_name(problem)}: the model's tokenizer cannot encode {''.join(bad)!r}; "
                     "use model=embedded_v2 (byte-level BPE: any text) or model.path=<an HF model>"
                 )
 
 
-def refuse_empty_prompt(task_id: str) -> None:
+def refuse_no_token(problem: Problem) -> None:
     """The one-line refusal of a prompt that renders to no token: a sampler cannot continue nothing."""
-    raise ConfigError(f"{row_name(task_id)}: the prompt renders to no token (blank text, and the tokenizer has no "
-                      "chat template or beginning-of-sequence token to add); give the row text or drop it")
+    raise ConfigError(f"{problem_name(problem)}: the prompt renders to no token (the tokenizer has no chat "
+                      "template or beginning-of-sequence token to add, and none for its text); give the row text "
+                      "or drop it")
 
 
-def check_nonempty(task: DatasetTask, tokenizer) -> None:
-    """``refuse_empty_prompt`` for the first training row whose prompt renders to no token. Only a row
-    whose texts are all blank can, so only those are encoded."""
-    if task.rows is None:
-        return
-    cfg = task.cfg
-    for index, value in enumerate(task.rows[cfg.messages_key or cfg.prompt_key]):
-        if _blank(value, cfg):
-            problem = to_problem(task.rows[index], cfg, f"dataset/train/{index}")
-            if not render_ids(tokenizer, problem.messages, cfg.chat_template):
-                refuse_empty_prompt(problem.task_id)
+def check_nonempty(task: DatasetTask) -> None:
+    """``refuse_blank`` for the training rows (nothing without ``task.train_files``)."""
+    if task.rows is not None:
+        refuse_blank(task.rows, task.cfg)
 
 
-def _blank(value, cfg: DatasetTaskConfig) -> bool:
-    """Whether a row's prompt field holds no text but whitespace (a message list: in each message; an
-    empty list is left to ``to_problem`` to refuse)."""
-    if cfg.messages_key is None:
-        return isinstance(value, str) and not value.strip()
-    return isinstance(value, list) and all(
-        isinstance(m, dict) and isinstance(m.get("content"), str) and not m["content"].strip() for m in value)
+class AtLeast(int):
+    """A prompt's token count known from below (``token_floor``): it reads ``at least N``."""
+
+    def __format__(self, spec: str) -> str:
+        return f"at least {int(self):{spec}}"
+
+    def __repr__(self) -> str:
+        return format(self)
+
+    __str__ = __repr__
+
+
+# What the character tokenizer's pre-tokenizer (``Regex(".")``) may leave unmatched: a run of these
+# becomes one token (or none), every other character a token of its own.
+LINE_BREAKS = "\n\r\x0b\x0c\x85\u2028\u2029"
+
+
+def token_floor(tokenizer) -> Callable[[str], int] | None:
+    """A function giving, without encoding it, a number of tokens a text takes at least with
+    ``tokenizer``, wherever a chat template puts it among other text; None where no bound is sound
+    (the prompt is encoded then).
+
+    Each token stands for at most as many bytes as its own text has (the longest in the vocabulary,
+    added tokens included, is ``longest``), so a text the tokenizer keeps whole takes at least its
+    length over ``longest``. Kept whole: a byte-level BPE (``ByteLevel`` maps every byte to a symbol of
+    its vocabulary; ``Split`` steps beside it must not remove what they match) keeps every byte; the
+    character tokenizer (WordLevel after ``Split(Regex("."))``) every character but line breaks. Not
+    bounded: a normalizer (NFKC, stripping: text may shrink), any other model or pre-tokenizer (a
+    WordPiece ``[UNK]`` stands for a whole word, a whitespace pre-tokenizer drops spaces), an added
+    token that strips the whitespace beside it, or truncation.
+    """
+    from tokenizers import Tokenizer, pre_tokenizers
+
+    backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tok", None)
+    if not isinstance(backend, Tokenizer):
+        return None
+    spec = json.loads(backend.to_str())
+    if spec.get("normalizer") is not None or spec.get("truncation") is not None:
+        return None
+    if any(added.get("lstrip") or added.get("rstrip") for added in spec.get("added_tokens") or []):
+        return None
+    pre = spec.get("pre_tokenizer") or {}
+    steps = (pre.get("pretokenizers") or []) if pre.get("type") == "Sequence" else [pre]
+    kinds = [step.get("type") for step in steps]
+    vocab = backend.get_vocab(with_added_tokens=True)
+    model = (spec.get("model") or {}).get("type")
+    keeps = all(kind == "ByteLevel" or (kind == "Split" and step.get("behavior") != "Removed")
+                for kind, step in zip(kinds, steps))
+    if model == "BPE" and "ByteLevel" in kinds and keeps and set(pre_tokenizers.ByteLevel.alphabet()) <= vocab.keys():
+        longest = max(len(token.encode()) for token in vocab)
+        return lambda text: -(-len(text.encode()) // longest)
+    if (model == "WordLevel" and len(steps) == 1 and kinds == ["Split"] and steps[0].get("pattern") == {"Regex": "."}
+            and steps[0].get("behavior") == "Isolated" and not steps[0].get("invert")):
+        longest = max(len(token) for token in vocab)
+        return lambda text: -(-(len(text) - sum(text.count(ch) for ch in LINE_BREAKS)) // longest)
+    return None
+
+
+def _floor_text(messages) -> str:
+    """The text a chat template surely renders of a prompt: its user turns, trimmed (a template may
+    trim a turn or leave out another role's)."""
+    return "".join(m["content"].strip() for m in messages if m["role"] == "user")
+
+
+def floor_tokens(floor: Callable[[str], int] | None, messages) -> int:
+    """``floor``'s bound for a prompt's messages (0 without one)."""
+    return 0 if floor is None else floor(_floor_text(messages))
 
 
 def overlong_rows(task: DatasetTask, tokenizer, room: int) -> list[tuple[int, int]]:
@@ -452,11 +572,14 @@ def overlong_rows(task: DatasetTask, tokenizer, room: int) -> list[tuple[int, in
     Only a row that could is encoded: one whose text is long enough that two tokens a UTF-8 byte
     (more than any byte-level, SentencePiece or character vocabulary spends) plus the template's
     own tokens for its messages would exceed ``room``. A dataset of short prompts for a model with a
-    long context is therefore checked without encoding a row.
+    long context is therefore checked without encoding a row. Nor is one whose ``token_floor``
+    already exceeds ``room`` (a megabyte of text would take seconds and a gigabyte of memory to
+    encode): its count is that bound, an ``AtLeast``.
     """
     cfg = task.cfg
     column = task.rows[cfg.messages_key or cfg.prompt_key]
     frame: dict[tuple, int] = {}  # the template's own tokens around each sequence of roles
+    floor = token_floor(tokenizer)
     found = []
     for index, value in enumerate(column):
         if cfg.messages_key is None:
@@ -474,8 +597,9 @@ def overlong_rows(task: DatasetTask, tokenizer, room: int) -> list[tuple[int, in
                 frame[roles] = len(render_ids(tokenizer, empty, cfg.chat_template))
             if 2 * sum(len(t.encode()) for t in texts) + frame[roles] <= room:
                 continue
-        problem = to_problem(task.rows[index], cfg, f"task.train_files row {index}")
-        tokens = len(render_ids(tokenizer, problem.messages, cfg.chat_template))
+        problem = to_problem(task.rows[index], cfg, f"dataset/train/{index}", task.rows.name(index))
+        least = floor_tokens(floor, problem.messages)
+        tokens = AtLeast(least) if least > room else len(render_ids(tokenizer, problem.messages, cfg.chat_template))
         if tokens > room:
             found.append((index, tokens))
     return found
