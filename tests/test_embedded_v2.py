@@ -149,7 +149,7 @@ def test_english_rows_encode_with_v2_and_are_refused_by_v1(bpe, tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     task = DatasetTask(DatasetTaskConfig(train_files=str(path)))
     check_encodable(task, bpe)
-    with pytest.raises(ConfigError, match="row 0: the model's tokenizer cannot encode"):
+    with pytest.raises(ConfigError, match="english.jsonl: line 1: the model's tokenizer cannot encode"):
         check_encodable(task, build_char_tokenizer(ALPHABET))
 
 

@@ -80,6 +80,16 @@ def test_eval_settings_out_of_range_are_one_line_naming_the_key(run_dir, setting
     nothing_written(run_dir)
 
 
+@pytest.mark.parametrize("setting", ["hydra.run.dir=elsewhere", "hydra.job.chdir=true", "hydra.verbose=true"])
+def test_hydra_settings_eval_would_ignore_are_refused_pointing_to_eval_out_dir(run_dir, setting):
+    """eval composes its config without running a Hydra app: ``hydra.run.dir`` was taken and ignored,
+    the score written to the run's eval_test. Refused, naming where its result goes instead."""
+    out = rlmix_refusing("eval", f"checkpoint={run_dir}", *QUICK, setting, cwd=run_dir.parent / "cwd")
+    line = refused(out, f"{setting}: rlmix eval does not run as a Hydra app")
+    assert "eval.out_dir=<dir>" in line
+    nothing_written(run_dir)
+
+
 def test_minicode_refuses_a_split_it_does_not_have_even_train(run_dir):
     """minicode trains on problems drawn afresh: train is no split to score, and an unset split
     (whose default reads train) means test."""

@@ -86,3 +86,23 @@ def test_the_prompts_come_from_the_split(tmp_path):
     assert [p.task_id for p in hard] == [p.task_id for p in plan.task.make(0).split("hard51")[::17]]
     with pytest.raises(ConfigError, match=r"^probe.prompts=52: .* hard51 split, which has 51"):
         probe_prompts(plan.task, 0, 52, "hard51")
+
+
+@pytest.mark.parametrize("setting", ["hydra.run.dir=elsewhere", "hydra.job.chdir=true", "++hydra.run.dir=x"])
+def test_hydra_settings_the_probe_would_ignore_are_refused_pointing_to_probe_out_dir(setting, tmp_path, no_model):
+    """The probe composes its config without running a Hydra app: ``hydra.run.dir`` was taken and
+    ignored (probe.json went to outputs/probe/<time>). Refused in one line naming ``probe.out_dir``."""
+    out = rlmix_refusing("probe", "fleet=smoke", setting, cwd=tmp_path)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert out.stderr.startswith(f"error: {setting}: rlmix probe does not run as a Hydra app")
+    assert "probe.out_dir=<dir>" in out.stderr and not list(tmp_path.iterdir())
+
+
+def test_hydra_searchpath_is_honoured_by_the_probe(tmp_path, probed):
+    """Where configs are found is no setting the probe ignores: an option of the user's folder is found."""
+    conf = tmp_path / "conf" / "task"
+    conf.mkdir(parents=True)
+    (conf / "mymini.yaml").write_text("defaults:\n  - minicode\n  - _self_\n")
+    run_probe(["fleet=smoke", f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "task=mymini",
+               f"probe.out_dir={tmp_path / 'probe'}"])
+    assert probed == ["test"]

@@ -99,7 +99,7 @@ def test_dataset_prompts_too_long_for_the_models_context_are_refused(tmp_path):
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = rlmix_refusing("train", "task=dataset", "task.train_files=train.jsonl", "logger=disabled", cwd=tmp_path)
     refused(out, "task.train_files")
-    assert "1 of 2 prompts take more than" in out.stderr and "row 1" in out.stderr, out.stderr
+    assert "1 of 2 prompts take more than" in out.stderr and "train.jsonl: line 2" in out.stderr, out.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["train.jsonl"]
 
 
@@ -130,7 +130,7 @@ def test_eval_and_probe_prompts_too_long_for_the_models_context_are_refused(tmp_
         key, budget = "the probe's prompts", "loop.max_new_tokens=16"
     refused(out, key)
     assert f"1 of 2 prompts take more than the 240 tokens that {budget} leaves" in out.stderr, out.stderr
-    assert "dataset/test/1" in out.stderr and not (tmp_path / "outputs").exists()
+    assert "task.eval_files=test.jsonl: line 2" in out.stderr and not (tmp_path / "outputs").exists()
 
 
 def config_folder(tmp_path: Path) -> Path:

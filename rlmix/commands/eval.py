@@ -3,12 +3,31 @@ directory's own task, model and generation length unless the arguments say other
 
 from __future__ import annotations
 
+import os
+from enum import Enum
+from typing import Any
+
 import torch
 
 from rlmix.assembly.plan import RunPlan
 from rlmix.errors import ConfigError
-from rlmix.eval.evaluate import evaluate, saved_by
+from rlmix.eval.evaluate import Scoring, evaluate, saved_by
 from rlmix.isolation.scratch import run_scratch
+
+# The task keys the name of eval's directory holds already: the split (a Harbor task's subset).
+NAMED_KEYS = {"task.name", "task.split", "task.subset"}
+
+
+def refuse_hydra_overrides(args: list[str], command: str, out_key: str) -> None:
+    """``hydra.*`` overrides (and ``hydra/...`` options) refused in one line: ``rlmix eval`` and ``rlmix probe``
+    compose the config without running a Hydra app, so Hydra's run directory, logging and job settings
+    would be taken and ignored (their output would go elsewhere). ``hydra.searchpath``, where configs are
+    found, is honoured. ``out_key`` is the command's own output directory."""
+    for arg in args:
+        key = arg.partition("=")[0].lstrip("+~")
+        if (key == "hydra" or key.startswith(("hydra.", "hydra/"))) and key != "hydra.searchpath":
+            raise ConfigError(f"{arg}: rlmix {command} does not run as a Hydra app and would ignore {key}; "
+                              f"give {out_key}=<dir> for where its result goes (hydra.searchpath= is honoured)")
 
 
 def run_of(args: list[str]):
@@ -34,6 +53,7 @@ def eval_plan(args: list[str]) -> RunPlan:
     from rlmix.config.dataset import DatasetTaskConfig
     from rlmix.metrics.logger import check_wandb_login
 
+    refuse_hydra_overrides(args, "eval", "eval.out_dir")
     plan = compose_plan(args, for_training=False, run=run_of(args))
     check_wandb_login(plan.cfg.logger.wandb)
     task = plan.cfg.task
@@ -55,11 +75,67 @@ def check_given_split(plan: RunPlan, args: list[str]) -> None:
         plan.task.make(plan.cfg.seed).split(plan.cfg.task.split)
 
 
+_MISSING = object()
+
+
+def _value(cfg, key: str) -> Any:
+    """The value of dotted ``key`` in a composed ``RunConfig`` (``_MISSING`` where it has none)."""
+    node = cfg
+    for part in key.split("."):
+        node = getattr(node, part, _MISSING)
+        if node is _MISSING:
+            return _MISSING
+    return node
+
+
+def _normal(key: str, value: Any) -> Any:
+    """``value`` as it compares and is recorded: an enum as its value, a node as a dict, a path
+    setting's relative paths made absolute (from here, as a run's are from where it started)."""
+    from dataclasses import asdict, is_dataclass
+
+    from rlmix.commands.run_settings import PATH_VALUES
+
+    if isinstance(value, Enum):
+        return value.value
+    if is_dataclass(value):
+        return {k: _normal(f"{key}.{k}", v) for k, v in asdict(value).items()}
+    if isinstance(value, list):
+        return [_normal(key, v) for v in value]
+    if key in PATH_VALUES and isinstance(value, str) and "://" not in value:
+        return os.path.normpath(os.path.abspath(os.path.expanduser(value)))
+    return value
+
+
+def task_differs(cfg, settings, args: list[str]) -> dict[str, Any]:
+    """The task settings of the composed ``cfg`` that are not those of the run it evaluates
+    (``settings``: ``run_of(args)``), dotted key -> value; {} for the run's own task settings, or
+    where there is no run to differ from. Against the run's own task option every ``task.*`` value is
+    compared (``task=<the run's option>`` resets those the command line leaves out); against another
+    option (``task=minicode``), whose name the directory carries, those the command line gives. The
+    split is in the directory's name already."""
+    from rlmix.commands.run_settings import overridden_keys
+
+    if settings is None:
+        return {}
+    given = {k for k in overridden_keys(args) if k.startswith("task.") and k not in NAMED_KEYS}
+    own = settings.values.get("task.name") == cfg.task.name
+    theirs = {k: v for k, v in settings.values.items() if k.startswith("task.") and k not in NAMED_KEYS} if own else {}
+    differs = {}
+    for key in sorted(given | {k for k in theirs if _value(cfg, k) is not _MISSING}):
+        now = _value(cfg, key)
+        now = None if now is _MISSING else _normal(key, now)
+        if key not in theirs or now != _normal(key, theirs[key]):
+            differs[key] = now
+    return differs
+
+
 def run_eval(args: list[str]) -> None:
-    """``rlmix eval``: ``eval_plan(args)`` evaluated, with a progress line per task."""
+    """``rlmix eval``: ``eval_plan(args)`` evaluated, with a progress line per task; task settings other than
+    the run's own are scored in a directory of their own (``task_differs``, ``default_out_dir``)."""
     from rlmix.metrics.console import CountedLines
 
     torch.set_num_threads(max(torch.get_num_threads(), 1))
     plan = eval_plan(args)
+    scoring = Scoring(task_differs(plan.cfg, run_of(args), args), tuple(args))
     with run_scratch(), CountedLines("eval") as progress:  # sandboxes go with the command, however it ends
-        evaluate(plan, progress)
+        evaluate(plan, progress, scoring)

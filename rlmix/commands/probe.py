@@ -9,8 +9,9 @@ episode task, ``probe.samples_per_prompt`` whole episodes, each turn up to ``tas
 K = ``probe.num_candidates`` (default ``correction.num_candidates``). Writes two console tables
 (the pools' mismatch and its attribution; where it sits: by trainer probability, position, distance
 after an environment token, router flips), then ``probe.json`` (fleet manifest, reference
-definition, per-pool results) to ``probe.out_dir`` or ``outputs/probe/<time>/``. The measurement
-itself is ``rlmix.eval.probe.probe_fleet``; how to read it, docs/probe.md.
+definition, per-pool results) to ``probe.out_dir`` or ``outputs/probe/<time>/``. ``hydra.*`` overrides
+(``hydra.run.dir``) are refused: the probe runs no Hydra app and would ignore them (``hydra.searchpath``
+is honoured). The measurement itself is ``rlmix.eval.probe.probe_fleet``; how to read it, docs/probe.md.
 """
 
 from __future__ import annotations
@@ -110,9 +111,11 @@ def run_probe(args: list[str]) -> None:
     (its directory checked writable before the first sample, not after the last)."""
     from rlmix.assembly.rules import check_output_dir
     from rlmix.commands.compose import compose_plan
+    from rlmix.commands.eval import refuse_hydra_overrides
     from rlmix.metrics.console import CountedLines
     from rlmix.orchestration.hardware import check_machine
 
+    refuse_hydra_overrides(list(args), "probe", "probe.out_dir")
     plan = compose_plan(list(args), for_training=False)
     cfg = plan.cfg
     split = probe_split(plan, list(args))

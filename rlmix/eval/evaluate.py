@@ -7,11 +7,13 @@ recorded in ``eval.json``) so that sampler differences never leak into the score
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlmix.assembly.plan import RunPlan
@@ -141,13 +143,15 @@ def pass_table(results: dict[int, PassAtK]) -> str:
     return "\n".join(lines)
 
 
-def default_out_dir(cfg: RunConfig, split: str) -> Path:
+def default_out_dir(cfg: RunConfig, split: str, differs: dict | None = None) -> Path:
     """A run directory's own task: ``<run>/eval_<split>``; another task: ``<run>/eval_<task>_<split>``,
     so it never overwrites the run's own score (what ``scripts/reproduce.py`` and a reader take as
     the run's). One of a run's ``checkpoints/step_N``: ``<run>/eval_step_N_<split>`` (or
     ``eval_<task>_step_N_<split>``), beside the run's score and not over it (an older step is another
-    model), nor inside the checkpoint, which pruning deletes. A model directory, or none:
-    ``outputs/eval/<time>_<split>``."""
+    model), nor inside the checkpoint, which pruning deletes. Task settings other than the run's own
+    (``differs``: other eval files, another reward) add ``-<keys>-<hash of the values>``
+    (``eval_test-eval_files-1a2b3c``): the same settings again name the same directory, other ones
+    another. A model directory, or none: ``outputs/eval/<time>_<split>``."""
     given = None if cfg.checkpoint is None else Path(cfg.checkpoint)
     run = None if given is None else saved_by(given)
     step = "" if run is None else f"{given.resolve().name}_"
@@ -156,15 +160,25 @@ def default_out_dir(cfg: RunConfig, split: str) -> Path:
     if run is None:
         return Path("outputs") / "eval" / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{split}"
     other = "" if run_task_name(run) in (None, cfg.task.name) else f"{cfg.task.name}_"
-    return run / f"eval_{other}{step}{split}"
+    return run / f"eval_{other}{step}{split}{differs_suffix(differs)}"
 
 
-def result_dir(cfg: RunConfig, split: str) -> Path:
+def differs_suffix(differs: dict | None) -> str:
+    """``-<keys>-<hash>`` for task settings other than the run's own ('' for none): the keys say what
+    differs, the hash of their values tells two such evaluations apart."""
+    if not differs:
+        return ""
+    keys = "-".join(key.removeprefix("task.").replace(".", "_") for key in sorted(differs))
+    digest = hashlib.sha256(json.dumps(differs, sort_keys=True, default=str).encode()).hexdigest()[:6]
+    return f"-{keys[:60]}-{digest}"
+
+
+def result_dir(cfg: RunConfig, split: str, differs: dict | None = None) -> Path:
     """Where eval.json goes (``eval.out_dir``, else ``default_out_dir``), checked writable before the
     first sample rather than after the last."""
     from rlmix.assembly.rules import check_output_dir
 
-    out_dir = Path(cfg.eval.out_dir) if cfg.eval.out_dir else default_out_dir(cfg, split)
+    out_dir = Path(cfg.eval.out_dir) if cfg.eval.out_dir else default_out_dir(cfg, split, differs)
     check_output_dir("eval.out_dir", str(out_dir))
     return out_dir
 
@@ -188,11 +202,43 @@ def run_task_name(run_dir: Path) -> str | None:
     return OmegaConf.select(OmegaConf.load(config), "task.name")
 
 
-def evaluate(plan: RunPlan, progress=print) -> dict:
+@dataclass(frozen=True)
+class Scoring:
+    """What an evaluation records beside its scores. ``differs``: the task settings that are not
+    those of the run it evaluates (dotted key -> value; empty for the run's own, or where there is
+    no run), which give it a directory of its own (``default_out_dir``); ``overrides``: the command
+    line it was given."""
+
+    differs: dict = field(default_factory=dict)
+    overrides: tuple[str, ...] = ()
+
+
+def evaluate(plan: RunPlan, progress=print, scoring: Scoring | None = None) -> dict:
     """Run the evaluation ``plan`` describes, in its task kind's form (``TaskKind.evaluate``);
     writes eval.json and returns its content."""
     ks = sorted(set(plan.cfg.eval.k))  # in 1..eval.samples: checked with the config (rlmix.assembly.rules)
-    return plan.task.evaluate(Evaluation(plan, resolve_checkpoint(plan, progress), ks, progress))
+    return plan.task.evaluate(Evaluation(plan, resolve_checkpoint(plan, progress), ks, progress, scoring or Scoring()))
+
+
+def _absolute(value):
+    """A path setting's value (a path, a glob, a list of them) with relative paths made absolute, so
+    that eval.json says which files were scored from any directory."""
+    if isinstance(value, list):
+        return [_absolute(v) for v in value]
+    if isinstance(value, str) and "://" not in value:
+        return os.path.normpath(os.path.abspath(os.path.expanduser(value)))
+    return value
+
+
+def scored_settings(cfg: RunConfig, scoring: Scoring) -> dict:
+    """eval.json's record of what was scored beyond task and split: a dataset task's files (``eval_files``;
+    ``train_files`` too at ``task.split=train``) and reward (None for a task without them), the task
+    settings not the run's own (``differs_from_run``) and the command line (``overrides``)."""
+    task = cfg.task
+    record = {"eval_files": _absolute(getattr(task, "eval_files", None)), "reward": getattr(task, "reward", None)}
+    if getattr(task, "split", None) == "train" and hasattr(task, "train_files"):
+        record["train_files"] = _absolute(task.train_files)
+    return {**record, "differs_from_run": dict(scoring.differs), "overrides": list(scoring.overrides)}
 
 
 @dataclass(frozen=True)
@@ -204,12 +250,26 @@ class Evaluation:
     model_dir: Path
     ks: list[int]
     progress: Callable[[str], None]
+    scoring: Scoring = field(default_factory=Scoring)
+
+    def out_dir(self, split: str) -> Path:
+        """``result_dir``, said first where the task settings are not the run's own."""
+        out_dir = result_dir(self.plan.cfg, split, self.scoring.differs)
+        if self.scoring.differs:
+            given = ", ".join(f"{key}={value}" for key, value in sorted(self.scoring.differs.items()))
+            self.progress(f"not the run's own task settings ({given}): scored in {out_dir}, beside its own score")
+        return out_dir
+
+    def wrote(self, out_dir: Path, replaced: bool) -> str:
+        """The closing line: where eval.json went, and that it replaced an earlier one there (the same
+        evaluation run again: the run's own, or the same other settings)."""
+        return f"wrote {out_dir / EVAL_FILE}" + (" (replacing the earlier one there)" if replaced else "")
 
     def completions(self, split: str) -> dict:
         """``eval.samples`` completions of each problem of ``split``, scored by the task."""
         cfg, model_dir, ks, samples = self.plan.cfg, self.model_dir, self.ks, self.plan.cfg.eval.samples
         cfg.task.split = split
-        out_dir = result_dir(cfg, split)
+        out_dir = self.out_dir(split)
         rows, label, first_error = task_counts(self.plan, model_dir, self.progress)
         reward_errors = sum(r["reward_errors"] for r in rows)
         results = {k: mean_pass_at_k([(r["n"], r["c"]) for r in rows], k) for k in ks}
@@ -224,14 +284,16 @@ class Evaluation:
             "format_error_rate": sum(r["format_errors"] for r in rows) / max(len(rows) * samples, 1),
             "reward_errors": reward_errors,  # samples whose reward raised or was not a number: scored 0
             "first_reward_error": first_error,
+            **scored_settings(cfg, self.scoring),
             "tasks": rows,
         }
+        replaced = (out_dir / EVAL_FILE).is_file()
         write_eval(out_dir, summary, cfg)
         self.progress(pass_table(results))
         if reward_errors:  # a failing reward reads as a model that is never right: say so
             self.progress(f"reward errors: {reward_errors} of {len(rows) * samples} samples scored 0 "
                           f"(first: {first_error.splitlines()[0]}; per task in {out_dir / EVAL_FILE})")
-        self.progress(f"wrote {out_dir / EVAL_FILE}")
+        self.progress(self.wrote(out_dir, replaced))
         return summary
 
     def episodes(self, task_cfg, split: str, groups: dict[str, list[str]] | None = None) -> dict:
@@ -246,9 +308,11 @@ class Evaluation:
         from rlmix.agentic.batching import TurnBatcher
         from rlmix.agentic.policy import ModelPolicy
         from rlmix.agentic.run import run_swebench_eval
+        from rlmix.metrics.written import write_result
 
         cfg = self.plan.cfg
-        out_dir = result_dir(cfg, split)
+        out_dir = self.out_dir(split)
+        replaced = (out_dir / EVAL_FILE).is_file()
         tokenizer, stops = reference_tokenizer(cfg, self.model_dir)
         with loading(cfg, self.model_dir, "weights"):
             sampler, label = reference_sampler(cfg.eval, self.model_dir, cfg.seed)
@@ -270,7 +334,9 @@ class Evaluation:
                 batcher.close()
         if run is not None:
             run.finish()
-        self.progress(f"reference {label}; wrote {out_dir / EVAL_FILE}")
+        summary = {**summary, **scored_settings(cfg, self.scoring)}  # the episode runner wrote the scores
+        write_result(out_dir / EVAL_FILE, json.dumps(summary, indent=1) + "\n")
+        self.progress(f"reference {label}; {self.wrote(out_dir, replaced)}")
         return summary
 
 
