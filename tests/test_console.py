@@ -266,3 +266,33 @@ def test_the_block_of_a_run_that_had_ended_shows_its_own_steps_not_a_lower_loop_
     # a run that stopped short shows the steps it was asked for
     stopped = {"status": "interrupted", "name": "smoke", "steps": 2, "final": {}, "collapse": None, "wall_time_s": 1}
     assert steps_row(stopped, 5) == "2/5 in 1 s"
+    # so does a collapsed run the monitor stopped early (monitor.action=stop), and its resume goes on
+    early = {"status": "collapsed", "name": "smoke", "steps": 2, "final": {}, "collapse": None, "wall_time_s": 1}
+    assert steps_row(early, 5) == "2/5 in 1 s"
+    block = run_block(early, tmp_path, tmp_path / "checkpoints" / "step_2", 5, ["loop.steps=5"], log_dir=tmp_path)
+    assert block.splitlines()[-1].endswith("loop.steps=5 resume=" + str(tmp_path)), block
+
+
+def test_a_finished_runs_resume_command_asks_for_more_steps(tmp_path):
+    """A completed (or collapsed) run resumed as it was trains nothing ("nothing is left to train"):
+    its printed resume command doubles ``loop.steps``, under a line saying so. An interrupted or failed
+    run's resume command continues it as it was."""
+    from rlmix.metrics.console import run_block
+
+    run, overrides = tmp_path / "run", ["+experiment=smoke", "loop.steps=3", "hydra.run.dir=x"]
+    checkpoint = run / "checkpoints" / "step_3"
+
+    def next_lines(status: str, steps: int) -> list[str]:
+        summary = {"status": status, "name": "smoke", "steps": steps, "final": {}, "collapse": None}
+        block = run_block(summary, run, checkpoint, 3, overrides, log_dir=run).splitlines()
+        return block[block.index("next:") + 1:]
+
+    for status in ("completed", "collapsed"):
+        assert next_lines(status, 3)[-2:] == ["  # the run ran all 3 steps it was asked for; to train 3 steps more:",
+                                              f"  rlmix train +experiment=smoke loop.steps=6 resume={run}"]
+    for status in ("interrupted", "failed"):
+        assert next_lines(status, 2)[-1] == f"  rlmix train +experiment=smoke loop.steps=3 resume={run}"
+    one = next_commands(run, ["++loop.steps=1"], ended_at=1)
+    assert one[-2:] == ["# the run ran all 1 step it was asked for; to train 1 step more:",
+                        f"rlmix train loop.steps=2 resume={run}"]
+    assert [c.split()[1] for c in next_commands(run, overrides, ended_at=0)] == ["eval", "report"]  # nothing to double

@@ -57,8 +57,9 @@ def test_smoke_run_end_to_end(tmp_path):
     tail = out.stdout.strip().splitlines()[-12:]
     assert "  run dir     run" in tail and "  checkpoint  run/checkpoints/step_5" in tail, tail
     assert any(ln.startswith("  W&B") and "wandb sync run/wandb/offline-run-" in ln for ln in tail), tail
-    assert tail[-3:] == ["  rlmix eval checkpoint=run", "  rlmix report run",
-                         "  rlmix train +experiment=smoke loop.steps=5 resume=run"], tail
+    assert tail[-4:] == ["  rlmix eval checkpoint=run", "  rlmix report run",
+                         "  # the run ran all 5 steps it was asked for; to train 5 steps more:",
+                         "  rlmix train +experiment=smoke loop.steps=10 resume=run"], tail
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
     for row in rows:

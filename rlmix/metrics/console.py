@@ -202,21 +202,38 @@ def warnings_text(collapse: dict | None) -> str:
     return "; ".join(f"at step {w.get('step')}: {w.get('reason')}" for w in (collapse or {}).get("warnings") or [])
 
 
+_LOOP_STEPS = ("loop.steps=", "+loop.steps=", "++loop.steps=")
+
+
 def next_commands(run_dir: Path, overrides: list[str], eval_args: tuple[str, ...] = (),
-                  checkpoint: bool = True, rows: bool = True, config_args: Sequence[str] = ()) -> list[str]:
+                  checkpoint: bool = True, rows: bool = True, config_args: Sequence[str] = (),
+                  ended_at: int | None = None) -> list[str]:
     """The commands that can work on ``run_dir`` now: evaluate and resume it when it has a
     ``checkpoint``, report it when it logged ``rows``, else start it again. Resuming or starting
     again repeats the run's own overrides, after ``config_args`` (``--config-dir``, ``--config-name``
     and ``hydra.searchpath``: where its configs came from).
 
+    ``ended_at``: the run ran every step it was asked for (completed, or collapsed), ``ended_at`` of
+    them. Resumed as it was, it would train nothing, so its resume command asks for as many steps
+    again (``loop.steps=2*ended_at``, in place of the run's own), under a comment line that says so
+    (a line of its own: a trailing comment is arguments to an interactive zsh); ``0``: no resume line.
+
     ``rlmix eval`` takes the run's task from ``run_dir`` (its search path too); ``eval_args`` pick
     what differs (the split of a task without held-out rows)."""
     keep = [o for o in overrides if not o.startswith(("resume=", "hydra.", "+hydra."))]
     where = shlex.quote(shown(run_dir))
-    train = ["rlmix train", *map(shlex.quote, [*config_args, *keep])]
     commands = [" ".join(["rlmix eval", f"checkpoint={where}", *eval_args])] if checkpoint else []
     commands += [f"rlmix report {where}"] if rows else []
-    return commands + [" ".join([*train, f"resume={where}"] if checkpoint else train)]
+    if not checkpoint:
+        return commands + [" ".join(["rlmix train", *map(shlex.quote, [*config_args, *keep])])]
+    if ended_at is None:
+        return commands + [" ".join(["rlmix train", *map(shlex.quote, [*config_args, *keep]), f"resume={where}"])]
+    if ended_at < 1:
+        return commands
+    more = [o for o in keep if not o.startswith(_LOOP_STEPS)] + [f"loop.steps={2 * ended_at}"]
+    train = " ".join(["rlmix train", *map(shlex.quote, [*config_args, *more]), f"resume={where}"])
+    steps = f"{ended_at} step" + ("s" if ended_at != 1 else "")
+    return commands + [f"# the run ran all {steps} it was asked for; to train {steps} more:", train]
 
 
 def run_block(
@@ -225,12 +242,15 @@ def run_block(
 ) -> str:
     """The lines that end ``rlmix train``: outcome, where everything went, and what to run next.
 
-    ``total_steps`` is this command's ``loop.steps``. A completed or collapsed run ran every step it
-    was asked for, so its own steps are its total: a run that had ended, resumed with a lower
-    ``loop.steps``, trains nothing and is shown as it ended (3/3, not 3/2)."""
+    ``total_steps`` is this command's ``loop.steps``. A completed or collapsed run that reached it ran
+    every step it was asked for, so its own steps are its total: a run that had ended, resumed with a lower
+    ``loop.steps``, trains nothing and is shown as it ended (3/3, not 3/2). Its resume command asks
+    for more steps (``next_commands``'s ``ended_at``); an interrupted or failed run's continues it."""
     final = summary.get("final") or {}
     status, steps = str(summary.get("status", "completed")), summary.get("steps", 0)
-    total = steps if status in (Status.completed.value, Status.collapsed.value) else total_steps
+    # (A collapsed run the monitor stopped early, action=stop, is short of its steps: not ended.)
+    ended = status in (Status.completed.value, Status.collapsed.value) and int(steps or 0) >= total_steps
+    total = steps if ended else total_steps
     rows = [
         ("status", status),
         ("steps", f"{steps}/{total} in {_number(summary.get('wall_time_s'), ',.0f')} s"),
@@ -252,7 +272,7 @@ def run_block(
     lines += [f"  {key:<{width}}  {value}" for key, value in rows]
     logged = (run_dir / METRICS_FILE).is_file() and (run_dir / METRICS_FILE).stat().st_size > 0
     commands = next_commands(run_dir, overrides, eval_args, checkpoint=checkpoint is not None, rows=logged,
-                             config_args=config_args)
+                             config_args=config_args, ended_at=int(steps or 0) if ended else None)
     lines += ["next:"] + [f"  {command}" for command in commands]
     return "\n".join(lines)
 
