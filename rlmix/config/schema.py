@@ -299,7 +299,9 @@ class EvalConfig:
     precision: str = "fp32"
     temperature: float = 1.0
     max_new_tokens: int = 24
-    out_dir: Optional[str] = None  # None: <run dir>/eval_<split>, or outputs/eval/<time>_<split>
+    # None: <run dir>/eval_<split> (+ -<keys>-<hash> for task settings not the run's: docs/tasks.md),
+    # or outputs/eval/<time>_<split>
+    out_dir: Optional[str] = None
 
 
 @dataclass
