@@ -96,14 +96,20 @@ def _yaml(value) -> str:
 
 def one_line(err: BaseException) -> str:
     """A composition/validation error as one line: the key at fault and what is allowed."""
-    from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+    from hydra.errors import OverrideParseException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
 
     causes = [err]
     while causes[-1].__cause__ is not None:
         causes.append(causes[-1].__cause__)
     for cause in reversed(causes):
+        if isinstance(cause, OverrideParseException):
+            return unreadable_override(cause.override, cause.message)
         if isinstance(cause, MissingMandatoryValue) and getattr(cause, "full_key", None):
             return f"{cause.full_key}: not set, and it has no default; give {cause.full_key}=..."
+        if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and getattr(cause, "full_key", None) \
+                and cause.key is not None:
+            return unknown_key(cause)
         if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
             msg = str(cause).splitlines()[0].strip()
             return f"{cause.full_key}: {msg}"
@@ -131,3 +137,53 @@ def unknown_option(text: str) -> str:
     close = difflib.get_close_matches(value, options, n=1)
     hint = f" (did you mean {group}={close[0]}?)" if close else ""
     return f"{group}={value}: no such option{hint}; available: {', '.join(options)}"
+
+
+_LISTED_KEYS = 30  # a section with more keys than this is not listed in full
+
+
+def unknown_key(err) -> str:
+    """OmegaConf's "Key 'stpes' not in 'LoopConfig'" in the user's terms: the closest key of that section,
+    and the keys it takes (when there are few enough to list)."""
+    import difflib
+
+    full, key = err.full_key, str(err.key)
+    section = full[: -len(key)].rstrip(".") if full.endswith(key) else full.rpartition(".")[0]
+    if err.parent_node is not None:
+        keys = [str(k) for k in err.parent_node.keys() if section or k != "hydra"]
+    elif dataclasses.is_dataclass(err.object_type):
+        keys = [f.name for f in dataclasses.fields(err.object_type)]
+    else:
+        keys = []
+    prefix = f"{section}." if section else ""
+    close = difflib.get_close_matches(key, keys, n=1)
+    hint = f"; did you mean {prefix}{close[0]}?" if close else ""
+    where = section or "the config"
+    takes = f" ({where} takes: {', '.join(keys)})" if keys and len(keys) <= _LISTED_KEYS else ""
+    return f"{full}: no such key in {where}{hint}{takes}"
+
+
+_LEXER_ERROR = "LexerNoViableAltException: "
+
+
+def unreadable_override(override: str, message: str) -> str:
+    """Hydra's override grammar error (``LexerNoViableAltException: ...`` and a caret on a line of its own)
+    as one line naming the override, what Hydra could not read and how to quote the value."""
+    import shlex
+
+    lines = [ln for ln in message.splitlines() if ln.strip() and not ln.startswith("See https://")]
+    if lines and lines[0].startswith(_LEXER_ERROR):
+        at = lines[1].index("^") - len(_LEXER_ERROR) if len(lines) > 1 and "^" in lines[1] else -1
+        text = lines[0][len(_LEXER_ERROR):]
+        what = f"{text[at]!r} unquoted" if 0 <= at < len(text) else "it unquoted"
+    else:
+        reason = next((ln.strip() for ln in lines if not ln.startswith("Error parsing override")), "")
+        what = f"it ({re.sub(r' expecting {.*}$', '', reason)})" if reason else "it"  # not ANTLR's token set
+    key, eq, value = override.partition("=")
+    if not eq:
+        return f"{override}: Hydra's override grammar cannot read {what}; an override is key=value"
+    # in a quoted value, a quote and the backslashes before it (or before the closing quote) are escaped
+    escaped = re.sub(r'(\\*)("|$)', lambda m: m.group(1) * 2 + ("\\" + m.group(2) if m.group(2) else ""), value)
+    quoted = shlex.quote(f'{key}="{escaped}"')
+    return (f"{override}: Hydra's override grammar cannot read {what}; quote the value inside the shell's quotes, "
+            f"as docs/tasks.md shows: {quoted}")
