@@ -56,6 +56,15 @@ TRAINER_RESOURCE = "rlmix_trainer"
 
 # Held blocked in a local Ray instance's own processes (the module docstring).
 GROUP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGHUP})
+# In the scratch directory while the session ends its processes (``Session.close``): Ray's raylet sends each
+# actor SIGTERM once the driver leaves, which is no signal of anyone's to leave to the driver.
+ENDING = ".session-ending"
+
+
+def session_ending() -> bool:
+    """Whether the session that started this process is ending its processes (``ENDING``)."""
+    scratch = os.environ.get(SCRATCH_ENV)
+    return bool(scratch) and os.path.exists(os.path.join(scratch, ENDING))
 
 
 @dataclass(frozen=True)
@@ -221,6 +230,9 @@ class Session:
 
         self.idle, self.running, self.ray_key = [], [], None
         if ray.is_initialized():
+            if self.scratch is not None:  # what the actors are sent from here on is this teardown's
+                with suppress(OSError):
+                    (self.scratch / ENDING).touch()
             _stop_without_grace()
             ray.shutdown()
         if self.scratch is not None:

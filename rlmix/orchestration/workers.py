@@ -23,7 +23,7 @@ from rlmix.assembly.task_kinds import TaskKind
 from rlmix.config.schema import TrainerConfig
 from rlmix.correction import Correction
 from rlmix.metrics.quiet import adopt_worker_env
-from rlmix.orchestration.session import GROUP_SIGNALS
+from rlmix.orchestration.session import GROUP_SIGNALS, session_ending
 from rlmix.rollout import Rollouts
 from rlmix.seeds import derive_seed
 from rlmix.tasks.base import OrderedTask, Task
@@ -86,6 +86,8 @@ def become_worker(run_env: Mapping[str, str] | None) -> None:
 
 
 def _left_to_the_driver(signum: int, frame) -> None:
+    if session_ending():  # the session ends its processes (Session.close): nothing is left to save, and no one
+        return  # sent a signal to report; SIGKILL follows
     print(f"{signal.Signals(signum).name} to actor process {os.getpid()} ignored: the run's driver ends it "
           "once the step in flight is saved; SIGKILL ends it now", file=sys.stderr, flush=True)
 
