@@ -85,3 +85,22 @@ def test_the_quoted_form_it_gives_reads_back_as_the_value(value):
     line = unreadable_override(f"k={value}", "Error parsing override 'k'\nextraneous input")
     [given] = shlex.split(line.rsplit("docs/tasks.md shows: ", 1)[1])
     assert OverridesParser.create().parse_override(given).value() == value
+
+
+@pytest.mark.parametrize(("override", "expected"), [
+    ("+loop.stpes=3", "loop.stpes: no such key in loop; did you mean loop.steps?"),
+    ("+bogus=3", "bogus: no such key in the config"),
+    ("+task.foo=1", "task.foo: no such key in task"),
+])
+def test_a_key_added_with_plus_that_no_schema_has_is_refused_not_dropped(override, expected):
+    """Hydra composes ``+loop.stpes=3`` without a word; turned into the typed config the key was dropped,
+    and the run trained with loop.steps as it was."""
+    with pytest.raises(ConfigError) as err:
+        compose_run_config([override])
+    assert str(err.value).startswith(expected), err.value
+
+
+@pytest.mark.parametrize("override", ["++loop.steps=2", "+fleet.pools.l4_int8={accelerator:L4,precision:int8,count:1}",
+                                      "+experiment=sc_mis"])
+def test_plus_overrides_of_keys_the_schema_has_still_compose(override):
+    compose_run_config([override])

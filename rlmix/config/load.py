@@ -26,6 +26,7 @@ FORMAT_KNOBS = ("kv_precision", "fp8_scales", "linear_inputs", "fp8_attention")
 
 
 def to_run_config(cfg: DictConfig) -> RunConfig:
+    _refuse_added_keys(cfg)
     try:
         run = OmegaConf.to_object(cfg)
     except Exception as err:  # MISSING values and the like surface here
@@ -35,6 +36,25 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
         if run.fleet.precision is not None:
             fleet_precision(run.fleet)
     return run
+
+
+def _refuse_added_keys(node, section: str = "") -> None:
+    """``+loop.stpes=3`` adds a key Hydra composes without a word and no schema has: ``to_object`` would
+    drop it, and the run train with ``loop.steps`` as it was. One line naming it (``unknown_key_line``).
+    A key under an untyped mapping (a pool added to ``fleet.pools``) is ``to_pool``'s to check."""
+    if not isinstance(node, DictConfig) or node._is_none() or node._is_missing():
+        return
+    schema = OmegaConf.get_type(node)
+    fields = [f.name for f in dataclasses.fields(schema)] if dataclasses.is_dataclass(schema) else None
+    for key in node.keys():
+        key = str(key)
+        if not section and key == "hydra":
+            continue
+        full = f"{section}.{key}" if section else key
+        if fields is not None and key not in fields:
+            raise ConfigError(unknown_key_line(full, key, section, fields))
+        if fields is not None:  # untyped mappings below a schema (fleet.pools) are left as they are
+            _refuse_added_keys(node._get_node(key), full)
 
 
 def to_pool(name: str, pool) -> PoolConfig:
@@ -145,8 +165,6 @@ _LISTED_KEYS = 30  # a section with more keys than this is not listed in full
 def unknown_key(err) -> str:
     """OmegaConf's "Key 'stpes' not in 'LoopConfig'" in the user's terms: the closest key of that section,
     and the keys it takes (when there are few enough to list)."""
-    import difflib
-
     full, key = err.full_key, str(err.key)
     section = full[: -len(key)].rstrip(".") if full.endswith(key) else full.rpartition(".")[0]
     if err.parent_node is not None:
@@ -155,6 +173,13 @@ def unknown_key(err) -> str:
         keys = [f.name for f in dataclasses.fields(err.object_type)]
     else:
         keys = []
+    return unknown_key_line(full, key, section, keys)
+
+
+def unknown_key_line(full: str, key: str, section: str, keys: list[str]) -> str:
+    """``full`` (``key`` in ``section``, '' at the top) is none of ``keys``: one line with the closest."""
+    import difflib
+
     prefix = f"{section}." if section else ""
     close = difflib.get_close_matches(key, keys, n=1)
     hint = f"; did you mean {prefix}{close[0]}?" if close else ""
