@@ -93,6 +93,8 @@ TAMPERING = {
     "patch_sys_modules": ("import sys\nclass M:\n    isclose = staticmethod(lambda *a: True)\n"
                           "sys.modules['math'] = M\ndef f(x):\n    return 0.0\n",
                           "import math\nassert math.isclose(f(1), 2.0)\n"),
+    "patch_statistics": ("import statistics\nstatistics.mean = lambda xs: 3\ndef f(x):\n    return [x]\n",
+                         "import statistics\nassert statistics.mean(f(1)) == 3\n"),
     # HumanEval's tests use modules the solution's prompt imported: the tests get the real ones.
     "fake_module_name": ("class math:\n    isclose = staticmethod(lambda *a, **k: True)\ndef f(x):\n    return 0.0\n",
                          "assert math.isclose(f(1), 2.0)\n"),
@@ -231,6 +233,7 @@ THROUGH_A_CALL = {
     "sum": (SEES_ALL, "assert sum([f(1), -3]) == 0\n"),
     "operator_sub": (SEES_ALL, "import operator\nassert abs(operator.sub(f(1), 3)) < 1e-9\n"),
     "max": (SEES_ALL, "assert max(f(1), 3) == 3\n"),
+    "statistics_mean": (SEES_ALL, "import statistics\nassert statistics.mean([f(1), -3]) == 0\n"),
     "max_of_starred_args": (SEES_ALL, "assert max(*[f(1), 3]) == 3\n"),
     "sorted": (SEES_ALL, "assert sorted([f(1), 3])[-1] == 3\n"),
     "sum_start_keyword": (SEES_ALL, "assert sum([-3], start=f(1)) == 0\n"),
@@ -509,7 +512,9 @@ def test_tampering_with_the_harness_scores_0(name):
     reward, suspected = grade(code, tests, timeout_s=5.0)
     # sys._getframe is refused quietly: namedtuple, enum and typing call it and cope without.
     assert reward == 0.0, name
-    assert suspected is (name not in ("sys_getframe", "fake_module_name", "fake_module_object")), name
+    # fake_module_object: the tests get the real fractions, whose Fraction(4, 3) compared with the int 2
+    # is an object against built-in data (flagged, as Fraction(1, 2) == 0.5 is).
+    assert suspected is (name not in ("sys_getframe", "fake_module_name")), name
 
 
 @needs_sandbox
