@@ -5,11 +5,14 @@
 Needs the CUDA builds (``make setup TARGET=gpu`` or ``pip install -e .[gpu]``; docs/install.md).
 Without ``--model`` it saves a small random Llama (head_dim 64) in a temporary directory, so
 nothing is downloaded.
-Prints one JSON line per check and a final verdict; exits 1 if any check failed. Check 0 runs
-anywhere (no GPU needed); without CUDA the script stops after it:
+Prints one JSON line per check (a check that raised: one line with its error) and a final verdict;
+exits 1 if any check failed. Check 0 runs anywhere (no GPU needed); without CUDA the script stops
+after it with one line saying so, exit 1:
 
-0. The GPU preset (``fleet=vllm_gpu_mixed``) passes the load-time rules, and out-of-range engine
-   settings (tensor parallel size above a node, gpu_memory_utilization outside (0, 1]) are refused.
+0. The GPU preset (``fleet=vllm_gpu_mixed``) passes the load-time rules on the embedded model with
+   each pool's max_model_len at the model's context; the preset as shipped (lengths sized for real
+   models) is refused for exceeding that context, and so are out-of-range engine settings (tensor
+   parallel size above a node, gpu_memory_utilization outside (0, 1]).
 
 1. vLLM bf16 pool: sampled-token log-probs and the full-vocabulary head against a teacher-forced
    fp32 Hugging Face forward on the same weights; top-p/top-k support rows sum to 1 and hold the
@@ -94,20 +97,55 @@ def check_pool(name: str, sampler, model_dir: Path, prompts, tol: float) -> obje
     return full
 
 
+PRESET = "fleet=vllm_gpu_mixed"
+
+
 def check_config_rules() -> None:
+    """Check 0 against the embedded model: the preset's engine lengths are sized for real models' contexts,
+    so it is composed with each pool's max_model_len at the model's context (the preset as shipped must be
+    refused for exceeding it), and two out-of-range settings must be refused."""
+    from omegaconf import OmegaConf
+
+    import rlmix
+    from rlmix.assembly.rules import model_fields, model_positions
     from rlmix.commands.compose import compose_run_config
     from rlmix.errors import ConfigError
 
-    cfg = compose_run_config(["fleet=vllm_gpu_mixed"])
+    preset = OmegaConf.load(Path(rlmix.__file__).parent / "conf" / "fleet" / "vllm_gpu_mixed.yaml")
+    pools = list(preset.pools)
+    own = compose_run_config([PRESET, *(f"fleet.pools.{p}.vllm.max_model_len=null" for p in pools)])
+    positions = model_positions(own, model_fields(own))
+    fit = [PRESET, *(f"fleet.pools.{p}.vllm.max_model_len={positions}" for p in pools)]
+    cfg = compose_run_config(fit)
     engines = {name: vars(pool.vllm) for name, pool in cfg.fleet.pools.items()}
-    refused = {}
-    for override in ("fleet.pools.h200_bf16.vllm.tensor_parallel_size=16",
-                     "fleet.pools.h100_fp8.vllm.gpu_memory_utilization=1.5"):
+    refused, accepted = {}, []
+    for overrides in ([PRESET], [*fit, "fleet.pools.h200_bf16.vllm.tensor_parallel_size=16"],
+                      [*fit, "fleet.pools.h100_fp8.vllm.gpu_memory_utilization=1.5"]):
+        key = overrides[-1]
         try:
-            compose_run_config(["fleet=vllm_gpu_mixed", override])
+            compose_run_config(overrides)
+            accepted.append(key)
         except ConfigError as err:
-            refused[override] = str(err)
-    report("config: vllm_gpu_mixed engine settings", len(refused) == 2, engines=engines, refused=refused)
+            refused[key] = str(err).splitlines()[0]
+    report("config: vllm_gpu_mixed engine settings", not accepted, model_positions=positions, engines=engines,
+           refused=refused, accepted_but_should_not=accepted)
+
+
+def run_check(name: str, check, *args):
+    """``check(*args)``'s result, or None after one failed line naming what it raised."""
+    try:
+        return check(*args)
+    except Exception as err:  # one verdict line per check, never a traceback
+        lines = str(err).splitlines()
+        report(name, False, error=f"{type(err).__name__}: {lines[0] if lines else ''}")
+        return None
+
+
+def verdict() -> bool:
+    ok = all(r["ok"] for r in RESULTS)
+    print(json.dumps({"verdict": "ok" if ok else "FAILED", "failed": [r["check"] for r in RESULTS if not r["ok"]]}),
+          flush=True)
+    return ok
 
 
 def check_engine_settings(model_dir: Path, prompts, tp: int) -> None:
@@ -138,7 +176,8 @@ def check_deepspeed(model_dir: Path, batch, steps: int, ranks: int):
     from rlmix.trainers.deepspeed_trainer import DeepSpeedTrainer
 
     g = torch.Generator().manual_seed(0)
-    batch = batch.replace(group_ids=torch.arange(len(batch)) // 4, rewards=(torch.rand(len(batch), generator=g) < 0.5).float(),
+    rewards = (torch.rand(len(batch), generator=g) < 0.5).float()
+    batch = batch.replace(group_ids=torch.arange(len(batch)) // 4, rewards=rewards,
                           format_ok=torch.ones(len(batch), dtype=torch.bool), task_ids=("t",) * len(batch))
     weights = None
     for stage in (1, 2):
@@ -166,38 +205,72 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=1)
     ap.add_argument("--tp", type=int, default=None, help="tensor parallel size of check 5 (default: 2 if 2 GPUs)")
     args = ap.parse_args()
-    check_config_rules()
+    run_check("config: vllm_gpu_mixed engine settings", check_config_rules)
     if not torch.cuda.is_available():
-        raise SystemExit("gpu_check: no CUDA device visible; check 0 done, checks 1-5 need the GPU builds")
+        report("cuda", False, error="no CUDA device visible: checks 1-5 not run")
+        verdict()
+        raise SystemExit("gpu_check: no CUDA device visible (torch.cuda.is_available() is False); check 0 done, "
+                         "checks 1-5 need a GPU and the CUDA builds (docs/install.md)")
+    model_dir = run_check("device", setup_model, args.model)
+    if model_dir is not None:
+        run_gpu_checks(model_dir, args)
+    raise SystemExit(0 if verdict() else 1)
+
+
+def setup_model(model: Path | None) -> Path:
+    model_dir = model or random_llama(Path(tempfile.mkdtemp(prefix="rlmix_gpu_check_")))
+    report("device", True, name=torch.cuda.get_device_name(), torch=torch.__version__, model=str(model_dir))
+    return model_dir
+
+
+def run_gpu_checks(model_dir: Path, args) -> None:
+    """Checks 1-5; a check whose input failed (the bf16 pool, the trainer) is skipped with one line."""
     from rlmix.models.io import load_tokenizer
-    from rlmix.rollout import SamplingParams
+    from rlmix.samplers.vllm_checks import VllmEngine
     from rlmix.samplers.vllm_sampler import VllmSampler
 
-    model_dir = args.model or random_llama(Path(tempfile.mkdtemp(prefix="rlmix_gpu_check_")))
     tok = load_tokenizer(model_dir)
     prompts = [tok(t).input_ids for t in ["def f(x):", "map (+1) [1,2,3] =", "reverse [4,5] =", "sum [1] ="]] * 4
-    report("device", True, name=torch.cuda.get_device_name(), torch=torch.__version__, model=str(model_dir))
-    bf16 = VllmSampler(model_dir, pool="gpu_bf16", engine=VllmEngine("bfloat16", None, gpu_memory_utilization=0.3))
-    batch = check_pool("vllm bf16", bf16, model_dir, prompts, tol=0.05)
-    try:
-        fp8 = VllmSampler(model_dir, pool="gpu_fp8", engine=VllmEngine("bfloat16", "fp8", gpu_memory_utilization=0.3))
-        check_pool("vllm fp8_e4m3", fp8, model_dir, prompts, tol=0.5)
-        fp8.close()
-    except Exception as err:  # report what the engine said (e.g. fp8 needs compute capability >= 8.9)
-        report("vllm fp8_e4m3", False, error=f"{type(err).__name__}: {str(err).splitlines()[0]}")
-    weights = check_deepspeed(model_dir, batch, args.steps, args.ranks)
+
+    def pool(label: str, name: str, quantization: str | None, tol: float):
+        sampler = VllmSampler(model_dir, pool=name, engine=VllmEngine("bfloat16", quantization,
+                                                                       gpu_memory_utilization=0.3))
+        try:
+            return sampler, check_pool(label, sampler, model_dir, prompts, tol)
+        except Exception:
+            sampler.close()
+            raise
+
+    bf16 = run_check("vllm bf16", pool, "vllm bf16", "gpu_bf16", None, 0.05)
+    # fp8 may be refused by the engine (e.g. fp8 needs compute capability >= 8.9): its line says what it said
+    fp8 = run_check("vllm fp8_e4m3", pool, "vllm fp8_e4m3", "gpu_fp8", "fp8", 0.5)
+    if fp8 is not None:
+        fp8[0].close()
+    if bf16 is None:
+        report("deepspeed and weight sync", False, error="skipped: they train on the bf16 pool's batch")
+    else:
+        sampler, batch = bf16
+        weights = run_check("deepspeed on cuda", check_deepspeed, model_dir, batch, args.steps, args.ranks)
+        if weights is None:
+            report("weight sync into vllm bf16", False, error="skipped: no trained weights")
+        else:
+            run_check("weight sync into vllm bf16", check_weight_sync, sampler, model_dir, prompts, batch, weights,
+                      args.steps)
+        sampler.close()
+    tp = args.tp or (2 if torch.cuda.device_count() >= 2 else 1)
+    run_check("engine settings reach vLLM", check_engine_settings, model_dir, prompts, tp)
+
+
+def check_weight_sync(sampler, model_dir: Path, prompts, batch, weights: dict, version: int) -> None:
+    from rlmix.rollout import SamplingParams
+
     params = SamplingParams(temperature=0.8, max_new_tokens=24, num_candidates=4, seed=1)
-    bf16.load_weights(weights, version=args.steps)
-    after = bf16.generate(prompts, params)
+    sampler.load_weights(weights, version=version)
+    after = sampler.generate(prompts, params)
     lp = oracle_logprobs(model_dir, after, weights).gather(-1, after.completion_ids[after.mask][:, None])[:, 0]
     err = float((after.sampler_logprobs[after.mask] - lp).abs().mean())
     report("weight sync into vllm bf16", err < 0.05 and not torch.equal(after.completion_ids, batch.completion_ids),
            mean_abs_vs_new_weights=err, version=int(after.policy_version[0]))
-    bf16.close()
-    check_engine_settings(model_dir, prompts, args.tp or (2 if torch.cuda.device_count() >= 2 else 1))
-    ok = all(r["ok"] for r in RESULTS)
-    print(json.dumps({"verdict": "ok" if ok else "FAILED", "failed": [r["check"] for r in RESULTS if not r["ok"]]}))
-    raise SystemExit(0 if ok else 1)
 
 
 if __name__ == "__main__":  # vLLM spawns processes: the guard is required
