@@ -242,6 +242,58 @@ def test_json_follows_the_typed_config():
             check_deepspeed(bad, bf16=True)
 
 
+def test_overlap_comm_needs_gradient_partitioning_before_ray_starts():
+    for stage in (0, 1):
+        with pytest.raises(ConfigError, match=rf"^trainer.deepspeed.overlap_comm=true with zero_stage={stage}: .*"
+                                              r"zero_stage 2 or 3[^\n]*$"):
+            check_deepspeed(DeepSpeedConfig(zero_stage=stage, overlap_comm=True), bf16=False)
+    for stage in (2, 3):
+        check_deepspeed(DeepSpeedConfig(zero_stage=stage, overlap_comm=True), bf16=True)
+    from rlmix.commands.compose import compose_run_config
+
+    with pytest.raises(ConfigError, match="trainer.deepspeed.overlap_comm=true with zero_stage=1"):
+        compose_run_config(["+experiment=smoke", "trainer=deepspeed", "trainer.deepspeed.overlap_comm=true"])
+
+
+OVERLAP_PROBE = """
+import json
+import torch
+from rlmix.config.deepspeed import DeepSpeedConfig
+from rlmix.config.schema import TrainerPrecision
+from rlmix.trainers.deepspeed_config import deepspeed_json
+from rlmix.trainers.deepspeed_rank import RankSetup, free_port, init_process_group
+
+init_process_group(RankSetup(0, 1, "127.0.0.1", free_port(), own_device=False), "gloo", False)
+import deepspeed
+seen = {}
+for stage in (1, 2):
+    js = deepspeed_json(DeepSpeedConfig(zero_stage=2, overlap_comm=True), precision=TrainerPrecision.bf16,
+                        grad_clip=1.0)
+    js["zero_optimization"]["stage"] = stage  # what the JSON would be without the refusal
+    model = torch.nn.Linear(4, 4)
+    try:
+        deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()), config=js)
+        seen[stage] = "ok"
+    except AssertionError as err:
+        seen[stage] = str(err)
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.slow  # a DeepSpeed engine in a fresh process: seconds
+def test_the_refused_overlap_is_the_one_deepspeed_rejects(tmp_path):
+    """Stage 1 with overlap_comm fails DeepSpeed's initialize under rlmix's JSON; stage 2 starts."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", OVERLAP_PROBE], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "overlap_comm only with ZeRO stage 2" in seen["1"] and seen["2"] == "ok"
+
+
 @pytest.mark.slow  # a DeepSpeed engine: seconds to set up
 def test_the_warm_up_rate_reaches_every_rank(model_dir, corr):
     """lr 2xLR halved by a 2-step warm-up: the first update is plain torch's at LR; train/lr says so."""

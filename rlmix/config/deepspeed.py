@@ -27,7 +27,7 @@ class DeepSpeedConfig:
     ranks: int = 1  # data-parallel ranks, one Ray actor each; the batch is split across them
     grad_accum_dtype: GradAccumDtype = GradAccumDtype.fp32  # gradient accumulation over micro-batches
     comm_backend: CommBackend = CommBackend.auto
-    overlap_comm: bool = False  # overlap gradient reduction with backward (useful on GPUs)
+    overlap_comm: bool = False  # overlap gradient reduction with backward (GPUs; zero_stage 2 or 3 only)
     contiguous_gradients: bool = True
     reduce_bucket_size: int = 50_000_000  # elements per gradient-reduction bucket
     build_shm_op: bool = False  # compile DeepSpeed's CPU shared-memory comm op (~40 s once); gloo suffices
@@ -42,6 +42,11 @@ def check_deepspeed(ds: DeepSpeedConfig, bf16: bool) -> None:
             "trainer.deepspeed.zero_stage=0 with trainer.precision=bf16: DeepSpeed's stage-0 BF16 path takes a "
             "spurious first optimizer step; use zero_stage 1 or 2"
         )
+    if ds.overlap_comm and ds.zero_stage < 2:
+        # rlmix runs DeepSpeed with managed_gradient_accumulation=False (rlmix/trainers/deepspeed_config.py),
+        # where DeepSpeed asserts at initialize that overlap_comm comes with gradient partitioning.
+        raise ConfigError(f"trainer.deepspeed.overlap_comm=true with zero_stage={ds.zero_stage}: DeepSpeed overlaps "
+                          "gradient reduction only with zero_stage 2 or 3; raise zero_stage or set overlap_comm false")
     if ds.ranks < 1:
         raise ConfigError(f"trainer.deepspeed.ranks={ds.ranks}: must be >= 1")
     if ds.reduce_bucket_size < 1:
