@@ -179,6 +179,61 @@ def test_check_gpus_refuses_what_the_machine_lacks():
     check_gpus(compose_run_config([*GPU_MIXED, "cluster.address=auto"]), visible=0)
 
 
+def test_a_one_rank_deepspeed_trainer_on_nccl_counts_its_gpu():
+    """One rank runs its engine in the trainer actor, on cuda:0 of what Ray leaves it: on NCCL it is a GPU
+    the preflight counts; without CUDA (auto = gloo) and on the torch trainer nothing changes."""
+    one = ["+experiment=smoke", "trainer=deepspeed"]
+    auto = compose_run_config(one)
+    assert gpu_demand(auto, cuda=False) == {} and gpu_demand(auto, cuda=True) == {"trainer.deepspeed.ranks": 1}
+    nccl = compose_run_config([*one, "trainer.deepspeed.comm_backend=nccl"])
+    assert gpu_demand(nccl) == {"trainer.deepspeed.ranks": 1}
+    assert gpu_demand(compose_run_config([*one, "trainer.deepspeed.comm_backend=gloo"]), cuda=True) == {}
+    assert gpu_demand(compose_run_config(["+experiment=smoke"]), cuda=True) == {}  # the torch trainer: the CPU
+    mixed = compose_run_config([*GPU_MIXED, "trainer=deepspeed"])
+    check_gpus(mixed, visible=7)
+    with pytest.raises(ConfigError, match=r"needs 7 GPUs \(.*, trainer.deepspeed.ranks: 1\) .* has 6 GPUs"):
+        check_gpus(mixed, visible=6)
+
+
+class _Session:
+    """Stands in for the actor session: records the actors asked for."""
+
+    def __init__(self):
+        self.wanted = []
+
+    def begin_job(self) -> int:
+        return 1
+
+    def actors(self, wanted):
+        self.wanted = wanted
+        return [object() for _ in wanted], []
+
+
+@pytest.mark.parametrize("overrides, cuda, gpus", [
+    (["trainer=deepspeed"], True, 1),
+    (["trainer=deepspeed"], False, None),
+    (["trainer=deepspeed", "trainer.deepspeed.comm_backend=nccl"], False, 1),
+    (["trainer=deepspeed", "trainer.deepspeed.comm_backend=gloo"], True, None),
+    (["trainer=deepspeed", "trainer.deepspeed.ranks=2"], True, None),  # each rank actor asks for its own
+    ([], True, None),
+])
+def test_the_trainer_actor_asks_ray_for_the_gpu_its_engine_uses(monkeypatch, tmp_path, overrides, cuda, gpus):
+    from rlmix.commands.compose import compose_plan
+    from rlmix.orchestration import hardware, runner
+    from rlmix.orchestration.cores import CorePlan
+
+    monkeypatch.setattr(hardware, "visible_gpus", lambda: 1 if cuda else 0)
+    session = _Session()
+    monkeypatch.setattr(runner, "SESSION", session)
+    plan = compose_plan(["+experiment=smoke", *overrides])
+    runner.start_actors(plan, [], tmp_path, CorePlan(cpus=2, trainer_threads=1, sampler_threads=1, generating=None),
+                        {})
+    options = session.wanted[0].options
+    assert options.get("num_gpus") == gpus and options["num_cpus"] == 0
+    if gpus is None:  # a CPU run's trainer: the options it always had
+        assert options == {"num_cpus": 0, "resources": {runner.TRAINER_RESOURCE: 1.0}}
+
+
 def test_visible_gpus_follows_cuda_visible_devices(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert visible_gpus() == 0

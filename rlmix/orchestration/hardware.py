@@ -2,10 +2,11 @@
 Answered before Ray starts.
 
 A pool with ``backend: vllm`` on a GPU accelerator takes its tensor-parallel size in GPUs per
-instance (``num_gpus`` on its actor), and a multi-rank DeepSpeed trainer on NCCL one per rank. On a local Ray instance those
-GPUs must be on this machine: otherwise Ray would wait forever for actors it cannot place, after
-the run directory exists. ``check_gpus`` turns that into one line at config time. With
-``cluster.address`` set, the cluster's own resources decide and nothing is checked here.
+instance (``num_gpus`` on its actor), and a DeepSpeed trainer on NCCL one per rank (one rank: the
+trainer actor's own, ``trainer_gpus``). On a local Ray instance those GPUs must be on this machine:
+otherwise Ray would wait forever for actors it cannot place, after the run directory exists.
+``check_gpus`` turns that into one line at config time. With ``cluster.address`` set, the
+cluster's own resources decide and nothing is checked here.
 
 Emulated pools (``backend: torch``) take no GPU whatever accelerator they name: they compute on the
 CPU and are placed by a declared ``accelerator_type`` resource.
@@ -34,18 +35,36 @@ def _nccl(cfg: RunConfig, cuda: bool) -> bool:
     return comm is CommBackend.nccl or (comm is CommBackend.auto and cuda)
 
 
+def trainer_gpus(cfg: RunConfig, cuda: bool) -> int:
+    """GPUs the trainer actor itself asks Ray for: one for a one-rank DeepSpeed trainer on NCCL, whose
+    engine runs in that actor on cuda:0 of the devices Ray leaves it (a 0-GPU actor keeps the whole
+    node's, cuda:0 included, which Ray also hands to a sampler). Several ranks take theirs in their own
+    actors; the torch trainer and gloo ranks stay on the CPU."""
+    t = cfg.trainer
+    return int(t.backend is TrainerBackend.deepspeed and t.deepspeed.ranks == 1 and _nccl(cfg, cuda))
+
+
+def trainer_actor_gpus(cfg: RunConfig) -> int:
+    """``trainer_gpus`` on this machine (``comm_backend=auto`` is NCCL where ``visible_gpus`` finds one)."""
+    t = cfg.trainer
+    if t.backend is not TrainerBackend.deepspeed or t.deepspeed.ranks != 1:
+        return 0
+    return trainer_gpus(cfg, cuda=t.deepspeed.comm_backend is CommBackend.auto and visible_gpus() > 0)
+
+
 def gpu_demand(cfg: RunConfig, one_per_pool: bool = False, cuda: bool = False) -> dict[str, int]:
     """GPUs the run's actors request, keyed by the config key that asks for them.
 
     ``one_per_pool``: ``rlmix probe`` builds one instance per pool, not ``count``. ``cuda``: the
-    machine has GPUs, so ``comm_backend=auto`` means NCCL (one GPU per rank), as in the trainer.
+    machine has GPUs, so ``comm_backend=auto`` means NCCL (one GPU per rank, the one rank's in the
+    trainer actor), as in the trainer.
     """
     demand = {}
     for name, pool in cfg.fleet.pools.items():
         if pool_gpus(pool):
             demand[f"fleet.pools.{name}"] = pool_gpus(pool) * (1 if one_per_pool else pool.count)
-    if _multi_rank(cfg) and _nccl(cfg, cuda):
-        demand["trainer.deepspeed.ranks"] = cfg.trainer.deepspeed.ranks
+    if cfg.trainer.backend is TrainerBackend.deepspeed and _nccl(cfg, cuda):
+        demand["trainer.deepspeed.ranks"] = cfg.trainer.deepspeed.ranks  # ranks > 1: rank actors; 1: trainer_gpus
     return demand
 
 

@@ -61,6 +61,7 @@ def start_actors(run: RunPlan, specs: list[SamplerSpec], model_dir: Path, cores:
     sampler slot keeps this job's token and arguments, to re-initialise a sampler that Ray
     re-created from an earlier job's (rlmix.orchestration.session).
     """
+    from rlmix.orchestration.hardware import trainer_actor_gpus
     from rlmix.orchestration.loop import SamplerSlot
     from rlmix.orchestration.workers import SamplerWorker, TrainerWorker
     from rlmix.seeds import derive_seed
@@ -69,6 +70,8 @@ def start_actors(run: RunPlan, specs: list[SamplerSpec], model_dir: Path, cores:
     decay = cfg.loop.steps if cfg.trainer.lr_decay_steps is None else cfg.trainer.lr_decay_steps
     trainer_cfg = dataclasses.replace(cfg.trainer, num_threads=cores.trainer_threads, lr_decay_steps=decay)
     trainer_options = {"num_cpus": 0, "resources": {TRAINER_RESOURCE: 1.0} if cfg.cluster.address is None else {}}
+    if gpus := trainer_actor_gpus(cfg):  # a one-rank DeepSpeed trainer on NCCL: its engine runs in the actor
+        trainer_options["num_gpus"] = gpus
     trainer_args = (str(model_dir), trainer_cfg, run.correction, cfg.seed)
     wanted = [ActorRequest(TrainerWorker, trainer_options, trainer_args, env_vars)]
     job = SESSION.begin_job()
