@@ -17,10 +17,12 @@ from rlmix.errors import ConfigError
 DTYPES = ("bfloat16", "float16", "float32")
 # Quantisation methods the CPU build of vLLM 0.32 has kernels for: none of the fp8/int4 GPU ones.
 CPU_QUANTIZATION: tuple[str | None, ...] = (None,)
-# Methods a GPU pool may name: online fp8 and the usual pre-quantised checkpoint formats.
+# Methods a GPU pool may name: online fp8 and the usual pre-quantised checkpoint formats. Each is in
+# vLLM 0.32's QuantizationMethods and not in its DEPRECATED_QUANTIZATION_METHODS (those need
+# --allow-deprecated-quantization: fbgemm_fp8, fp_quant); 0.32 has no bitsandbytes or gguf.
 GPU_QUANTIZATION: tuple[str | None, ...] = (
-    None, "fp8", "fbgemm_fp8", "modelopt", "modelopt_fp4", "awq", "awq_marlin", "gptq", "gptq_marlin",
-    "compressed-tensors", "bitsandbytes", "gguf", "experts_int8",
+    None, "fp8", "modelopt", "modelopt_fp4", "awq", "awq_marlin", "gptq", "gptq_marlin",
+    "compressed-tensors", "experts_int8",
 )
 CPU_KV_CACHE_DTYPES = ("auto",)
 GPU_KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
