@@ -3,9 +3,10 @@
 1. Start a fresh sandbox from the task (same image / same repository copy as the agent got).
 2. Apply the agent's patch with ``git apply`` to the working tree, skipping every protected test
    path (``[metadata] test_files`` or ``DEFAULT_TEST_GLOBS``): the benchmark's tests stay as shipped,
-   so a policy that edits the tests cannot pass by it. No baseline commit is needed here: the
-   patch was taken against the agent sandbox's baseline, which is this same image on disk, and git
-   is kept from finding any repository above the working copy.
+   so a policy that edits the tests cannot pass by it. ``--exclude`` judges a rename by its new path only,
+   so a patch that renames a protected file away (deleting it) scores 0 unapplied. No baseline commit is
+   needed here: the patch was taken against the agent sandbox's baseline, which is this same image on
+   disk, and git is kept from finding any repository above the working copy.
 3. Copy the task's ``tests/`` in from the task directory on the host (which no sandbox can see; the
    local runtime mounts them read-only), with ``rlmix_verify.sh`` and the python_tests harness beside
    them, and run ``bash $TESTS_DIR/test.sh`` with the task's ``[verifier] env`` and ``timeout_sec``.
@@ -26,6 +27,7 @@ or a failing test are the policy's outcome: reward 0.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
 import re
@@ -143,7 +145,28 @@ def rlmix_verify_reward(output: str, nonce: str) -> tuple[float, str | None]:
     return (1.0 if all(r == "1" for r in rewards.values()) else 0.0), None
 
 
+def _unquote(name: str) -> str:
+    """A path as git writes it in a patch header: as is, or C-quoted (octal escapes of UTF-8 bytes)."""
+    if not (len(name) >= 2 and name.startswith('"') and name.endswith('"')):
+        return name
+    raw = name[1:-1].encode("utf-8", "backslashreplace").decode("unicode_escape")
+    return raw.encode("latin-1", "replace").decode("utf-8", "replace")
+
+
+def renamed_protected(patch: str, globs: tuple[str, ...]) -> list[str]:
+    """Protected paths the patch renames away. ``git apply --exclude`` looks at a rename's new path only,
+    so such a rename would delete the protected file; git reads a rename's source from a header line
+    ``rename from PATH`` (or ``rename old PATH``), which no hunk or binary line can start with."""
+    sources = [_unquote(m) for m in re.findall(r"^rename (?:from|old) (.*?)[ \t\r]*$", patch, flags=re.MULTILINE)]
+    return [s for s in sources if any(fnmatch.fnmatchcase(s, g) for g in globs)]
+
+
 def _grade_once(task: HarborTask, patch: str, runtime: Runtime, network: bool) -> Grade:
+    moved = renamed_protected(patch, task.test_globs)
+    if moved:
+        note = f"the patch renames protected test files away: {', '.join(moved[:3])}"
+        log.info("grading %s: scored 0: %s", task.task_id, note)
+        return Grade(0.0, None, 1, False, None, False, "", note)
     sandbox = runtime.start(task, network=network)
     try:
         applied = True
