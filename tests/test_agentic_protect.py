@@ -126,3 +126,25 @@ def test_test_files_that_protect_nothing_are_refused_at_load(tmp_path, test_file
 def test_test_files_entries_are_normalised_to_protect_a_path_and_what_is_under_it(tmp_path):
     task = _task(tmp_path, '["./spec/", "a//b.py", "test_calc.py", "./test_calc.py"]')
     assert task.test_globs == ("spec", "spec/*", "a/b.py", "a/b.py/*", "test_calc.py", "test_calc.py/*")
+
+
+# A verifier that runs Python in the repository with it on PYTHONPATH, as many Harbor tasks' test.sh do.
+PYTHONPATH_TEST_SH = ('#!/bin/bash\ncd "$APP_DIR"\nPYTHONPATH="$APP_DIR" python3 -c '
+                      '"from calc import add; assert add(2, 3) == 5"\n')
+
+
+@pytest.mark.parametrize("name", ["sitecustomize.py", "lib/sitecustomize.py", "usercustomize.py"])
+def test_a_patch_adding_python_start_up_code_is_not_applied(tmp_path, name):
+    """sitecustomize.py is imported at start-up from any directory on PYTHONPATH: one that ends the
+    process with status 0 would pass the unfixed code. It is dropped from the patch like a test file."""
+    task = _task(tmp_path, '["test_calc.py"]')
+    (task.tests_dir / "test.sh").write_text(PYTHONPATH_TEST_SH)
+
+    def cheat(repo: Path) -> None:
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text("import os\nos._exit(0)\n")
+
+    if name != "lib/sitecustomize.py":  # the cheat works where the file lands on PYTHONPATH
+        assert _grade(task, _patch(task, tmp_path, cheat)).reward == 0.0
+    fixed = _patch(task, tmp_path / "fixed", lambda repo: (cheat(repo), (repo / "calc.py").write_text(FIXED)))
+    assert _grade(task, fixed).reward == 1.0  # the rest of the patch still applies

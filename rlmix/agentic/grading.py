@@ -2,7 +2,8 @@
 
 1. Start a fresh sandbox from the task (same image / same repository copy as the agent got).
 2. Apply the agent's patch with ``git apply`` to the working tree, skipping every protected test
-   path (``[metadata] test_files`` or ``DEFAULT_TEST_GLOBS``): the benchmark's tests stay as shipped,
+   path (``[metadata] test_files`` or ``DEFAULT_TEST_GLOBS``, and always ``ALWAYS_PROTECTED``: conftest.py,
+   sitecustomize.py, usercustomize.py): the benchmark's tests stay as shipped, and run as shipped,
    so a policy that edits the tests cannot pass by it. ``--exclude`` judges a rename by its new path only,
    so a patch that renames a protected file away (deleting it) scores 0 unapplied. No baseline commit is
    needed here: the patch was taken against the agent sandbox's baseline, which is this same image on
@@ -161,8 +162,17 @@ def renamed_protected(patch: str, globs: tuple[str, ...]) -> list[str]:
     return [s for s in sources if any(fnmatch.fnmatchcase(s, g) for g in globs)]
 
 
+# Files that change how the tests run without being tests, protected whatever a task's test_files say: pytest
+# loads every conftest.py above a test it collects, and Python imports sitecustomize/usercustomize at start-up
+# from any directory on PYTHONPATH. A patch that adds one (os._exit(0) before any test) would pass any verifier
+# that runs Python or pytest in the repository.
+ALWAYS_PROTECTED = ("conftest.py", "*/conftest.py", "sitecustomize.py", "*/sitecustomize.py", "usercustomize.py",
+                    "*/usercustomize.py")
+
+
 def _grade_once(task: HarborTask, patch: str, runtime: Runtime, network: bool) -> Grade:
-    moved = renamed_protected(patch, task.test_globs)
+    globs = (*task.test_globs, *ALWAYS_PROTECTED)
+    moved = renamed_protected(patch, globs)
     if moved:
         note = f"the patch renames protected test files away: {', '.join(moved[:3])}"
         log.info("grading %s: scored 0: %s", task.task_id, note)
@@ -173,7 +183,7 @@ def _grade_once(task: HarborTask, patch: str, runtime: Runtime, network: bool) -
         if patch.strip():
             patch_path = f"{sandbox.logs_dir}/agent.patch"
             sandbox.put_file(patch_path, patch.encode())
-            excludes = " ".join(f"--exclude={shlex.quote(g)}" for g in task.test_globs)
+            excludes = " ".join(f"--exclude={shlex.quote(g)}" for g in globs)
             res = sandbox.run(f"{ONLY_OWN_REPO} && git apply --binary --whitespace=nowarn {excludes} "
                               f"{shlex.quote(patch_path)}", timeout_s=300.0)
             applied = res.exit_code == 0
