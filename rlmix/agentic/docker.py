@@ -117,8 +117,8 @@ class DockerRuntime:
     def unavailable(self) -> str | None:
         if docker_available():
             return None
-        return ("task.runtime=docker needs a running Docker engine and `docker info` does not answer: start "
-                "one (README, \"Docker runtime\"), or use task.runtime=local")
+        return ("task.runtime=docker needs a running Docker engine and `docker info` does not answer: start one "
+                "(README, \"Agentic tasks: the sandbox and the Docker engine\"), or use task.runtime=local")
 
     def image_tag(self, task: HarborTask) -> str:
         return f"{self._prefix}/{re.sub(r'[^a-z0-9_.-]', '-', task.task_id.lower())}:latest"

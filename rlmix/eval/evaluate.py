@@ -10,10 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from rlmix.assembly.plan import RunPlan
@@ -217,7 +219,7 @@ def evaluate(plan: RunPlan, progress=print, scoring: Scoring | None = None) -> d
     """Run the evaluation ``plan`` describes, in its task kind's form (``TaskKind.evaluate``);
     writes eval.json and returns its content."""
     ks = sorted(set(plan.cfg.eval.k))  # in 1..eval.samples: checked with the config (rlmix.assembly.rules)
-    return plan.task.evaluate(Evaluation(plan, resolve_checkpoint(plan, progress), ks, progress, scoring or Scoring()))
+    return plan.task.evaluate(Evaluation(plan, ks, progress, scoring or Scoring()))
 
 
 def _absolute(value):
@@ -247,10 +249,15 @@ class Evaluation:
     completions (``completions``) or of episodes (``episodes``)."""
 
     plan: RunPlan
-    model_dir: Path
     ks: list[int]
     progress: Callable[[str], None]
     scoring: Scoring = field(default_factory=Scoring)
+
+    @cached_property
+    def model_dir(self) -> Path:
+        """The model ``checkpoint=`` names (``resolve_checkpoint``), resolved when first asked for: an
+        episode task's own input is checked before, so that a typo in it costs no model build."""
+        return resolve_checkpoint(self.plan, self.progress)
 
     def out_dir(self, split: str) -> Path:
         """``result_dir``, said first where the task settings are not the run's own."""
@@ -267,7 +274,8 @@ class Evaluation:
 
     def completions(self, split: str) -> dict:
         """``eval.samples`` completions of each problem of ``split``, scored by the task."""
-        cfg, model_dir, ks, samples = self.plan.cfg, self.model_dir, self.ks, self.plan.cfg.eval.samples
+        model_dir = self.model_dir
+        cfg, ks, samples = self.plan.cfg, self.ks, self.plan.cfg.eval.samples
         cfg.task.split = split
         out_dir = self.out_dir(split)
         rows, label, first_error = task_counts(self.plan, model_dir, self.progress)
@@ -304,16 +312,24 @@ class Evaluation:
         ``task.concurrent_episodes`` episodes run at once, as in training: their turns are generated
         together by one ``TurnBatcher`` over the reference sampler (continuously batched unless
         ``task.continuous_batching=false``). Each turn draws from its own seed, so an episode is the
-        one it would be alone, up to the reference kernel's rounding in another batch (docs/agentic.md)."""
+        one it would be alone, up to the reference kernel's rounding in another batch (docs/agentic.md).
+
+        Refused in one line before any model is built or loaded, and before W&B or a directory starts:
+        the runtime and the tasks (``episode_tasks``); once the tokenizer is read, a model without room
+        for one turn, as ``rlmix train`` refuses it (``check_agent_run``)."""
         from rlmix.agentic.batching import TurnBatcher
         from rlmix.agentic.policy import ModelPolicy
         from rlmix.agentic.run import run_swebench_eval
+        from rlmix.agentic.train import check_agent_run
+        from rlmix.assembly.parts import model_max_positions
         from rlmix.metrics.written import write_result
 
         cfg = self.plan.cfg
+        tasks = episode_tasks(task_cfg, cfg.seed)
         out_dir = self.out_dir(split)
         replaced = (out_dir / EVAL_FILE).is_file()
         tokenizer, stops = reference_tokenizer(cfg, self.model_dir)
+        check_agent_run(task_cfg, tasks, tokenizer, model_max_positions(self.model_dir))
         with loading(cfg, self.model_dir, "weights"):
             sampler, label = reference_sampler(cfg.eval, self.model_dir, cfg.seed)
         params = SamplingParams(
@@ -323,21 +339,67 @@ class Evaluation:
             seed=cfg.seed,
         )
         concurrent = task_cfg.concurrent_episodes
-        batcher = TurnBatcher(sampler, seed=cfg.seed, continuous=task_cfg.continuous_batching) if concurrent != 1 else None
+        batcher = (TurnBatcher(sampler, seed=cfg.seed, continuous=task_cfg.continuous_batching)
+                   if concurrent != 1 else None)
         policy = ModelPolicy(tokenizer, batcher or sampler, params)
-        run = _wandb_run(cfg, out_dir)
-        try:
-            summary = run_swebench_eval(task_cfg, policy, self.ks, cfg.eval.samples, out_dir, progress=self.progress,
-                                        wandb_run=run, groups=groups, concurrent=concurrent)
-        finally:
-            if batcher is not None:
-                batcher.close()
+        with made_for(out_dir) as made:
+            run = made.wandb_run = _wandb_run(cfg, out_dir)
+            try:
+                summary = run_swebench_eval(task_cfg, policy, self.ks, cfg.eval.samples, out_dir,
+                                            progress=self.progress, wandb_run=run, groups=groups, concurrent=concurrent)
+            finally:
+                if batcher is not None:
+                    batcher.close()
         if run is not None:
             run.finish()
         summary = {**summary, **scored_settings(cfg, self.scoring)}  # the episode runner wrote the scores
         write_result(out_dir / EVAL_FILE, json.dumps(summary, indent=1) + "\n")
         self.progress(f"reference {label}; {self.wrote(out_dir, replaced)}")
         return summary
+
+
+def episode_tasks(task_cfg, seed: int):
+    """The Harbor tasks an episode evaluation plays (``HarborTaskSet``), once what needs no model is
+    checked: the runtime (bubblewrap, a Docker engine), the task directory, its tasks, the subset file
+    and its ids, and each task runnable on the runtime. ``run_swebench_eval`` checks the same, but
+    only once the model has loaded; here each is the ``ConfigError`` ``rlmix train`` gives."""
+    from rlmix.agentic.run import check_runtime
+    from rlmix.agentic.train import HarborTaskSet
+
+    runtime = check_runtime(task_cfg)
+    tasks = HarborTaskSet(task_cfg, seed)
+    bad = [p for p in (runtime.check(t) for t in tasks.tasks.values()) if p]
+    if bad:
+        raise ConfigError(f"{len(bad)} task(s) cannot run with task.runtime={task_cfg.runtime.name}: {bad[0]}")
+    return tasks
+
+
+@dataclass
+class _Made:
+    """What ``made_for`` made: the directories (innermost first) and the W&B run started in them."""
+
+    dirs: list[Path]
+    wandb_run: object = None
+
+
+@contextmanager
+def made_for(out_dir: Path):
+    """``out_dir`` as the body makes it (and its missing parents), taken away again where a
+    ``ConfigError`` ends the body before anything but W&B's run files went there: a refusal leaves
+    nothing half-written. A directory that was there before, or holds anything else, stays."""
+    out_dir = Path(out_dir).absolute()
+    made = _Made([p for p in (out_dir, *out_dir.parents) if not p.exists()])
+    try:
+        yield made
+    except ConfigError:
+        if made.wandb_run is not None:
+            made.wandb_run.finish()
+        if made.dirs and out_dir.is_dir() and {p.name for p in out_dir.iterdir()} <= {"wandb"}:
+            shutil.rmtree(out_dir, ignore_errors=True)
+            for parent in made.dirs[1:]:
+                if parent.is_dir() and not any(parent.iterdir()):
+                    parent.rmdir()
+        raise
 
 
 def write_eval(out_dir: Path, summary: dict, cfg: RunConfig) -> None:
