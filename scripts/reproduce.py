@@ -9,13 +9,15 @@
     python scripts/reproduce.py --doses v2_fleet    # one dose, with the profile's arms
     python scripts/reproduce.py --arms mis,icepop   # other arms (any experiment preset) at the headline dose
     python scripts/reproduce.py --steps 500         # longer runs
-    python scripts/reproduce.py --seeds 1 --steps 20   # a look, not a result
+    python scripts/reproduce.py --seeds 1 --steps 20   # a look, not a result: page results_quick_1seed_20steps
     python scripts/reproduce.py --merge docs/results_a/runs.json,docs/results_b/runs.json --name v2_map
                                                     # one page (tables, map) from earlier invocations' runs
                                                     # (of one machine: it refuses pages of two CPU models)
     python scripts/reproduce.py --profile quick --resume multirun/reproduce_<stamp>
                                                     # an invocation that was stopped: its finished runs are
                                                     # kept, the rest are run, then the page is written
+                                                    # (give the options it was started with: a kept run
+                                                    # trained with other overrides, --steps say, is refused)
     python scripts/reproduce.py --profile v2_map --probes-only   # each dose's fleet probed, no runs (for --merge)
 
 Every run is an ordinary ``rlmix train -m`` sweep (one per dose: the overrides in ``DOSES``); every
@@ -25,8 +27,14 @@ trainer's current weights; ``v2_fp8kv_lag4``: from the weights 4 versions back; 
 run); the v1 doses free-running, with the staleness set by
 the buffer depth. Seeds are fixed before the runs (0, 1, 2) and every run is reported. Each dose's
 fleet is also measured at fixed weights, once, by ``rlmix probe`` (``probe``). What is written:
-``docs/results_<profile>.md`` (tables), its figures in ``docs/results_<profile>/``, the raw per-run
-records in ``docs/results_<profile>/runs.json`` and the probes' in ``probes.json`` beside it.
+``docs/results_<name>.md`` (tables), its figures in ``docs/results_<name>/``, the raw per-run
+records in ``docs/results_<name>/runs.json`` and the probes' in ``probes.json`` beside it. The name
+is the profile's, then each of ``--doses`` and ``--arms`` given, then ``--seeds`` and ``--steps`` where
+they are not the profile's (``quick_1seed_20steps``), so a shorter look never writes over the page
+of the profile's runs (page_name).
+
+Ctrl-C (or SIGTERM, SIGHUP) stops the running command as it stops ``rlmix`` (the run saves and says
+so); the script then ends with 128 + the signal's number (130 for Ctrl-C) and the ``--resume`` line.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import json
 import math
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -173,6 +182,21 @@ WHERE_COLUMNS = {  # series name -> (page column, where/ keys summed)
 }
 
 
+SEEDS = 3  # seeds 0, 1, 2 per arm, unless --seeds says otherwise
+
+
+def page_name(profile: str, doses: str | None, arms: str | None, seeds: int, steps: int) -> str:
+    """The page's name (``docs/results_<name>.md``): the profile's, then the ``--doses`` and ``--arms``
+    given, then the seeds and the steps where they are not the profile's (``quick_1seed_20steps``), so
+    that a shorter look is a page of its own and leaves the profile's page as its runs made it."""
+    name = profile + "".join(f"_{'_'.join(v.split(','))}" for v in (doses, arms) if v)
+    if seeds != SEEDS:
+        name += f"_{seeds}seed{'s' * (seeds != 1)}"
+    if steps != PROFILES[profile].steps:
+        name += f"_{steps}steps"
+    return name
+
+
 def plan_arms(plan: Plan) -> tuple[str, ...]:
     """Every arm of a plan, in the order the plan first names it."""
     return tuple(dict.fromkeys(arm for _, arms in plan for arm in arms))
@@ -259,9 +283,46 @@ def plan_problem(plan: list[tuple[str, tuple[str, ...]]], steps: int) -> str | N
     return None
 
 
+class Interrupted(Exception):
+    """A command stopped by ``signum`` after its work was done (``what``: the line saying so)."""
+
+    def __init__(self, signum: int, what: str) -> None:
+        super().__init__(what)
+        self.signum, self.what = signum, what
+
+
+def stop_signal(code: int) -> int | None:
+    """The signal that stopped a command, from its exit status: killed by it (negative), or ended
+    by rlmix on it (128 + N: SIGHUP, SIGINT, SIGTERM); None where it ended otherwise."""
+    if code < 0:
+        return -code
+    if code - 128 in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
+        return code - 128
+    return None
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
 def sweep(out: Path, dose: str, arms: tuple[str, ...], seeds: int | tuple[int, ...], steps: int) -> list[str]:
+    """One dose's ``rlmix train -m``. Stopped by a signal after every one of its runs had ended (in
+    the sweep's teardown): Interrupted, which says the dose finished; stopped earlier, or failed:
+    CalledProcessError."""
     overrides = sweep_overrides(dose, arms, seeds, steps)
-    run([RLMIX, "train", "-m", *overrides, f"hydra.sweep.dir={out}"])
+    try:
+        run([RLMIX, "train", "-m", *overrides, f"hydra.sweep.dir={out}"])
+    except subprocess.CalledProcessError as err:
+        signum = stop_signal(err.returncode)
+        jobs = [(arm, seed) for arm in arms for seed in (range(seeds) if isinstance(seeds, int) else seeds)]
+        ended = runs_in(out)
+        if signum is None or not all(ended.get(job, (False,))[0] for job in jobs):
+            raise
+        raise Interrupted(signum, f"`train -m` was stopped ({signal_name(signum)}) after every run of dose "
+                                  f"`{dose}` had ended: the dose finished, and its runs are kept") from err
     return overrides
 
 
@@ -342,6 +403,41 @@ def runs_in(out: Path) -> dict[tuple[str, int], tuple[bool, Path]]:
         key = (summary["name"], summary["seed"])
         runs[key] = max(runs.get(key, rank), rank)
     return {key: (ended, run_dir) for key, (ended, _, run_dir) in runs.items()}
+
+
+def trained_with(run_dir: Path) -> list[str] | None:
+    """The overrides a run was trained with (its ``.hydra/overrides.yaml``, Hydra's own and a
+    ``resume=`` left out), or None where the run does not say."""
+    import yaml
+
+    path = run_dir / ".hydra" / "overrides.yaml"
+    if not path.is_file():
+        return None
+    return [o for o in yaml.safe_load(path.read_text()) or []
+            if not o.startswith(("hydra.", "+hydra.", "resume="))]
+
+
+def resume_problem(base: Path, plan: Plan, seeds: int, steps: int) -> str | None:
+    """Why ``--resume base`` cannot go on with this plan (one line), or None: a run it would keep
+    (one that ended) was trained with other overrides than this invocation gives the same arm and
+    seed (another ``--steps``, a dose changed since), so the page would state one plan of runs of
+    another. Checked before anything runs."""
+    for dose, arms in plan:
+        for (arm, seed), (ended, run_dir) in sorted(runs_in(base / dose).items()):
+            if not ended or arm not in arms or seed >= seeds or (theirs := trained_with(run_dir)) is None:
+                continue
+            ours = sweep_overrides(dose, (arm,), (seed,), steps)
+            if set(theirs) == set(ours):
+                continue
+            was, asked = " ".join(o for o in theirs if o not in ours), " ".join(o for o in ours if o not in theirs)
+            differ = (f"with `{was}` where this invocation gives `{asked}`" if was and asked else
+                      f"with `{was}` as well, which this invocation does not give" if was else
+                      f"without `{asked}`, which this invocation gives")
+            hint = next((f" (--steps {o.split('=', 1)[1]})" for o in theirs
+                         if o.startswith("loop.steps=") and o not in ours), "")
+            return (f"--resume: {run_dir.relative_to(base)} was trained {differ}; give the options the stopped "
+                    f"invocation was started with{hint}, or start afresh without --resume")
+    return None
 
 
 def missing_sweeps(done: set[tuple[str, int]], arms: tuple[str, ...], seeds: int) -> list[tuple[tuple[str, ...], tuple[int, ...]]]:
@@ -461,6 +557,9 @@ def map_table(results: list[RunResult], arms: tuple[str, ...], doses: list[str])
     return "\n".join(lines)
 
 
+EARLY, LATE = 50, 20  # the steps early_and_late reads: the run's first, and those before its first flag
+
+
 def early_and_late(runs: list[RunResult], series_of: Callable[[RunResult], list[float]]) -> tuple[float, float]:
     """A per-step series early in the run (steps 1-50) and just before the run was first flagged
     (the 20 steps before; a run never flagged: its last 20): medians over the steps, then the runs."""
@@ -468,10 +567,20 @@ def early_and_late(runs: list[RunResult], series_of: Callable[[RunResult], list[
     for r in runs:
         series = series_of(r)
         end = (r.collapse_step - 1) if r.collapsed and r.collapse_step else len(series)
-        for out, part in ((early, series[:50]), (late, series[max(0, end - 20):end])):
+        for out, part in ((early, series[:EARLY]), (late, series[max(0, end - LATE):end])):
             if values := [v for v in part if v == v]:
                 out.append(statistics.median(values))
     return (statistics.median(early) if early else float("nan"), statistics.median(late) if late else float("nan"))
+
+
+def windows(results: list[RunResult]) -> str:
+    """early_and_late's windows in the page's words, for the runs' own length: a 3-step run's are
+    steps 1-3 and its last 3."""
+    steps = max((len(r.rewards) for r in results), default=0) or EARLY
+    shorter = " (a shorter run: all its steps)" if any(len(r.rewards) < min(EARLY, steps) for r in results) else ""
+    late = min(LATE, steps)
+    return (f"steps 1-{min(EARLY, steps)}{shorter} → the {late} steps before the run was first flagged "
+            f"(never flagged: its last {late})")
 
 
 def pool_table(results: list[RunResult], arms: tuple[str, ...]) -> str:
@@ -592,7 +701,7 @@ def write(profile: str, how: list[str], results: list[RunResult], doses: list[st
     """The page ``docs/results_<profile>.md``, its figures, runs.json and (``probes``: each dose's
     ``probe_summary``) probes.json. ``machines``: what the runs ran on, where that is not this machine
     (a merge of earlier pages)."""
-    out = ROOT / "docs" / f"results_{profile}.md"  # profile: the profile's name, or with its --doses
+    out = ROOT / "docs" / f"results_{profile}.md"  # profile: page_name's, or --merge's --name
     figures = out.with_suffix("")
     figures.mkdir(parents=True, exist_ok=True)
     (figures / "runs.json").write_text(runs_json(results))
@@ -638,8 +747,8 @@ def results_parts(profile: str, how: list[str], results: list[RunResult], doses:
              *how,
              f"\n## {'Headline regime' if headline in (HEADLINE, V1_HEADLINE) else 'Dose'}: `{headline}` ({' '.join(DOSES[headline])})\n",
              arm_table(head, arms), "\nPaired by seed (held-out pass@1):\n", paired_table(head),
-             *(["\nWhere the mismatch sat: each pool's KL per token (k3), steps 1-50 → the 20 steps before the run "
-                "was first flagged (never flagged: its last 20); medians over steps, then seeds.\n",
+             *([f"\nWhere the mismatch sat: each pool's KL per token (k3), {windows(head)}; medians over steps, "
+                "then seeds.\n",
                 pool_table(head, arms)] if any(r.pool_kls for r in head) else []),
              *(["\nWhich tokens held the mismatch and carried the gradient (`where/`, docs/monitor_and_report.md): "
                 "the tokens the trainer gives p < 0.1, their share of the step's tokens, of its Σ |log p − log q| "
@@ -676,7 +785,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", choices=sorted(PROFILES), default="quick",
                         help="; ".join(f"{name}: {profile.about}" for name, profile in PROFILES.items()))
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=SEEDS)
     parser.add_argument("--steps", type=int, help="steps per run (default: the profile's)")
     parser.add_argument("--eval-samples", type=int, default=4)
     parser.add_argument("--doses", help=f"comma-separated, instead of the profile's (of {', '.join(DOSES)})")
@@ -688,7 +797,9 @@ def main() -> None:
                              "for --merge)")
     parser.add_argument("--resume", type=Path, metavar="DIR",
                         help="a stopped invocation's multirun/reproduce_<stamp>: keep its finished runs, run the rest "
-                             "(give the same --profile, --doses, --arms, --seeds and --steps)")
+                             "(give the same --profile, --doses, --arms, --seeds and --steps; refused, before "
+                             "anything runs, where a run it would keep was trained with other overrides, "
+                             "another --steps say)")
     args = parser.parse_args()
     if args.merge:
         paths = [Path(p) for p in args.merge.split(",")]
@@ -707,15 +818,26 @@ def main() -> None:
         plan = [(dose, dict(plan).get(dose, plan_arms(plan))) for dose in args.doses.split(",")]
     if args.arms:
         plan = [(dose, tuple(args.arms.split(","))) for dose, _ in plan]
-    if problem := plan_problem(plan, args.steps):
+    problem = plan_problem(plan, args.steps)
+    if args.resume and not problem:
+        problem = resume_problem(base, plan, args.seeds, args.steps)
+    if problem:
         parser.error(problem)
     try:
         reproduce(args, plan, base)
     except subprocess.CalledProcessError as err:  # rlmix printed why; the runs that ended are kept
-        sys.exit(f"reproduce: `{' '.join(err.cmd[1:3])}` exited with {err.returncode} (above); "
-                 f"to go on from here: --resume {base}")
+        command = " ".join(err.cmd[1:3])
+        if (signum := stop_signal(err.returncode)) is None:
+            sys.exit(f"reproduce: `{command}` exited with {err.returncode} (above); "
+                     f"to go on from here: --resume {base}")
+        print(f"reproduce: interrupted ({signal_name(signum)}) during `{command}`, which stopped (above); the runs "
+              f"that ended are kept; to go on from here: --resume {base}", file=sys.stderr)
+        sys.exit(128 + signum)
+    except Interrupted as stopped:  # a sweep whose runs had all ended
+        print(f"reproduce: interrupted: {stopped.what}; to go on from here: --resume {base}", file=sys.stderr)
+        sys.exit(128 + stopped.signum)
     except KeyboardInterrupt:  # between commands (the page, a plot): what ended is kept as well
-        print(f"reproduce: interrupted; to go on from here: --resume {base}", file=sys.stderr)
+        print(f"reproduce: interrupted (SIGINT); to go on from here: --resume {base}", file=sys.stderr)
         sys.exit(130)
 
 
@@ -726,11 +848,12 @@ def reproduce(args: argparse.Namespace, plan: list[tuple[str, tuple[str, ...]]],
     start, how, results, ran = time.time(), [], [], False
     probes: dict[str, dict] = {}
     done: dict[tuple[str, ...], dict] = {}  # one probe per fleet
-    name = args.profile + "".join(f"_{'_'.join(v.split(','))}" for v in (args.doses, args.arms) if v)
-    if args.probes_only:
+    name = page_name(args.profile, args.doses, args.arms, args.seeds, args.steps)
+    if args.probes_only:  # a probe does not depend on the seeds or the steps
         for dose, _ in plan:
             probes[dose] = probe(base / dose, dose, done)
-        write(f"{name}_probes", [f"Probes of `{base.name}`, no runs (`--probes-only`).\n"], [], [d for d, _ in plan],
+        plain = page_name(args.profile, args.doses, args.arms, SEEDS, PROFILES[args.profile].steps)
+        write(f"{plain}_probes", [f"Probes of `{base.name}`, no runs (`--probes-only`).\n"], [], [d for d, _ in plan],
               (), args.steps, None, probes=probes)
         return
     for i, (dose, arms) in enumerate(plan, 1):

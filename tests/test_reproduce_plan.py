@@ -133,10 +133,11 @@ def test_a_resume_sweeps_only_the_missing_runs_and_its_page_says_what_ran(tmp_pa
 
     assert [(arms, seeds) for _, arms, seeds in swept] == [(("reinforce",), (1,)), (("grpo",), (0, 1))]
     assert all(out.startswith("resumed_") for out, _, _ in swept) and len({out for out, _, _ in swept}) == 2
-    page = (tmp_path / "docs" / f"results_quick_{R.HEADLINE}_reinforce_grpo.md").read_text()
+    name = f"results_quick_{R.HEADLINE}_reinforce_grpo_2seeds"  # --seeds 2: not the profile's page
+    page = (tmp_path / "docs" / f"{name}.md").read_text()
     assert "Resumed `reproduce_x`" in page and "stopped after 1 run;" in page
     assert "then `rlmix train -m +experiment=reinforce seed=1 " in page and "then `rlmix train -m +experiment=grpo seed=0,1 " in page
-    runs = json.loads((tmp_path / "docs" / f"results_quick_{R.HEADLINE}_reinforce_grpo" / "runs.json").read_text())
+    runs = json.loads((tmp_path / "docs" / name / "runs.json").read_text())
     assert sorted((r["arm"], r["seed"]) for r in runs) == [("grpo", 0), ("grpo", 1), ("reinforce", 0), ("reinforce", 1)]
 
 
