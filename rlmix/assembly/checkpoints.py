@@ -31,6 +31,11 @@ class RunState:
     wall_time_s: float  # accumulated over every part of the run
     wandb_id: str | None = None
     written_by: dict | None = None  # ``written_by``: what a run must ask for to load it (None before it was recorded)
+    # The loop's fault counters at this step, cumulative over every part of the run as the wall time is
+    # (summary.json's ``fault``, the ``fault/*`` metrics); a checkpoint written before they were recorded: 0.
+    sampler_restarts: int = 0
+    requests_reissued: int = 0
+    trainer_restarts: int = 0
 
 
 def step_of(path: Path) -> int:

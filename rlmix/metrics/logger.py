@@ -13,12 +13,12 @@ import math
 import os
 import shlex
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, TextIO
 
 from rlmix.config.schema import WandbConfig, WandbMode
-from rlmix.errors import ConfigError
+from rlmix.errors import ConfigError, RunFailed
 from rlmix.metrics.console import StepDisplay, shown
 from rlmix.metrics.jsonl import METRICS_FILE, keep_rows
 from rlmix.metrics.names import FORMAT_KEY, KL_KEY, REWARD_KEY, SAMPLER_TOKENS_PER_S, STALENESS_MEAN, STEP_S
@@ -61,7 +61,10 @@ class RunLogger:
         self.start = time.time() - elapsed_s
         self.total_steps = total_steps
         self.display = StepDisplay(total_steps, console_every, stream)
-        self._jsonl = open(self.run_dir / METRICS_FILE, "a", buffering=1)
+        try:
+            self._jsonl = open(self.run_dir / METRICS_FILE, "a", buffering=1)
+        except OSError as err:  # nothing trained yet: one line, as for a process that did not start
+            raise RunFailed(f"{METRICS_FILE} cannot be opened to append rows: {_first_line(err)}") from err
         self._logged, self._wandb_from = 0, 0  # the newest step logged; the first step W&B takes
         self.wandb = start_wandb(wandb_cfg, self.run_dir, run_name, config, group, run_id)
         # The W&B run this one continues, kept apart from the live object, which a failure drops: a
@@ -74,7 +77,10 @@ class RunLogger:
     def log(self, step: int, metrics: dict[str, float | str]) -> None:
         record = {"step": step, "time": round(time.time() - self.start, 3)}
         record |= {key: _jsonable(value) for key, value in sorted(metrics.items())}
-        self._jsonl.write(json.dumps(record) + "\n")
+        try:
+            self._jsonl.write(json.dumps(record) + "\n")
+        except OSError as err:  # a full disk, a file made read-only: the run fails as a failed save does
+            raise RunFailed(f"writing step {step} to {METRICS_FILE} failed: {_first_line(err)}") from err
         self._logged = max(self._logged, step)
         if self.wandb is not None and step >= self._wandb_from:
             try:
@@ -90,9 +96,12 @@ class RunLogger:
         W&B keeps the rows it was sent: its steps only increase, so the steps trained again are
         not sent twice, and the W&B curve keeps the first attempt's values for them.
         """
-        self._jsonl.close()
-        rows = keep_rows(self.run_dir / METRICS_FILE, step)
-        self._jsonl = open(self.run_dir / METRICS_FILE, "a", buffering=1)
+        self._close_rows()
+        try:
+            rows = keep_rows(self.run_dir / METRICS_FILE, step)
+            self._jsonl = open(self.run_dir / METRICS_FILE, "a", buffering=1)
+        except OSError as err:
+            raise RunFailed(f"going back to step {step} in {METRICS_FILE} failed: {_first_line(err)}") from err
         self._wandb_from = max(self._wandb_from, self._logged + 1)
         return rows
 
@@ -103,8 +112,14 @@ class RunLogger:
         Ctrl-C, so its run is closed without the final tables, and what W&B reports about a
         service that is gone goes to train.log, not the console."""
         summary = {"wall_time_s": round(time.time() - self.start, 3)} | summary
-        write_atomically(self.run_dir / SUMMARY_FILE, json.dumps(summary, indent=2, default=str))
-        self._jsonl.close()
+        try:
+            write_atomically(self.run_dir / SUMMARY_FILE, json.dumps(summary, indent=2, default=str))
+        except OSError as err:  # a full disk: the run's closing lines still say how it ended
+            with suppress(OSError):
+                (self.run_dir / f"{SUMMARY_FILE}.tmp").unlink(missing_ok=True)
+            log.error("%s was not written (%s): the lines below are the only record of how the run ended",
+                      SUMMARY_FILE, _first_line(err))
+        self._close_rows()
         self.display.close()
         if self.wandb is not None and at_once:
             quiet_console("wandb")
@@ -118,6 +133,15 @@ class RunLogger:
             except Exception as err:
                 log.warning("W&B finish failed (%s)", err)
         return summary
+
+
+    def _close_rows(self) -> None:
+        """Close ``metrics.jsonl``; a row whose write failed is still buffered, and failing again here adds
+        nothing to the run's failure already told."""
+        try:
+            self._jsonl.close()
+        except OSError as err:
+            log.debug("closing %s failed (%s)", METRICS_FILE, err)
 
 
 def progress_line(step: int, total: int, metrics: dict, elapsed_s: float) -> str:

@@ -132,9 +132,11 @@ class AsyncLoop:
         generating: int | None = None,
         idle_lanes: int = 0,
         restart: Callable[[TrainerDied], tuple[ray.actor.ActorHandle, RunState]] | None = None,
+        start_faults: RunState | None = None,
     ):
         """``restart``: a new trainer and the run state of the checkpoint it loaded, or RunFailed
-        when no restart is left; None: a dead trainer fails the run."""
+        when no restart is left; None: a dead trainer fails the run. ``start_faults``: the run state a
+        resumed run starts from, whose fault counters these continue (None: from 0)."""
         self.cfg, self.trainer, self.samplers, self.task = cfg, trainer, samplers, task
         self.restart = restart
         self.seed, self.pad_id = seed, pad_id
@@ -149,9 +151,10 @@ class AsyncLoop:
         self.window = _Window()
         self.recent: deque[tuple[float, dict[str, int]]] = deque(maxlen=THROUGHPUT_STEPS)
         self.idle_since: float | None = time.perf_counter()  # None while the trainer trains
-        self.sampler_restarts = 0  # cumulative over the run: fault/* metrics
-        self.requests_reissued = 0
-        self.trainer_restarts = 0
+        # Cumulative over the run, resumed parts included: fault/* metrics and summary.json's ``fault``.
+        self.sampler_restarts = start_faults.sampler_restarts if start_faults else 0
+        self.requests_reissued = start_faults.requests_reissued if start_faults else 0
+        self.trainer_restarts = start_faults.trainer_restarts if start_faults else 0
         self.discard: set[ray.ObjectRef] = set()  # requests in flight when the trainer was replaced
         self.last_step_at = time.monotonic()
         # CPU-sampler requests generating at once (None: no limit); samplers are offered requests

@@ -144,9 +144,15 @@ def _summary(status: Status, facts: dict, loop, steps, verdict, checkpoint) -> d
         "final": steps.last,
         "collapse": verdict.as_summary(),
         "checkpoint": str(checkpoint) if checkpoint else None,
-        "fault": {"sampler_restarts": loop.sampler_restarts, "requests_reissued": loop.requests_reissued,
-                  "trainer_restarts": loop.trainer_restarts},
+        "fault": fault_counts(loop),
     }
+
+
+def fault_counts(loop) -> dict[str, int]:
+    """The loop's fault counters, cumulative over every part of the run (a checkpoint's run state
+    carries them to a resumed part, as it does the wall time)."""
+    return {"sampler_restarts": loop.sampler_restarts, "requests_reissued": loop.requests_reissued,
+            "trainer_restarts": loop.trainer_restarts}
 
 
 def _stopped_at_once(loop, steps, stop: StopRequest, facts: dict) -> dict:

@@ -169,7 +169,7 @@ def train(plan: RunPlan, run_dir: Path, sweep_group: str | None = None, label: s
             loop = AsyncLoop(
                 cfg.loop, trainer, slots, task, cfg.seed, tokenizer.pad_token_id,
                 start_version=state.step, start_request=state.next_request, generating=cores.generating,
-                idle_lanes=cores.idle_lanes, restart=TrainerRestarts(cfg, steps),
+                idle_lanes=cores.idle_lanes, restart=TrainerRestarts(cfg, steps), start_faults=state,
             )
             steps.loop = loop
             facts = {"name": cfg.name, "seed": cfg.seed, "run_dir": str(run_dir), "fleet": manifest,
@@ -254,8 +254,10 @@ class StepHandler:
                             "waiting on the trainer") from err
         except ray.exceptions.RayError as err:  # the save raised in the trainer (a full disk, say)
             raise RunFailed(f"saving step {step} failed: {first_line(err)}") from err
+        from rlmix.orchestration.outcome import fault_counts
+
         state = RunState(step, self.loop.data_position(step), self.logger.elapsed_s(), self.logger.wandb_id,
-                         self.written_by)
+                         self.written_by, **fault_counts(self.loop))
         try:
             path = checkpoints.seal(tmp, state, self.cfg.loop.keep_checkpoints)
         except OSError as err:
