@@ -4,6 +4,8 @@ exit status 1 when a job failed, although the jobs' own processes did the work."
 
 from __future__ import annotations
 
+import json
+import types
 from pathlib import Path
 
 import pytest
@@ -50,3 +52,53 @@ def test_a_joblib_sweep_with_a_failed_job_lists_it_and_exits_1(tmp_path):
     assert "  seed=0  failed     steps 2" in out.stdout and "  seed=1  failed     steps 1" in out.stdout, out.stdout
     assert f"error: 2 job(s) of the sweep failed: {sweep / '0_seed=0'}, {sweep / '1_seed=1'}" in out.stderr
     assert not Path(sweep / "0_smoke_s0").exists()
+
+
+@pytest.mark.parametrize("raised", ["KeyboardInterrupt", "SweepStopped"])
+def test_a_signal_to_a_joblib_sweep_says_what_each_job_left_and_how_to_continue(tmp_path, monkeypatch, capsys, raised):
+    """joblib's parent takes the Ctrl-C (or a worker's job that saved its step ends the sweep, ``SweepStopped``
+    pickled back), and it kills its workers at once: the line is not "nothing trained" (nor a traceback) but,
+    job by job, what is on disk (a checkpoint, none, not started), and the continuation that works: a job
+    that logged steps but has no checkpoint must first be moved out (resume= refuses it)."""
+    import pickle
+
+    from hydra._internal.callbacks import Callbacks
+    from omegaconf import OmegaConf
+
+    from rlmix.commands import train
+    from rlmix.commands.compose import Job
+
+    sweep = a_sweep(tmp_path / "sweep", "0_seed=0", list(range(1, 14)), checkpoint=10)
+    (sweep / "0_seed=0" / "checkpoints" / "step_10" / "run_state.json").write_text(
+        json.dumps({"step": 10, "next_request": 80, "wall_time_s": 3.0}))
+    a_sweep(sweep, "1_seed=1", list(range(1, 10)))
+    (sweep / "1_seed=1" / "checkpoints" / ".step_9.tmp").mkdir(parents=True)  # the save the kill cut short
+    plan = types.SimpleNamespace(cfg=types.SimpleNamespace(resume=None))
+    jobs = [Job((), plan, f"seed={i}", sweep / f"{i}_seed={i}") for i in range(3)]
+    raised = KeyboardInterrupt() if raised == "KeyboardInterrupt" else \
+        pickle.loads(pickle.dumps(train.SweepStopped(130, "SIGINT")))  # as loky returns it from the worker
+
+    def joblib_parent():  # Hydra resolves the sweep dir for the launcher; the Ctrl-C arrives while workers train
+        Callbacks().on_multirun_start(config=OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}}))
+        raise raised
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(train, "plan_jobs", lambda args: jobs)
+    monkeypatch.setattr(train, "repeated_source", lambda args: [])
+    monkeypatch.setattr(train, "_hydra_train", joblib_parent)
+    args = ["-m", "hydra/launcher=joblib", "+experiment=smoke", "seed=0,1,2", f"hydra.sweep.dir={sweep}"]
+    with pytest.raises(SystemExit) as stopped:
+        train.run_train(args)
+    assert stopped.value.code == 130
+    out = capsys.readouterr()
+    (line,) = out.err.splitlines()
+    assert "nothing trained" not in line
+    assert line.startswith("interrupted (SIGINT) while joblib's workers ran the sweep's jobs, which joblib ends at "
+                           "once (a step in flight is lost): seed=0 checkpoint step_10; seed=1 no checkpoint; seed=2 "
+                           "not started; first move sweep/1_seed=1 out of the sweep directory")
+    assert line.endswith("continue with: rlmix train -m hydra/launcher=joblib +experiment=smoke seed=0,1,2 "
+                         "resume=sweep")
+    block = out.out[out.out.index("── sweep "):].splitlines()
+    assert block[1].startswith("  seed=0  interrupted  steps 10") and block[2].startswith("  seed=1  interrupted")
+    assert block[3].startswith("  seed=2  not run")
+    assert "  (first move sweep/1_seed=1 out of the sweep directory: it stopped before its first checkpoint)" in block

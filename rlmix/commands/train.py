@@ -50,6 +50,9 @@ class SweepStopped(BaseException):
         super().__init__(code)
         self.code, self.signal_name = code, signal_name
 
+    def __reduce__(self):  # raised in a joblib worker, it is pickled back to the parent
+        return SweepStopped, (self.code, self.signal_name)
+
 
 @hydra.main(version_base="1.3", config_path="pkg://" + CONFIG_MODULE, config_name=CONFIG_NAME)
 def _hydra_train(cfg: DictConfig) -> None:
@@ -208,14 +211,15 @@ def run_train(args: list[str]) -> None:
     from rlmix.orchestration.session import SESSION
 
     sys.argv = ["rlmix train", *args]
+    seen: list[Path] = []  # the sweep's directory, once Hydra resolved it for the launcher
     try:
         _finished.clear()
         _FAILED.clear()
         _sweep_dir.clear()
-        with mode_known(_jobs), sweep_dir_seen() as seen, help_without_schemas(args):
+        with mode_known(_jobs), sweep_dir_seen(seen), help_without_schemas(args):
             _hydra_train()
         # A sweep the preflight planned whose jobs ran in other processes (joblib's workers): what they left on disk.
-        if seen and not _sweep_dir and all(job.run_dir for job in _jobs):
+        if ran_in_other_processes(seen):
             _sweep_dir[:] = seen
             _finished[:] = ran_elsewhere(seen[0])
             _FAILED[:] = [str(run_dir.absolute()) for _, summary, run_dir in _finished
@@ -226,12 +230,22 @@ def run_train(args: list[str]) -> None:
             print(f"error: {len(_FAILED)} job(s) of the sweep failed: {', '.join(_FAILED)}", file=sys.stderr)
             sys.exit(1)
     except SweepStopped as stopped:
-        tell_interrupted(stopped_sweep(args), stopped.signal_name, block=True)
+        name = stopped.signal_name
+        if ran_in_other_processes(seen):  # a worker's job saved its step; joblib then killed the other workers
+            told = interrupted_elsewhere(args, seen[0], name)
+            tell_interrupted(told[0], name)
+            tell_interrupted(told[1], name, block=True)
+        else:
+            tell_interrupted(stopped_sweep(args), name, block=True)
         sys.exit(stopped.code)
     except KeyboardInterrupt as stopped:
         # A signal before a run's loop began (a run that trained ends through its summary instead).
         signum = getattr(stopped, "signum", signal.SIGINT)  # a bare KeyboardInterrupt: Ctrl-C before Ray
         name = signal.Signals(signum).name
+        if ran_in_other_processes(seen) and (told := interrupted_elsewhere(args, seen[0], name)):
+            tell_interrupted(told[0], name)
+            tell_interrupted(told[1], name, block=True)
+            sys.exit(128 + signum)
         if _sweep_dir:
             label = _jobs[len(_finished)].label if len(_finished) < len(_jobs) else "a job"
             tell_interrupted(f"interrupted while {label} was starting ({name}: stopped at once), it trained nothing",
@@ -281,13 +295,17 @@ def without_schemas(help_text: str) -> str:
     return "".join(lines) + config + rest
 
 
+def ran_in_other_processes(seen: list[Path]) -> bool:
+    """Hydra launched the preflight's sweep, and none of its jobs ran in this process (joblib's workers ran them)."""
+    return bool(seen) and not _sweep_dir and bool(_jobs) and all(job.run_dir for job in _jobs)
+
+
 @contextmanager
-def sweep_dir_seen():
-    """A list that gets the sweep's directory as Hydra resolves it for the launcher (its ``${now:}`` kept
+def sweep_dir_seen(seen: list[Path]):
+    """``seen`` gets the sweep's directory as Hydra resolves it for the launcher (its ``${now:}`` kept
     for the jobs): a launcher that runs the jobs in other processes never runs ``_hydra_train`` here."""
     from hydra._internal.callbacks import Callbacks
 
-    seen: list[Path] = []
     original = Callbacks.__dict__.get("on_multirun_start")
     if original is None:  # another Hydra: no sweep block for jobs run elsewhere
         yield seen
@@ -322,26 +340,86 @@ def ran_elsewhere(sweep_dir: Path) -> list[tuple[str, dict, Path]]:
     return rows
 
 
-def stopped_sweep(args: list[str], starting: bool = False) -> str:
+def interrupted_elsewhere(args: list[str], sweep_dir: Path, signal_name: str) -> tuple[str, str] | None:
+    """(one line, the sweep's block) for a signal to a sweep whose jobs ran in other processes: joblib's
+    parent takes the Ctrl-C as a KeyboardInterrupt and SIGKILLs its workers at once (loky's
+    ``kill_workers``), so a job that was training keeps its newest complete checkpoint and no summary.
+    What each job left on disk says what ``resume=<sweep dir>`` does with it. None when no job logged a step."""
+    import json
+
+    from rlmix.assembly.checkpoints import latest_checkpoint, read_run_state
+    from rlmix.metrics.logger import SUMMARY_FILE
+
+    jobs, not_run, states = [], [], []
+    for job in _jobs:
+        run_dir = Path(job.plan.cfg.resume or sweep_dir / job.run_dir.name)  # a resumed job continues in its run
+        if not logged_run(run_dir):
+            not_run.append((job.label, run_dir))
+            states.append(f"{job.label} not started")
+            continue
+        checkpoint = latest_checkpoint(run_dir)
+        try:
+            summary = json.loads((run_dir / SUMMARY_FILE).read_text())
+        except (OSError, ValueError):  # stopped mid-run: the newest complete checkpoint is where it continues
+            step = read_run_state(checkpoint).step if checkpoint is not None else 0
+            summary = {"status": "interrupted", "steps": step}
+        jobs.append((job.label, summary, run_dir))
+        status = summary.get("status")
+        states.append(f"{job.label} {status}" if status in ("completed", "collapsed", "failed") else
+                      f"{job.label} checkpoint {checkpoint.name}" if checkpoint else f"{job.label} no checkpoint")
+    if not jobs:
+        return None
+    _sweep_dir[:], _finished[:] = [sweep_dir], jobs
+    line = (f"interrupted ({signal_name}) while joblib's workers ran the sweep's jobs, which joblib ends at once "
+            f"(a step in flight is lost): {'; '.join(states)}; {continue_sweep(args, sweep_dir, jobs)}")
+    return line, stopped_sweep(args, not_run=not_run)
+
+
+def stuck_jobs(jobs: list[tuple[str, dict, Path]]) -> list[Path]:
+    """Run dirs of the ``jobs`` that logged steps but stopped before their first checkpoint, not as a failure:
+    ``resume=<sweep dir>`` can neither continue them nor start them again there (``compose.sweep_job``)."""
+    from rlmix.assembly.checkpoints import latest_checkpoint
+
+    return [run_dir for _, summary, run_dir in jobs if summary.get("status") != "failed"
+            and logged_run(run_dir) and latest_checkpoint(run_dir) is None]
+
+
+def continue_command(args: list[str], sweep_dir: Path) -> str:
+    """The sweep's own command, continuing it in ``sweep_dir``."""
+    from rlmix.metrics.console import shown
+
+    kept = [a for a in args if not a.startswith(("resume=", "hydra.sweep.dir=", "+hydra.sweep.dir="))]
+    return " ".join(["rlmix train", *map(shlex.quote, kept), f"resume={shlex.quote(shown(sweep_dir))}"])
+
+
+def continue_sweep(args: list[str], sweep_dir: Path, jobs: list[tuple[str, dict, Path]]) -> str:
+    """'continue with: …', first naming the job directories that must be moved out of the sweep's."""
+    from rlmix.metrics.console import shown
+
+    stuck = stuck_jobs(jobs)
+    move = (f"first move {', '.join(shlex.quote(shown(d)) for d in stuck)} out of the sweep directory (stopped "
+            "before a first checkpoint: resume= refuses such a job), then " if stuck else "")
+    return f"{move}continue with: {continue_command(args, sweep_dir)}"
+
+
+def stopped_sweep(args: list[str], starting: bool = False, not_run: list[tuple[str, Path]] | None = None) -> str:
     """The block of a sweep a signal stopped: every job, the interrupted one (``starting``: it was
     stopped before it trained) and those that never ran, then the commands that work now, the one that
-    continues the sweep in its directory among them."""
-    from rlmix.assembly.checkpoints import latest_checkpoint
+    continues the sweep in its directory among them. ``not_run``: the jobs that never started (default:
+    those after the ones that ran, as one process runs them in order)."""
     from rlmix.metrics.console import shown, sweep_block
 
     sweep_dir = _sweep_dir[0]
     jobs = list(_finished)
-    rest = [(job.label, sweep_dir / job.run_dir.name) for job in _jobs[len(jobs):]]
+    rest = not_run if not_run is not None else [(job.label, sweep_dir / job.run_dir.name) for job in _jobs[len(jobs):]]
     if starting and rest:
         jobs.append((rest[0][0], {"status": "interrupted", "steps": 0}, rest.pop(0)[1]))
     lines = []
     if any(logged_run(run_dir) for _, _, run_dir in jobs):
         lines.append(f"  rlmix report {shlex.quote(shown(sweep_dir))}")
-    stuck = [run_dir for _, summary, run_dir in jobs if summary.get("status") != "failed"
-             and logged_run(run_dir) and latest_checkpoint(run_dir) is None]
-    if stuck:  # a second signal before its first checkpoint: nothing to continue from in place
-        lines.append(f"  (first move {shlex.quote(shown(stuck[0]))} out of the sweep directory: it stopped "
+    # A second signal (or joblib's kill) before a job's first checkpoint: nothing to continue from in place.
+    for stuck in stuck_jobs(jobs):
+        lines.append(f"  (first move {shlex.quote(shown(stuck))} out of the sweep directory: it stopped "
                      "before its first checkpoint)")
-    kept = [a for a in args if not a.startswith(("resume=", "hydra.sweep.dir=", "+hydra.sweep.dir="))]
-    lines.append(" ".join(["  rlmix train", *map(shlex.quote, kept), f"resume={shlex.quote(shown(sweep_dir))}"]))
+    lines.append(f"  {continue_command(args, sweep_dir)}")
     return sweep_block(jobs, sweep_dir, not_run=rest, next_lines=lines)
