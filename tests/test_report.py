@@ -228,7 +228,7 @@ def test_log_axis_drops_non_positive_kl_and_missing_metric_still_plots(tmp_path:
     assert (out / "format_errors.png").read_bytes()[:8] == PNG_MAGIC  # a "no data" plot
     (row,) = summarize(runs)
     assert row.final_format_error is None
-    assert row.kl_growth == pytest.approx(1.0)  # a short run's early window is what it has: rows 5..7
+    assert row.kl_growth is None  # its last 5 rows (3..7) and the early window (5..7) overlap
 
 
 def test_kl_growth_is_none_when_the_early_window_is_empty_or_zero(tmp_path: Path) -> None:
@@ -238,6 +238,17 @@ def test_kl_growth_is_none_when_the_early_window_is_empty_or_zero(tmp_path: Path
     write_run(tmp_path / "short", "b", 0, short)
     rows = {r.arm: r for r in summarize(collect_runs(tmp_path))}
     assert rows["a"].kl_growth is None and rows["b"].kl_growth is None
+
+
+def test_kl_growth_is_none_while_the_final_rows_reach_into_the_early_window(tmp_path: Path) -> None:
+    """A 10-step run's last 5 rows are rows 5..9, the early window's own: the ratio is not 1.00x but n/a,
+    and so up to 19 rows; from 20 rows on the windows [5, 15) and the last 5 are apart."""
+    for n in (10, 19, 20):
+        write_run(tmp_path / f"r{n}", f"n{n}", 0, [{"step": t, "mismatch/kl_k3": 0.001 * (1 + t)} for t in range(n)])
+    rows = {r.arm: r for r in summarize(collect_runs(tmp_path))}
+    assert rows["n10"].kl_growth is None and rows["n19"].kl_growth is None
+    assert rows["n20"].kl_growth == pytest.approx(18.0 / 10.5)  # rows 15..19 (mean 18e-3) over 5..14 (10.5e-3)
+    assert "n/a" in format_table([rows["n10"]])
 
 
 def test_format_table_is_plain_text(multirun: Path) -> None:

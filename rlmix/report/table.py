@@ -6,7 +6,8 @@ Definitions (over the rows of ``metrics.jsonl`` that carry the metric, in step o
 - peak reward = max over the trailing means of ``final_steps`` consecutive rows (so final ≤ peak);
 - KL growth = mean ``mismatch/kl_k3`` over the last ``final_steps`` rows / its mean over the early
   window: rows ``[skip_steps, skip_steps + early_steps)`` (the defaults mirror the collapse monitor's
-  ``warmup_steps`` and ``baseline_steps``); n/a when no row falls in the early window or its mean is 0;
+  ``warmup_steps`` and ``baseline_steps``); n/a when the last ``final_steps`` rows reach into the early
+  window (fewer than ``skip_steps + early_steps + final_steps`` rows: 20 by default) or its mean is 0;
 - final format-error rate = mean of ``format/error_rate`` over the last ``final_steps`` rows; peak
   format-error rate = max over its trailing means, as for the reward (a run that went to 90% format
   errors and recovered shows it here, not in the final rate or the lasting verdict);
@@ -86,7 +87,7 @@ def _row(run: RunRecord, w: ReportWindows) -> RunRow:
         planned_steps=run.planned_steps,
         final_reward=_tail_mean(reward, w.final_steps),
         peak_reward=max(trailing_means(reward, w.final_steps), default=None),
-        kl_growth=_ratio(_tail_mean(kl, w.final_steps), _mean(kl[w.skip_steps : w.skip_steps + w.early_steps])),
+        kl_growth=_kl_growth(kl, w),
         final_format_error=_tail_mean(fmt, w.final_steps),
         peak_format_error=max(trailing_means(fmt, w.final_steps), default=None),
         collapse=collapse,
@@ -120,6 +121,15 @@ def trailing_means(values: Sequence[float], n: int) -> list[float]:
     if len(values) <= n:
         return [statistics.fmean(values)] if values else []
     return [statistics.fmean(values[i - n : i]) for i in range(n, len(values) + 1)]
+
+
+def _kl_growth(kl: Sequence[float], w: ReportWindows) -> float | None:
+    """The last ``final_steps`` values' mean over the mean of ``[skip_steps, skip_steps + early_steps)``; None
+    where the two windows share a row (a run of fewer than ``skip_steps + early_steps + final_steps`` rows): the
+    ratio would compare the run with itself (a 10-row run: the same 5 rows twice, 1.00x)."""
+    if len(kl) - w.final_steps < w.skip_steps + w.early_steps:
+        return None
+    return _ratio(_tail_mean(kl, w.final_steps), _mean(kl[w.skip_steps : w.skip_steps + w.early_steps]))
 
 
 def _ratio(late: float | None, early: float | None) -> float | None:
