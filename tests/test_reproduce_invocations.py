@@ -3,7 +3,6 @@ stop by a signal ends, and the windows its page states. The runs themselves are 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -11,18 +10,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "reproduce.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("reproduce", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module's annotations through it
-    spec.loader.exec_module(module)
-    return module
-
-
-R = load_script()
+from tests.test_reproduce_plan import R  # the script, loaded once as a module
 NO_PROBE = {"command": "rlmix probe", "reference": "", "pools": {}}
 
 
