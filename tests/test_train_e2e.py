@@ -224,9 +224,11 @@ def test_a_config_of_ones_own_is_what_trains_and_its_printed_commands_work(tmp_p
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert planned == [True] and summary["steps"] == 2 and "── run mine " in out.stdout
     assert set(summary["fleet"]) == set(POOLS)
-    tail = out.stdout.strip().splitlines()[-3:]
-    assert tail == ["  rlmix eval checkpoint=run", "  rlmix report run", "  rlmix train --config-dir conf "
-                    "--config-name mine 'hydra.searchpath=[file://extra]' task=tiny resume=run"], tail
+    tail = out.stdout.strip().splitlines()[-4:]
+    assert tail == ["  rlmix eval checkpoint=run", "  rlmix report run",
+                    "  # the run ran all 2 steps it was asked for; to train 2 steps more:",
+                    "  rlmix train --config-dir conf --config-name mine 'hydra.searchpath=[file://extra]' task=tiny "
+                    "loop.steps=4 resume=run"], tail
     monkeypatch.chdir(tmp_path)
     (job,) = plan_jobs(shlex.split(tail[-1])[2:])
     assert (job.plan.cfg.name, job.plan.cfg.task.levels, job.plan.cfg.resume) == ("mine", [1, 2], "run")

@@ -122,7 +122,7 @@ def test_eval_online_without_an_api_key_is_refused_before_it_evaluates(tmp_path,
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc of this machine's user either
     evaluated = []
-    monkeypatch.setattr(eval_command, "evaluate", lambda plan, progress: evaluated.append(plan))
+    monkeypatch.setattr(eval_command, "evaluate", lambda plan, progress, scoring: evaluated.append(plan))
     cwd = tmp_path / "here"
     cwd.mkdir()
     out = rlmix_refusing("eval", "logger.wandb.mode=online", cwd=cwd)
