@@ -165,6 +165,14 @@ def test_subset_file_and_selection(tmp_path):
         read_subset_file(f)
 
 
+def test_subset_all_with_a_subset_file_is_refused_not_ignored(tmp_path):
+    make_task(tmp_path / "tasks", "a")
+    (tmp_path / "s.txt").write_text("a\n")
+    cfg = SwebenchProConfig(tasks_dir=str(tmp_path / "tasks"), subset="all", subset_file=str(tmp_path / "s.txt"))
+    with pytest.raises(ConfigError, match=r"^task.subset=all takes every task, and task.subset_file=.*drop one"):
+        resolve_tasks(cfg)
+
+
 def test_resolve_tasks_and_ks(tmp_path):
     for t in ("a", "b", "c"):
         make_task(tmp_path / "tasks", t)

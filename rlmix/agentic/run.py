@@ -66,6 +66,9 @@ def resolve_tasks(cfg: SwebenchProConfig) -> tuple[list[HarborTask], list[str] |
     """(tasks to evaluate, subset task ids or None when ``subset=all``); every input problem is a ConfigError."""
     if not cfg.tasks_dir_set():
         raise ConfigError("task.tasks_dir is not set: give the directory holding the Harbor task directories")
+    if cfg.subset == "all" and cfg.subset_file:  # which one was meant is not for rlmix to guess
+        raise ConfigError(f"task.subset=all takes every task, and task.subset_file={cfg.subset_file} names some: "
+                          "drop one of the two")
     tasks = load_tasks(Path(cfg.tasks_dir))
     if cfg.subset == "all":
         return list(tasks.values()), None
