@@ -94,7 +94,8 @@ def _markdown(path: str | Path, runs: Sequence[RunRecord], rows: Sequence[RunRow
     intro = (
         f"{_counts(rows, sweeps)}. {_compared(rows, sweeps)}\n\nFinal values are means over the last "
         f"{w.final_steps} steps; peak reward is the best such {w.final_steps}-step mean; KL growth is the final "
-        f"k3 mean over its mean on rows {w.skip_steps}..{w.skip_steps + w.early_steps - 1} of metrics.jsonl."
+        f"k3 mean over its mean on rows {w.skip_steps}..{w.skip_steps + w.early_steps - 1} of metrics.jsonl "
+        f"(n/a for a run of fewer than {w.skip_steps + w.early_steps + w.final_steps} rows, where the two overlap)."
     )
     images = "\n\n".join(f"![{spec.title}]({spec.filename})" for spec in PLOTS)
     if where:
