@@ -325,19 +325,28 @@ def sweep_dir_seen(seen: list[Path]):
 def ran_elsewhere(sweep_dir: Path) -> list[tuple[str, dict, Path]]:
     """(label, summary, run dir) of each planned job, from the summary.json its run wrote; a job without one
     (a process did not start) failed, as ``_FAILED`` counts it where the jobs run in this process."""
+    rows = []
+    for job in _jobs:
+        run_dir = job_run_dir(job, sweep_dir)
+        rows.append((job.label, summary_of(run_dir) or {"status": "failed", "steps": 0}, run_dir))
+    return rows
+
+
+def job_run_dir(job: Job, sweep_dir: Path) -> Path:
+    """Where a planned job of the sweep in ``sweep_dir`` ran: a resumed job continues in its own run."""
+    return Path(job.plan.cfg.resume or sweep_dir / job.run_dir.name)
+
+
+def summary_of(run_dir: Path) -> dict | None:
+    """The summary.json a run wrote when it ended, or None (none written, or unreadable)."""
     import json
 
     from rlmix.metrics.logger import SUMMARY_FILE
 
-    rows = []
-    for job in _jobs:
-        run_dir = Path(job.plan.cfg.resume or sweep_dir / job.run_dir.name)  # a resumed job continues in its run
-        try:
-            summary = json.loads((run_dir / SUMMARY_FILE).read_text())
-        except (OSError, ValueError):
-            summary = {"status": "failed", "steps": 0}
-        rows.append((job.label, summary, run_dir))
-    return rows
+    try:
+        return json.loads((run_dir / SUMMARY_FILE).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def interrupted_elsewhere(args: list[str], sweep_dir: Path, signal_name: str) -> tuple[str, str] | None:
@@ -345,22 +354,18 @@ def interrupted_elsewhere(args: list[str], sweep_dir: Path, signal_name: str) ->
     parent takes the Ctrl-C as a KeyboardInterrupt and SIGKILLs its workers at once (loky's
     ``kill_workers``), so a job that was training keeps its newest complete checkpoint and no summary.
     What each job left on disk says what ``resume=<sweep dir>`` does with it. None when no job logged a step."""
-    import json
-
     from rlmix.assembly.checkpoints import latest_checkpoint, read_run_state
-    from rlmix.metrics.logger import SUMMARY_FILE
 
     jobs, not_run, states = [], [], []
     for job in _jobs:
-        run_dir = Path(job.plan.cfg.resume or sweep_dir / job.run_dir.name)  # a resumed job continues in its run
+        run_dir = job_run_dir(job, sweep_dir)
         if not logged_run(run_dir):
             not_run.append((job.label, run_dir))
             states.append(f"{job.label} not started")
             continue
         checkpoint = latest_checkpoint(run_dir)
-        try:
-            summary = json.loads((run_dir / SUMMARY_FILE).read_text())
-        except (OSError, ValueError):  # stopped mid-run: the newest complete checkpoint is where it continues
+        summary = summary_of(run_dir)
+        if summary is None:  # stopped mid-run: the newest complete checkpoint is where it continues
             step = read_run_state(checkpoint).step if checkpoint is not None else 0
             summary = {"status": "interrupted", "steps": step}
         jobs.append((job.label, summary, run_dir))
