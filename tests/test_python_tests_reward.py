@@ -95,6 +95,11 @@ TAMPERING = {
                           "import math\nassert math.isclose(f(1), 2.0)\n"),
     "patch_statistics": ("import statistics\nstatistics.mean = lambda xs: 3\ndef f(x):\n    return [x]\n",
                          "import statistics\nassert statistics.mean(f(1)) == 3\n"),
+    # Modules no harness list names, first imported by the tests: loaded before the solution all the same.
+    "patch_datetime": ("import datetime\ndatetime.date = lambda *a: 7\ndef f(x):\n    return 7\n",
+                       "import datetime\nassert f(1) == datetime.date(2020, 1, 1)\n"),
+    "patch_textwrap": ("import textwrap\ntextwrap.dedent = lambda s: 'x'\ndef f(x):\n    return 'x'\n",
+                       "from textwrap import dedent\nassert f(1) == dedent('  a')\n"),
     # HumanEval's tests use modules the solution's prompt imported: the tests get the real ones.
     "fake_module_name": ("class math:\n    isclose = staticmethod(lambda *a, **k: True)\ndef f(x):\n    return 0.0\n",
                          "assert math.isclose(f(1), 2.0)\n"),
@@ -515,6 +520,22 @@ def test_tampering_with_the_harness_scores_0(name):
     # fake_module_object: the tests get the real fractions, whose Fraction(4, 3) compared with the int 2
     # is an object against built-in data (flagged, as Fraction(1, 2) == 0.5 is).
     assert suspected is (name not in ("sys_getframe", "fake_module_name")), name
+
+
+@needs_sandbox
+def test_modules_the_tests_import_work_as_before():
+    # Loaded before the solution: their atexit hooks (concurrent.futures) are not the solution's; a module
+    # that brings in one refused while grading (subprocess: signal) is refused as it was.
+    code = """
+        import datetime
+        def f(x):
+            return datetime.date(2020, 1, 1 + x) - datetime.date(2020, 1, 1)
+    """
+    tests = ("from datetime import timedelta\nimport xml.etree.ElementTree as ET\nfrom os import path\n"
+             "from concurrent.futures import ThreadPoolExecutor\nassert f(1) == timedelta(days=1)\n"
+             "assert ET.fromstring('<a>1</a>').text == '1'\n")
+    assert grade(code, tests) == (1.0, False)
+    assert grade(code, "import subprocess\nassert f(1).days == 1\n") == (0.0, True)
 
 
 @needs_sandbox

@@ -33,8 +33,9 @@ hand built-in data and such an object to each other: a function that is not the 
 ``max``, ``sorted``, ``operator.sub``, ``math.*``, ``[1, 2].count``, a helper of the tests) given both
 built-in data and an object whose class defines a comparison or arithmetic operator
 (``sum([f(x), -y])`` calls ``f(x).__add__(-y)``; ``_call_check``). The tests run on a copy of
-the builtins taken before the solution ran; that copy, the modules loaded before the solution, their
-classes, and ``sys.modules`` are checked for tampering at every assert and at the end.
+the builtins taken before the solution ran; that copy, the modules loaded before the solution (``COMMON`` and the standard-library
+modules the tests import), their classes, and ``sys.modules`` are checked for tampering at every assert and
+at the end.
 """
 
 import ast
@@ -298,6 +299,45 @@ def _call_check(flags, refused, context):
     return call
 
 
+def _tests_imports(tree):
+    """The standard-library modules the tests import (``import a.b``: ``a.b``; ``from a import b``: ``a`` and
+    perhaps the submodule ``a.b``), in order, once each."""
+    stdlib = getattr(sys, "stdlib_module_names", frozenset())
+    names = []
+    for node in ast.walk(tree):
+        if type(node) is ast.Import:
+            names += [alias.name for alias in node.names]
+        elif type(node) is ast.ImportFrom and node.level == 0 and node.module:
+            names += [node.module, *(f"{node.module}.{alias.name}" for alias in node.names if alias.name != "*")]
+    return [n for n in dict.fromkeys(names) if n.split(".")[0] in stdlib and n.split(".")[0] not in NO_IMPORT]
+
+
+def _preload(names):
+    """Imports what the tests will, before the solution runs, so those modules are checked for tampering like
+    ``COMMON`` and their functions are not the solution's own in calls (a module first imported after the
+    solution is one it may have patched first: ``datetime.date = lambda *a: 7``). A module whose import
+    brings in one that may not load while grading (``subprocess`` holds ``signal``) is taken back out, with
+    everything its import loaded: the solution's import of it meets the refusal then, as without this."""
+    for name in names:
+        then = set(sys.modules)
+        try:
+            __import__(name)
+        except Exception:  # not there (``from os import path``: no submodule ``os.path``): the tests will say
+            pass
+        new = [n for n in sys.modules if n not in then]
+        loaded = [sys.modules[n] for n in new]
+        barred = any(n.split(".")[0] in NO_IMPORT for n in new) or any(
+            type(v) is type(sys) and getattr(v, "__name__", "").split(".")[0] in NO_IMPORT
+            for m in loaded for v in list(vars(m).values()))
+        if not barred:
+            continue
+        for n in new:
+            module = sys.modules.pop(n)
+            parent, _, child = n.rpartition(".")
+            if parent in then and getattr(sys.modules[parent], child, None) is module:
+                delattr(sys.modules[parent], child)
+
+
 def main():
     # Private references, taken before any solution code exists: the solution may rebind anything in
     # builtins, in this module or in os, and nothing here looks a name up after it ran.
@@ -346,7 +386,7 @@ def main():
     except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
         finish(0, 0, False, ())
     total = rewrite.count
-    del job, tree
+    del job
     passed = [0] * total  # per assert: 1 held every time it ran, -1 failed once, 0 never ran
 
     def is_plain(value):
@@ -439,6 +479,8 @@ def main():
     # What the tests run on: a copy of the builtins, modules as loaded now; checked at every assert.
     for name in COMMON:
         __import__(name)
+    _preload(_tests_imports(tree))
+    del tree
     import _imp
     import builtins
 
@@ -566,7 +608,7 @@ def main():
                 raise _Refused("/proc is not readable while grading")
 
     tests_ns_holder = [None]
-    excepthook = sys.excepthook
+    excepthook, exit_hooks_then = sys.excepthook, atexit._ncallbacks()  # a preloaded module's hooks are not its
     existing = gc.get_objects()  # held, so that no id in ``before`` is reused by a new object
     before = frozenset(_map(_id, existing))
     context.append(before | frozenset(_map(_id, state[0][1])))  # with what modules, classes, builtins held
@@ -578,7 +620,7 @@ def main():
         finish(0, total, False, flags | ({"refused"} if refusals else _set()))
     except _BaseException:  # SystemExit, KeyboardInterrupt: the solution tried to end before the tests
         finish(0, total, False, flags | {"early_exit"})
-    if sys.excepthook is not excepthook or atexit._ncallbacks():
+    if sys.excepthook is not excepthook or atexit._ncallbacks() != exit_hooks_then:
         flags.add("exit_hook")  # nothing of the solution's runs at exit (os._exit): the intent counts
     # The tests see the solution's names, never one that would shadow a builtin they rely on; a name
     # of a module loaded before the solution is that module, and another module only if it is the
@@ -606,7 +648,7 @@ def main():
             flags.add("early_exit")
     if not untouched(True):
         flags.add("tamper")
-    if sys.excepthook is not excepthook or atexit._ncallbacks():
+    if sys.excepthook is not excepthook or atexit._ncallbacks() != exit_hooks_then:
         flags.add("exit_hook")
     if refusals:
         flags.add("refused")
