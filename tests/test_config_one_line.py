@@ -100,6 +100,15 @@ def test_a_key_added_with_plus_that_no_schema_has_is_refused_not_dropped(overrid
     assert str(err.value).startswith(expected), err.value
 
 
+def test_cfg_job_refuses_an_added_key_as_a_run_does():
+    """``--cfg job`` printed a config with ``+loop.stpes=3`` in it, which no run would take."""
+    from rlmix.commands.compose import plan_jobs
+
+    with pytest.raises(ConfigError, match=r"^loop.stpes: no such key in loop; did you mean loop.steps\?"):
+        plan_jobs(["--cfg", "job", "+loop.stpes=3"])
+    assert plan_jobs(["--cfg", "job", "++loop.steps=2"]) == []  # composes, and Hydra prints it
+
+
 @pytest.mark.parametrize("override", ["++loop.steps=2", "+fleet.pools.l4_int8={accelerator:L4,precision:int8,count:1}",
                                       "+experiment=sc_mis"])
 def test_plus_overrides_of_keys_the_schema_has_still_compose(override):

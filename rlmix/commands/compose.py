@@ -244,13 +244,15 @@ def _composing(source: ConfigSource):
 
 def _check_composes(overrides: list[str], source: ConfigSource) -> None:
     """``--cfg`` and ``--info`` print the config as Hydra composes it, nothing planned or checked: overrides it
-    cannot compose (``fleet=bogus``) are refused in one line, as a run's are, not with Hydra's error and its
-    config search path."""
+    cannot compose (``fleet=bogus``), or a key it composes that no schema has (``+loop.stpes=3``), are refused
+    in one line, as a run's are, not with Hydra's error and its config search path or a config no run takes."""
     from hydra import compose
+
+    from rlmix.config.load import refuse_added_keys
 
     with _composing(source):
         _check_overrides(overrides, source.config_name)
-        compose(config_name=source.config_name, overrides=overrides, return_hydra_config=True)
+        refuse_added_keys(compose(config_name=source.config_name, overrides=overrides, return_hydra_config=True))
 
 
 def _check_overrides(overrides: list[str], config_name: str) -> None:

@@ -26,7 +26,7 @@ FORMAT_KNOBS = ("kv_precision", "fp8_scales", "linear_inputs", "fp8_attention")
 
 
 def to_run_config(cfg: DictConfig) -> RunConfig:
-    _refuse_added_keys(cfg)
+    refuse_added_keys(cfg)
     try:
         run = OmegaConf.to_object(cfg)
     except Exception as err:  # MISSING values and the like surface here
@@ -38,7 +38,7 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     return run
 
 
-def _refuse_added_keys(node, section: str = "") -> None:
+def refuse_added_keys(node, section: str = "") -> None:
     """``+loop.stpes=3`` adds a key Hydra composes without a word and no schema has: ``to_object`` would
     drop it, and the run train with ``loop.steps`` as it was. One line naming it (``unknown_key_line``).
     A key under an untyped mapping (a pool added to ``fleet.pools``) is ``to_pool``'s to check."""
@@ -54,7 +54,7 @@ def _refuse_added_keys(node, section: str = "") -> None:
         if fields is not None and key not in fields:
             raise ConfigError(unknown_key_line(full, key, section, fields))
         if fields is not None:  # untyped mappings below a schema (fleet.pools) are left as they are
-            _refuse_added_keys(node._get_node(key), full)
+            refuse_added_keys(node._get_node(key), full)
 
 
 def to_pool(name: str, pool) -> PoolConfig:
