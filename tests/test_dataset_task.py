@@ -409,6 +409,23 @@ def test_a_glob_may_have_its_wildcards_in_a_folders_name(tmp_path):
     assert sorted(load_rows(str(tmp_path / "*" / "train.jsonl"), "task.train_files")["question"]) == ["a", "b"]
 
 
+def test_a_parquet_globs_rows_are_named_in_their_own_file(tmp_path):
+    """Its rows were numbered across the glob's files (``row 3`` for the second file's second row)."""
+    import datasets
+
+    from rlmix.tasks.dataset import load_rows
+
+    for shard in ("a", "b"):
+        datasets.Dataset.from_list([{"question": f"{shard}{i}", "answer": "1"} for i in range(2)]).to_parquet(
+            str(tmp_path / f"{shard}.parquet"))
+    (tmp_path / "c.parquet").write_bytes(b"not parquet")
+    rows = load_rows(str(tmp_path / "[ab].parquet"), "task.train_files")
+    assert rows["question"] == ["a0", "a1", "b0", "b1"]
+    assert rows.name(3) == f"task.train_files={tmp_path}/[ab].parquet: {tmp_path}/b.parquet row 1"
+    with pytest.raises(ConfigError, match=r"^task.train_files=\S*/\*.parquet: \S*/c.parquet does not load as a dataset"):
+        load_rows(str(tmp_path / "*.parquet"), "task.train_files")
+
+
 def test_text_that_is_not_utf8_is_one_line_naming_the_file_and_field(tmp_path):
     # The JSON loader takes the bytes in; read only when their row came up, they ended a running job.
     from rlmix.tasks.dataset import load_rows

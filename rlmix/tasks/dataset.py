@@ -130,40 +130,51 @@ class JsonRows:
 
 def _load_one(spec: str, key: str) -> list[tuple[Any, str]]:
     """The rows of a file, a glob or a ``save_to_disk`` directory (ConfigError otherwise), each part
-    with the prefix that names its file: a JSON glob's a ``JsonRows`` per file, a Parquet glob's one
-    ``datasets.Dataset``."""
+    with the prefix that names its file: a JSON glob's a ``JsonRows`` per file, a Parquet glob's a
+    ``datasets.Dataset`` per file."""
     path = Path(spec).expanduser()
     if not path.exists() and not glob.glob(str(path)):  # a glob may have its wildcards in a folder's name
         raise ConfigError(f"{key}={spec}: no such file or directory")
     kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}.get(path.suffix)
-    if kind == "json" and not path.is_dir():
+    files: list[Path] = []
+    if kind is not None and not path.is_dir():  # a glob's files each their own part: rows named in their file
         found = [str(path)] if path.exists() else sorted(glob.glob(str(path), recursive=True))
         files = [Path(f) for f in found if Path(f).is_file()]
         if not files:
             raise ConfigError(f"{key}={spec}: no such file")
-        wheres = [f"{key}={spec}: " + ("" if f == path else f"{f} ") for f in files]
+    wheres = [f"{key}={spec}: " + ("" if f == path else f"{f} ") for f in files]
+    if kind == "json" and files:
         return [(_read_json(f, where), where) for f, where in zip(files, wheres)]
     import datasets
 
     datasets.disable_progress_bars()
-    try:
-        if path.is_dir():
+    if path.is_dir():
+        try:
             loaded = datasets.load_from_disk(str(path))
-            if isinstance(loaded, datasets.DatasetDict):
-                split = "train" if "train" in loaded or len(loaded) != 1 else next(iter(loaded))
-                if split not in loaded:
-                    raise ConfigError(f"{key}={spec}: a DatasetDict without a 'train' split ({sorted(loaded)})")
-                loaded = loaded[split]
-            return [(loaded, f"{key}={spec}: ")]
-        if kind is None:
-            raise ConfigError(f"{key}={spec}: use .jsonl, .json, .parquet files or a save_to_disk directory")
-        return [(_valid_text(datasets.load_dataset(kind, data_files=str(path), split="train"), spec, key),
-                 f"{key}={spec}: ")]
-    except ConfigError:
-        raise
-    except Exception as err:  # not Parquet, not a saved dataset, ...
-        first = (str(err).splitlines() or [""])[0][:200]
-        raise ConfigError(f"{key}={spec}: does not load as a dataset ({type(err).__name__}: {first})") from None
+        except Exception as err:  # not a saved dataset
+            raise ConfigError(f"{key}={spec}: {_not_loading(err)}") from None
+        if isinstance(loaded, datasets.DatasetDict):
+            split = "train" if "train" in loaded or len(loaded) != 1 else next(iter(loaded))
+            if split not in loaded:
+                raise ConfigError(f"{key}={spec}: a DatasetDict without a 'train' split ({sorted(loaded)})")
+            loaded = loaded[split]
+        return [(loaded, f"{key}={spec}: ")]
+    if kind is None:
+        raise ConfigError(f"{key}={spec}: use .jsonl, .json, .parquet files or a save_to_disk directory")
+    parts = []
+    for f, where in zip(files, wheres):
+        try:
+            parts.append((_valid_text(datasets.load_dataset(kind, data_files=str(f), split="train"), where), where))
+        except ConfigError:
+            raise
+        except Exception as err:  # not Parquet, ...
+            raise ConfigError(f"{where}{_not_loading(err)}") from None
+    return parts
+
+
+def _not_loading(err: Exception) -> str:
+    first = (str(err).splitlines() or [""])[0][:200]
+    return f"does not load as a dataset ({type(err).__name__}: {first})"
 
 
 def _read_json(path: Path, where: str) -> JsonRows:
@@ -220,9 +231,9 @@ def _json_kind(value) -> str:
     return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")
 
 
-def _valid_text(rows, spec: str, key: str):
-    """``rows`` once every text column is valid UTF-8. A loader may take invalid bytes into a
-    column; left there, they would surface only when that row is read, mid-run."""
+def _valid_text(rows, where: str):
+    """``rows`` once every text column is valid UTF-8 (``where`` names its file). A loader may take
+    invalid bytes into a column; left there, they would surface only when that row is read, mid-run."""
     import pyarrow as pa
 
     for name in rows.column_names:
@@ -231,7 +242,7 @@ def _valid_text(rows, spec: str, key: str):
             try:
                 column.validate(full=True)
             except pa.ArrowInvalid as err:
-                raise ConfigError(f"{key}={spec}: field {name!r} holds text that is not UTF-8 ({err})") from None
+                raise ConfigError(f"{where}field {name!r} holds text that is not UTF-8 ({err})") from None
     return rows
 
 
