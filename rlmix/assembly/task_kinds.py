@@ -107,13 +107,9 @@ class SingleTurnKind(TaskKind):
         return task
 
     def check_run(self, task, tokenizer, model_dir: Path, max_new_tokens: int | None = None) -> None:
-        """A dataset's prompt that renders to no token; a completion budget that leaves the model's
-        context no room for a prompt, or (a dataset) too little for one of its prompts: the model would
-        run on past the positions it knows."""
-        if isinstance(self.config, DatasetTaskConfig):
-            from rlmix.tasks.dataset import check_nonempty
-
-            check_nonempty(task)
+        """A completion budget that leaves the model's context no room for a prompt, or (a dataset) too
+        little for one of its prompts: the model would run on past the positions it knows. (A dataset's
+        blank prompts were refused as it loaded, ``check_columns``.)"""
         if max_new_tokens is None:
             return
         room = room_for_prompts(model_dir, max_new_tokens, "loop.max_new_tokens")

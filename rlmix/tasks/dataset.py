@@ -247,7 +247,9 @@ def _valid_text(rows, where: str):
 
 
 def check_columns(rows, cfg: DatasetTaskConfig, key: str) -> None:
-    """Every field the task reads is a column, and the first rows hold usable values."""
+    """Every field the task reads is a column, every row has a value for each and a prompt that is not
+    empty or whitespace only (``_blank``), whatever the model's chat template would wrap around it (a
+    sampler would answer no question), and the first rows' messages are well-formed."""
     source = "task.messages_key" if cfg.messages_key else "task.prompt_key"
     wanted = {source: cfg.messages_key or cfg.prompt_key, "task.answer_key": cfg.answer_key}
     for name, column in wanted.items():
@@ -256,13 +258,16 @@ def check_columns(rows, cfg: DatasetTaskConfig, key: str) -> None:
                               f"fields: {', '.join(rows.column_names)}")
     if len(rows) == 0:
         raise ConfigError(f"{key}: the dataset has no rows")
+    columns = {name: rows[column] for name, column in wanted.items()}  # read once: a JSON row parses per read
     for name, column in wanted.items():  # a row without the field reads as None
-        first = next((i for i, value in enumerate(rows[column]) if value is None), None)
+        first = next((i for i, value in enumerate(columns[name]) if value is None), None)
         if first is not None:
             raise ConfigError(f"{rows.name(first)}: no value for {name}={column!r}")
     for i in range(min(len(rows), 8)):
         messages_of(rows[i], cfg, rows.name(i))
-    refuse_blank(rows, cfg)
+    first = next((i for i, value in enumerate(columns[source]) if _blank(value, cfg)), None)
+    if first is not None:
+        refuse_empty_prompt(rows.name(first), cfg)
 
 
 def messages_of(row: dict, cfg: DatasetTaskConfig, where: str) -> list[Message]:
@@ -281,15 +286,6 @@ def messages_of(row: dict, cfg: DatasetTaskConfig, where: str) -> list[Message]:
         raise ConfigError(f"{where}: task.messages_key={cfg.messages_key!r} is not a list of {{role, content}} "
                           "messages")
     return [{"role": m["role"], "content": m["content"]} for m in messages]
-
-
-def refuse_blank(rows: Rows, cfg: DatasetTaskConfig) -> None:
-    """ConfigError naming the first row whose prompt is empty or whitespace only (``_blank``), whatever
-    the model's chat template would wrap around it: a sampler would answer no question."""
-    column = cfg.messages_key or cfg.prompt_key
-    first = next((i for i, value in enumerate(rows[column]) if _blank(value, cfg)), None)
-    if first is not None:
-        refuse_empty_prompt(rows.name(first), cfg)
 
 
 def _blank(value, cfg: DatasetTaskConfig) -> bool:
@@ -499,12 +495,6 @@ def refuse_no_token(problem: Problem) -> None:
     raise ConfigError(f"{problem_name(problem)}: the prompt renders to no token (the tokenizer has no chat "
                       "template or beginning-of-sequence token to add, and none for its text); give the row text "
                       "or drop it")
-
-
-def check_nonempty(task: DatasetTask) -> None:
-    """``refuse_blank`` for the training rows (nothing without ``task.train_files``)."""
-    if task.rows is not None:
-        refuse_blank(task.rows, task.cfg)
 
 
 class AtLeast(int):
