@@ -209,6 +209,23 @@ def test_subset_only_evaluates_the_subset(tmp_path):
     assert summary["sets"]["hard1"]["pass@1"]["mean"] == 1.0 and summary["sets"]["all"]["num_tasks"] == 1
 
 
+def test_checked_tasks_are_played_as_given_and_the_record_is_in_eval_json(tmp_path):
+    """``rlmix eval`` checks the runtime and tasks once (``playable``) and hands them over, with what it
+    scored (``record``): eval.json is written once, whole."""
+    from rlmix.agentic.run import playable
+
+    for t in ("a", "b"):
+        make_task(tmp_path / "tasks", t)
+    cfg = SwebenchProConfig(tasks_dir=str(tmp_path / "tasks"), trusted=TRUSTED, subset="all")
+    play = playable(cfg)
+    play = play._replace(tasks=[t for t in play.tasks if t.task_id == "b"])
+    summary = run_swebench_eval(cfg, ScriptedPolicy(_script), ks=[1], samples=1, out_dir=tmp_path / "run",
+                                play=play, record={"reward": None, "overrides": ["seed=1"]})
+    assert sorted(p.name for p in (tmp_path / "run" / "tasks").iterdir()) == ["b.json"]
+    written = json.loads((tmp_path / "run" / "eval.json").read_text())
+    assert written == summary and written["overrides"] == ["seed=1"] and written["sets"]["all"]["num_tasks"] == 1
+
+
 class _Threads(ScriptedPolicy):
     """Records the threads its turns were asked from."""
 

@@ -102,7 +102,7 @@ def test_local_runtime_needs_the_repo_directory(tmp_path):
 
     shutil.rmtree(d / "environment" / "repo")
     cfg = SwebenchProConfig(tasks_dir=str(tmp_path / "tasks"), trusted=TRUSTED, subset="all")
-    with pytest.raises(ConfigError, match="1 task.s. cannot run with task.runtime=local:\n  task norepo has no"):
+    with pytest.raises(ConfigError, match="^1 task.s. cannot run with task.runtime=local: task norepo has no"):
         run_swebench_eval(cfg, ScriptedPolicy([SUBMIT]), ks=[1], samples=1, out_dir=tmp_path / "run")
     assert not (tmp_path / "run").exists()  # refused before anything was written
 

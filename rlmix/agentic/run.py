@@ -15,11 +15,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from rlmix.agentic.actions import SYSTEM_PROMPT
 from rlmix.config.swebench import AgentEnvConfig, RuntimeKind, SwebenchProConfig
@@ -78,6 +78,30 @@ def resolve_tasks(cfg: SwebenchProConfig) -> tuple[list[HarborTask], list[str] |
     ids = select_subset(tasks, read_subset_file(Path(cfg.subset_file)), cfg.expected_subset_size, cfg.subset_file)
     chosen = list(tasks.values()) if cfg.eval_all_tasks else [tasks[t] for t in ids]
     return chosen, ids
+
+
+class Playable(NamedTuple):
+    """The tasks an evaluation plays, each checked runnable on ``runtime`` (``playable``), and the subset's
+    ids (None: ``task.subset=all``)."""
+
+    runtime: Runtime
+    tasks: list[HarborTask]
+    subset_ids: list[str] | None
+
+
+def playable(cfg: SwebenchProConfig) -> Playable:
+    """The runtime (``check_runtime``), then the configured tasks (``resolve_tasks``), each runnable on it."""
+    runtime = check_runtime(cfg)
+    tasks, subset_ids = resolve_tasks(cfg)
+    refuse_unrunnable(runtime, cfg, tasks)
+    return Playable(runtime, tasks, subset_ids)
+
+
+def refuse_unrunnable(runtime: Runtime, cfg: AgentEnvConfig, tasks: Iterable[HarborTask]) -> None:
+    """A ConfigError naming the first of ``tasks`` the runtime cannot run (and how many), before any episode."""
+    bad = [p for p in (runtime.check(t) for t in tasks) if p]
+    if bad:
+        raise ConfigError(f"{len(bad)} task(s) cannot run with task.runtime={cfg.runtime.name}: {bad[0]}")
 
 
 def check_ks(ks: Sequence[int], samples: int) -> None:
@@ -208,17 +232,14 @@ def _progress_line(done: int, total: int, o: SampleOutcome) -> str:
 
 def run_swebench_eval(cfg: SwebenchProConfig, policy: AgentPolicy, ks: list[int], samples: int, out_dir: Path,
                       progress: Callable[[str], None] | None = None, wandb_run=None,
-                      groups: Mapping[str, Sequence[str]] | None = None, concurrent: int = 1) -> dict:
-    """Evaluate ``policy`` on the configured tasks; writes the run directory and returns eval.json's content
-    (pass@k also per named group of task ids in ``groups``). ``concurrent``: episodes at once (0: all),
-    each calling ``policy.act`` from its own thread, so a policy shared by them must allow that."""
+                      groups: Mapping[str, Sequence[str]] | None = None, concurrent: int = 1,
+                      play: Playable | None = None, record: Mapping | None = None) -> dict:
+    """Evaluate ``policy`` on the configured tasks (``play``, where the caller has checked them already);
+    writes the run directory and returns eval.json's content (pass@k also per named group of task ids in
+    ``groups``, and ``record``'s entries). ``concurrent``: episodes at once (0: all), each calling
+    ``policy.act`` from its own thread, so a policy shared by them must allow that."""
     check_ks(ks, samples)
-    runtime = check_runtime(cfg)
-    tasks, subset_ids = resolve_tasks(cfg)
-    problems = [p for p in (runtime.check(t) for t in tasks) if p]
-    if problems:  # before the first episode, not halfway through the run
-        raise ConfigError(f"{len(problems)} task(s) cannot run with task.runtime={cfg.runtime.name}:\n"
-                          + "\n".join(f"  {p}" for p in problems))
+    runtime, tasks, subset_ids = play if play is not None else playable(cfg)  # before the first episode
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     jobs = [(task, sample) for task in tasks for sample in range(samples)]
@@ -234,7 +255,7 @@ def run_swebench_eval(cfg: SwebenchProConfig, policy: AgentPolicy, ks: list[int]
     results = run_episodes(lambda job, stoppable: run_sample(*job, stoppable, runtime, cfg), jobs,
                            lambda _: policy, concurrent, done)
     outcomes = [r.outcome for r in results]
-    summary = summarize(outcomes, ks, samples, cfg.subset, subset_ids, groups)
+    summary = {**summarize(outcomes, ks, samples, cfg.subset, subset_ids, groups), **(record or {})}
     write_results(out_dir, outcomes, summary)
     log_wandb(wandb_run, outcomes, summary, subset_ids)
     return summary

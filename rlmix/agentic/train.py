@@ -26,7 +26,8 @@ from rlmix.agentic.batching import TurnBatcher
 from rlmix.agentic.harbor import HarborTask
 from rlmix.agentic.policy import ModelPolicy
 from rlmix.agentic.records import episode_stat_row, episodes_to_rollouts
-from rlmix.agentic.run import SampleResult, check_runtime, resolve_tasks, run_episodes, run_sample
+from rlmix.agentic.run import (SampleResult, check_runtime, refuse_unrunnable, resolve_tasks, run_episodes,
+                              run_sample)
 from rlmix.config.swebench import AgentEnvConfig, SwebenchProConfig
 from rlmix.rollout import Rollouts, SamplingParams
 from rlmix.tasks.base import Problem
@@ -55,8 +56,9 @@ class HarborTaskSet:
 
     name = "swebench_pro"
 
-    def __init__(self, cfg: SwebenchProConfig, seed: int):
-        tasks, _ = resolve_tasks(cfg)
+    def __init__(self, cfg: SwebenchProConfig, seed: int, tasks: list[HarborTask] | None = None):
+        """The configured tasks (``resolve_tasks``), or ``tasks`` where the caller resolved them."""
+        tasks = resolve_tasks(cfg)[0] if tasks is None else tasks
         self.tasks = {t.task_id: t for t in tasks}
         self.seed = seed
 
@@ -144,19 +146,21 @@ class EpisodeRollouts:
 def check_agent_run(cfg: AgentEnvConfig, task: AgentTask, tokenizer, max_positions: int | None) -> None:
     """Everything about an agentic run that can be wrong before a process starts, as one-line ConfigErrors:
     the runtime (bwrap, Docker), the tasks (directory missing or malformed, not runnable here), and a
-    model without room for one turn: the first prompt plus one token must fit ``task.max_total_tokens``,
-    which must fit the model's context."""
+    model without room for one turn (``check_turn_room``)."""
+    runtime = check_runtime(cfg)
+    if isinstance(task, HarborTaskSet):
+        refuse_unrunnable(runtime, cfg, task.tasks.values())
+    check_turn_room(cfg, task, tokenizer, max_positions)
+
+
+def check_turn_room(cfg: AgentEnvConfig, task: AgentTask, tokenizer, max_positions: int | None) -> None:
+    """The first prompt plus one token must fit ``task.max_total_tokens``, which must fit the model's context."""
     from rlmix.agentic.policy import Message
     from rlmix.agentic.run import system_prompt
     from rlmix.errors import ConfigError
     from rlmix.tasks.chat import chat_renderer
 
-    runtime = check_runtime(cfg)
     problems = task.split("all") if isinstance(task, HarborTaskSet) else task.sample(4, seed=0)
-    if isinstance(task, HarborTaskSet):
-        bad = [p for p in (runtime.check(t) for t in task.tasks.values()) if p]
-        if bad:
-            raise ConfigError(f"{len(bad)} task(s) cannot run with task.runtime={cfg.runtime.name}: {bad[0]}")
     if max_positions is not None and cfg.max_total_tokens > max_positions:
         raise ConfigError(f"task.max_total_tokens={cfg.max_total_tokens} exceeds the model's context of "
                           f"{max_positions} tokens; lower it to at most {max_positions}")

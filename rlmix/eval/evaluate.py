@@ -315,21 +315,22 @@ class Evaluation:
         one it would be alone, up to the reference kernel's rounding in another batch (docs/agentic.md).
 
         Refused in one line before any model is built or loaded, and before W&B or a directory starts:
-        the runtime and the tasks (``episode_tasks``); once the tokenizer is read, a model without room
-        for one turn, as ``rlmix train`` refuses it (``check_agent_run``)."""
+        the runtime and the tasks (``playable``, once: the episodes play what it checked); once the
+        tokenizer is read, a model without room for one turn, as ``rlmix train`` refuses it
+        (``check_turn_room``)."""
         from rlmix.agentic.batching import TurnBatcher
         from rlmix.agentic.policy import ModelPolicy
-        from rlmix.agentic.run import run_swebench_eval
-        from rlmix.agentic.train import check_agent_run
+        from rlmix.agentic.run import playable, run_swebench_eval
+        from rlmix.agentic.train import HarborTaskSet, check_turn_room
         from rlmix.assembly.parts import model_max_positions
-        from rlmix.metrics.written import write_result
 
         cfg = self.plan.cfg
-        tasks = episode_tasks(task_cfg, cfg.seed)
+        play = playable(task_cfg)
         out_dir = self.out_dir(split)
         replaced = (out_dir / EVAL_FILE).is_file()
         tokenizer, stops = reference_tokenizer(cfg, self.model_dir)
-        check_agent_run(task_cfg, tasks, tokenizer, model_max_positions(self.model_dir))
+        check_turn_room(task_cfg, HarborTaskSet(task_cfg, cfg.seed, play.tasks), tokenizer,
+                        model_max_positions(self.model_dir))
         with loading(cfg, self.model_dir, "weights"):
             sampler, label = reference_sampler(cfg.eval, self.model_dir, cfg.seed)
         params = SamplingParams(
@@ -346,32 +347,15 @@ class Evaluation:
             run = made.wandb_run = _wandb_run(cfg, out_dir)
             try:
                 summary = run_swebench_eval(task_cfg, policy, self.ks, cfg.eval.samples, out_dir,
-                                            progress=self.progress, wandb_run=run, groups=groups, concurrent=concurrent)
+                                            progress=self.progress, wandb_run=run, groups=groups, concurrent=concurrent,
+                                            play=play, record=scored_settings(cfg, self.scoring))
             finally:
                 if batcher is not None:
                     batcher.close()
         if run is not None:
             run.finish()
-        summary = {**summary, **scored_settings(cfg, self.scoring)}  # the episode runner wrote the scores
-        write_result(out_dir / EVAL_FILE, json.dumps(summary, indent=1) + "\n")
         self.progress(f"reference {label}; {self.wrote(out_dir, replaced)}")
         return summary
-
-
-def episode_tasks(task_cfg, seed: int):
-    """The Harbor tasks an episode evaluation plays (``HarborTaskSet``), once what needs no model is
-    checked: the runtime (bubblewrap, a Docker engine), the task directory, its tasks, the subset file
-    and its ids, and each task runnable on the runtime. ``run_swebench_eval`` checks the same, but
-    only once the model has loaded; here each is the ``ConfigError`` ``rlmix train`` gives."""
-    from rlmix.agentic.run import check_runtime
-    from rlmix.agentic.train import HarborTaskSet
-
-    runtime = check_runtime(task_cfg)
-    tasks = HarborTaskSet(task_cfg, seed)
-    bad = [p for p in (runtime.check(t) for t in tasks.tasks.values()) if p]
-    if bad:
-        raise ConfigError(f"{len(bad)} task(s) cannot run with task.runtime={task_cfg.runtime.name}: {bad[0]}")
-    return tasks
 
 
 @dataclass
