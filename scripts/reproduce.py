@@ -33,8 +33,10 @@ is the profile's, then each of ``--doses`` and ``--arms`` given, then ``--seeds`
 they are not the profile's (``quick_1seed_20steps``), so a shorter look never writes over the page
 of the profile's runs (page_name).
 
-Ctrl-C (or SIGTERM, SIGHUP) stops the running command as it stops ``rlmix`` (the run saves and says
-so); the script then ends with 128 + the signal's number (130 for Ctrl-C) and the ``--resume`` line.
+Ctrl-C (or SIGTERM, SIGHUP, to the script or its process group) stops the running command as it stops
+``rlmix`` (the run saves and says so; the script passes the signal on once); the script then ends with
+128 + the signal's number (130 for Ctrl-C) and the ``--resume`` line, also where the command ended
+meanwhile of its own accord.
 """
 
 from __future__ import annotations
@@ -237,20 +239,30 @@ class RunResult:
 def run(cmd: list[str], quiet: bool = False) -> None:
     """Run an ``rlmix`` command to its end; CalledProcessError when it fails.
 
-    A terminal's Ctrl-C reaches the command as well as this script (one process group): the command
-    finishes its step, saves and prints how it stopped. This waits for that instead of killing it, as
-    ``subprocess.run`` does a quarter second after a KeyboardInterrupt (which left the run's Ray
-    processes behind and no line to go on with)."""
+    The command runs in a session of its own, and each Ctrl-C, SIGTERM or SIGHUP this script gets is
+    passed on to it once: the command finishes its step, saves and prints how it stopped, and this
+    waits for that instead of killing it (as ``subprocess.run`` does a quarter second after a
+    KeyboardInterrupt, which left the run's Ray processes behind and no line to go on with). A signal
+    that came while the command finished anyway is not lost: ``Interrupted`` once it has ended."""
     print("+", " ".join(cmd), flush=True)
-    with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL if quiet else None) as proc:
-        while True:
-            try:
-                code = proc.wait()
-                break
-            except KeyboardInterrupt:
-                continue
+    got: list[int] = []
+    with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL if quiet else None,
+                          start_new_session=True) as proc:
+        def forward(signum: int, _frame) -> None:
+            got.append(signum)
+            if proc.returncode is None:
+                proc.send_signal(signum)
+
+        previous = {s: signal.signal(s, forward) for s in STOP_SIGNALS}
+        try:
+            code = proc.wait()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
     if code != 0:
         raise subprocess.CalledProcessError(code, cmd)
+    if got:
+        raise Interrupted(got[0], f"`{' '.join(cmd[1:3])}` had ended ({signal_name(got[0])} came as it did)")
 
 
 def machine() -> str:
@@ -281,6 +293,21 @@ def plan_problem(plan: list[tuple[str, tuple[str, ...]]], steps: int) -> str | N
             except ConfigError as err:
                 return f"{arm} at {dose}: {err}"
     return None
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP between commands, as KeyboardInterrupt is SIGINT there (``stop_between``)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def stop_between(signum: int, _frame) -> None:
+    raise Stopped(signum)
 
 
 class Interrupted(Exception):
@@ -823,6 +850,7 @@ def main() -> None:
         problem = resume_problem(base, plan, args.seeds, args.steps)
     if problem:
         parser.error(problem)
+    previous = {s: signal.signal(s, stop_between) for s in STOP_SIGNALS[1:]}
     try:
         reproduce(args, plan, base)
     except subprocess.CalledProcessError as err:  # rlmix printed why; the runs that ended are kept
@@ -836,9 +864,13 @@ def main() -> None:
     except Interrupted as stopped:  # a sweep whose runs had all ended
         print(f"reproduce: interrupted: {stopped.what}; to go on from here: --resume {base}", file=sys.stderr)
         sys.exit(128 + stopped.signum)
-    except KeyboardInterrupt:  # between commands (the page, a plot): what ended is kept as well
-        print(f"reproduce: interrupted (SIGINT); to go on from here: --resume {base}", file=sys.stderr)
-        sys.exit(130)
+    except KeyboardInterrupt as err:  # between commands (the page, a plot): what ended is kept as well
+        signum = err.signum if isinstance(err, Stopped) else signal.SIGINT
+        print(f"reproduce: interrupted ({signal_name(signum)}); to go on from here: --resume {base}", file=sys.stderr)
+        sys.exit(128 + signum)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def reproduce(args: argparse.Namespace, plan: list[tuple[str, tuple[str, ...]]], base: Path) -> None:

@@ -129,6 +129,24 @@ def test_a_sweep_stopped_by_a_signal_ends_the_script_with_128_plus_the_signal(
     assert "exited with" not in err
 
 
+def test_sigterm_between_commands_ends_with_143_and_the_resume_line(tmp_path, monkeypatch, capsys):
+    """SIGTERM or SIGHUP while no command runs (the page, a plot) ended the script with no line."""
+    import signal
+
+    outside_the_unit(monkeypatch, tmp_path, ["--doses", "v2_matched", "--arms", "grpo", "--seeds", "1",
+                                             "--steps", "3"], sweeps=False)
+    before = signal.getsignal(signal.SIGTERM)
+
+    def stopped(*_):
+        raise R.Stopped(signal.SIGTERM)
+
+    monkeypatch.setattr(R, "reproduce", stopped)
+    with pytest.raises(SystemExit) as stop:
+        R.main()
+    assert stop.value.code == 143 and signal.getsignal(signal.SIGTERM) is before  # the handlers are put back
+    assert "reproduce: interrupted (SIGTERM); to go on from here: --resume " in capsys.readouterr().err
+
+
 def test_a_signal_after_every_run_of_the_sweep_ended_says_the_dose_finished(tmp_path, monkeypatch, capsys):
     # Ctrl-C in `rlmix train -m`'s teardown, after its sweep block: Python ends on the signal (-2).
     outside_the_unit(monkeypatch, tmp_path, ["--doses", "v2_matched", "--arms", "grpo,sc_mis", "--seeds", "1",

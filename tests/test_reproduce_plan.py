@@ -346,3 +346,47 @@ def test_a_terminals_ctrl_c_lets_the_running_command_finish_and_end_on_its_own(t
     out, err = proc.communicate(timeout=60)
     assert finished.exists(), "the command was killed before it finished"
     assert "exit 130" in out and "Traceback" not in err, (out, err)
+
+
+@pytest.mark.parametrize(("signum", "child_code", "expected"), [
+    ("SIGTERM", 143, "failed 143 signals 1"),  # sent to the script alone: passed on, once
+    ("SIGINT", 0, "interrupted 2 signals 1"),  # the command ended of its own accord meanwhile: not lost
+])
+def test_a_signal_to_the_script_reaches_the_command_once_and_is_not_lost(tmp_path, signum, child_code, expected):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    ready, log = tmp_path / "ready", tmp_path / "signals"
+    child = ("import signal, sys, time, pathlib\n"
+             "def stop(n, _):\n"
+             f"    with open({str(log)!r}, 'a') as f: f.write(str(n) + '\\n')\n"
+             f"    time.sleep(0.5); sys.exit({child_code})\n"
+             "signal.signal(signal.SIGINT, stop); signal.signal(signal.SIGTERM, stop)\n"
+             f"pathlib.Path({str(ready)!r}).touch()\n"
+             "time.sleep(60)\n")
+    script = ("import importlib.util, subprocess, sys\n"
+              f"spec = importlib.util.spec_from_file_location('reproduce', {str(SCRIPT)!r})\n"
+              "mod = sys.modules['reproduce'] = importlib.util.module_from_spec(spec)\n"
+              "spec.loader.exec_module(mod)\n"
+              "try:\n"
+              f"    mod.run([sys.executable, '-c', {child!r}])\n"
+              "except subprocess.CalledProcessError as err:\n"
+              "    print('failed', err.returncode, end=' ')\n"
+              "except mod.Interrupted as err:\n"
+              "    print('interrupted', err.signum, end=' ')\n"
+              f"print('signals', len(open({str(log)!r}).read().split()))\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ready.exists(), proc.communicate()
+    if signum == "SIGTERM":
+        os.kill(proc.pid, signal.SIGTERM)  # `kill <script's pid>`: the command is in a session of its own
+    else:
+        os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: the script's group
+    out, err = proc.communicate(timeout=60)
+    assert out.strip().splitlines()[-1] == expected and "Traceback" not in err, (out, err)
