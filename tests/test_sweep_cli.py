@@ -76,3 +76,22 @@ def test_continuing_a_sweep_keeps_a_job_that_failed_before_its_first_checkpoint_
            "rlmix train +experiment=smoke logger=disabled loop.steps=3" in out.stderr, out.stderr
     assert [json.loads(line)["step"] for line in (sweep / "0_smoke_s0" / "metrics.jsonl").open()] == [1, 2]
     assert "  smoke_s0  failed     steps 2" in out.stdout, out.stdout
+
+
+def test_a_sweep_over_experiments_is_one_directory(tmp_path, monkeypatch):
+    """``hydra.sweep.dir`` ends in ``${name}``, which each experiment sets: ``+experiment=grpo,sc_mis`` put its
+    jobs in ``<time>_grpo`` and ``<time>_sc_mis`` and its record in ``<time>_default``, so ``rlmix report``
+    and ``resume=`` saw half a sweep. One directory, named after both, is given to Hydra."""
+    from rlmix.commands.compose import plan_jobs, shared_dir_args
+
+    monkeypatch.chdir(tmp_path)
+    args = ["-m", "+experiment=grpo,sc_mis", "seed=0,1", "loop.steps=1"]
+    jobs = plan_jobs(args)
+    [shared] = {job.shared_dir for job in jobs}
+    assert shared.name.endswith("_grpo+sc_mis") and shared.parent.parent.name == "multirun", shared
+    assert [job.run_dir for job in jobs] == [shared / f"{i}_{job.label}" for i, job in enumerate(jobs)]
+    assert shared_dir_args(args, jobs) == [*args, f"hydra.sweep.dir={shared}"]
+    # One name, or a directory the command line gives: as Hydra names it.
+    for same in (["-m", "+experiment=grpo", "seed=0,1"], [*args, f"hydra.sweep.dir={tmp_path / 's'}"]):
+        jobs = plan_jobs(same)
+        assert {job.shared_dir for job in jobs} == {None} and shared_dir_args(same, jobs) == same

@@ -50,11 +50,17 @@ def quote_paths(args: list[str]) -> list[str]:
     out = []
     for arg in args:
         key, eq, value = arg.partition("=")
-        if eq and key.lstrip("+~") in PATH_KEYS and value[:1] not in ("'", '"') \
-                and _HYDRA_SPECIAL & set(value) and Path(value).expanduser().exists():
-            arg = f"{key}='" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        if eq and key.lstrip("+~") in PATH_KEYS and value[:1] not in ("'", '"') and Path(value).expanduser().exists():
+            arg = f"{key}={hydra_quoted(value)}"
         out.append(arg)
     return out
+
+
+def hydra_quoted(value: str) -> str:
+    """``value`` as an override gives it to Hydra: single-quoted where its grammar would misparse it."""
+    if not _HYDRA_SPECIAL & set(value):
+        return value
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def split_args(args: list[str]) -> tuple[list[str], bool, bool]:
@@ -316,6 +322,7 @@ class Job(NamedTuple):
     kept: dict | None = None  # a continued sweep's job that failed with no checkpoint: its summary, kept as it is
     config: dict | None = None  # the config it was planned from (``composed``): Hydra's job must have composed the same
     mode: object = None  # the ``hydra.mode`` its config sets (None: the command line's ``-m`` decides)
+    shared_dir: Path | None = None  # the one sweep directory given to Hydra for jobs that named theirs apart
 
 
 def preflight(args: list[str]) -> dict[tuple[str, ...], object]:
@@ -354,11 +361,19 @@ def plan_jobs(args: list[str]) -> list[Job]:
     from rlmix.orchestration.hardware import check_machine
     from rlmix.orchestration.runner import check_continues, ended_run
 
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    made = [_compose(job, output_dir_key=key, job_num=num if multirun else None, source=source)
+            for num, job in enumerate(jobs)]
+    shared = shared_sweep_dir(overrides, [(plan.cfg.name, sweep_dir) for plan, sweep_dir, *_ in made]) \
+        if multirun else None
+    if shared is not None:
+        from rlmix.assembly.rules import check_output_dir
+
+        check_output_dir(key, shared)
     planned = []
-    for num, job in enumerate(jobs):
-        key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-        plan, sweep_dir, job_dir, config, mode = _compose(job, output_dir_key=key, job_num=num if multirun else None,
-                                                          source=source)
+    for job, (plan, sweep_dir, job_dir, config, mode) in zip(jobs, made):
+        if shared is not None:
+            sweep_dir, job_dir = shared, str(Path(shared) / Path(job_dir).relative_to(sweep_dir))
         check_machine(plan.cfg)  # GPUs asked for exist here, before Ray or a run dir
         check_wandb_login(plan.cfg.logger.wandb)  # online needs an API key: refused before Ray, not after
         kept = None
@@ -368,8 +383,36 @@ def plan_jobs(args: list[str]) -> list[Job]:
         if plan.cfg.resume and ended_run(Path(plan.cfg.resume), plan.cfg.loop.steps) is None:
             check_continues(plan.cfg, resolve_model_dir(plan))  # before Hydra writes the run's .hydra/ anew
         label = job_label(job_key(job), plan.cfg.name, plan.cfg.seed) if multirun else plan.cfg.name
-        planned.append(Job(job_key(job), plan, label, Path(job_dir) if multirun else None, kept, config, mode))
+        planned.append(Job(job_key(job), plan, label, Path(job_dir) if multirun else None, kept, config, mode,
+                           None if shared is None else Path(shared)))
     return planned
+
+
+def shared_sweep_dir(overrides: list[str], dirs: list[tuple[str, str]]) -> str | None:
+    """One directory for a sweep whose jobs name their sweep directory apart, from ``(name, sweep dir)`` per
+    job; None where they share one name, or where the command line gives ``hydra.sweep.dir``. Hydra resolves
+    ``hydra.sweep.dir`` (``..._${name}``) per job, and ``+experiment=grpo,sc_mis`` sets a name per job: its
+    jobs went to ``<time>_grpo`` and ``<time>_sc_mis`` and the sweep's record to ``<time>_default``, so
+    neither ``rlmix report`` nor ``resume=`` saw the sweep whole. Shared: ``<time>_grpo+sc_mis``, the
+    names in job order (the first job's directory where the pattern does not end in the name), at the first
+    job's ``${now:}``: each job here was composed apart, so their times may differ by a second where Hydra's
+    jobs share its own."""
+    names = list(dict.fromkeys(n for n, _ in dirs))
+    if len(names) < 2 or any(o.split("=", 1)[0].lstrip("+~") == "hydra.sweep.dir" for o in overrides):
+        return None
+    (name, first), names = dirs[0], "+".join(names)
+    head = Path(first)
+    if not head.name.endswith(f"_{name}"):
+        return first
+    return str(head.with_name(head.name[: -len(name)] + names))
+
+
+def shared_dir_args(args: list[str], jobs: list[Job]) -> list[str]:
+    """``args`` with the jobs' shared sweep directory (``shared_sweep_dir``) given to Hydra, where there is one."""
+    shared = jobs[0].shared_dir if jobs else None
+    if shared is None:
+        return args
+    return [*args, f"hydra.sweep.dir={hydra_quoted(str(shared))}"]
 
 
 @contextmanager

@@ -26,7 +26,7 @@ from omegaconf import DictConfig
 
 from rlmix.commands.compose import (CONFIG_MODULE, CONFIG_NAME, MULTIRUN_FILE, SCHEMA_SUFFIX, Job, command_line,
                                     composed, job_key, logged_run, mode_known, plan_jobs, repeated_source,
-                                    resume_in_place, sweep_job)
+                                    resume_in_place, shared_dir_args, sweep_job)
 from rlmix.commands.naming import job_label, register_resolver, sweep_name
 from rlmix.errors import ConfigError, RunFailed
 from rlmix.metrics.quiet import WORKERS_LOG
@@ -210,7 +210,7 @@ def run_train(args: list[str]) -> None:
     _source[:] = repeated_source(args) if _jobs else []
     from rlmix.orchestration.session import SESSION
 
-    sys.argv = ["rlmix train", *args]
+    sys.argv = ["rlmix train", *shared_dir_args(args, _jobs)]  # Hydra's; the printed commands repeat ``args``
     seen: list[Path] = []  # the sweep's directory, once Hydra resolved it for the launcher
     try:
         _finished.clear()
