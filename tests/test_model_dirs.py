@@ -137,3 +137,137 @@ def test_a_config_transformers_rejects_is_one_line(tmp_path):
     with pytest.raises(ConfigError, match="weights do not load") as err:
         load_causal_lm(model_dir)
     assert "\n" not in str(err.value)
+
+
+# -- 7. no pad token and no EOS in the tokenizer: the model's end-of-sequence id pads -----------------
+
+
+def _without_eos(model_dir: Path, *configs: str) -> Path:
+    """``model_dir``'s tokenizer with no EOS token; ``configs`` (config.json, generation_config.json)
+    without eos_token_id and pad_token_id."""
+    _edit(model_dir / "tokenizer_config.json", eos_token=None)
+    if (model_dir / "special_tokens_map.json").is_file():
+        _edit(model_dir / "special_tokens_map.json", eos_token=None)
+    for name in configs:
+        _edit(model_dir / name, eos_token_id=None, pad_token_id=None)
+    return model_dir
+
+
+def _dataset_train(model_dir: Path, tmp_path: Path) -> list[str]:
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"question": "What is 2+3?", "answer": "5"}\n' * 4)
+    return ["train", "fleet=smoke", f"model.path={model_dir}", "task=dataset", f"task.train_files={rows}",
+            "task.prompt_key=question", "task.reward=math", "loop.steps=3", f"hydra.run.dir={tmp_path / 'run'}"]
+
+
+@pytest.mark.parametrize("stated_in", ["config.json", "generation_config.json"])
+def test_a_tokenizer_without_pad_or_eos_pads_with_the_models_end_of_sequence_id_in_every_process(tmp_path, stated_in):
+    """The stop ids already came from config.json / generation_config.json; the pad id was None, and the
+    trainer's first step failed in ``torch.full`` after Ray and every actor had started."""
+    from rlmix.assembly.rules import resolve_correction
+    from rlmix.config.schema import CorrectionConfig, TrainerConfig
+    from rlmix.models.io import load_tokenizer
+    from rlmix.models.tokenizer_file import load_fast_tokenizer
+    from rlmix.trainers.torch_trainer import TorchTrainer
+
+    others = {"config.json", "generation_config.json"} - {stated_in}
+    model_dir = _without_eos(_without_pad(save_tiny_llama(tmp_path / "m")), *others)
+    _edit(model_dir / stated_in, eos_token_id=EOS, pad_token_id=None)
+    ours = load_fast_tokenizer(model_dir)
+    assert ours.eos_token_id is None and ours.pad_token_id == EOS
+    assert load_tokenizer(model_dir).pad_token_id == EOS
+    trainer = TorchTrainer(model_dir, TrainerConfig(), resolve_correction(CorrectionConfig()), seed=0)
+    assert trainer.pad_id == EOS
+    _edit(model_dir / "tokenizer_config.json", add_bos_token=False)  # served by transformers' tokenizer
+    assert load_fast_tokenizer(model_dir).pad_token_id == EOS
+
+
+def test_without_any_end_of_sequence_id_the_configs_pad_token_id_pads(tmp_path):
+    from rlmix.models.io import load_tokenizer
+    from rlmix.models.tokenizer_file import load_fast_tokenizer
+
+    model_dir = _without_eos(_without_pad(save_tiny_llama(tmp_path / "m")), "config.json", "generation_config.json")
+    _edit(model_dir / "config.json", pad_token_id=1)
+    assert load_fast_tokenizer(model_dir).pad_token_id == load_tokenizer(model_dir).pad_token_id == 1
+
+
+def test_no_id_to_pad_with_is_one_line_naming_model_path_before_ray(tmp_path):
+    from rlmix.models.io import load_tokenizer
+    from rlmix.models.tokenizer_file import load_fast_tokenizer
+    from tests.cli import rlmix_refusing
+
+    model_dir = _without_eos(_without_pad(save_tiny_llama(tmp_path / "m")), "config.json", "generation_config.json")
+    for load in (load_fast_tokenizer, load_tokenizer):
+        with pytest.raises(ConfigError, match="no token to pad rows with") as err:
+            load(model_dir)
+        assert str(err.value).startswith(f"model.path={str(model_dir)!r}: ") and "\n" not in str(err.value)
+    out = rlmix_refusing(*_dataset_train(model_dir, tmp_path), cwd=tmp_path)  # Ray is not started here
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert out.stderr.startswith(f"error: model.path={str(model_dir)!r}: no token to pad rows with")
+    assert "add pad_token to tokenizer_config.json" in out.stderr and not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow  # samples with the smoke fleet's pools (~5 s)
+def test_the_probe_samples_a_model_whose_tokenizer_has_no_pad_or_eos(tmp_path):
+    """``rlmix probe`` printed a traceback from ``sequence_input_ids`` (a None pad id)."""
+    import json as json_
+
+    from rlmix.commands.probe import run_probe
+
+    model_dir = _without_eos(_without_pad(save_tiny_llama(tmp_path / "m")), "generation_config.json")
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"question": "What is 2+3?", "answer": "5"}\n')
+    run_probe(["fleet=smoke", f"model.path={model_dir}", "task=dataset", f"task.train_files={rows}",
+               "task.prompt_key=question", "task.reward=math", "task.split=train", "probe.prompts=1",
+               "probe.samples_per_prompt=2", "loop.max_new_tokens=8", f"probe.out_dir={tmp_path / 'probe'}"])
+    [written] = (tmp_path / "probe").rglob("probe.json")
+    assert json_.loads(written.read_text())["pools"]
+
+
+# -- 8. a sharded checkpoint missing a shard ----------------------------------------------------------
+
+
+def _sharded(model_dir: Path) -> list[str]:
+    """``model_dir``'s weights re-saved in shards (model.safetensors.index.json): the shard files."""
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(model_dir)
+    (model_dir / "model.safetensors").unlink()
+    model.save_pretrained(model_dir, max_shard_size="100KB")
+    return sorted(set(json.loads((model_dir / "model.safetensors.index.json").read_text())["weight_map"].values()))
+
+
+def test_a_sharded_checkpoint_missing_a_shard_is_one_line_naming_it_before_ray(tmp_path):
+    """Samplers found the parameters missing only after Ray started (exit 1, Ray's text, a run directory)."""
+    from tests.cli import rlmix_refusing
+
+    model_dir = save_tiny_llama(tmp_path / "m")
+    shards = _sharded(model_dir)
+    assert len(shards) > 2
+    (model_dir / shards[1]).unlink()
+    out = rlmix_refusing(*_dataset_train(model_dir, tmp_path), cwd=tmp_path)  # Ray is not started here
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert out.stderr.startswith(f"error: model.path={str(model_dir)!r}: model.safetensors.index.json names 1 ")
+    assert f"({shards[1]})" in out.stderr and not (tmp_path / "run").exists()
+
+
+def test_weight_indexes_are_checked_whatever_their_format(tmp_path):
+    from rlmix.models.tokenizer_file import check_weight_files
+
+    index = tmp_path / "pytorch_model.bin.index.json"
+    check_weight_files(tmp_path, "m")  # no index: a single-file checkpoint
+    names = [f"pytorch_model-0000{i}-of-00005.bin" for i in range(1, 6)]
+    index.write_text(json.dumps({"metadata": {}, "weight_map": {f"w{i}": name for i, name in enumerate(names)}}))
+    (tmp_path / names[0]).write_bytes(b"")
+    with pytest.raises(ConfigError, match=r"^model.path='m': pytorch_model.bin.index.json names 4 weight file\(s\) "
+                                          r"the directory lacks \(pytorch_model-00002-of-00005.bin, .*, "
+                                          r"pytorch_model-00004-of-00005.bin and 1 more\)"):
+        check_weight_files(tmp_path, "m")
+    for name in names[1:]:
+        (tmp_path / name).write_bytes(b"")
+    check_weight_files(tmp_path, "m")
+    for text, match in (("{", "is not valid JSON"), ('{"weight_map": [1]}', "has no weight_map")):
+        index.write_text(text)
+        with pytest.raises(ConfigError, match=match) as err:
+            check_weight_files(tmp_path, "m")
+        assert "\n" not in str(err.value)

@@ -106,3 +106,15 @@ def test_hydra_searchpath_is_honoured_by_the_probe(tmp_path, probed):
     run_probe(["fleet=smoke", f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "task=mymini",
                f"probe.out_dir={tmp_path / 'probe'}"])
     assert probed == ["test"]
+
+
+def test_a_dataset_without_eval_files_is_refused_offering_the_training_rows(tmp_path, no_model):
+    """As ``rlmix eval`` refuses it (docs/tasks.md): ``task.split=train`` is the way out."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"question": "1+1", "answer": "2"}\n')
+    task = ["task=dataset", f"task.train_files={rows}", "task.prompt_key=question", "task.reward=exact"]
+    out = rlmix_refusing("probe", "fleet=smoke", *task, f"probe.out_dir={tmp_path / 'probe'}", cwd=tmp_path)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert out.stderr.startswith("error: task.split=test: set task.eval_files ")
+    assert out.stderr.strip().endswith("; or task.split=train to use task.train_files")
+    assert not (tmp_path / "probe").exists()

@@ -30,9 +30,10 @@ def resolve_model_dir(plan: RunPlan, progress=print) -> Path:
     kind starts from (``TaskKind.embedded_model``: built once, cached)."""
     model = plan.cfg.model
     if model.path is not None:
-        from rlmix.models.tokenizer_file import load_fast_tokenizer
+        from rlmix.models.tokenizer_file import check_weight_files, load_fast_tokenizer
 
         load_fast_tokenizer(model.path)  # ConfigError with one line if it is not a model dir
+        check_weight_files(Path(model.path).expanduser(), model.path)  # or a shard is missing
         return Path(model.path)
     return plan.task.embedded_model(model, progress)
 

@@ -10,7 +10,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.utils import logging as hf_logging
 
 from rlmix.errors import ConfigError
-from rlmix.models.tokenizer_file import check_model_dir as _model_dir, check_tokenizer_files
+from rlmix.models.tokenizer_file import check_model_dir as _model_dir, check_tokenizer_files, pad_fallback
 
 try:  # what transformers' strict config classes raise for a field of the wrong type (bos_token_id: [1])
     from huggingface_hub.errors import StrictDataclassError
@@ -25,16 +25,17 @@ DROPOUT_MODULES = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, tor
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
-    """The fast tokenizer saved in the model directory. Without a pad token of its own its EOS pads, as
-    in ``load_fast_tokenizer``, so every process pads alike (rows are right-padded and masked)."""
+    """The fast tokenizer saved in the model directory. Without a pad token of its own it pads with
+    ``pad_fallback`` (its EOS, else the model's end-of-sequence id), as ``load_fast_tokenizer`` does, so
+    every process pads alike (rows are right-padded and masked)."""
     p = _model_dir(path)
     check_tokenizer_files(p, path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(p, use_fast=True)
     except (OSError, ValueError) as e:
         raise ConfigError(f"model.path={str(path)!r}: no loadable tokenizer ({type(e).__name__})") from None
-    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
-        tokenizer.pad_token = tokenizer.eos_token
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token_id = pad_fallback(p, tokenizer.eos_token_id, len(tokenizer))
     return tokenizer
 
 

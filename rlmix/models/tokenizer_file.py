@@ -24,6 +24,8 @@ SPECIAL_KEYS = ("pad_token", "eos_token", "bos_token", "unk_token")
 # directory with none of them gets a one-token tokenizer from transformers 5, not an error.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt", "*.tiktoken")
 TEMPLATE_KEYS = SPECIAL_KEYS + ("sep_token", "cls_token", "mask_token")  # what a template may read
+# A sharded checkpoint's map of parameter names to the files that hold them (safetensors, torch pickles).
+WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
 def check_model_dir(path: str | Path) -> Path:
@@ -40,6 +42,27 @@ def check_model_dir(path: str | Path) -> Path:
     if not any(a.endswith("ForCausalLM") for a in archs):
         raise ConfigError(f"model.path={str(path)!r} is not a causal LM (architectures={archs})")
     return p
+
+
+def check_weight_files(model_dir: Path, path: str | Path) -> None:
+    """ConfigError if a weight index (``WEIGHT_INDEXES``) is unreadable or its ``weight_map`` names a shard
+    file ``model_dir`` lacks: otherwise every sampler finds parameters missing only after Ray started."""
+    for name in WEIGHT_INDEXES:
+        index = model_dir / name
+        if not index.is_file():
+            continue
+        try:
+            data = json.loads(index.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"model.path={str(path)!r}: {name} is not valid JSON ({type(e).__name__})") from None
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+            raise ConfigError(f"model.path={str(path)!r}: {name} has no weight_map of parameter names to files")
+        missing = sorted({f for f in weight_map.values() if not (model_dir / f).is_file()})
+        if missing:
+            shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+            raise ConfigError(f"model.path={str(path)!r}: {name} names {len(missing)} weight file(s) the directory "
+                              f"lacks ({shown}); copy the complete checkpoint into it")
 
 
 def check_tokenizer_files(model_dir: Path, path: str | Path) -> None:
@@ -116,6 +139,12 @@ class FileTokenizer:
     def __len__(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    def pad_with(self, token_id: int) -> None:
+        """Pad with ``token_id`` (``pad_fallback``); a template that reads ``pad_token`` gets its text, as
+        transformers' tokenizer gives it once its ``pad_token_id`` is set."""
+        self.pad_token_id = token_id
+        self._template_tokens["pad_token"] = self._tok.id_to_token(token_id)
+
 
 def _token_text(value) -> str | None:
     """A special token as saved by transformers: a string or an AddedToken dict."""
@@ -168,39 +197,53 @@ def read_special_tokens(model_dir: Path) -> tuple[dict[str, str | None], str | N
     return special, template
 
 
-def pad_fallback(special: dict[str, str | None]) -> dict[str, str | None]:
-    """``special`` with the EOS as pad token when it names none (Llama-3, Mistral base): a rollout's
-    rows are right-padded and the padding masked, so any id pads; ``io.load_tokenizer`` does the same."""
-    if special.get("pad_token") is None:
-        return special | {"pad_token": special.get("eos_token")}
-    return special
-
-
-def _eos_ids(value, where: str) -> list[int]:
-    """An ``eos_token_id`` as saved: an int, a list of ints, or absent."""
+def _token_ids(value, where: str, key: str) -> list[int]:
+    """An ``eos_token_id`` or ``pad_token_id`` as saved: an int, a list of ints, or absent."""
     if isinstance(value, int) and not isinstance(value, bool):
         return [value]
     if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         return list(value)
     if value is None:
         return []
-    raise ConfigError(f"{where}: eos_token_id={value!r} is neither a token id nor a list of them")
+    raise ConfigError(f"{where}: {key}={value!r} is neither a token id nor a list of them")
+
+
+def _config_ids(model_dir: Path, key: str) -> list[int]:
+    """``key`` of generation_config.json, then of config.json, as a list of ids."""
+    ids = []
+    for name in ("generation_config.json", "config.json"):
+        file = model_dir / name
+        if file.is_file():
+            ids += _token_ids(json.loads(file.read_text()).get(key), str(file), key)
+    return ids
 
 
 def stop_token_ids(model_dir: str | Path, tokenizer_eos: int | None) -> tuple[int, ...]:
     """The ids that end a completion, as Hugging Face ``generate`` stops: the tokenizer's EOS and the
     ``eos_token_id`` (an int or a list) of ``generation_config.json`` and ``config.json`` (an instruct
     model's end of turn, e.g. Llama-3's ``<|eot_id|>``, is often only there). ConfigError if none."""
-    p = Path(model_dir)
-    ids = [tokenizer_eos] if tokenizer_eos is not None else []
-    for name in ("generation_config.json", "config.json"):
-        file = p / name
-        if file.is_file():
-            ids += _eos_ids(json.loads(file.read_text()).get("eos_token_id"), str(file))
+    ids = ([tokenizer_eos] if tokenizer_eos is not None else []) + _config_ids(Path(model_dir), "eos_token_id")
     if not ids:
         raise ConfigError(f"model.path={str(model_dir)!r}: no end-of-sequence token: none in the tokenizer "
                           "(eos_token), generation_config.json or config.json (eos_token_id)")
     return tuple(dict.fromkeys(ids))
+
+
+def pad_fallback(model_dir: str | Path, tokenizer_eos: int | None, vocab: int) -> int:
+    """The id that pads when the tokenizer names no pad token (Llama-3, Mistral base): the first id below
+    ``vocab`` (one the tokenizer has) among the stop ids (``stop_token_ids``: the tokenizer's EOS, then the
+    ``eos_token_id`` of generation_config.json and config.json) and then their ``pad_token_id``. A rollout's
+    rows are right-padded and the padding masked, so any id pads; ``load_fast_tokenizer`` and
+    ``io.load_tokenizer`` both take this one, so the driver, samplers, trainers and the probe pad alike.
+    ConfigError naming ``model.path`` when there is none: without it the trainer's first step fails."""
+    p = Path(model_dir)
+    ids = ([tokenizer_eos] if tokenizer_eos is not None else []) + _config_ids(p, "eos_token_id")
+    usable = [i for i in ids + _config_ids(p, "pad_token_id") if 0 <= i < vocab]
+    if not usable:
+        raise ConfigError(f"model.path={str(model_dir)!r}: no token to pad rows with: the tokenizer names no "
+                          "pad_token or eos_token, and no eos_token_id or pad_token_id of config.json or "
+                          "generation_config.json is one of its ids; add pad_token to tokenizer_config.json")
+    return usable[0]
 
 
 def load_fast_tokenizer(path: str | Path):
@@ -219,9 +262,10 @@ def load_fast_tokenizer(path: str | Path):
 
         special, template = found
         try:
-            tokenizer = FileTokenizer(Tokenizer.from_file(str(p / "tokenizer.json")), pad_fallback(special), p,
-                                      template)
+            tokenizer = FileTokenizer(Tokenizer.from_file(str(p / "tokenizer.json")), special, p, template)
         except Exception as e:  # the Rust library raises its own exception type for a malformed file
             raise ConfigError(f"model.path={str(path)!r}: no loadable tokenizer ({type(e).__name__})") from None
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_with(pad_fallback(p, tokenizer.eos_token_id, len(tokenizer)))
     check_vocab(tokenizer, p, path)
     return tokenizer

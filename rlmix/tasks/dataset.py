@@ -379,7 +379,10 @@ class DatasetTask:
             raise ConfigError(f"task.split={name!r} is not a dataset split; use one of {sorted(SPLITS)}")
         spec = getattr(self.cfg, SPLITS[name])
         if spec is None:
-            raise ConfigError(f"task.split={name}: set task.{SPLITS[name]} (a file or directory of rows to evaluate)")
+            # The way out `rlmix eval` offers too (docs/tasks.md): the training rows, where there are some.
+            other = "; or task.split=train to use task.train_files" if self.cfg.train_files is not None else ""
+            raise ConfigError(f"task.split={name}: set task.{SPLITS[name]} (a file or directory of rows to "
+                              f"evaluate){other}")
         rows = self.rows if name == "train" else load_rows(spec, f"task.{SPLITS[name]}")
         check_columns(rows, self.cfg, f"task.{SPLITS[name]}")
         return [to_problem(row, self.cfg, f"dataset/{name}/{i}", rows.name(i)) for i, row in enumerate(rows)]
