@@ -264,7 +264,7 @@ class Evaluation:
         out_dir = result_dir(self.plan.cfg, split, self.scoring.differs)
         if self.scoring.differs:
             given = ", ".join(f"{key}={value}" for key, value in sorted(self.scoring.differs.items()))
-            self.progress(f"not the run's own task settings ({given}): scored in {out_dir}, beside its own score")
+            self.progress(f"not the run's own task settings ({given}): scored in {out_dir}, apart from the run's own")
         return out_dir
 
     def wrote(self, out_dir: Path, replaced: bool) -> str:
