@@ -311,50 +311,10 @@ def test_a_run_s_worst_format_window_is_kept_beside_its_last_10_steps(tmp_path):
     assert "| format errors, last 10 | format errors, worst 5 steps |" in table and "| 0.020 | 0.900 |" in table
 
 
-def test_a_terminals_ctrl_c_lets_the_running_command_finish_and_end_on_its_own(tmp_path):
-    """Ctrl-C in a terminal signals the script and its command together: the command (which saves
-    and says how it stopped) is waited for, not killed, and the script ends on its failure."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    ready, finished = tmp_path / "ready", tmp_path / "finished"
-    child = ("import signal, sys, time, pathlib\n"
-             "def stop(*_):\n"
-             "    time.sleep(0.6)  # a step finishing, a checkpoint\n"
-             f"    pathlib.Path({str(finished)!r}).touch(); sys.exit(130)\n"
-             "signal.signal(signal.SIGINT, stop)\n"
-             f"pathlib.Path({str(ready)!r}).touch()\n"
-             "time.sleep(60)\n")
-    script = ("import importlib.util, subprocess, sys\n"
-              f"spec = importlib.util.spec_from_file_location('reproduce', {str(SCRIPT)!r})\n"
-              "mod = sys.modules['reproduce'] = importlib.util.module_from_spec(spec)\n"
-              "spec.loader.exec_module(mod)\n"
-              "try:\n"
-              f"    mod.run([sys.executable, '-c', {child!r}])\n"
-              "except subprocess.CalledProcessError as err:\n"
-              "    print('exit', err.returncode)\n")
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert ready.exists(), proc.communicate()
-    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
-    out, err = proc.communicate(timeout=60)
-    assert finished.exists(), "the command was killed before it finished"
-    assert "exit 130" in out and "Traceback" not in err, (out, err)
-
-
-@pytest.mark.parametrize(("signum", "child_code", "expected"), [
-    ("SIGTERM", 143, "failed 143 signals 1"),  # sent to the script alone: passed on, once
-    ("SIGINT", 0, "interrupted 2 signals 1"),  # the command ended of its own accord meanwhile: not lost
-])
-def test_a_signal_to_the_script_reaches_the_command_once_and_is_not_lost(tmp_path, signum, child_code, expected):
-    import os
-    import signal
+def signalled_run(tmp_path, on_signal: str, send) -> tuple[str, str]:
+    """The script's ``run`` of a command that, on SIGINT or SIGTERM, logs the signal and runs ``on_signal``
+    (Python lines); ``send(script pid)`` once the command is up. The script prints how ``run`` ended and how
+    many signals the command got: (stdout's last line, stderr)."""
     import subprocess
     import sys
     import time
@@ -363,7 +323,7 @@ def test_a_signal_to_the_script_reaches_the_command_once_and_is_not_lost(tmp_pat
     child = ("import signal, sys, time, pathlib\n"
              "def stop(n, _):\n"
              f"    with open({str(log)!r}, 'a') as f: f.write(str(n) + '\\n')\n"
-             f"    time.sleep(0.5); sys.exit({child_code})\n"
+             + "".join(f"    {line}\n" for line in on_signal.splitlines()) +
              "signal.signal(signal.SIGINT, stop); signal.signal(signal.SIGTERM, stop)\n"
              f"pathlib.Path({str(ready)!r}).touch()\n"
              "time.sleep(60)\n")
@@ -384,9 +344,33 @@ def test_a_signal_to_the_script_reaches_the_command_once_and_is_not_lost(tmp_pat
     while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert ready.exists(), proc.communicate()
-    if signum == "SIGTERM":
-        os.kill(proc.pid, signal.SIGTERM)  # `kill <script's pid>`: the command is in a session of its own
-    else:
-        os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: the script's group
+    send(proc.pid)
     out, err = proc.communicate(timeout=60)
-    assert out.strip().splitlines()[-1] == expected and "Traceback" not in err, (out, err)
+    return (out.strip().splitlines() or [""])[-1], err
+
+
+def test_a_terminals_ctrl_c_lets_the_running_command_finish_and_end_on_its_own(tmp_path):
+    """Ctrl-C in a terminal signals the script and its command together: the command (which saves
+    and says how it stopped) is waited for, not killed, and the script ends on its failure."""
+    import os
+    import signal
+
+    finished = tmp_path / "finished"
+    stop = "import time, pathlib; time.sleep(0.6)  # a step finishing, a checkpoint\n" \
+           f"pathlib.Path({str(finished)!r}).touch(); sys.exit(130)"
+    last, err = signalled_run(tmp_path, stop, lambda pid: os.killpg(pid, signal.SIGINT))  # a terminal's Ctrl-C
+    assert finished.exists(), "the command was killed before it finished"
+    assert last == "failed 130 signals 1" and "Traceback" not in err, (last, err)
+
+
+@pytest.mark.parametrize(("to_group", "child_code", "expected"), [
+    (False, 143, "failed 143 signals 1"),  # SIGTERM to the script alone (`kill <pid>`): passed on, once
+    (True, 0, "interrupted 2 signals 1"),  # Ctrl-C; the command ended of its own accord meanwhile: not lost
+])
+def test_a_signal_to_the_script_reaches_the_command_once_and_is_not_lost(tmp_path, to_group, child_code, expected):
+    import os
+    import signal
+
+    send = (lambda pid: os.killpg(pid, signal.SIGINT)) if to_group else (lambda pid: os.kill(pid, signal.SIGTERM))
+    last, err = signalled_run(tmp_path, f"time.sleep(0.5); sys.exit({child_code})", send)
+    assert last == expected and "Traceback" not in err, (last, err)
