@@ -17,6 +17,10 @@ each request's weights version and sampler follow from its id, so one seed gives
 A trainer that dies is replaced (``restart``, rlmix.orchestration.runner.TrainerRestarts) by a new
 process at the run's newest checkpoint; the loop goes back to that checkpoint's version and data
 position and drops what was generated since, as a resumed run would.
+
+A lost Ray node (``node_lost``: the raylet of the local instance exited) is none of these: every
+actor ends with it and Ray soon ends the driver too, so the loop asks before it takes anything for
+an actor's death (and once every pass), and ends the run at once with ``RunFailed`` naming the node.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ log = logging.getLogger(__name__)
 THROUGHPUT_STEPS = 8  # trailing steps over which sampler throughput is measured
 POLL_S = 0.5  # longest wait between checks of a stop request, the watchdog and restarting samplers
 PROBE_EVERY_S = 1.0  # how often a restarting sampler is asked whether it is back
+NODE_GRACE_S = 0.2  # after an actor's failure, how long its Ray node's end is waited for (AsyncLoop._check_node)
 
 
 def loop_capacity(loop: LoopConfig) -> int:
@@ -66,6 +71,10 @@ def first_line(err: BaseException) -> str:
     err = getattr(err, "cause", None) or err
     head = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), "")
     return f"{type(err).__name__}: {head}" if head else type(err).__name__
+
+
+class NodeLost(RunFailed):
+    """The Ray node of the run's processes is gone (``AsyncLoop.node_lost``): the run ends, failed, at once."""
 
 
 class SlotState(enum.Enum):
@@ -133,12 +142,14 @@ class AsyncLoop:
         idle_lanes: int = 0,
         restart: Callable[[TrainerDied], tuple[ray.actor.ActorHandle, RunState]] | None = None,
         start_faults: RunState | None = None,
+        node_lost: Callable[[float], str | None] = lambda grace_s=0.0: None,
     ):
         """``restart``: a new trainer and the run state of the checkpoint it loaded, or RunFailed
         when no restart is left; None: a dead trainer fails the run. ``start_faults``: the run state a
-        resumed run starts from, whose fault counters these continue (None: from 0)."""
+        resumed run starts from, whose fault counters these continue (None: from 0). ``node_lost``:
+        why the Ray node the run's processes live on is gone, or None (rlmix.orchestration.session)."""
         self.cfg, self.trainer, self.samplers, self.task = cfg, trainer, samplers, task
-        self.restart = restart
+        self.restart, self.node_lost = restart, node_lost
         self.seed, self.pad_id = seed, pad_id
         self.version = start_version  # the trainer's current weight version
         self.published = start_version  # the newest version samplers can load
@@ -305,10 +316,28 @@ class AsyncLoop:
         left, or no step finishes within ``loop.step_timeout_s``.
         """
         inflight: dict[ray.ObjectRef, SamplerSlot] = {}
+        try:
+            self._run(steps, on_step, stop, inflight)
+        except NodeLost:
+            raise
+        except Exception as err:  # whatever Ray raised once its node was gone (a reset socket, dead actors)
+            self._check_node(err)
+            raise
+        for ref in inflight:  # leave nothing running into the next job of a sweep
+            ray.cancel(ref, force=False)
+
+    def _check_node(self, err: BaseException | None = None) -> None:
+        """RunFailed, naming the node, where the Ray node is gone: no actor's fault is to be handled then.
+        After an error (``err``) its end is waited for a moment: actors see it before it has exited."""
+        if (why := self.node_lost(NODE_GRACE_S) if err is not None else self.node_lost()) is not None:
+            raise NodeLost(why) from err
+
+    def _run(self, steps: int, on_step: Callable[[StepReport], bool], stop: Callable[[], bool], inflight: dict) -> None:
         probes: dict[ray.ObjectRef, SamplerSlot] = {}
         train_ref: ray.ObjectRef | None = None
         self.last_step_at = time.monotonic()
         while self.version < steps:
+            self._check_node()
             stopping = stop()
             if stopping and train_ref is None:
                 break
@@ -341,9 +370,8 @@ class AsyncLoop:
                     self._collect(ref, inflight.pop(ref))
             except TrainerDied as died:  # in a step, its checkpoint, or the weights samplers were sent
                 train_ref = None  # a step in flight on the dead trainer is not waited for
+                self._check_node(died)
                 self._replace_trainer(died, inflight)
-        for ref in inflight:  # leave nothing running into the next job of a sweep
-            ray.cancel(ref, force=False)
 
     def _fill(self, inflight: dict, training: bool) -> None:
         """Give idle samplers requests, in turn, as far as the cores, the buffer and staleness allow."""
@@ -455,6 +483,7 @@ class AsyncLoop:
         Either way the slot is probed before its next request: what the process holds now
         decides whether it is re-initialised (``_probed``), and the weights go with its next request.
         """
+        self._check_node(err)  # not this sampler's death, nor one Ray restarts it from
         slot.deaths += 1
         slot.version = -1  # a restarted actor holds the initial weights: resend
         slot.served = False  # and has served nothing

@@ -6,7 +6,7 @@ one line on stderr and an exit code).
 | `completed`   | every step ran; no collapse that lasted (recovered episodes and warnings are listed) | 0 |
 | `collapsed`   | the monitor flagged the run and it was still down at the end (the run is data) | 0 |
 | `interrupted` | SIGINT / SIGTERM / SIGHUP: the step in flight finished, then a checkpoint (a second signal: at once, no checkpoint) | 130 / 143 / 129 |
-| `failed`      | a trainer dead more often than `trainer.max_restarts`, no sampler left, the watchdog, non-finite steps | 1 |
+| `failed`      | a trainer dead more than `trainer.max_restarts` times, no sampler left, the watchdog, non-finite steps, a lost node | 1 |
 
 A signal while Ray and the actors start writes no summary: ``StoppedWhileStarting`` ends the
 command at once (rlmix.commands.train says so in one line), since nothing has trained.
@@ -68,6 +68,7 @@ class StopRequest:
     def __init__(self) -> None:
         self.signum: int | None = None
         self.started = False
+        self.ending = False  # the loop is over: no step is in flight, the run ends anyway
 
     def __call__(self) -> bool:
         return self.signum is not None
@@ -75,12 +76,22 @@ class StopRequest:
     def training(self) -> None:
         self.started = True
 
+    def loop_over(self) -> bool:
+        """The loop has ended: a first signal from here on changes nothing (the run ends as it is
+        ending, with no ``signal`` in its summary). Returns whether a signal came before."""
+        self.ending = True
+        return self.signum is not None
+
     def _handle(self, signum: int, frame) -> None:
         if self.started and self.signum is not None:
             raise KeyboardInterrupt
-        self.signum = signum
+        self.signum = signum  # (once the loop is over, only so that a second one stops at once)
         if not self.started:
             raise StoppedWhileStarting(signum)
+        if self.ending:
+            log.warning("%s: the run is ending anyway, no step is in flight (send it again to stop at once)",
+                        signal.Signals(signum).name)
+            return
         log.warning("%s: finishing the step in flight, then a checkpoint (send it again to stop at once)",
                     signal.Signals(signum).name)
 
@@ -118,8 +129,9 @@ def _finish(loop, steps, stop: StopRequest, facts: dict, decided: list[dict]) ->
         failure = f"{verdict.reason}, so the weights no longer change" if verdict.rule is CollapseRule.nonfinite else ""
     except RunFailed as err:
         failure = str(err)
+    stopped = stop.loop_over()  # a signal from here on found no step in flight: the run ends as it would
     verdict = steps.monitor.finish()  # the lasting rule over the steps that ran
-    status = _status(failure, stop, verdict.collapse)
+    status = _status(failure, stopped, verdict.collapse)
     checkpoint = None
     if status is not Status.failed:
         try:
@@ -132,7 +144,7 @@ def _finish(loop, steps, stop: StopRequest, facts: dict, decided: list[dict]) ->
     if failure:
         summary["error"] = failure
         summary["resumable"] = checkpoint is not None
-    if stop.signum is not None:
+    if stopped:
         summary["signal"] = signal.Signals(stop.signum).name
     decided.append(summary)
     return steps.logger.finish(summary)  # with the accumulated wall time
@@ -163,9 +175,9 @@ def _stopped_at_once(loop, steps, stop: StopRequest, facts: dict) -> dict:
     return steps.logger.finish(summary, at_once=True)
 
 
-def _status(failure: str, stop: StopRequest, collapse: bool) -> Status:
+def _status(failure: str, stopped: bool, collapse: bool) -> Status:
     if failure:
         return Status.failed
-    if stop():
+    if stopped:
         return Status.interrupted
     return Status.collapsed if collapse else Status.completed

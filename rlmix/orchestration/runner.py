@@ -101,6 +101,8 @@ def started(ready: list) -> None:
         causes = [err]  # Ray's wrappers, then what the actor raised (the innermost one is the message)
         while len(causes) < 8 and (inner := getattr(causes[-1], "cause", None) or causes[-1].__cause__):
             causes.append(inner)
+        if (why := SESSION.node_lost(0.2)) is not None:  # not the actor's own failure
+            raise RunFailed(f"a process did not start: {why}") from None
         config = next((c for c in reversed(causes) if isinstance(c, ConfigError)), None)
         if config is not None:
             lines = [ln.strip() for ln in str(config).splitlines() if ln.strip()]
@@ -170,6 +172,7 @@ def train(plan: RunPlan, run_dir: Path, sweep_group: str | None = None, label: s
                 cfg.loop, trainer, slots, task, cfg.seed, tokenizer.pad_token_id,
                 start_version=state.step, start_request=state.next_request, generating=cores.generating,
                 idle_lanes=cores.idle_lanes, restart=TrainerRestarts(cfg, steps), start_faults=state,
+                node_lost=SESSION.node_lost,
             )
             steps.loop = loop
             facts = {"name": cfg.name, "seed": cfg.seed, "run_dir": str(run_dir), "fleet": manifest,

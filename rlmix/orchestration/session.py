@@ -34,6 +34,12 @@ them for Ctrl-C; its processes keep the block, the driver alone handles the sign
 (rlmix.orchestration.outcome), and each actor, in its own process group, unblocks them and leaves
 them to the driver (``workers.become_worker``).
 
+A local instance's raylet is the driver's child, and its end (killed, crashed) ends every actor and,
+soon after, the driver too (Ray's core worker exits once it finds the object store gone). The
+session keeps its process (``Session.raylet``), so the run can tell a lost node from its actors'
+deaths and end at once, failed and resumable (``Session.node_lost``, rlmix.orchestration.loop). A
+cluster's raylets (``cluster.address``) are not the driver's: none is watched there.
+
 The processes share one scratch directory (rlmix.isolation.scratch) for their sandboxes and task
 directories; it lives as long as Ray does here and is removed, with any process still running
 from it, when Ray is shut down (``Session.close``).
@@ -44,6 +50,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,6 +103,7 @@ class Session:
     job: int = 0  # the current job's token; never reused within the driver process
     scratch: Path | None = None  # the processes' scratch directory, removed with them (rlmix.isolation.scratch)
     held: bool = False  # inside hold(): Ray and the parked processes outlive each command
+    raylet: object = None  # the raylet of a local instance this session started (its Popen); None on a cluster
 
     @contextmanager
     def hold(self):
@@ -135,7 +143,8 @@ class Session:
         import ray
 
         key = (address, num_cpus, tuple(sorted(resources)), log_to_driver)
-        if ray.is_initialized() and self._covers(key):
+        # A kept instance whose node has since ended (its raylet killed between two jobs) is started anew.
+        if ray.is_initialized() and self._covers(key) and self.node_lost() is None:
             if self.scratch is not None:  # a held instance: this command's run is open again
                 os.environ[SCRATCH_ENV] = str(self.scratch)
             return
@@ -163,7 +172,36 @@ class Session:
                     # actor of the run imports torch at the same time.
                     _system_config={"worker_maximum_startup_concurrency": 64},
                 )
+            self.raylet = _own_raylet()
         self.ray_key = key
+
+    def node_lost(self, grace_s: float = 0.0) -> str | None:
+        """Why the local Ray node this session started is gone (its raylet exited: killed, crashed), or None.
+        ``grace_s``: how long to wait for the raylet's exit, for a caller that has just seen actors fail
+        (they may see their raylet's sockets close a moment before it has exited).
+
+        With its raylet every actor ends, and Ray's core worker soon ends the driver too (once it
+        finds the object store gone: ``The connection to the plasma store is failed. Terminate the
+        process.``), so a run that sees this must end at once, as failed and resumable, instead of
+        taking it for its actors' deaths (rlmix.orchestration.loop). Only ever true for a local
+        instance of our own, between its start and ``close``: a cluster's raylet (``cluster.address``)
+        is not ours to watch, and None is answered where the raylet is not known.
+        """
+        process = self.raylet
+        if process is None:
+            return None
+        try:  # reaps it: a raylet killed is a zombie of the driver's until then
+            code = process.wait(timeout=grace_s) if grace_s > 0 else process.poll()
+        except subprocess.TimeoutExpired:
+            return None
+        except Exception:  # a Ray that keeps another kind of handle: nothing to tell
+            return None
+        if code is None:
+            return None
+        how = f"signal {-code}" if code < 0 else f"exit status {code}"
+        with suppress(ValueError):
+            how = signal.Signals(-code).name if code < 0 else how
+        return f"the Ray node ended (its raylet exited, {how})"
 
     def _covers(self, key: tuple) -> bool:
         if self.ray_key is None:
@@ -228,7 +266,7 @@ class Session:
     def close(self) -> None:
         import ray
 
-        self.idle, self.running, self.ray_key = [], [], None
+        self.idle, self.running, self.ray_key, self.raylet = [], [], None, None
         if ray.is_initialized():
             if self.scratch is not None:  # what the actors are sent from here on is this teardown's
                 with suppress(OSError):
@@ -319,6 +357,17 @@ def _children(pid: int) -> list[int]:
             if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
                 found.append(int(stat.parent.name))
     return found
+
+
+def _own_raylet():
+    """The raylet process (a ``subprocess.Popen``) of the local instance ``ray.init`` just started, or
+    None where this Ray keeps it elsewhere: then a lost node is not told apart (``Session.node_lost``)."""
+    from ray._private import worker as ray_worker
+
+    node = getattr(ray_worker, "_global_node", None)
+    infos = getattr(node, "all_processes", {}).get("raylet") or []
+    process = getattr(infos[0], "process", None) if len(infos) == 1 else None
+    return process if callable(getattr(process, "poll", None)) else None
 
 
 def _start(req: ActorRequest):
