@@ -376,6 +376,19 @@ def test_an_actor_that_dies_of_bad_input_is_one_config_error(monkeypatch):
     with pytest.raises(RunFailed, match="did not start") as err:
         started([])
     assert "\n" not in str(err.value)
+    # Ray 2.60 keeps a constructor's error as its traceback's text only: the ConfigError is read from it.
+    text = ("The actor died because of an error raised in its creation task, \x1b[36mray::SamplerWorker.__init__()"
+            "\x1b[39m (pid=1, ip=192.0.2.2)\n  File \"workers.py\", line 9, in __init__\n    raise ConfigError(...)\n"
+            "rlmix.errors.ConfigError: pool b200_nvfp4: cannot serve model.path='m': weights lack 7 parameters\nmore")
+    in_init = ray.exceptions.RayActorError(error_msg=text, actor_init_failed=True)
+    monkeypatch.setattr(ray, "get", lambda ready: (_ for _ in ()).throw(in_init))
+    with pytest.raises(ConfigError, match=r"^pool b200_nvfp4: cannot serve model.path='m': weights lack 7 parameters$"):
+        started([])
+    other = ray.exceptions.RayActorError(error_msg=text.replace("rlmix.errors.ConfigError", "KeyError"),
+                                         actor_init_failed=True)
+    monkeypatch.setattr(ray, "get", lambda ready: (_ for _ in ()).throw(other))
+    with pytest.raises(RunFailed, match=r"^a process did not start: RayActorError: The actor died .*ray::Sampler"):
+        started([])  # one line, without the terminal's colours
 
 
 def test_the_mandatory_value_marker_is_omegaconfs():

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+import re
 import time
 from collections import deque
 from collections.abc import Callable
@@ -65,11 +66,14 @@ def loop_capacity(loop: LoopConfig) -> int:
     return loop.buffer_groups or 2 * loop.groups_per_step
 
 
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours a task's name in its error messages
+
+
 def first_line(err: BaseException) -> str:
     """``Type: first non-empty line of the message`` — a worker's error in one line (a Ray error's
-    own cause, the exception the worker raised, where it carries one)."""
+    own cause, the exception the worker raised, where it carries one), without terminal colours."""
     err = getattr(err, "cause", None) or err
-    head = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), "")
+    head = next((ln.strip() for ln in ANSI_ESCAPE.sub("", str(err)).splitlines() if ln.strip()), "")
     return f"{type(err).__name__}: {head}" if head else type(err).__name__
 
 

@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import os
+import re
 import time
 from pathlib import Path
 
@@ -107,7 +108,24 @@ def started(ready: list) -> None:
         if config is not None:
             lines = [ln.strip() for ln in str(config).splitlines() if ln.strip()]
             raise ConfigError(lines[0] if lines else type(config).__name__) from None
+        if (line := raised_config_error(err)) is not None:
+            raise ConfigError(line) from None
         raise RunFailed(f"a process did not start: {first_line(err)}") from None
+
+
+RAISED_CONFIG_ERROR = re.compile(r"^(?:rlmix\.errors\.)?ConfigError: (.*\S)", re.MULTILINE)
+
+
+def raised_config_error(err: BaseException) -> str | None:
+    """The first line of the ``ConfigError`` an actor's constructor raised, or None. Ray (2.60) keeps only
+    the text of a creation task's error, its traceback ending in ``rlmix.errors.ConfigError: <line>``, not
+    the exception: read from there (the last one, where one was raised while handling another)."""
+    from rlmix.orchestration.loop import ANSI_ESCAPE
+
+    if not getattr(err, "actor_init_failed", False):
+        return None
+    found = RAISED_CONFIG_ERROR.findall(ANSI_ESCAPE.sub("", str(err)))
+    return found[-1].strip() if found else None
 
 
 def train(plan: RunPlan, run_dir: Path, sweep_group: str | None = None, label: str | None = None) -> dict:
