@@ -188,6 +188,22 @@ def test_runs_in_natural_order_and_arms_split_by_differing_overrides(tmp_path: P
     assert [r.arm for r in runs] == ["sc trainer.lr=1e-5", "sc trainer.lr=3e-5"]  # shared fleet= dropped
 
 
+def test_a_name_given_beside_swept_experiments_keeps_the_experiments_apart(tmp_path: Path) -> None:
+    # `-m +experiment=grpo,sc_mis name=cmp`: both runs are named cmp; pooled, GRPO and SC+MIS read as two seeds.
+    write_multirun(tmp_path, ["+experiment=grpo,sc_mis", "name=cmp"])
+    for num, experiment in enumerate(("grpo", "sc_mis")):
+        write_run(tmp_path / str(num), "cmp", 0, stable_rows(), overrides=[f"+experiment={experiment}", "name=cmp"])
+    assert [r.arm for r in collect_runs(tmp_path)] == ["cmp experiment=grpo", "cmp experiment=sc_mis"]
+
+
+def test_a_swept_key_stays_in_the_label_before_its_other_values_ran(tmp_path: Path) -> None:
+    # `-m correction=mis,sc_mis seed=0,1` stopped in its second job: both runs so far are correction=mis.
+    write_multirun(tmp_path, ["correction=mis,sc_mis", "seed=0,1"])
+    for seed in (0, 1):
+        write_run(tmp_path / str(seed), "default", seed, stable_rows(), overrides=["correction=mis", f"seed={seed}"])
+    assert [r.arm for r in collect_runs(tmp_path)] == ["default correction=mis"] * 2
+
+
 def test_a_resumed_run_stays_in_its_arm(tmp_path: Path) -> None:
     # A resumed run's overrides.yaml gains resume=<its own directory>: a path, not a setting.
     for seed in (0, 1):
@@ -215,7 +231,7 @@ def test_the_search_stops_at_run_directories_and_skips_hidden_ones(multirun: Pat
     write_run(multirun / "0" / "checkpoints" / "step_5", "inner", 0, stable_rows())
     write_run(multirun / ".venv" / "x", "hidden", 0, stable_rows())
     assert [r.label for r in collect_runs(multirun)] == ["0", "1"]
-    assert [r.label for r in collect_runs(multirun / "0")] == ["."]
+    assert [r.label for r in collect_runs(multirun / "0")] == ["0"]  # the run's own name, not "."
 
 
 def test_log_axis_drops_non_positive_kl_and_missing_metric_still_plots(tmp_path: Path) -> None:

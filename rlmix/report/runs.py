@@ -25,11 +25,14 @@ from rlmix.metrics.jsonl import METRICS_FILE, read_metrics
 from rlmix.metrics.lasting import lasting_series
 from rlmix.metrics.names import FORMAT_KEY, REWARD_KEY
 from rlmix.metrics.status import Status
+from rlmix.report.sweep import swept_keys
 
-# Overrides that do not make a different arm: the seed varies within an arm, and the experiment /
-# name overrides are already what ``name`` says. ``hydra.*`` only moves output directories, and
-# ``resume=`` names the run's own directory (a resumed run records it among its overrides).
-_NOT_AN_ARM = ("seed=", "+seed=", "experiment=", "+experiment=", "name=", "+name=", "hydra.", "+hydra.", "resume=")
+# Overrides that do not make a different arm: the seed varies within an arm, and a name override is
+# what ``name`` says (an experiment's too, unless a name given beside it hides it: ``_variant``).
+# ``hydra.*`` only moves output directories, and ``resume=`` names the run's own directory (a resumed
+# run records it among its overrides).
+_NOT_AN_ARM = ("seed=", "+seed=", "name=", "+name=", "hydra.", "+hydra.", "resume=")
+_EXPERIMENT = "experiment="
 
 # No summary.json: the run is still going, or its process was killed (SIGKILL, out of memory, the machine
 # went down) before it could write one. Nothing in the run directory tells the two apart.
@@ -121,7 +124,7 @@ def collect_runs(path: str | Path) -> list[RunRecord]:
     if not run_dirs:
         raise ConfigError(f"report: no run directories (with metrics.jsonl) under {root}")
     runs = [_load_run(d, root) for d in run_dirs]
-    return _label_arms(runs)
+    return _label_arms(runs, swept_keys(root))
 
 
 def find_run_dirs(root: Path) -> list[Path]:
@@ -153,7 +156,7 @@ def _load_run(run_dir: Path, root: Path) -> RunRecord:
     summary_path = run_dir / "summary.json"
     return RunRecord(
         path=run_dir,
-        label=run_dir.relative_to(root).as_posix(),
+        label=run_dir.relative_to(root).as_posix() if run_dir != root else run_dir.name,  # not "."
         arm=str(config.get("name", run_dir.name)),
         seed=seed if isinstance(seed, int) else None,
         overrides=tuple(str(o) for o in overrides) if isinstance(overrides, list) else (),
@@ -193,13 +196,28 @@ def _read_json(path: Path) -> Any:
         raise ConfigError(f"report: {path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
 
 
-def _label_arms(runs: Sequence[RunRecord]) -> list[RunRecord]:
+def _label_arms(runs: Sequence[RunRecord], swept: frozenset[str] = frozenset()) -> list[RunRecord]:
     """Append to each ``name`` the overrides that not every run shares (e.g. ``trainer.lr=3e-5``), so
-    a sweep over something other than the experiment does not pool different settings as seeds."""
-    variants = [tuple(o for o in run.overrides if not o.startswith(_NOT_AN_ARM)) for run in runs]
+    a sweep over something other than the experiment does not pool different settings as seeds. A key a
+    sweep here varied (``swept``: its ``multirun.yaml``) stays in the label even where only one of its
+    values has run so far, so a sweep's runs keep their arm from its first job to its last."""
+    variants = [_variant(run) for run in runs]
     shared = set.intersection(*(set(v) for v in variants))
     labelled = []
     for run, variant in zip(runs, variants):
-        extra = " ".join(o for o in variant if o not in shared)
+        extra = " ".join(o for o in variant if o not in shared or o.split("=", 1)[0].lstrip("+~") in swept)
         labelled.append(replace(run, arm=f"{run.arm} {extra}") if extra else run)
     return labelled
+
+
+def _variant(run: RunRecord) -> tuple[str, ...]:
+    """A run's overrides that may set it apart from others (``_NOT_AN_ARM`` left out), as ``key=value``. Its
+    experiment only where the run's name is not the experiment's own (``name=cmp`` beside
+    ``+experiment=grpo,sc_mis``: the experiment is then what tells the arms apart)."""
+    found = []
+    for override in run.overrides:
+        bare = override.lstrip("+~")
+        if override.startswith(_NOT_AN_ARM) or bare == f"{_EXPERIMENT}{run.arm}":
+            continue
+        found.append(bare if bare.startswith(_EXPERIMENT) else override)
+    return tuple(found)

@@ -45,24 +45,41 @@ class SweepCheck:
 
 
 def check_sweeps(root: Path) -> SweepCheck:
-    """Every ``multirun.yaml`` at or below ``root`` (not inside run directories or hidden ones)."""
+    """Every ``multirun.yaml`` at or below ``root`` (``_sweep_dirs``)."""
     jobs, missing, notes = 0, [], []
+    for sweep in _sweep_dirs(root):
+        try:
+            planned = _planned_jobs(sweep / MULTIRUN_FILE)
+        except Exception as exc:  # any sweep syntax this cannot expand: said on the page, not guessed
+            where = (sweep / MULTIRUN_FILE).relative_to(root).as_posix()
+            notes.append(f"{where}: the sweep's jobs not checked for runs missing here ({_one_line(exc)})")
+            continue
+        jobs += len(planned[0])
+        missing += _missing(sweep, root, *planned)
+    return SweepCheck(jobs, tuple(missing), tuple(notes))
+
+
+def swept_keys(root: Path) -> frozenset[str]:
+    """The keys the sweeps at or below ``root`` vary (their ``multirun.yaml``; one that cannot be read adds
+    none: ``check_sweeps`` says so on the page)."""
+    keys: set[str] = set()
+    for sweep in _sweep_dirs(root):
+        try:
+            keys.update(_planned_jobs(sweep / MULTIRUN_FILE)[1])
+        except Exception:  # any sweep syntax this cannot expand
+            continue
+    return frozenset(keys)
+
+
+def _sweep_dirs(root: Path):
+    """The directories at or below ``root`` holding a ``multirun.yaml`` (not inside run directories or hidden ones)."""
     for here, dirs, files in os.walk(root):
         if METRICS_FILE in files:
             dirs.clear()
             continue
         dirs[:] = [d for d in dirs if not d.startswith(".")]
         if MULTIRUN_FILE in files:
-            sweep = Path(here)
-            try:
-                planned = _planned_jobs(sweep / MULTIRUN_FILE)
-            except Exception as exc:  # any sweep syntax this cannot expand: said on the page, not guessed
-                where = (sweep / MULTIRUN_FILE).relative_to(root).as_posix()
-                notes.append(f"{where}: the sweep's jobs not checked for runs missing here ({_one_line(exc)})")
-                continue
-            jobs += len(planned[0])
-            missing += _missing(sweep, root, *planned)
-    return SweepCheck(jobs, tuple(missing), tuple(notes))
+            yield Path(here)
 
 
 def _planned_jobs(path: Path) -> tuple[list[list[str]], tuple[str, ...], bool]:
