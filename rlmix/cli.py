@@ -23,7 +23,7 @@ def _fail(message: str) -> None:
 
 
 class _Stopped(KeyboardInterrupt):
-    """SIGTERM or SIGHUP during a command that is stopped as on Ctrl-C."""
+    """SIGINT, SIGTERM or SIGHUP during a command, which is stopped as on Ctrl-C."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
@@ -33,8 +33,9 @@ class _Stopped(KeyboardInterrupt):
 @contextmanager
 def _stoppable():
     """SIGTERM and SIGHUP stop the command as Ctrl-C does, so it ends with its one line instead of
-    silently; one it was started ignoring stays ignored. The result files it writes are recorded
-    afresh (``rlmix.metrics.written``)."""
+    silently; one it was started ignoring stays ignored (`nohup`). SIGINT stops it too, also where the
+    shell started it ignoring SIGINT (a script's ``rlmix eval &``, then ``kill -INT``), as it stops
+    ``rlmix train``. The result files it writes are recorded afresh (``rlmix.metrics.written``)."""
     import signal
 
     from rlmix.metrics.written import WRITTEN
@@ -45,8 +46,8 @@ def _stoppable():
     def stop(signum: int, frame) -> None:
         raise _Stopped(signum)
 
-    signals = (signal.SIGTERM, signal.SIGHUP)
-    with stop_handlers(stop, signals, ignored_stay=signals):
+    stays = (signal.SIGTERM, signal.SIGHUP)  # where started ignored
+    with stop_handlers(stop, (signal.SIGINT, *stays), ignored_stay=stays):
         yield
 
 
