@@ -277,11 +277,11 @@ def test_verdict_serialisations_match_the_run_dir_contract() -> None:
                       reason="reward_drop: x", recovered=False)
     warning = MonitorWarning(step=30, reason="grad_spikes: y")
     verdict = MonitorVerdict(collapse=True, step=42, reason="reward_drop: x", rule=CollapseRule.reward_drop,
-                             episodes=(episode,), warnings=(warning,))
+                             episodes=(episode,), warnings=(warning,), updates=60, judged_from=16)
     assert verdict.as_metrics() == {"monitor/collapse": 1.0, "monitor/episode": 1.0, "monitor/reason": "reward_drop: x",
                                     "monitor/warnings": 1.0}
     assert verdict.as_summary() == {
-        "verdict": True, "step": 42, "reason": "reward_drop: x",
+        "verdict": True, "judged": True, "updates": 60, "judged_from": 16, "step": 42, "reason": "reward_drop: x",
         "episodes": [{"start": 42, "end": 50, "steps": 9, "reward_fall": 0.25, "recovered": False,
                       "reason": "reward_drop: x"}],
         "warnings": [{"step": 30, "reason": "grad_spikes: y"}],

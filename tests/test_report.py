@@ -454,6 +454,15 @@ def test_a_job_directory_without_metrics_and_an_unreadable_sweep_are_said(cut_sw
     assert "**Warning:** multirun.yaml: the sweep's jobs not checked" in md and "1 run(s): 1 completed" in md
 
 
+def test_a_run_its_monitor_never_judged_says_so_instead_of_collapse_no(tmp_path: Path) -> None:
+    summary = ended(8, "completed") | {"collapse": {"verdict": False, "judged": False, "updates": 8, "judged_from": 16}}
+    write_run(tmp_path / "short", "sc_mis", 0, _steps(8), summary)
+    write_run(tmp_path / "long", "sc_mis", 1, _steps(20), ended(20, "completed"))  # from before the field: judged
+    rows = summarize(collect_runs(tmp_path))
+    assert [(r.run, r.verdict, r.judged) for r in rows] == [("short", "not judged", False), ("long", "no", True)]
+    assert "not judged" in format_table(rows)
+
+
 def test_a_run_with_no_steps_says_so_instead_of_collapse_no(tmp_path: Path) -> None:
     write_run(tmp_path / "0", "a", 0, [])  # killed before step 1
     cut = write_run(tmp_path / "1", "a", 1, [])

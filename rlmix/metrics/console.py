@@ -181,10 +181,21 @@ def _number(value, spec: str) -> str:
     return format(value, spec) if isinstance(value, (int, float)) and math.isfinite(value) else "n/a"
 
 
-def collapse_text(collapse: dict | None) -> str:
-    if not collapse or not collapse.get("verdict"):
-        return "none"
-    return f"at step {collapse.get('step')}: {collapse.get('reason') or 'collapse'}"
+def collapse_text(collapse: dict | None, short: bool = False) -> str:
+    """The verdict in words: ``at step N: reason``, ``none``, or ``not judged`` for a run that ended
+    before the monitor armed (``judged`` false in ``summary.json``; a summary without the field, from
+    before it, was judged). ``short``: ``not judged`` alone (the sweep block's column)."""
+    if collapse and collapse.get("verdict"):
+        return f"at step {collapse.get('step')}: {collapse.get('reason') or 'collapse'}"
+    if collapse and collapse.get("judged", True) is False:
+        if short:
+            return "not judged"
+        updates, start = collapse.get("updates"), collapse.get("judged_from")
+        seen = f"{updates} step" + ("s" if updates != 1 else "") if isinstance(updates, int) else "too few steps"
+        where = f"from step {start}" if isinstance(start, int) else "once armed"
+        return (f"not judged ({seen}; the monitor judges {where}: after monitor.warmup_steps + "
+                "monitor.baseline_steps)")
+    return "none"
 
 
 def episodes_text(collapse: dict | None) -> str:
@@ -314,12 +325,12 @@ def sweep_block(jobs: list[tuple[str, dict, Path]], sweep_dir: Path, not_run: Se
     width = max((len(label) for label in [*(job[0] for job in jobs), *(label for label, _ in not_run)]), default=0)
     lines = [f"── sweep {shown(sweep_dir)} ".ljust(60, "─")]
     for label, summary, run_dir in jobs:
-        final = summary.get("final") or {}
+        final, collapse = summary.get("final") or {}, collapse_text(summary.get("collapse"), short=True)
         lines.append(
             f"  {label:<{width}}  {summary.get('status', 'completed'):<9}  steps {summary.get('steps', 0)}"
             f"  reward {_number(final.get('reward/mean'), '.3f')}"
             f"  kl_k3 {_number(final.get('mismatch/kl_k3'), '.2e')}"
-            f"  fmt_err {_number(final.get('format/error_rate'), '.3f')}  collapse {collapse_text(summary.get('collapse'))}"
+            f"  fmt_err {_number(final.get('format/error_rate'), '.3f')}  collapse {collapse}"
             f"  {shown(run_dir)}"
         )
     lines += [f"  {label:<{width}}  {'not run':<9}  {shown(run_dir)}" for label, run_dir in not_run]

@@ -21,7 +21,9 @@ episode's rules have kept firing ``stop_after`` updates and the run is down over
 Timeline, counted in updates (not in step numbers, which may start anywhere): updates
 ``[0, warmup_steps)`` only feed the EMAs; updates ``[warmup_steps, warmup_steps + baseline_steps)``
 also form the early baselines (plain means of the raw values) and start the reward peak; from then on
-the monitor is *armed* and the rules are checked.
+the monitor is *armed* and the rules are checked. A run that ends before the monitor armed (and was not
+failed by ``nonfinite``) was never judged: ``finish`` says so (``MonitorVerdict.judged``), so that its
+``collapse: false`` is not read as "no collapse".
 
 Noise: every level rule compares an EMA, not the raw value. With ``alpha = 2 / (span + 1)`` and i.i.d.
 per-step noise of std ``σ``, the EMA's std is ``σ · sqrt(alpha / (2 − alpha))`` (≈ 0.32σ at the default
@@ -46,6 +48,7 @@ from rlmix.config.monitor import MIN_NOISE_WINDOW, MonitorConfig, check_monitor
 from rlmix.metrics.lasting import lasting, still_down, window_mean
 from rlmix.metrics.names import FORMAT_KEY, GRAD_NORM_KEY, KL_KEY, REWARD_KEY, SKIPPED_STEPS
 from rlmix.metrics.verdict import NO_COLLAPSE, CollapseRule, Episode, MonitorVerdict, MonitorWarning
+
 
 @dataclass
 class _OpenEpisode:
@@ -185,8 +188,22 @@ class CollapseMonitor:
         self._verdict = self._judge_now(i)
         return self._verdict
 
+    @property
+    def judged_from(self) -> int:
+        """The update count from which the rules are checked (armed): ``warmup_steps + baseline_steps + 1``."""
+        return self.cfg.warmup_steps + self.cfg.baseline_steps + 1
+
+    @property
+    def judged(self) -> bool:
+        """Whether the run has been judged: the monitor armed, or the ``nonfinite`` rule (no warm-up) failed it."""
+        return self._failed is not None or self._updates >= self.judged_from
+
     def finish(self) -> MonitorVerdict:
-        """The end-of-run verdict: collapsed when flagged and still down at the end (``lasting``)."""
+        """The end-of-run verdict: collapsed when flagged and still down at the end (``lasting``);
+        ``judged`` False when the run ended before the monitor armed."""
+        return replace(self._finish(), judged=self.judged, updates=self._updates, judged_from=self.judged_from)
+
+    def _finish(self) -> MonitorVerdict:
         if self._failed is not None:
             return self._verdict
         episodes = self._all_episodes()

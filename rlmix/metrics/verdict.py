@@ -63,6 +63,13 @@ class MonitorVerdict:
     rule: CollapseRule | None  # the first rule (in CollapseRule order) that fired at ``step``
     episodes: tuple[Episode, ...] = ()
     warnings: tuple[MonitorWarning, ...] = ()
+    # At the end: False for a run that ended before the monitor armed (fewer than ``judged_from`` updates,
+    # ``monitor.warmup_steps + monitor.baseline_steps + 1``) and was not failed by ``nonfinite`` (checked
+    # from the first update): no rule looked at it, so its ``collapse`` (False) means "not judged", not
+    # "no collapse". ``updates``: the updates the monitor saw (a resumed run's replayed rows included).
+    judged: bool = True
+    updates: int = 0
+    judged_from: int = 0
 
     @property
     def open_episode(self) -> Episode | None:
@@ -77,7 +84,8 @@ class MonitorVerdict:
 
     def as_summary(self) -> dict:
         """The ``collapse`` object of ``summary.json``."""
-        return {"verdict": self.collapse, "step": self.step, "reason": self.reason,
+        return {"verdict": self.collapse, "judged": self.judged, "updates": self.updates,
+                "judged_from": self.judged_from, "step": self.step, "reason": self.reason,
                 "episodes": [e.as_summary() for e in self.episodes],
                 "warnings": [w.as_summary() for w in self.warnings]}
 

@@ -84,6 +84,13 @@ class RunRecord:
                 values.append(float(value))
         return steps, values
 
+    @property
+    def judged(self) -> bool:
+        """False where ``summary.json`` says the monitor never armed (``collapse.judged``: the run ended before
+        ``monitor.warmup_steps + monitor.baseline_steps``); a run without one, or from before the field, True."""
+        collapse = (self.summary or {}).get("collapse")
+        return not (isinstance(collapse, dict) and collapse.get("judged") is False)
+
     def collapse(self) -> tuple[bool, int | None, str]:
         """(verdict, step, reason) by the lasting rule (``rlmix.metrics.lasting``, as the monitor's own
         end-of-run verdict and scripts/reproduce.py): flagged and still down over the last steps.

@@ -58,6 +58,14 @@ class RunRow:
     collapse_reason: str
     wall_time_s: float | None
     run: str  # the run's path relative to the collected directory
+    judged: bool = True  # False: the run ended before its monitor armed (RunRecord.judged): ``collapse`` is no verdict
+
+    @property
+    def verdict(self) -> str:
+        """The collapse column: ``yes``, ``no``, ``not judged`` (too few steps for the monitor), ``no steps``."""
+        if self.collapse is None:
+            return "no steps"
+        return "yes" if self.collapse else "no" if self.judged else "not judged"
 
     @property
     def steps_done(self) -> str:
@@ -95,6 +103,7 @@ def _row(run: RunRecord, w: ReportWindows) -> RunRow:
         collapse_reason=reason,
         wall_time_s=_wall_time(run),
         run=run.label,
+        judged=run.judged,
     )
 
 
@@ -158,7 +167,7 @@ _COLUMNS: tuple[tuple[str, str, Callable], ...] = (
     ("KL growth", "kl_growth", lambda v: "n/a" if v is None else f"{v:.2f}x"),
     ("final fmt err", "final_format_error", _num(".3f")),
     ("peak fmt err", "peak_format_error", _num(".3f")),
-    ("collapse", "collapse", lambda v: "no steps" if v is None else ("yes" if v else "no")),
+    ("collapse", "verdict", str),
     ("collapse step", "collapse_step", lambda v: "-" if v is None else str(v)),
     ("wall time (s)", "wall_time_s", _num(".1f")),
     ("run", "run", str),
