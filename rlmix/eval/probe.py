@@ -325,8 +325,9 @@ REFERENCE_DEFINITION = (
 
 
 def probe_prompts(task: TaskKind, seed: int, count: int, split: str) -> list:
-    """``count`` problems of the task's ``split``, evenly spaced so every difficulty level is present;
-    a split the task lacks is the task's one-line ConfigError."""
+    """``count`` problems of the task's ``split``, evenly spaced through it (a split ordered by difficulty, as
+    minicode's, has every level from as many prompts as levels up); a split the task lacks is the task's
+    one-line ConfigError."""
     problems = task.make(seed).split(split)
     if not 1 <= count <= len(problems):
         raise ConfigError(
