@@ -248,3 +248,23 @@ def test_a_failed_run_names_its_newest_complete_checkpoint(tmp_path):
     stop.training()
     summary = finish(Loop(), steps, stop, {})
     assert summary["status"] == "failed" and summary["checkpoint"] == str(newest) and summary["resumable"] is True
+
+
+def test_a_resume_that_stretches_the_learning_rate_decay_says_so(tmp_path):
+    """A finished run's printed "train N steps more" raises loop.steps; with trainer.lr_decay_steps null a cosine
+    decay then stretches over the new total and the rate goes up at the resumed step: the resume says so."""
+    from rlmix.config.schema import LRSchedule
+
+    before = config(tmp_path / "run", steps=3)
+    before.trainer.lr_schedule = LRSchedule.cosine
+    state = RunState(step=3, next_request=6, wall_time_s=1.0, written_by=ck.written_by(before, tmp_path))
+    assert state.written_by["schedule"] == {"lr_schedule": "cosine", "lr_decay_steps": 3}
+    after = config(tmp_path / "run", steps=6)
+    after.trainer.lr_schedule = LRSchedule.cosine
+    assert ck.schedule_change(state, after) == (
+        "trainer.lr_schedule=cosine decays over 6 trainer steps now, over 3 before: from step 3 the learning rate "
+        "follows the new schedule (trainer.lr_decay_steps=3 keeps the old)")
+    after.trainer.lr_decay_steps = 3  # the old horizon kept, or a constant rate, or a checkpoint from before the record
+    assert ck.schedule_change(state, after) is None
+    assert ck.schedule_change(state, config(tmp_path / "run", steps=6)) is None
+    assert ck.schedule_change(RunState(step=3, next_request=6, wall_time_s=1.0), after) is None

@@ -102,13 +102,33 @@ def check_resume(resume: str | None) -> None:
 
 def written_by(cfg, model_dir: Path) -> dict:
     """What loading a checkpoint needs of the run that resumes it, recorded with it (``check_fits``): the
-    trainer backend, DeepSpeed's ranks and ZeRO stage (its state is sharded by them), and the model's shapes."""
+    trainer backend, DeepSpeed's ranks and ZeRO stage (its state is sharded by them), and the model's shapes;
+    and the learning rate's decay horizon (``schedule_change``)."""
     trainer = {"backend": cfg.trainer.backend.value}
     if trainer["backend"] == "deepspeed":
         trainer |= {"ranks": cfg.trainer.deepspeed.ranks, "zero_stage": cfg.trainer.deepspeed.zero_stage}
     model = cfg.model
     source = f"model.path={model.path}" if model.path else f"model.embedded_version={model.embedded_version.value}"
-    return {"trainer": trainer, "model": model_shapes(model_dir), "model_source": source}
+    schedule = {"lr_schedule": cfg.trainer.lr_schedule.value, "lr_decay_steps": lr_horizon(cfg)}
+    return {"trainer": trainer, "model": model_shapes(model_dir), "model_source": source, "schedule": schedule}
+
+
+def lr_horizon(cfg) -> int:
+    """The trainer step at which the learning rate's decay ends: ``trainer.lr_decay_steps``, or ``loop.steps``."""
+    return cfg.loop.steps if cfg.trainer.lr_decay_steps is None else cfg.trainer.lr_decay_steps
+
+
+def schedule_change(state: RunState, cfg) -> str | None:
+    """A line where a resumed run's learning rate decays over another horizon than its checkpoint's, or None.
+    With ``trainer.lr_decay_steps`` null the horizon is ``loop.steps``, so a finished run's printed "train N
+    steps more" stretches a linear or cosine decay and the rate goes up again at the resumed step. A
+    checkpoint from before the horizon was recorded: None (not known)."""
+    old = ((state.written_by or {}).get("schedule") or {}).get("lr_decay_steps")
+    new, kind = lr_horizon(cfg), cfg.trainer.lr_schedule.value
+    if kind == "constant" or not isinstance(old, int) or old == new:
+        return None
+    return (f"trainer.lr_schedule={kind} decays over {new} trainer steps now, over {old} before: from step "
+            f"{state.step} the learning rate follows the new schedule (trainer.lr_decay_steps={old} keeps the old)")
 
 
 def model_shapes(model_dir: Path) -> dict:

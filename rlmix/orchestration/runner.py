@@ -68,8 +68,8 @@ def start_actors(run: RunPlan, specs: list[SamplerSpec], model_dir: Path, cores:
     from rlmix.seeds import derive_seed
 
     cfg = run.cfg
-    decay = cfg.loop.steps if cfg.trainer.lr_decay_steps is None else cfg.trainer.lr_decay_steps
-    trainer_cfg = dataclasses.replace(cfg.trainer, num_threads=cores.trainer_threads, lr_decay_steps=decay)
+    trainer_cfg = dataclasses.replace(cfg.trainer, num_threads=cores.trainer_threads,
+                                      lr_decay_steps=checkpoints.lr_horizon(cfg))
     trainer_options = {"num_cpus": 0, "resources": {TRAINER_RESOURCE: 1.0} if cfg.cluster.address is None else {}}
     if gpus := trainer_actor_gpus(cfg):  # a one-rank DeepSpeed trainer on NCCL: its engine runs in the actor
         trainer_options["num_gpus"] = gpus
@@ -388,6 +388,8 @@ def resume(cfg: RunConfig, trainer, monitor, run_dir: Path) -> tuple[RunState, P
     (run_dir / SUMMARY_FILE).unlink(missing_ok=True)
     feed_monitor(monitor, rows)
     print(f"resuming {run_dir} from {checkpoint.name} at step {state.step}")
+    if (change := checkpoints.schedule_change(state, cfg)) is not None:
+        print(change)
     return state, run_dir, last_metrics(rows)
 
 
