@@ -216,6 +216,62 @@ def test_two_ranks_same_loss_and_update_as_plain_torch(model_dir, corr, ray_loca
     assert_same_update(weights, reference, load_file(model_dir / "model.safetensors"))
 
 
+def fp32_reference_norm(model_dir: Path, batch: Rollouts, cfg: TrainerConfig, corr: Correction, ranks: int = 1):
+    """(loss, pre-clip global grad norm) of one fp32 step in plain torch, as the torch trainer logs it."""
+    from rlmix.models.io import load_causal_lm
+    from rlmix.trainers.attention import use_dense_backward
+    from rlmix.trainers.deepspeed_trainer import shard_rows
+
+    model = load_causal_lm(model_dir, dtype=torch.float32).train()
+    use_dense_backward(model)
+    advantages = advantages_for(batch, corr)
+    loss = 0.0
+    for shard, rows in (s for s in shard_rows(batch, ranks) if s is not None):
+        loss += forward_backward(model, shard, advantages[rows], corr, pad_id=0, micro_batch_size=cfg.micro_batch_size,
+                                 autocast=None, num_tokens=batch.num_tokens, backward=torch.Tensor.backward).loss
+    return loss, float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
+
+
+@pytest.mark.slow  # a DeepSpeed engine: seconds to set up
+def test_stage0_fp32_logs_the_pre_clip_grad_norm(model_dir, corr):
+    """Stage 0 with fp32 steps a plain torch optimizer, for which DeepSpeed keeps no norm: the rank
+    measures it after the all-reduce and before clipping (grad_clip 1.0 is well below it here)."""
+    from rlmix.trainers.deepspeed_trainer import DeepSpeedTrainer
+
+    cfg = trainer_cfg(stage=0)
+    cfg.precision = TrainerPrecision.fp32
+    batch = fixed_batch(model_dir)
+    loss, norm = fp32_reference_norm(model_dir, batch, cfg, corr)
+    assert norm > 2 * cfg.grad_clip  # so a post-clip norm would not pass
+    trainer = DeepSpeedTrainer(model_dir, cfg, corr, seed=0)
+    try:
+        first = trainer.train_step(batch)
+        second = trainer.train_step(fixed_batch(model_dir, seed=1))
+    finally:
+        trainer.close()
+    assert first["train/loss"] == pytest.approx(loss, rel=1e-5)
+    assert first["train/grad_norm"] == pytest.approx(norm, rel=1e-4)
+    assert second["train/grad_norm"] > 0 and second["train/grad_norm"] != first["train/grad_norm"]
+
+
+@pytest.mark.slow
+def test_two_ranks_stage0_fp32_log_the_norm_of_the_reduced_gradient(model_dir, corr, ray_local):
+    """Two stage-0 ranks: the norm is that of the all-reduced (whole-batch) gradient, not of a shard's."""
+    from rlmix.trainers.deepspeed_trainer import DeepSpeedTrainer
+
+    cfg = trainer_cfg(ranks=2, stage=0, micro=2)
+    cfg.precision = TrainerPrecision.fp32
+    batch = fixed_batch(model_dir)
+    loss, norm = fp32_reference_norm(model_dir, batch, cfg, corr, ranks=2)
+    trainer = DeepSpeedTrainer(model_dir, cfg, corr, seed=0)
+    try:
+        metrics = trainer.train_step(batch)
+    finally:
+        trainer.close()
+    assert metrics["train/loss"] == pytest.approx(loss, rel=1e-5)
+    assert metrics["train/grad_norm"] == pytest.approx(norm, rel=1e-4)
+
+
 @pytest.fixture(scope="module")
 def ray_local():
     import ray
@@ -240,6 +296,17 @@ def test_json_follows_the_typed_config():
     for bad, key in [(DeepSpeedConfig(zero_stage=4), "zero_stage=4"), (DeepSpeedConfig(ranks=0), "ranks=0")]:
         with pytest.raises(ConfigError, match=f"trainer.deepspeed.{key}"):
             check_deepspeed(bad, bf16=True)
+
+
+def test_stage_messages_name_every_stage_that_runs():
+    """The refusals list what check_deepspeed accepts: stage 0 (not with bf16) and 1, 2, 3."""
+    with pytest.raises(ConfigError,
+                       match=r"zero_stage=4: must be 0 \(trainer.precision fp32 or fp16 only\), 1, 2 or 3$"):
+        check_deepspeed(DeepSpeedConfig(zero_stage=4), bf16=False)
+    with pytest.raises(ConfigError, match=r"zero_stage=0 with trainer.precision=bf16: .*use zero_stage 1, 2 or 3$"):
+        check_deepspeed(DeepSpeedConfig(zero_stage=0), bf16=True)
+    for stage in (1, 2, 3):
+        check_deepspeed(DeepSpeedConfig(zero_stage=stage), bf16=True)
 
 
 def test_overlap_comm_needs_gradient_partitioning_before_ray_starts():

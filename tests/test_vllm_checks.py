@@ -33,6 +33,14 @@ def test_pool_rules_follow_the_pool_accelerator():
     check_pool("h100_fp8", vllm_pool("H100", "fp8_e4m3"))  # a GPU pool is judged by its accelerator
     with pytest.raises(ConfigError, match=r"fleet.pools.cpu_fp8.precision=fp8_e4m3 needs fp8 kernels"):
         check_pool("cpu_fp8", vllm_pool("CPU", "fp8_e4m3"))
+    # vllm.quantization, not precision, asked for fp8: the line names it and what the CPU build takes there.
+    with pytest.raises(ConfigError, match=r"^fleet.pools.cpu_vllm_bf16.vllm.quantization=fp8 needs fp8 kernels that "
+                                          r"the CPU build of vLLM lacks; set it to null on accelerator CPU") as err:
+        check_pool("cpu_vllm_bf16", vllm_pool("CPU", "bf16", quantization="fp8"))
+    assert "precision=bf16" not in str(err.value)
+    with pytest.raises(ConfigError, match=r"^fleet.pools.c.vllm.quantization=fp8 .*; set it to null and "
+                                          r"fleet.pools.c.precision=fp8_e4m3 to bf16/fp32 on accelerator CPU"):
+        check_pool("c", vllm_pool("CPU", "fp8_e4m3", quantization="fp8"))
     with pytest.raises(ConfigError, match=r"fleet.pools.b200.precision='nvfp4' has no vLLM equivalent"):
         check_pool("b200", vllm_pool("B200", "nvfp4"))
     with pytest.raises(ConfigError, match=r"fleet.pools.x.kv_precision=fp8_e4m3.*fleet.pools.x.vllm.kv_cache_dtype"):
@@ -61,7 +69,8 @@ def test_pool_rules_follow_the_pool_accelerator():
     ("CPU", {"kv_cache_dtype": "fp8"}, r"kv_cache_dtype='fp8': allowed on the CPU build: auto"),
     ("H100", {"kv_cache_dtype": "int8"}, r"kv_cache_dtype='int8': allowed on GPUs: auto, bfloat16, fp8"),
     ("H100", {"quantization": "fp9"}, r"fleet.pools.p.vllm.quantization='fp9': allowed: fp8, "),
-    ("CPU", {"quantization": "awq"}, r"needs awq kernels that the CPU build of vLLM lacks"),
+    ("CPU", {"quantization": "awq"}, r"fleet.pools.p.vllm.quantization=awq needs awq kernels that the CPU build of "
+                                     r"vLLM lacks; set it to null on accelerator CPU"),
     ("H100", {"dtype": "int3"}, r"fleet.pools.p.vllm.dtype='int3' has no vLLM equivalent"),
 ])
 def test_out_of_range_engine_settings_are_one_line(accelerator, engine, match):

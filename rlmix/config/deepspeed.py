@@ -23,7 +23,8 @@ class GradAccumDtype(enum.Enum):
 class DeepSpeedConfig:
     """``trainer.deepspeed``: how the DeepSpeed backend shards and communicates."""
 
-    zero_stage: int = 1  # 1 or 2 (optimizer / + gradient partitioning); 3 also partitions parameters
+    # 1 or 2 (optimizer / + gradient partitioning); 3 also partitions parameters; 0: none (not with bf16)
+    zero_stage: int = 1
     ranks: int = 1  # data-parallel ranks, one Ray actor each; the batch is split across them
     grad_accum_dtype: GradAccumDtype = GradAccumDtype.fp32  # gradient accumulation over micro-batches
     comm_backend: CommBackend = CommBackend.auto
@@ -36,11 +37,12 @@ class DeepSpeedConfig:
 def check_deepspeed(ds: DeepSpeedConfig, bf16: bool) -> None:
     """Refuse settings DeepSpeed cannot run correctly, naming the keys to change."""
     if ds.zero_stage not in (0, 1, 2, 3):
-        raise ConfigError(f"trainer.deepspeed.zero_stage={ds.zero_stage}: must be 1, 2 or 3")
+        raise ConfigError(f"trainer.deepspeed.zero_stage={ds.zero_stage}: must be 0 (trainer.precision fp32 or "
+                          "fp16 only), 1, 2 or 3")
     if ds.zero_stage == 0 and bf16:
         raise ConfigError(
             "trainer.deepspeed.zero_stage=0 with trainer.precision=bf16: DeepSpeed's stage-0 BF16 path takes a "
-            "spurious first optimizer step; use zero_stage 1 or 2"
+            "spurious first optimizer step; use zero_stage 1, 2 or 3"
         )
     if ds.overlap_comm and ds.zero_stage < 2:
         # rlmix runs DeepSpeed with managed_gradient_accumulation=False (rlmix/trainers/deepspeed_config.py),

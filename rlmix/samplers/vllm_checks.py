@@ -148,6 +148,12 @@ def resolve_engine(name: str, pool, model: Mapping | None = None) -> VllmEngine:
     dtype, quantization = engine_precision(pool, key)
     allowed = CPU_QUANTIZATION if on_cpu else GPU_QUANTIZATION
     if quantization not in allowed:
+        if on_cpu and pool.vllm.quantization is not None:  # the vllm block asked for it, not precision
+            implied = resolve_precision(pool.precision, f"{key}.precision")[1]
+            also = "" if implied in CPU_QUANTIZATION else f" and {key}.precision={pool.precision} to bf16/fp32"
+            raise ConfigError(f"{key}.vllm.quantization={quantization} needs {quantization} kernels that the CPU "
+                              f"build of vLLM lacks; set it to {' or '.join(_yaml(q) for q in CPU_QUANTIZATION)}"
+                              f"{also} on accelerator CPU or put this pool on a GPU")
         if on_cpu:
             raise ConfigError(f"{key}.precision={pool.precision} needs {quantization} kernels that the CPU build of "
                               "vLLM lacks; use bf16/fp32 on accelerator CPU or put this pool on a GPU")

@@ -128,6 +128,9 @@ class DeepSpeedRank:
                                       weight_decay=cfg.weight_decay)
         config = deepspeed_json(cfg.deepspeed, precision=cfg.precision, grad_clip=cfg.grad_clip)
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+        self._reduced_grad_norm: float | None = None
+        if not hasattr(self.engine.optimizer, "_global_grad_norm"):
+            self._measure_reduced_grad_norm()
         self.reference = reference_model(self.model_dir, self.correction,
                                          "cpu" if cfg.ref_on_cpu else self.engine.device,
                                          dtype=next(self.engine.module.parameters()).dtype)
@@ -183,10 +186,35 @@ class DeepSpeedRank:
             result.token_stats = {k: v.cpu() for k, v in result.token_stats.items()}
         for _ in range(backwards - calls):
             backward(self._zero_loss())
+        self._reduced_grad_norm = None
         self.engine.step()
         grad_norm = self.engine.get_global_grad_norm()
+        if grad_norm is None:  # stage 0 without fp16: the norm measured inside step() (_measure_reduced_grad_norm)
+            grad_norm = self._reduced_grad_norm
         grad_norm = float("nan") if grad_norm is None else float(grad_norm)
         return RankStep(result, grad_norm, bool(self.engine.was_step_applied()))
+
+    def _measure_reduced_grad_norm(self) -> None:
+        """Record the pre-clip global gradient norm where DeepSpeed keeps none (its optimizer is the
+        plain torch one: ZeRO stage 0 without fp16).
+
+        The torch trainer's definition (torch.nn.utils.clip_grad_norm_, L2 over all parameters'
+        gradients), taken at the one point where it is global and not yet clipped: in unmanaged
+        accumulation stage 0 all-reduces the accumulated gradients inside ``step()`` (its
+        ``allreduce_gradients`` at the boundary), then clips and steps. After that reduction every
+        rank holds the same full gradient, so the local norm is the global one (no further
+        collective). Outside ``step()`` (backward's epilogue) the call reduces nothing: skipped.
+        """
+        engine = self.engine
+        reduce = engine.allreduce_gradients
+
+        def allreduce_gradients(*args, **kwargs):
+            reduce(*args, **kwargs)
+            if engine.is_gradient_accumulation_boundary():
+                grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
+                self._reduced_grad_norm = float(torch.nn.utils.get_total_norm(grads, 2.0)) if grads else 0.0
+
+        engine.allreduce_gradients = allreduce_gradients
 
     def _zero_loss(self) -> torch.Tensor:
         ids = torch.full((1, 1), self.pad_id, dtype=torch.long, device=self.engine.device)
