@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 
+from arguments import at_least
 from perf_common import load_average, median
 
 ENV = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "RLMIX_BENCH": "1"}}
@@ -59,8 +60,8 @@ def child(variant: str, actors: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--actors", type=int, default=7)
+    parser.add_argument("--rounds", type=at_least(1), default=3)
+    parser.add_argument("--actors", type=at_least(1), default=7)
     parser.add_argument("--child", choices=("runtime_env", "none"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:

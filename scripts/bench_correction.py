@@ -26,6 +26,7 @@ import time
 import torch
 
 from rlmix.correction import token_loss
+from arguments import at_least
 
 
 def make_batch(n: int, v: int, k: int, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -57,10 +58,10 @@ def time_once(batch: dict[str, torch.Tensor], mode: str) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=4096)
-    parser.add_argument("--vocab", type=int, default=32768)
-    parser.add_argument("--head", type=int, default=128)
-    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--tokens", type=at_least(1), default=4096)
+    parser.add_argument("--vocab", type=at_least(1), default=32768)
+    parser.add_argument("--head", type=at_least(1), default=128)
+    parser.add_argument("--reps", type=at_least(1), default=7)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = parser.parse_args()
     if args.threads:

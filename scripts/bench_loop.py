@@ -25,6 +25,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from arguments import at_least
 from perf_common import DEFAULT_RUN, isolated_step, load_average, median, read_metrics, run_rlmix, verdict
 
 ARM = [*DEFAULT_RUN, "logger=disabled"]
@@ -63,7 +64,7 @@ def loop_run(workdir: Path, steps: int, extra: list[str]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--steps", type=at_least(3), default=12)  # steps 1-2 are dropped
     parser.add_argument("--goal", type=float, default=1.15, help="loop step / compute floor")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--override", action="append", default=[],

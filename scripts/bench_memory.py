@@ -27,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import time
+from arguments import at_least
 
 DENSE_BYTES_PER_ENTRY = 18  # measured: what the dense path holds at peak, per token × vocabulary entry
 
@@ -111,7 +112,7 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=16)
     parser.add_argument("--heads", type=int, default=128, help="K: head candidates per token (sc_mis)")
     parser.add_argument("--hidden", type=int, default=64)
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=at_least(1), default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--bf16", action="store_true", help="BF16 autocast as in training (default fp32)")
     parser.add_argument("--dense-max-gib", type=float, default=4.0,

@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 
+from arguments import at_least
 from rlmix.tasks.python_tests import HARNESS, parse_verdict, run_python_tests, sandbox_problem
 
 CODE = '''
@@ -75,7 +76,7 @@ def sandboxed_run(code: str, tests: str, timeout_s: float) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-n", type=int, default=40, help="samples per way of grading")
+    parser.add_argument("-n", type=at_least(2), default=40, help="samples per way of grading")
     args = parser.parse_args()
     problem = sandbox_problem()
     if problem is not None:

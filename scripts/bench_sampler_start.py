@@ -17,6 +17,7 @@ import resource
 import subprocess
 import sys
 import time
+from arguments import at_least, existing
 
 
 def _cpu() -> float:
@@ -45,8 +46,8 @@ def child(model_dir: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--model-dir")
+    parser.add_argument("--repeats", type=at_least(1), default=3)
+    parser.add_argument("--model-dir", type=existing("directory"))
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:

@@ -16,6 +16,7 @@ import json
 import tempfile
 from pathlib import Path
 
+from arguments import at_least
 from perf_common import DEFAULT_RUN, load_average, median, run_rlmix, verdict
 
 
@@ -38,7 +39,7 @@ def one_start(workdir: Path, extra: list[str]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=at_least(1), default=2)
     parser.add_argument("--goal", type=float, default=10.0)
     parser.add_argument("--out", type=Path)
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for the run")

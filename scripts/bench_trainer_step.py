@@ -20,6 +20,7 @@ import json
 import time
 from pathlib import Path
 
+from arguments import at_least
 from perf_common import load_average, median, step_batch
 from reproduce import DOSES, HEADLINE
 
@@ -29,7 +30,7 @@ RUN = ["+experiment=sc_mis", "logger=disabled", *DOSES[HEADLINE]]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=at_least(1), default=7)
     parser.add_argument("--threads", type=int, default=1,
                         help="the trainer's threads: 1 as the default run gives it on 2 cores, 2 as a synchronous run")
     parser.add_argument("--override", action="append", default=[], help="a config override (repeatable)")

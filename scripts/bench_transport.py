@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 from bench_weight_load import model_dir
+from arguments import at_least
 from perf_common import load_average
 
 
@@ -53,7 +54,7 @@ def compare(ray, name: str, packed, plain, repeats: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=41)
+    parser.add_argument("--repeats", type=at_least(1), default=41)
     args = parser.parse_args()
     import ray
     from safetensors.torch import load_file

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import torch
+from arguments import at_least, existing
 from perf_common import load_average
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,8 +43,8 @@ def model_dir(which: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=("v2", "v1"), default="v2")
-    parser.add_argument("--model-dir", help="any HF causal-LM directory instead of the embedded model")
-    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--model-dir", type=existing("directory"), help="any HF causal-LM directory instead of the embedded model")
+    parser.add_argument("--repeats", type=at_least(1), default=9)
     args = parser.parse_args()
     from omegaconf import OmegaConf
     from safetensors.torch import load_file

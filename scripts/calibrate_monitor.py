@@ -41,6 +41,9 @@ def _compact(values: list) -> list | None:
     return [None if v is None or v != v else float(f"{v:.5g}") for v in values]
 
 
+LABELS = ("healthy", "collapse")  # what a stored run is: the table counts false alarms and misses by it
+
+
 def record_from_run_dir(run_dir: Path, label: str, source: str) -> dict:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     record = {"label": label, "source": source, "first_step": rows[0]["step"]}
@@ -202,6 +205,22 @@ def run_defaults(n: int, out: Path, first_seed: int = 0) -> list[Path]:
     return dirs
 
 
+def input_problem(args: argparse.Namespace) -> str | None:
+    """What in the command line cannot be done, before anything is run or the stored set is rewritten."""
+    if args.run is not None and args.run < 1:
+        return f"--run {args.run}: give a number of runs, at least 1"
+    if args.add:
+        label, dirs = args.add[0], args.add[1:]
+        if label not in LABELS:
+            return f"--add {label}: the label is one of {', '.join(LABELS)}, then the run directories"
+        missing = [d for d in dirs if not Path(d).is_dir()]
+        if not dirs or missing:
+            return f"--add {label}: give run directories after the label" + (f" ({missing[0]}: no such directory)"
+                                                                                 if missing else "")
+    missing = [p for p in args.import_results or () if not p.is_file()]
+    return f"--import-results {missing[0]}: no such file" if missing else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", type=int, metavar="N", help="run the default at seeds 0..N-1 and print their verdicts")
@@ -212,6 +231,9 @@ def main() -> None:
     parser.add_argument("--import-results", nargs="+", type=Path, metavar="RUNS_JSON")
     parser.add_argument("--runs", action="store_true", help="also list each stored run's replayed outcome")
     args = parser.parse_args()
+    refused = input_problem(args)
+    if refused:
+        parser.error(refused)
     cfg = MonitorConfig()
     if args.run:
         statuses = []
@@ -226,7 +248,9 @@ def main() -> None:
     records = load()
     if args.add:
         label, dirs = args.add[0], [Path(d) for d in args.add[1:]]
-        run_dirs = sorted({p.parent for d in dirs for p in d.rglob("metrics.jsonl")})
+        run_dirs = sorted({p.parent for d in dirs for p in d.rglob("metrics.jsonl") if p.stat().st_size > 0})
+        if not run_dirs:  # nothing to store: the set is left as it is
+            parser.error(f"--add {label}: no run (a metrics.jsonl with rows) under {', '.join(map(str, dirs))}")
         new = [record_from_run_dir(d, label, d.name if d.parent.name.startswith("calib") else f"{d.parent.name}/{d.name}")
                for d in run_dirs]
         new = [r for r in new if not args.lasting_only or record_ended_down(r, cfg)]

@@ -163,6 +163,9 @@ def main() -> None:
         p.add_argument("--python", default="3.11", help="target CPython version")
         p.add_argument("--index-url", default=os.environ.get("RLMIX_INDEX_URL", PYPI))
     args = ap.parse_args()
+    path = args.lock if args.command == "check" else args.spec
+    if not path.is_file():
+        ap.error(f"{path}: no such file")
     raise SystemExit(check(args) if args.command == "check" else compile_lock(args))
 
 

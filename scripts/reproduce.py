@@ -840,6 +840,9 @@ def main() -> None:
         parser.error(f"--resume: {args.resume} is not a directory (multirun/reproduce_<stamp>)")
     base = args.resume.resolve() if args.resume else ROOT / "multirun" / f"reproduce_{time.strftime('%Y-%m-%d_%H-%M-%S')}"
     plan = PROFILES[args.profile].plan
+    for flag, value in (("--seeds", args.seeds), ("--steps", args.steps), ("--eval-samples", args.eval_samples)):
+        if value is not None and value < 1:  # --steps 0 ran the profile's 300; --seeds 0 probed for no run
+            parser.error(f"{flag} {value}: must be at least 1")
     args.steps = args.steps or PROFILES[args.profile].steps
     if args.doses:
         plan = [(dose, dict(plan).get(dose, plan_arms(plan))) for dose in args.doses.split(",")]
