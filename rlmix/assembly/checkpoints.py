@@ -16,6 +16,8 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from rlmix.config.schema import lr_horizon
+
 CHECKPOINTS = "checkpoints"
 MANIFEST = "complete.json"
 RUN_STATE = "run_state.json"
@@ -111,11 +113,6 @@ def written_by(cfg, model_dir: Path) -> dict:
     source = f"model.path={model.path}" if model.path else f"model.embedded_version={model.embedded_version.value}"
     schedule = {"lr_schedule": cfg.trainer.lr_schedule.value, "lr_decay_steps": lr_horizon(cfg)}
     return {"trainer": trainer, "model": model_shapes(model_dir), "model_source": source, "schedule": schedule}
-
-
-def lr_horizon(cfg) -> int:
-    """The trainer step at which the learning rate's decay ends: ``trainer.lr_decay_steps``, or ``loop.steps``."""
-    return cfg.loop.steps if cfg.trainer.lr_decay_steps is None else cfg.trainer.lr_decay_steps
 
 
 def schedule_change(state: RunState, cfg) -> str | None:

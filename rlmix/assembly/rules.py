@@ -20,7 +20,7 @@ from rlmix.config.dataset import DatasetTaskConfig
 from rlmix.config.embedded import EmbeddedVersion, MiniCodeAnswer, check_moe_spec, v2_agent_hf_config
 from rlmix.config.schema import (
     CorrectionConfig, LRSchedule, MiniCodeTaskConfig, MiniCodeTraceTaskConfig, RunConfig, SamplerBackend,
-    TrainerBackend, TrainerPrecision,
+    TrainerBackend, TrainerPrecision, lr_horizon,
 )
 from rlmix.config.swebench import AgentEnvConfig
 from rlmix.correction import Correction
@@ -159,7 +159,7 @@ def _check_trainer(cfg: RunConfig) -> None:
                  f"trainer.lr_decay_steps={t.lr_decay_steps} trainer.min_lr_ratio={t.min_lr_ratio}: the constant "
                  "schedule has no decay; set trainer.lr_schedule=linear or cosine, or leave both unset")
     else:
-        decay = cfg.loop.steps if t.lr_decay_steps is None else t.lr_decay_steps
+        decay = lr_horizon(cfg)
         _require(decay > t.lr_warmup_steps,
                  f"trainer.lr_decay_steps={decay} (null: loop.steps) must be > trainer.lr_warmup_steps="
                  f"{t.lr_warmup_steps}: the decay ends after the warm-up")

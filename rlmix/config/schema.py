@@ -333,6 +333,11 @@ class RunConfig:
     checkpoint: Optional[str] = None  # rlmix eval: a run directory or any HF model dir (None: the base model)
 
 
+def lr_horizon(cfg: RunConfig) -> int:
+    """The trainer step at which the learning rate's decay ends: ``trainer.lr_decay_steps``, or ``loop.steps``."""
+    return cfg.loop.steps if cfg.trainer.lr_decay_steps is None else cfg.trainer.lr_decay_steps
+
+
 def register_configs() -> None:
     """Register every schema with Hydra's ConfigStore, once per process (building the structured
     configs is ~0.1 s, and the driver registers from more than one place before Ray starts)."""

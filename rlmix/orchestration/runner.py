@@ -11,7 +11,7 @@ import re
 import time
 from pathlib import Path
 
-from rlmix.config.schema import RunConfig
+from rlmix.config.schema import RunConfig, lr_horizon
 from rlmix.errors import ConfigError, RunFailed, TrainerDied
 from rlmix.metrics.jsonl import keep_rows
 from rlmix.metrics.jsonl import METRICS_FILE
@@ -69,7 +69,7 @@ def start_actors(run: RunPlan, specs: list[SamplerSpec], model_dir: Path, cores:
 
     cfg = run.cfg
     trainer_cfg = dataclasses.replace(cfg.trainer, num_threads=cores.trainer_threads,
-                                      lr_decay_steps=checkpoints.lr_horizon(cfg))
+                                      lr_decay_steps=lr_horizon(cfg))
     trainer_options = {"num_cpus": 0, "resources": {TRAINER_RESOURCE: 1.0} if cfg.cluster.address is None else {}}
     if gpus := trainer_actor_gpus(cfg):  # a one-rank DeepSpeed trainer on NCCL: its engine runs in the actor
         trainer_options["num_gpus"] = gpus
@@ -94,7 +94,7 @@ def started(ready: list) -> None:
     run directory removed), any other death a failed start (exit 1); neither with Ray's traceback."""
     import ray
 
-    from rlmix.orchestration.loop import first_line
+    from rlmix.orchestration.loop import NODE_GRACE_S, first_line
 
     try:
         ray.get(ready)
@@ -102,7 +102,7 @@ def started(ready: list) -> None:
         causes = [err]  # Ray's wrappers, then what the actor raised (the innermost one is the message)
         while len(causes) < 8 and (inner := getattr(causes[-1], "cause", None) or causes[-1].__cause__):
             causes.append(inner)
-        if (why := SESSION.node_lost(0.2)) is not None:  # not the actor's own failure
+        if (why := SESSION.node_lost(NODE_GRACE_S)) is not None:  # not the actor's own failure
             raise RunFailed(f"a process did not start: {why}") from None
         config = next((c for c in reversed(causes) if isinstance(c, ConfigError)), None)
         if config is not None:

@@ -383,8 +383,11 @@ class DatasetTask:
             other = "; or task.split=train to use task.train_files" if self.cfg.train_files is not None else ""
             raise ConfigError(f"task.split={name}: set task.{SPLITS[name]} (a file or directory of rows to "
                               f"evaluate){other}")
-        rows = self.rows if name == "train" else load_rows(spec, f"task.{SPLITS[name]}")
-        check_columns(rows, self.cfg, f"task.{SPLITS[name]}")
+        if name == "train":
+            rows = self.rows  # checked as the task loaded them
+        else:
+            rows = load_rows(spec, f"task.{SPLITS[name]}")
+            check_columns(rows, self.cfg, f"task.{SPLITS[name]}")
         return [to_problem(row, self.cfg, f"dataset/{name}/{i}", rows.name(i)) for i, row in enumerate(rows)]
 
     def score(self, problem: Problem, completion: str) -> Score:
