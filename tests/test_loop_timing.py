@@ -49,7 +49,7 @@ class VirtualRay:
     def ref(self, value, after: float) -> Ref:
         return Ref(value, self.clock.now + after, next(self.seq))
 
-    def wait(self, refs, num_returns=1, timeout=None):
+    def wait(self, refs, num_returns=1, timeout=None, fetch_local=True):
         first = min(refs, key=lambda r: (r.done_at, r.seq))
         if timeout is not None and first.done_at > self.clock.now + timeout:
             self.clock.now += timeout

@@ -2,14 +2,19 @@
 resumable, told in one line; and a signal once the loop is over says the run is ending anyway.
 
 docs/reliability.md lists both. The end-to-end test kills the raylet of a real ``rlmix train`` by pid.
+A kill that lands while the driver is itself reading or writing the object store (a few milliseconds a
+step) lets Ray's core end the driver first, as docs/reliability.md says: then no line and no summary,
+Ray's own log says so, and the run resumes all the same.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import signal
 import subprocess
 import types
+from pathlib import Path
 
 import pytest
 
@@ -64,17 +69,28 @@ def test_a_killed_raylet_fails_the_run_at_once_in_one_line_and_it_resumes(tmp_pa
     assert len(raylets) == 1, [(pid, title(pid)) for pid in session_pids(run.proc.pid)]
     os.kill(raylets[0], signal.SIGKILL)
     assert run.finish() == 1, run.text()
-    result = summary(run_dir)
-    assert result["status"] == "failed" and result["resumable"], result
-    assert result["error"] == "the Ray node ended (its raylet exited, SIGKILL)", result
-    step = result["steps"]
-    errors = [line for line in run.err.read_text().splitlines() if line.startswith("error:")]
-    assert errors == [f"error: run failed at step {step}: the Ray node ended (its raylet exited, SIGKILL); "
-                      f"continue with: rlmix train {' '.join([*common, 'loop.steps=300'])} resume={run_dir}"], errors
     text = run.out.read_text() + run.err.read_text()
     assert " died " not in text and "dropped" not in text and "Traceback" not in text, text
+    errors = [line for line in run.err.read_text().splitlines() if line.startswith("error:")]
+    if (run_dir / "summary.json").exists():
+        result = summary(run_dir)
+        assert result["status"] == "failed" and result["resumable"], result
+        assert result["error"] == "the Ray node ended (its raylet exited, SIGKILL)", result
+        step = result["steps"]
+        command = f"rlmix train {' '.join([*common, 'loop.steps=300'])} resume={run_dir}"
+        assert errors == [f"error: run failed at step {step}: the Ray node ended (its raylet exited, SIGKILL); "
+                          f"continue with: {command}"], errors
+    else:  # the kill landed inside one of the driver's own reads of the store: Ray's core ended it there
+        assert errors == [] and ended_by_ray(run.proc.pid), text
+        step = rows(run_dir)[-1]["step"]
 
     again = Run(tmp_path, *common, f"loop.steps={step + 2}", f"resume={run_dir}")
     assert again.finish() == 0, again.text()
     assert summary(run_dir)["status"] in ("completed", "collapsed")  # the smoke toy may collapse: not a fault
     assert [r["step"] for r in rows(run_dir)] == list(range(1, step + 3))
+
+
+def ended_by_ray(pid: int) -> bool:
+    """Whether Ray's core worker in driver ``pid`` ended it on finding its object store gone."""
+    logs = glob.glob(f"/tmp/ray/session_*/logs/python-core-driver-*_{pid}.log")
+    return any("The connection to the plasma store is failed" in Path(log).read_text() for log in logs)

@@ -19,8 +19,10 @@ process at the run's newest checkpoint; the loop goes back to that checkpoint's 
 position and drops what was generated since, as a resumed run would.
 
 A lost Ray node (``node_lost``: the raylet of the local instance exited) is none of these: every
-actor ends with it and Ray soon ends the driver too, so the loop asks before it takes anything for
-an actor's death (and once every pass), and ends the run at once with ``RunFailed`` naming the node.
+actor ends with it, and Ray ends the driver (exit 1, nothing told) the moment it next touches the
+object store, which lives in the raylet. So the loop waits on results without fetching them, asks
+before it takes anything for an actor's death, once every pass and before each of its own reads and
+writes of the store, and ends the run at once with ``RunFailed`` naming the node.
 """
 
 from __future__ import annotations
@@ -332,7 +334,11 @@ class AsyncLoop:
 
     def _check_node(self, err: BaseException | None = None) -> None:
         """RunFailed, naming the node, where the Ray node is gone: no actor's fault is to be handled then.
-        After an error (``err``) its end is waited for a moment: actors see it before it has exited."""
+        After an error (``err``) its end is waited for a moment: actors see it before it has exited.
+
+        Asked before the driver reads a rollout or sends a batch, since both go through the object
+        store when over Ray's inline size (100 KiB): a store found gone there ends the process in Ray's
+        C++ core, before Python hears of it. A node lost during the read itself still ends it so."""
         if (why := self.node_lost(NODE_GRACE_S) if err is not None else self.node_lost()) is not None:
             raise NodeLost(why) from err
 
@@ -354,7 +360,7 @@ class AsyncLoop:
             # Every pass, not only an empty poll: requests coming back one after another while no
             # step finishes (every group dropped, say) must not keep the watchdog away.
             self._watchdog(train_ref, inflight)
-            ready = ray.wait(waiting, num_returns=1, timeout=POLL_S)[0] if waiting else []
+            ready = ray.wait(waiting, num_returns=1, timeout=POLL_S, fetch_local=False)[0] if waiting else []
             if not ready:
                 if not waiting:  # every sampler restarting, nothing to train yet
                     time.sleep(POLL_S)
@@ -426,6 +432,7 @@ class AsyncLoop:
             return None
         self.window.idle_s += time.perf_counter() - self.idle_since
         self.idle_since = None
+        self._check_node()  # a batch of this size goes through the object store (see _check_node)
         return self.trainer.train_step.remote(batch)
 
     def _watchdog(self, train_ref: ray.ObjectRef | None, inflight: dict) -> None:
@@ -449,6 +456,7 @@ class AsyncLoop:
         # A request that failed goes back to the queue whole (never half of it): its groups are
         # generated again from the same request id and seed, by whichever sampler is free.
         again = (lambda: None) if dropped else (lambda: self.orphans.appendleft(request))
+        self._check_node()  # a rollout is read from the object store (see _check_node)
         try:
             part: Rollouts = ray.get(ref)
         except ray.exceptions.RayActorError as err:
@@ -575,7 +583,7 @@ class AsyncLoop:
         if self.version % self.cfg.weight_sync_every == 0:
             start = time.perf_counter()
             self.weights_ref = self.trainer.published_weights.remote()
-            if not ray.wait([self.weights_ref], timeout=self.cfg.step_timeout_s)[0]:
+            if not ray.wait([self.weights_ref], timeout=self.cfg.step_timeout_s, fetch_local=False)[0]:
                 raise RunFailed(f"the trainer did not publish step {self.version}'s weights within "
                                 f"{self.cfg.step_timeout_s:.0f} s (loop.step_timeout_s); waiting on the trainer")
             self.published = self.version
