@@ -8,9 +8,12 @@ from typing import Optional
 
 import typer
 
+# Plain help, not Typer's rich layout: that one prints a type after every option, flags included
+# (``--help <bool>``), inviting a value a flag refuses.
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
+    rich_markup_mode=None,
     help="Asynchronous RL with a heterogeneous sampler fleet and explicit off-policy correction.",
 )
 
@@ -64,7 +67,8 @@ def _interrupted(command: str, result: str, stopped: KeyboardInterrupt) -> None:
     raise typer.Exit(code=128 + signum)
 
 
-@app.command(context_settings=_PASSTHROUGH, add_help_option=False)
+@app.command(context_settings=_PASSTHROUGH, add_help_option=False,
+             short_help="Train with Hydra overrides: `rlmix train +experiment=sc_mis seed=1`.")
 def train(ctx: typer.Context) -> None:
     """Train with Hydra overrides, e.g. `rlmix train +experiment=sc_mis seed=1`.
 
@@ -98,7 +102,8 @@ _PROBE_HELP = (
 )
 
 
-@app.command(context_settings=_PASSTHROUGH, options_metavar="[KEY=VALUE]...", help=_EVAL_HELP)
+@app.command(context_settings=_PASSTHROUGH, options_metavar="[KEY=VALUE]...", help=_EVAL_HELP,
+             short_help="Evaluate a checkpoint with pass@k: `rlmix eval checkpoint=<run dir>`.")
 def eval(ctx: typer.Context) -> None:  # noqa: A001 - the command is called eval
     from rlmix.commands.compose import quote_paths
     from rlmix.commands.eval import run_eval
@@ -114,7 +119,8 @@ def eval(ctx: typer.Context) -> None:  # noqa: A001 - the command is called eval
         _interrupted("eval", "eval.json", stopped)
 
 
-@app.command(context_settings=_PASSTHROUGH, options_metavar="[KEY=VALUE]...", help=_PROBE_HELP)
+@app.command(context_settings=_PASSTHROUGH, options_metavar="[KEY=VALUE]...", help=_PROBE_HELP,
+             short_help="Each pool's mismatch against the trainer, without training.")
 def probe(ctx: typer.Context) -> None:
     from rlmix.commands.compose import quote_paths
     from rlmix.commands.probe import run_probe
@@ -132,7 +138,7 @@ def probe(ctx: typer.Context) -> None:
 
 @app.command()
 def report(
-    path: str = typer.Argument(..., help="A run directory, a multirun directory, or a folder of them."),
+    path: str = typer.Argument(..., metavar="PATH", help="A run directory, a multirun directory, or a folder of them."),
     out: Optional[str] = typer.Option(None, help="Where to write report.md and the plots (default: PATH/report/)."),
     where: bool = typer.Option(False, "--where", help="Also one figure per run: where each step's gradient came "
                                                       "from, by p/q and by the trainer's probability (where/)."),

@@ -42,6 +42,18 @@ def test_eval_and_probe_help_say_they_take_overrides_and_name_their_keys():
         assert f"rlmix {command} [KEY=VALUE]..." in out.output and all(k in out.output for k in keys), out.output
 
 
+def test_help_shows_a_flag_without_a_value_and_each_command_in_full():
+    from typer.testing import CliRunner
+
+    from rlmix.cli import app
+
+    top = CliRunner().invoke(app, ["--help"], prog_name="rlmix", terminal_width=200).output
+    report = CliRunner().invoke(app, ["report", "--help"], prog_name="rlmix", terminal_width=200).output
+    assert "<bool>" not in top + report, top + report  # a flag takes no value: `--where true` is refused
+    assert "--where " in report and "PATH" in report and "{path}" not in report, report
+    assert "`rlmix train +experiment=sc_mis seed=1`" in top, top  # not cut at "e.g."
+
+
 @pytest.mark.slow
 def test_train_help_is_hydras_and_lists_the_groups(tmp_path):
     out = rlmix("train", "--help", cwd=tmp_path)
