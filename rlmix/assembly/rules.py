@@ -34,6 +34,10 @@ def validate(cfg: RunConfig, for_training: bool = True) -> Correction:
     _check_loop(cfg)
     _check_trainer(cfg)
     _check_eval(cfg, for_training)
+    # Training reads no checkpoint=: it trained from scratch, with the ignored key echoed in its next commands.
+    _require(not for_training or cfg.checkpoint is None,
+             f"checkpoint={cfg.checkpoint}: rlmix train does not read checkpoint= (the model rlmix eval scores); "
+             "to continue a run use resume=<run dir>, to start from other weights use model.path=<dir>")
     correction = resolve_correction(cfg.correction)  # the correction resolves, or ConfigError naming its keys
     _check_run(cfg)
     _check_paths(cfg)  # first: the fleet's checks read the model's config.json
@@ -384,8 +388,11 @@ def _check_fleet(cfg: RunConfig) -> None:
                  "not lag_* (the staleness buckets' keys)")
         _require(pool.count >= 1, f"{key}.count={pool.count}: must be >= 1")
         top_p, top_k = fleet.truncation(pool)
-        _require(0 < top_p <= 1, f"{key}: top_p={top_p} must be in (0, 1]")
-        _require(top_k >= 0, f"{key}: top_k={top_k} must be >= 0 (0 = off)")
+        # a value the pool takes from the fleet is named by the fleet's key, the one the user set
+        _require(0 < top_p <= 1, f"fleet.top_p={top_p}: must be in (0, 1]"
+                 if pool.top_p is None else f"{key}: top_p={top_p} must be in (0, 1]")
+        _require(top_k >= 0, f"fleet.top_k={top_k}: must be >= 0 (0 = off)"
+                 if pool.top_k is None else f"{key}: top_k={top_k} must be >= 0 (0 = off)")
         if top_p < 1 or top_k > 0:
             truncating[name] = top_p, top_k
             _require(

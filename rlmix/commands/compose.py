@@ -162,7 +162,22 @@ def expand_jobs(overrides: list[str], multirun: bool) -> list[list[str]]:
     parsed = OverridesParser.create().parse_overrides(overrides)
     set_swept_keys(swept_keys(parsed))
     batches = BasicSweeper.split_arguments(parsed, max_batch_size=None)
-    return [job for batch in batches for job in batch]
+    jobs = [job for batch in batches for job in batch]
+    if not jobs:  # Hydra would launch nothing and exit 0, leaving a sweep directory and its multirun.yaml
+        empty = [o.input_line for o in parsed if o.is_sweep_override() and not _sweep_values(o)]
+        given = f"{empty[0]} gives no value" if empty else "a swept key is given no value"
+        raise ConfigError(f"the sweep has no jobs: {given}")
+    return jobs
+
+
+def _sweep_values(override) -> list[str]:
+    """A sweep override's values; one that only Hydra's config loader can list (``glob``) counts as some."""
+    from hydra.errors import HydraException
+
+    try:
+        return list(override.sweep_string_iterator())
+    except HydraException:  # glob(): "ConfigLoader is not set"
+        return ["?"]
 
 
 def compose_run_config(overrides: list[str], for_training: bool = True, output_dir_key: str | None = None,
@@ -345,6 +360,8 @@ def plan_jobs(args: list[str]) -> list[Job]:
     source = config_source(args)
     try:
         jobs = expand_jobs(overrides, multirun)
+    except ConfigError:
+        raise
     except Exception as err:
         from rlmix.config.load import one_line
 

@@ -22,12 +22,38 @@ def refuse_hydra_overrides(args: list[str], command: str, out_key: str) -> None:
     """``hydra.*`` overrides (and ``hydra/...`` options) refused in one line: ``rlmix eval`` and ``rlmix probe``
     compose the config without running a Hydra app, so Hydra's run directory, logging and job settings
     would be taken and ignored (their output would go elsewhere). ``hydra.searchpath``, where configs are
-    found, is honoured. ``out_key`` is the command's own output directory."""
+    found, is honoured. ``out_key`` is the command's own output directory. Both run one job: ``-m`` and
+    a swept value (``seed=0,1``) are refused too, saying where sweeps are run."""
     for arg in args:
+        if arg in ("-m", "--multirun"):
+            raise ConfigError(f"{arg}: rlmix {command} runs one job; -m/--multirun sweeps are rlmix train's "
+                              "(rlmix train -m ...)")
         key = arg.partition("=")[0].lstrip("+~")
         if (key == "hydra" or key.startswith(("hydra.", "hydra/"))) and key != "hydra.searchpath":
             raise ConfigError(f"{arg}: rlmix {command} does not run as a Hydra app and would ignore {key}; "
                               f"give {out_key}=<dir> for where its result goes (hydra.searchpath= is honoured)")
+    _refuse_sweeps(args, command)
+
+
+def _refuse_sweeps(args: list[str], command: str) -> None:
+    """A swept value (``seed=0,1``, ``range(...)``) in one line: the command runs one job. An override
+    Hydra cannot read is left to composing, which says why."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ChoiceSweep
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    for arg in args:
+        try:
+            override = parser.parse_override(arg)
+        except HydraException:
+            continue
+        if not override.is_sweep_override():
+            continue
+        value = override.value()
+        listed = isinstance(value, ChoiceSweep) and value.simple_form
+        as_list = f"a list is written {arg.partition('=')[0]}=[{arg.partition('=')[2]}], " if listed else ""
+        raise ConfigError(f"{arg}: rlmix {command} runs one job; {as_list}sweeps are rlmix train -m")
 
 
 def run_of(args: list[str]):
@@ -40,7 +66,12 @@ def run_of(args: list[str]):
         where = checkpoint_dir(args)
     except Exception as err:
         raise ConfigError(one_line(err)) from None
-    return None if where is None else run_settings(saved_by(where) or where)
+    if where is None:
+        return None
+    try:
+        return run_settings(saved_by(where) or where)
+    except ConfigError as err:  # its .hydra files: named with the checkpoint= they came from
+        raise ConfigError(f"checkpoint={where}: {err}") from None
 
 
 def eval_plan(args: list[str]) -> RunPlan:

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from rlmix.assembly.plan import RunPlan
+from rlmix.errors import ConfigError
 from rlmix.eval.probe import FACTORS, PoolProbe, probe_fleet
 from rlmix.eval.where import POSITION_EDGES, PROB_EDGES, MismatchBin, env_distance_labels
 
@@ -118,6 +119,9 @@ def run_probe(args: list[str]) -> None:
     refuse_hydra_overrides(list(args), "probe", "probe.out_dir")
     plan = compose_plan(list(args), for_training=False)
     cfg = plan.cfg
+    if cfg.checkpoint is not None:  # eval's key: the probe would measure model= and say nothing
+        raise ConfigError(f"checkpoint={cfg.checkpoint}: rlmix probe does not read checkpoint= (the model rlmix eval "
+                          "scores); give the model to measure as model.path=<HF model dir>")
     split = probe_split(plan, list(args))
     check_machine(cfg, one_per_pool=True)  # the probe builds its samplers here, one per pool
     out_dir = Path(cfg.probe.out_dir) if cfg.probe.out_dir else Path("outputs") / "probe" / time.strftime(

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlmix.errors import ConfigError
+
 # The groups a run hands to its evaluation; ``task.split`` is the evaluation's own choice.
 GROUPS = ("task", "model")
 NOT_INHERITED = {"task.split"}
@@ -30,14 +32,19 @@ class RunSettings:
 
 
 def run_settings(run_dir: Path) -> RunSettings | None:
-    """The settings ``run_dir`` was trained with, or None when it is not a run directory."""
+    """The settings ``run_dir`` was trained with, or None when it is not a run directory; ConfigError
+    where its ``.hydra`` files cannot be read."""
     from omegaconf import OmegaConf
+
+    from rlmix.eval.evaluate import load_run_yaml
 
     config, hydra = run_dir / ".hydra" / "config.yaml", run_dir / ".hydra" / "hydra.yaml"
     if not (config.is_file() and hydra.is_file()):
         return None
-    composed = OmegaConf.load(config)
-    runtime = OmegaConf.load(hydra).hydra.runtime
+    composed = load_run_yaml(config)
+    runtime = OmegaConf.select(load_run_yaml(hydra), "hydra.runtime")
+    if runtime is None or "cwd" not in runtime:
+        raise ConfigError(f"{hydra} is not a run's Hydra record (it has no hydra.runtime.cwd)")
     started_in = Path(runtime.cwd)
     values: dict[str, Any] = {}
     for group in GROUPS:
@@ -45,7 +52,10 @@ def run_settings(run_dir: Path) -> RunSettings | None:
             for key, value in _leaves(group, OmegaConf.to_container(composed[group], resolve=True)):
                 if key not in NOT_INHERITED:
                     values[key] = _absolute(value, started_in) if key in PATH_VALUES else value
-    values["eval.max_new_tokens"] = composed.loop.max_new_tokens
+    max_new_tokens = OmegaConf.select(composed, "loop.max_new_tokens")
+    if max_new_tokens is None:
+        raise ConfigError(f"{config} is not a run's config (it has no loop.max_new_tokens)")
+    values["eval.max_new_tokens"] = max_new_tokens
     choices = {g: runtime.choices[g] for g in GROUPS if runtime.choices.get(g) is not None}
     return RunSettings(choices=choices, values=values, searchpath=_added_sources(runtime, started_in))
 

@@ -136,6 +136,11 @@ def one_line(err: BaseException) -> str:
     text = str(err)
     if "Available options in" in text:
         return unknown_option(text)
+    ambiguous = re.match(r"Ambiguous value for argument '(.*)'$", text.splitlines()[0] if text else "")
+    if ambiguous:
+        key, _, value = ambiguous.group(1).partition("=")
+        return (f"{ambiguous.group(1)} is a sweep: add -m (rlmix train -m ...), "
+                f"or write a list as {key}=[{value}]")
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     return " ".join(lines[:2]) if lines else type(err).__name__
 
@@ -189,14 +194,21 @@ def unknown_key_line(full: str, key: str, section: str, keys: list[str]) -> str:
 
 
 _LEXER_ERROR = "LexerNoViableAltException: "
+# Hydra's error of a sweep or cast function that parsed: "ValueError while evaluating 'choice()': <why>"
+_EVALUATING = re.compile(r"^(\w+) while evaluating '(.*?)': (.*)$")
 
 
 def unreadable_override(override: str, message: str) -> str:
     """Hydra's override grammar error (``LexerNoViableAltException: ...`` and a caret on a line of its own)
-    as one line naming the override, what Hydra could not read and how to quote the value."""
+    as one line naming the override, what Hydra could not read and how to quote the value; a function
+    Hydra read but could not evaluate (``choice()``) as the override and why."""
     import shlex
 
     lines = [ln for ln in message.splitlines() if ln.strip() and not ln.startswith("See https://")]
+    # Read, but a function of it refused its arguments (choice(), range(1,2,0)): quoting would not help.
+    evaluating = next((m for m in map(_EVALUATING.match, lines) if m), None)
+    if evaluating:
+        return f"{override}: {evaluating.group(3)} ({evaluating.group(1)} in {evaluating.group(2)})"
     if lines and lines[0].startswith(_LEXER_ERROR):
         at = lines[1].index("^") - len(_LEXER_ERROR) if len(lines) > 1 and "^" in lines[1] else -1
         text = lines[0][len(_LEXER_ERROR):]

@@ -40,7 +40,8 @@ def resolve_checkpoint(plan: RunPlan, progress=print) -> Path:
         return Path(resolve_model_dir(plan)).resolve()
     path = Path(cfg.checkpoint)
     if not path.is_dir():
-        raise ConfigError(f"checkpoint={cfg.checkpoint}: no such directory (give a run directory or an HF model dir)")
+        what = "a file, not a directory" if path.exists() else "no such directory"
+        raise ConfigError(f"checkpoint={cfg.checkpoint}: {what} (give a run directory or an HF model dir)")
     if is_checkpoint(path):
         why = problem(path)
         if why:
@@ -161,7 +162,11 @@ def default_out_dir(cfg: RunConfig, split: str, differs: dict | None = None) -> 
         run = given
     if run is None:
         return Path("outputs") / "eval" / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{split}"
-    other = "" if run_task_name(run) in (None, cfg.task.name) else f"{cfg.task.name}_"
+    try:
+        task_name = run_task_name(run)
+    except ConfigError as err:
+        raise ConfigError(f"checkpoint={cfg.checkpoint}: {err}") from None
+    other = "" if task_name in (None, cfg.task.name) else f"{cfg.task.name}_"
     return run / f"eval_{other}{step}{split}{differs_suffix(differs)}"
 
 
@@ -201,7 +206,22 @@ def run_task_name(run_dir: Path) -> str | None:
     config = run_dir / ".hydra" / "config.yaml"
     if not config.is_file():
         return None
-    return OmegaConf.select(OmegaConf.load(config), "task.name")
+    return OmegaConf.select(load_run_yaml(config), "task.name")
+
+
+def load_run_yaml(path: Path):
+    """One of a run directory's ``.hydra`` files as a ``DictConfig``; ConfigError, in one line, where it is
+    not valid YAML or not a mapping."""
+    from omegaconf import DictConfig, OmegaConf
+    from yaml import YAMLError
+
+    try:
+        loaded = OmegaConf.load(path)
+    except (YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path} is not valid YAML ({type(exc).__name__})") from None
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(f"{path} is not a run's settings (a YAML mapping of keys)")
+    return loaded
 
 
 @dataclass(frozen=True)

@@ -200,7 +200,8 @@ def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"report: {path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        where = f"line {exc.lineno}, column {exc.colno}"
+        raise ConfigError(f"report: {path} is not valid JSON ({exc.msg}: {where})") from None
 
 
 def _label_arms(runs: Sequence[RunRecord], swept: frozenset[str] = frozenset()) -> list[RunRecord]:

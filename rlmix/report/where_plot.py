@@ -61,7 +61,8 @@ def write_where_plot(run: RunRecord, path: Path) -> Path:
         if steps:
             top.plot(steps, values, label=label)
     top.set_ylim(0, 1)
-    top.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="x-small")
+    if top.get_lines():  # a legend of nothing is matplotlib's UserWarning on stderr
+        top.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="x-small")
     planned = "?" if run.planned_steps is None else run.planned_steps
     top.set_title(f"{run.arm}, seed {run.seed}: {run.label} ({run.status}, {len(run.metrics)}/{planned} steps)",
                   fontsize="medium")
