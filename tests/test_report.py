@@ -131,6 +131,15 @@ def test_summarize_matches_hand_computed_values(multirun: Path) -> None:
     assert (sc_mis.collapse, sc_mis.collapse_step, sc_mis.wall_time_s) == (False, None, 38.0)
 
 
+def test_the_page_names_the_rows_kl_growth_is_measured_against(multirun: Path) -> None:
+    text = (write_report(multirun) / "report.md").read_text()
+    assert "rows 6..15 of metrics.jsonl" in text, text  # counted as a reader counts lines: from 1
+    lines = (multirun / "0" / "metrics.jsonl").read_text().splitlines()
+    kl = [json.loads(line)["mismatch/kl_k3"] for line in lines]
+    early = sum(kl[5:15]) / 10  # lines 6..15
+    assert summarize(collect_runs(multirun))[0].kl_growth == pytest.approx(sum(kl[-5:]) / 5 / early)
+
+
 def test_windows_are_configurable(multirun: Path) -> None:
     grpo = summarize(collect_runs(multirun / "0"), ReportWindows(final_steps=10, skip_steps=0, early_steps=5))[0]
     assert grpo.final_reward == pytest.approx((5 * 0.6 + 5 * 0.1) / 10)  # steps 10..19

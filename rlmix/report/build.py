@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
+from rlmix.errors import ConfigError
 from rlmix.metrics.status import Status
 from rlmix.report.plots import PLOTS, write_plots
 from rlmix.report.runs import NO_STATUS, NO_SUMMARY, RunRecord, collect_runs
@@ -36,6 +38,7 @@ def build_report(path: str | Path, out_dir: str | Path | None, windows: ReportWi
     runs = collect_runs(path)
     sweeps = check_sweeps(Path(path))
     out = Path(out_dir) if out_dir is not None else Path(path) / REPORT_DIRNAME
+    _check_out_dir(out, "--out" if out_dir is not None else "the report's directory")
     out.mkdir(parents=True, exist_ok=True)
     rows = summarize(runs, windows) + job_rows(sweeps.missing)
     write_csv(rows, out / "report.csv")
@@ -45,6 +48,15 @@ def build_report(path: str | Path, out_dir: str | Path | None, windows: ReportWi
         write_where_plots(runs, out)
     (out / "report.md").write_text(_markdown(path, runs, rows, windows, where, sweeps))
     return out, rows
+
+
+def _check_out_dir(out: Path, key: str) -> None:
+    """``out`` can be created and written, checked before anything is written into it."""
+    existing = next(p for p in (out.absolute(), *out.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"report: {key} {out}: {existing} is a file, not a directory (give a new or existing one)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"report: {key} {out}: {existing} is not writable")
 
 
 # The order statuses are counted in on the page: finished first, then how the others stopped.
@@ -94,7 +106,7 @@ def _markdown(path: str | Path, runs: Sequence[RunRecord], rows: Sequence[RunRow
     intro = (
         f"{_counts(rows, sweeps)}. {_compared(rows, sweeps)}\n\nFinal values are means over the last "
         f"{w.final_steps} steps; peak reward is the best such {w.final_steps}-step mean; KL growth is the final "
-        f"k3 mean over its mean on rows {w.skip_steps}..{w.skip_steps + w.early_steps - 1} of metrics.jsonl "
+        f"k3 mean over its mean on rows {w.skip_steps + 1}..{w.skip_steps + w.early_steps} of metrics.jsonl "
         f"(n/a for a run of fewer than {w.skip_steps + w.early_steps + w.final_steps} rows, where the two overlap)."
     )
     images = "\n\n".join(f"![{spec.title}]({spec.filename})" for spec in PLOTS)
