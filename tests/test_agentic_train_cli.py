@@ -121,3 +121,7 @@ def test_eval_runs_minicode_agent_episodes_through_the_cli(tmp_path):
     # the test split's levels are sets of their own (20 problems each), whatever task.levels trains on
     assert {name: s["num_tasks"] for name, s in summary["sets"].items()} == \
         {"all": 60, "level1": 20, "level2": 20, "level3": 20}
+    # what was scored and how, as a single-turn evaluation records it; the table on the console too
+    assert (summary["task"], summary["split"], summary["temperature"]) == ("minicode_agent", "test", 1.0)
+    assert Path(summary["checkpoint"]).is_absolute() and summary["reference"] and summary["max_turn_tokens"] > 0
+    assert f"level1      1   {summary['sets']['level1']['pass@1']['mean']:.4f}" in out.stdout, out.stdout

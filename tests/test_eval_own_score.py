@@ -68,6 +68,14 @@ def test_other_eval_files_or_another_reward_are_scored_beside_the_runs_own_score
     assert again == own and line == "wrote run/eval_test/eval.json (replacing the earlier one there)"
 
 
+def test_eval_json_says_how_the_samples_were_drawn_and_a_replacement_drawn_otherwise_says_so(run):
+    own, first, _ = scored(run)
+    assert (first["temperature"], first["max_new_tokens"], first["samples"]) == (1.0, 4, 1)
+    again, second, line = scored(run, "eval.temperature=0.05")  # the same directory: it replaces the score
+    assert again == own and second["temperature"] == 0.05
+    assert line == "wrote run/eval_test/eval.json (replacing the earlier one there, drawn at temperature 1.0 -> 0.05)"
+
+
 def test_the_runs_own_settings_given_again_are_its_own_and_a_reset_one_is_not(tmp_path, monkeypatch):
     """``task=dataset`` on the command line starts the task afresh from its defaults (the run's values
     are not applied under it): a value it resets differs from the run's, one given as the run had it

@@ -146,6 +146,18 @@ def pass_table(results: dict[int, PassAtK]) -> str:
     return "\n".join(lines)
 
 
+def sets_table(sets: dict[str, dict], ks: list[int]) -> str:
+    """An episode evaluation's pass@k per set of tasks (``all``, then the task's groups), as eval.json has it."""
+    width = max(len("set"), *map(len, sets))
+    lines = [f"{'set':<{width}}      k   pass@k   stderr   tasks"]
+    for name, block in sets.items():
+        for k in ks:
+            p = block[f"pass@{k}"]
+            value = "    n/a     n/a" if p["mean"] is None else f"{p['mean']:.4f}   {p['stderr']:.4f}"
+            lines.append(f"{name:<{width}}   {k:>4}   {value}   {p['num_tasks']:>5}")
+    return "\n".join(lines)
+
+
 def default_out_dir(cfg: RunConfig, split: str, differs: dict | None = None) -> Path:
     """A run directory's own task: ``<run>/eval_<split>``; another task: ``<run>/eval_<task>_<split>``,
     so it never overwrites the run's own score (what ``scripts/reproduce.py`` and a reader take as
@@ -224,6 +236,23 @@ def load_run_yaml(path: Path):
     return loaded
 
 
+# eval.json's keys of how the samples were drawn: an evaluation that replaces another names those that differ
+DRAWN_AT = ("samples", "samples_per_task", "temperature", "max_new_tokens", "max_turn_tokens")
+
+
+def earlier_record(out_dir: Path) -> dict | None:
+    """The eval.json already in ``out_dir``, which this evaluation replaces ({} where it cannot be read);
+    None where there is none."""
+    path = out_dir / EVAL_FILE
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
 @dataclass(frozen=True)
 class Scoring:
     """What an evaluation records beside its scores. ``differs``: the task settings that are not
@@ -287,10 +316,16 @@ class Evaluation:
             self.progress(f"not the run's own task settings ({given}): scored in {out_dir}, apart from the run's own")
         return out_dir
 
-    def wrote(self, out_dir: Path, replaced: bool) -> str:
+    def wrote(self, out_dir: Path, earlier: dict | None, summary: dict) -> str:
         """The closing line: where eval.json went, and that it replaced an earlier one there (the same
-        evaluation run again: the run's own, or the same other settings)."""
-        return f"wrote {out_dir / EVAL_FILE}" + (" (replacing the earlier one there)" if replaced else "")
+        evaluation run again: the run's own, or the same other settings; ``earlier``, read before), naming
+        the sampling settings the two were drawn at where they differ: the score it replaced was another."""
+        line = f"wrote {out_dir / EVAL_FILE}"
+        if earlier is None:
+            return line
+        changed = [f"{key} {earlier[key]} -> {summary[key]}" for key in DRAWN_AT
+                   if key in earlier and key in summary and earlier[key] != summary[key]]
+        return line + " (replacing the earlier one there" + (f", drawn at {', '.join(changed)})" if changed else ")")
 
     def completions(self, split: str) -> dict:
         """``eval.samples`` completions of each problem of ``split``, scored by the task."""
@@ -306,6 +341,8 @@ class Evaluation:
             "task": cfg.task.name,
             "split": split,
             "samples": samples,
+            "temperature": cfg.eval.temperature,  # what the samples were drawn at: another one scores otherwise
+            "max_new_tokens": cfg.eval.max_new_tokens,
             "reference": label,
             "pass_at_k": {str(k): {"mean": r.mean, "stderr": r.stderr, "tasks": r.num_tasks}
                           for k, r in results.items()},
@@ -315,13 +352,13 @@ class Evaluation:
             **scored_settings(cfg, self.scoring),
             "tasks": rows,
         }
-        replaced = (out_dir / EVAL_FILE).is_file()
+        earlier = earlier_record(out_dir)
         write_eval(out_dir, summary, cfg)
         self.progress(pass_table(results))
         if reward_errors:  # a failing reward reads as a model that is never right: say so
             self.progress(f"reward errors: {reward_errors} of {len(rows) * samples} samples scored 0 "
                           f"(first: {first_error.splitlines()[0]}; per task in {out_dir / EVAL_FILE})")
-        self.progress(self.wrote(out_dir, replaced))
+        self.progress(self.wrote(out_dir, earlier, summary))
         return summary
 
     def episodes(self, task_cfg, split: str, groups: dict[str, list[str]] | None = None) -> dict:
@@ -347,7 +384,7 @@ class Evaluation:
         cfg = self.plan.cfg
         play = playable(task_cfg)
         out_dir = self.out_dir(split)
-        replaced = (out_dir / EVAL_FILE).is_file()
+        earlier = earlier_record(out_dir)
         tokenizer, stops = reference_tokenizer(cfg, self.model_dir)
         check_turn_room(task_cfg, HarborTaskSet(task_cfg, cfg.seed, play.tasks), tokenizer,
                         model_max_positions(self.model_dir))
@@ -363,18 +400,23 @@ class Evaluation:
         batcher = (TurnBatcher(sampler, seed=cfg.seed, continuous=task_cfg.continuous_batching)
                    if concurrent != 1 else None)
         policy = ModelPolicy(tokenizer, batcher or sampler, params)
+        # what was scored, as a single-turn evaluation records it (the episodes' own keys come first)
+        record = {"checkpoint": str(self.model_dir), "task": cfg.task.name, "split": split, "reference": label,
+                  "temperature": params.temperature, "max_turn_tokens": params.max_new_tokens,
+                  **scored_settings(cfg, self.scoring)}
         with made_for(out_dir) as made:
             run = made.wandb_run = _wandb_run(cfg, out_dir)
             try:
                 summary = run_swebench_eval(task_cfg, policy, self.ks, cfg.eval.samples, out_dir,
                                             progress=self.progress, wandb_run=run, groups=groups, concurrent=concurrent,
-                                            play=play, record=scored_settings(cfg, self.scoring))
+                                            play=play, record=record)
             finally:
                 if batcher is not None:
                     batcher.close()
         if run is not None:
             run.finish()
-        self.progress(f"reference {label}; {self.wrote(out_dir, replaced)}")
+        self.progress(sets_table(summary["sets"], self.ks))
+        self.progress(f"reference {label}; {self.wrote(out_dir, earlier, summary)}")
         return summary
 
 
