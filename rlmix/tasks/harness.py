@@ -1,8 +1,9 @@
 """The ``python_tests`` harness: run inside the sandbox as ``python -I -S -B -c <this file's text>``.
 
 Standard library only; reads one JSON job from stdin: ``{"nonce", "solution", "tests"}`` and optionally
-``"path"``, directories put first on ``sys.path`` (a repository whose modules the tests import:
-those imports then run under the harness like the solution does).
+``"path"``, directories put first on ``sys.path`` once the audit hook is in place (a repository whose
+modules the tests import: those imports then run under the harness like the solution does; the harness's
+own imports never come from there).
 The verdict is one line on the descriptor that was stdout when the harness started::
 
     <nonce> <asserts passed> <asserts> <tests ran to the end: 0|1> <flags, comma separated, or ->
@@ -35,7 +36,13 @@ built-in data and an object whose class defines a comparison or arithmetic opera
 (``sum([f(x), -y])`` calls ``f(x).__add__(-y)``; ``_call_check``). The tests run on a copy of
 the builtins taken before the solution ran; that copy, the modules loaded before the solution (``COMMON`` and the standard-library
 modules the tests import), their classes, and ``sys.modules`` are checked for tampering at every assert and
-at the end.
+at the end, as are the data of ``sys`` (``SYS_CONSTANTS``) and, where no ``"path"`` is given, the names
+``sys.modules`` gains (only the standard library's: ``sys.modules["numpy"] = fake`` is tampering); the
+solution may not change ``sys.path``, ``sys.meta_path`` or ``sys.path_hooks``. A comparison outside an
+assert (``ok = f(x) == y``, a helper's ``return v == 2``) keeps Python's result unless built-in data meets
+an object of a class made since the solution started with operators of its own (flagged, false). Built-in
+data is compared as a copy taken at the check (no thread of the solution's can swap an item in between),
+in which ``True`` equals no ``1`` and a complex number no int or float, at any depth.
 """
 
 import ast
@@ -77,6 +84,11 @@ CALL_EXEMPT = ("len", "isinstance", "issubclass", "type", "id", "repr", "ascii",
                "getattr", "hasattr", "print", "bool", "all", "any", "int", "float", "complex", "list", "tuple")
 # Builtins that read their caller's frame: called by name in an assert, they stay the test's own call.
 FRAME_CALLS = frozenset({"eval", "exec", "locals", "vars", "dir", "globals", "super", "breakpoint"})
+# Attributes of ``sys`` the tests may read as data: checked like a module's names (``sys.maxsize = 7``).
+SYS_CONSTANTS = ("maxsize", "maxunicode", "float_info", "int_info", "hash_info", "float_repr_style", "byteorder",
+                 "version", "version_info", "hexversion", "api_version", "implementation", "platform", "flags",
+                 "thread_info", "builtin_module_names", "stdlib_module_names", "path", "meta_path", "path_hooks",
+                 "modules", "executable", "prefix", "base_prefix")
 CREATE_EVENT = "rlmix.create_module"  # _imp's module creation, done by the audit hook (main)
 # New names in a class that existed before the solution: caches the standard library sets itself.
 CLASS_CACHES = frozenset({"__slotnames__", "__annotations__"})
@@ -99,7 +111,8 @@ def _non_dumpable():
 
 
 class _Rewrite(ast.NodeTransformer):
-    """``assert t`` -> ``try: v = T(t') except BaseException as e: v = R(i, e)``, ``C(i, v)``."""
+    """``assert t`` -> ``try: v = T(t') except BaseException as e: v = R(i, e)``, ``C(i, v)``; every other
+    comparison (``ok = f(x) == y``, ``if f(x) != y: raise``, a helper's ``return v == 2``) -> ``L(ops, items)``."""
 
     def __init__(self, marks):
         self.marks, self.count = marks, 0  # marks: placeholder constants for the harness's functions
@@ -118,6 +131,14 @@ class _Rewrite(ast.NodeTransformer):
                                                                  ast.Name("__rlmix_e", ast.Load())))])
         out = [ast.Try(body, [handler], [], []), ast.Expr(call("check", ast.Constant(i), v_load))]
         return [ast.fix_missing_locations(ast.copy_location(s, node)) for s in out]
+
+    def visit_Compare(self, node):
+        self.generic_visit(node)
+        if all(type(op) in (ast.Is, ast.IsNot) for op in node.ops):
+            return node
+        ops = ast.Tuple([ast.Constant(CMP_OPS[type(op)]) for op in node.ops], ast.Load())
+        items = ast.Tuple([node.left, *node.comparators], ast.Load())
+        return ast.copy_location(ast.Call(self._const("compare_loose", node), [ops, items], []), node)
 
 
 class _Operands(ast.NodeTransformer):
@@ -251,6 +272,10 @@ def _call_check(flags, refused, context):
                 refuse()
             yield item
 
+    def mixes(values):
+        """Built-in data and an object with operators of its own among ``values`` (walked as a call's are)."""
+        return mixed(values, [False, False, budget0, {}])
+
     def others(fn):
         """A function that is not the solution's: it existed before the solution ran, or is the tests'."""
         return _id(fn) in context[0] or (_type(fn) is function_type and fn.__globals__ is context[1])
@@ -296,7 +321,7 @@ def _call_check(flags, refused, context):
                 refuse()
         return invoke(fn, args, kwargs)
 
-    return call
+    return call, mixes
 
 
 def _tests_imports(tree):
@@ -359,7 +384,9 @@ def main():
     job = json.loads(sys.stdin.buffer.read())
     os.close(0)
     nonce = job["nonce"]
-    sys.path[:0] = [os.path.abspath(d) for d in job.get("path", ())]
+    # The job's directories join sys.path only once the audit hook is in place: a module of theirs named like
+    # one of the standard library's that the harness loads first (``heapq.py``) would run unchecked before it.
+    job_path = [os.path.abspath(d) for d in job.get("path", ())]
     out_fd = os.dup(1)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
@@ -373,7 +400,7 @@ def main():
 
     flags = _set()
     marks = {name: f"__rlmix_{name}_{os.getpid()}_{_id(job)}" for name in
-             ("truth", "truth_not", "compare", "arith", "call", "raised", "check", "BaseException")}
+             ("truth", "truth_not", "compare", "compare_loose", "arith", "call", "raised", "check", "BaseException")}
     try:
         rewrite = _Rewrite(marks)
         tree = ast.fix_missing_locations(rewrite.visit(ast.parse(job["tests"], "<tests>")))
@@ -412,6 +439,53 @@ def main():
                 stack.extend(_iter(v))
         return True
 
+    class NotPlain(Exception):
+        pass
+
+    bool_mark, complex_mark, items_of, not_plain = object(), object(), dict.items, NotPlain()
+    _tuple, _frozenset, _dict, _complex, _next = tuple, frozenset, dict, complex, next
+
+    def plain_copy(value, marked):
+        """A copy of built-in data (``not_plain`` for anything else): what is compared is this copy, which no
+        thread of the solution's can change between the check and the comparison. ``marked``: ``True`` and
+        complex numbers become pairs of their own, so ``[True] == [1]`` is false, as ``True == 1`` is here."""
+        budget, done, busy = [budget0], {}, _set()
+
+        def copy(v):
+            t = _type(v)
+            if t in plain_atoms:
+                if marked and (t is _bool or t is _complex):
+                    return (bool_mark if t is _bool else complex_mark, v)
+                return v
+            if t not in plain_containers:
+                raise not_plain
+            if _id(v) in done:
+                return done[_id(v)]
+            if _id(v) in busy:  # a cycle through a tuple
+                raise not_plain
+            busy.add(_id(v))
+            parts = _list(items_of(v)) if t is _dict else _list(v)  # one C call: taken whole
+            budget[0] -= _len(parts)
+            if budget[0] < 0:
+                raise not_plain
+            if t is _list:
+                out = done[_id(v)] = []
+                out.extend([copy(x) for x in parts])
+                return out
+            if t is _dict:
+                out = done[_id(v)] = {}
+                for key, x in parts:
+                    out[copy(key)] = copy(x)
+                return out
+            out = done[_id(v)] = (_tuple if t is _tuple else _set if t is _set else _frozenset)(
+                [copy(x) for x in parts])
+            return out
+
+        try:
+            return copy(value)
+        except NotPlain:
+            return not_plain
+
     def truth(value):
         if _type(value) is bool:
             return value
@@ -431,10 +505,13 @@ def main():
             return a is b
         if op == 7:
             return a is not b
-        plain_a, plain_b = is_plain(a), is_plain(b)
+        copy_a, copy_b = plain_copy(a, op < 2), plain_copy(b, op < 2)
+        plain_a, plain_b = copy_a is not not_plain, copy_b is not not_plain
         if plain_a is not plain_b:  # built-in data against an object: the classic always-equal hack
             flags.add("nonbuiltin")
             return False
+        if plain_a:
+            a, b = copy_a, copy_b
         if op == 8:
             return (a in b) is True
         if op == 9:
@@ -450,6 +527,30 @@ def main():
                 return False
         return True
 
+    all_ops = (*ops, is_, operator.is_not, lambda a, b: a in b, lambda a, b: a not in b)
+    set_types = (set, frozenset, dict)
+
+    def compare_loose(op_codes, items):
+        """A comparison outside an assert: Python's own result (a chain stops at its first false link), unless
+        built-in data meets an object whose class, made since the solution started, has operators of its own
+        (``ok = f(x) == 2``, ``if f(x) != 2: raise``): then flagged, and false."""
+        result = True
+        for k in _range(_len(op_codes)):
+            op, a, b = op_codes[k], items[k], items[k + 1]
+            if op < 6 and not (_type(a) in plain_atoms and _type(b) in plain_atoms):
+                if mixes([a, b]):
+                    flags.add("nonbuiltin")
+                    return False
+            elif op > 7:  # a set's or dict's members: one of them stands for all (no walk per lookup)
+                some = ([_next(_iter(b))] if b else []) if _type(b) in set_types else [b]
+                if mixes([a, *some]):
+                    flags.add("nonbuiltin")
+                    return False
+            result = all_ops[op](a, b)
+            if k + 1 < _len(op_codes) and not result:
+                return result
+        return result
+
     def arith(op, a, b):
         """An operator between built-in data and an object: the object's method decides the value."""
         if _type(a) not in plain_atoms or _type(b) not in plain_atoms:
@@ -459,7 +560,7 @@ def main():
         return arith_ops[op](a, b)
 
     context = []  # for calls: what existed before the solution ran, then the tests' namespace
-    call = _call_check(flags, _Refused, context)
+    call, mixes = _call_check(flags, _Refused, context)
 
     def raised(i, err):
         if not _isinstance(err, _Exception):
@@ -477,9 +578,16 @@ def main():
         passed[i] = -1  # and the tests go on: partial credit counts the asserts that held
 
     # What the tests run on: a copy of the builtins, modules as loaded now; checked at every assert.
+    def shadowed(name):
+        """A module of the job's directories has this name: the tests mean it, imported under the audit hook."""
+        top = name.split(".")[0]
+        return any(os.path.isfile(os.path.join(d, top + ".py")) or os.path.isfile(os.path.join(d, top, "__init__.py"))
+                   for d in job_path)
+
     for name in COMMON:
-        __import__(name)
-    _preload(_tests_imports(tree))
+        if not shadowed(name):
+            __import__(name)
+    _preload([name for name in _tests_imports(tree) if not shadowed(name)])
     del tree
     import _imp
     import builtins
@@ -556,6 +664,8 @@ def main():
                 new, forbidden = _set(d) - _set(names[at:at + n]), may_not_gain[k]
                 if not new <= class_caches if forbidden is None else not new.isdisjoint(forbidden):
                     return False
+                if d is modules and not job_path and not _all(_map(stdlib_module, new)):
+                    return False  # ``sys.modules["numpy"] = fake``: only the standard library is importable here
             at += n
         state[0] = snapshot()
         return True
@@ -566,6 +676,8 @@ def main():
         tests: the names as well."""
         if _list(_map(_len, spaces)) != state[0][2] and not grown():
             return False
+        if not _all(_map(is_, _map(sys_get, sys_names), sys_values)):
+            return False
         names, values, _ = state[0]
         if names_too and not _all(_map(is_, everywhere(spaces), names)):
             return False
@@ -573,9 +685,15 @@ def main():
 
     create_event = CREATE_EVENT
     modules, modules_then = sys.modules, dict(sys.modules)
+    stdlib_names = sys.stdlib_module_names
+    stdlib_module = lambda name: name.partition(".")[0] in stdlib_names  # noqa: E731
+    sys_get = sys.__dict__.get
+    sys_names = [name for name in SYS_CONSTANTS if name in sys.__dict__]
+    sys_values = [sys_get(name) for name in sys_names]
 
-    table = {marks["truth"]: truth, marks["truth_not"]: truth_not, marks["compare"]: compare, marks["arith"]: arith,
-             marks["call"]: call, marks["raised"]: raised, marks["check"]: check,
+    table = {marks["truth"]: truth, marks["truth_not"]: truth_not, marks["compare"]: compare,
+             marks["compare_loose"]: compare_loose, marks["arith"]: arith, marks["call"]: call,
+             marks["raised"]: raised, marks["check"]: check,
              marks["BaseException"]: _BaseException}
     tests_code = _swap_constants(tests_code, table)
     del table, marks
@@ -613,6 +731,10 @@ def main():
     before = frozenset(_map(_id, existing))
     context.append(before | frozenset(_map(_id, state[0][1])))  # with what modules, classes, builtins held
     sys.addaudithook(audit)
+    sys.path[:0] = job_path
+    # What an import finds modules with: the solution may not add a finder or a directory of its own.
+    machinery = [(sys.path, _list(sys.path)), (sys.meta_path, _list(sys.meta_path)),
+                 (sys.path_hooks, _list(sys.path_hooks))]
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     try:
         _exec(solution_code, namespace)
@@ -622,6 +744,8 @@ def main():
         finish(0, total, False, flags | {"early_exit"})
     if sys.excepthook is not excepthook or atexit._ncallbacks() != exit_hooks_then:
         flags.add("exit_hook")  # nothing of the solution's runs at exit (os._exit): the intent counts
+    if not _all(_len(now) == _len(then) and _all(_map(is_, now, then)) for now, then in machinery):
+        flags.add("tamper")
     # The tests see the solution's names, never one that would shadow a builtin they rely on; a name
     # of a module loaded before the solution is that module, and another module only if it is the
     # one imported under its name (tests that use a module the solution imported, as HumanEval's do).
