@@ -122,11 +122,11 @@ class FlakyRuntime:
     def prepare(self, task):
         self.inner.prepare(task)
 
-    def start(self, task, network):
+    def start(self, task, network, proc=True):
         self.starts += 1
         if self.starts <= self.failures:
             raise InfraError("engine went away")
-        return self.inner.start(task, network)
+        return self.inner.start(task, network, proc)
 
 
 def test_infra_failures_are_retried_then_reported_not_scored(tmp_path, one_task):

@@ -143,6 +143,6 @@ class DockerRuntime:
                                  f"{res.stderr.decode(errors='replace')[-500:]}")
         self._images[task.task_id] = image
 
-    def start(self, task: HarborTask, network: bool) -> DockerSandbox:
+    def start(self, task: HarborTask, network: bool, proc: bool = True) -> DockerSandbox:  # a container has /proc
         self.prepare(task)
         return DockerSandbox(self._images[task.task_id], task, network, self._output_cap)

@@ -50,6 +50,12 @@ log = logging.getLogger(__name__)
 # line before the harness and a reward line after it has ended. Code that kills the script leaves a
 # start without its reward: 0. The reward file is still written, for Harbor's own runner; the host
 # does not read it. Exit 0 iff every assert held.
+# The harness's own nonce, the one its verdict line starts with, lives in one process: the Python that
+# makes it, feeds the harness its job on a pipe, and picks the verdict out of the harness's output,
+# printing it without the nonce. It is never on a command line or in an environment, where a process
+# list shows it, and that process is not dumpable, so no process of the same user reads its memory
+# (ptrace, /proc/<pid>/mem) where a /proc exists; the local runtime's grading sandbox has none
+# (``Runtime.start``'s ``proc``).
 VERIFY_NONCE_ENV = "RLMIX_VERIFY_NONCE"
 VERIFY_SH = r"""#!/bin/bash
 set -u
@@ -57,16 +63,28 @@ host=${RLMIX_VERIFY_NONCE:-none}
 unset RLMIX_VERIFY_NONCE
 run=$(od -An -tx1 -N8 /dev/urandom | tr -d ' \n')
 printf '\nrlmix_verify %s %s start\n' "$host" "$run"
-nonce=$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')
-verdict=$(python3 -I -S -c 'import json, sys
-sys.stdout.write(json.dumps({"nonce": sys.argv[1], "solution": "", "tests": open(sys.argv[2]).read(),
-                             "path": ["."]}))' \
-    "$nonce" "$1" | python3 -I -S -B -c "$(cat "$TESTS_DIR/rlmix_harness.py")" | grep -a "^$nonce " | tail -n 1)
-set -- $verdict
+set -- $(python3 -I -S -c 'import json, os, subprocess, sys
+try:
+    import ctypes
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+except Exception:
+    pass
+nonce = os.urandom(16).hex().encode()
+harness = subprocess.Popen([sys.executable, "-I", "-S", "-B", "-c", open(sys.argv[1]).read()],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+harness.stdin.write(json.dumps({"nonce": nonce.decode(), "solution": "", "tests": open(sys.argv[2]).read(),
+                                "path": ["."]}).encode())
+harness.stdin.close()
+verdict = b""
+for line in iter(lambda: harness.stdout.readline(4096), b""):
+    if line.startswith(nonce + b" "):
+        verdict = line[len(nonce):]
+harness.wait()
+sys.stdout.write(verdict.decode("ascii", "replace"))' "$TESTS_DIR/rlmix_harness.py" "$1")
 reward=0
-if [ "${4:-0}" = 1 ] && [ "${5:-}" = - ]; then reward=1; fi
+if [ "${3:-0}" = 1 ] && [ "${4:-}" = - ]; then reward=1; fi
 rm -rf "$LOGS_DIR/verifier" && mkdir -p "$LOGS_DIR/verifier" && echo "$reward" > "$LOGS_DIR/verifier/reward.txt"
-echo "rlmix_verify: ${2:-0} of ${3:-?} asserts held, flags ${5:-none}; reward $reward"
+echo "rlmix_verify: ${1:-0} of ${2:-?} asserts held, flags ${4:-none}; reward $reward"
 printf '\nrlmix_verify %s %s reward %s\n' "$host" "$run" "$reward"
 [ "$reward" = 1 ]
 """
@@ -177,7 +195,10 @@ def _grade_once(task: HarborTask, patch: str, runtime: Runtime, network: bool) -
         note = f"the patch renames protected test files away: {', '.join(moved[:3])}"
         log.info("grading %s: scored 0: %s", task.task_id, note)
         return Grade(0.0, None, 1, False, None, False, "", note)
-    sandbox = runtime.start(task, network=network)
+    # No /proc for rlmix_verify.sh, whose verdict rests on a nonce in the verifier's memory: through one, a
+    # path relative to a descriptor of "/" (which no check of path names catches) reaches every process.
+    rlmix_verify = uses_rlmix_verify(task)
+    sandbox = runtime.start(task, network=network, proc=not rlmix_verify)
     try:
         applied = True
         if patch.strip():
@@ -203,7 +224,7 @@ def _grade_once(task: HarborTask, patch: str, runtime: Runtime, network: bool) -
                 else ended_by_signal(res.exit_code))
         if note is not None:
             reward = 0.0
-        elif uses_rlmix_verify(task):
+        elif rlmix_verify:
             reward, note = rlmix_verify_reward(res.output, nonce)
             if res.exit_code != 0 and reward >= 1.0:
                 reward, note = 0.0, f"every rlmix_verify.sh run passed, but test.sh exited {res.exit_code}"

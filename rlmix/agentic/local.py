@@ -76,10 +76,11 @@ def _warn_unisolated(problem: str) -> None:
 
 
 class LocalSandbox:
-    """One working copy; see the module docstring. ``isolated=False`` only for trusted tasks."""
+    """One working copy; see the module docstring. ``isolated=False`` only for trusted tasks; ``proc=False``:
+    its commands see no ``/proc`` (unisolated ones see the host's)."""
 
     def __init__(self, task: HarborTask, limits: LocalLimits, network: bool, isolated: bool,
-                 resident: bool = True):
+                 resident: bool = True, proc: bool = True):
         if not task.repo_dir.is_dir():
             raise ConfigError(f"task {task.task_id} has no environment/repo/ directory, which the local "
                               f"runtime copies; use task.runtime=docker")
@@ -103,7 +104,7 @@ class LocalSandbox:
         binds = [Bind(str(self.root / d), p, writable=d != "tests")
                  for p, d in zip((self._tmp, self._home, self.logs_dir, self.tests_dir, self.workdir),
                                  ("tmp", "home", "logs", "tests", "repo"))]
-        self._isolation = Isolation(binds, self.workdir, network) if isolated else None
+        self._isolation = Isolation(binds, self.workdir, network, proc=proc) if isolated else None
         # One namespace for all of the sandbox's commands (rlmix.isolation.resident), started at the first.
         self._shell = (ResidentShell(self._isolation, self.root / "repo", limits, self._user)
                        if isolated and resident else None)
@@ -220,7 +221,7 @@ class LocalRuntime:
         if problem:
             raise ConfigError(problem)
 
-    def start(self, task: HarborTask, network: bool) -> LocalSandbox:
+    def start(self, task: HarborTask, network: bool, proc: bool = True) -> LocalSandbox:
         problem = isolation_problem()
         if problem is not None and problem.startswith(BUSY):  # not this machine's lack: the episode is retried
             raise InfraError(f"could not start a sandbox for {task.task_id}: {problem}")
@@ -230,4 +231,4 @@ class LocalRuntime:
         cpu_s = self._cpu_s or int(2 * max(self._turn_timeout_s, task.verifier_timeout_s)) + 1
         limits = LocalLimits(memory_mb=self._memory_mb or task.memory_mb, max_procs=self._max_procs, cpu_s=cpu_s,
                              output_cap_bytes=self._output_cap)
-        return LocalSandbox(task, limits, network, isolated=problem is None, resident=self._resident)
+        return LocalSandbox(task, limits, network, isolated=problem is None, resident=self._resident, proc=proc)

@@ -70,8 +70,11 @@ class Runtime(Protocol):
     def prepare(self, task: HarborTask) -> None:
         """Whatever is needed once per task (build or pull the image); raises InfraError."""
 
-    def start(self, task: HarborTask, network: bool) -> Sandbox:
-        """A fresh sandbox with a clean copy of the task's repository; raises InfraError."""
+    def start(self, task: HarborTask, network: bool, proc: bool = True) -> Sandbox:
+        """A fresh sandbox with a clean copy of the task's repository; raises InfraError.
+
+        ``proc=False``: no ``/proc`` in it, where the runtime can leave one out (the local runtime; a
+        docker container always has one). Grading asks for none when nothing the verifier runs needs it."""
 
 
 def snapshot_baseline(sandbox: Sandbox) -> str:
