@@ -58,6 +58,30 @@ def test_a_repository_module_named_like_the_standard_librarys_cannot_forge_the_v
     assert verify_repo(tmp_path, f"import {shadowed}\nassert 1 == 2\n") == 0.0
 
 
+REACH_PROC = textwrap.dedent("""
+    import os
+    def listed(route):
+        root = os.open("/", os.O_RDONLY)
+        try:
+            if route == "proc":  # "proc" relative to a descriptor of "/": no path name says /proc
+                return os.listdir(os.open("proc", os.O_RDONLY | os.O_DIRECTORY, dir_fd=root))
+            return [os.read(os.open("dev/fd/../environ", os.O_RDONLY, dir_fd=root), 64)]  # /dev/fd -> /proc/self/fd
+        except OSError:
+            return []
+""")
+
+
+@pytest.mark.parametrize("route", ["proc", "dev_fd"])
+def test_proc_is_not_reached_through_a_directory_descriptor(tmp_path, route):
+    """Where the harness has a /proc (docker, a trusted run), a path relative to a descriptor of "/" reached it:
+    its own memory holds the nonce. Here, on the host, /proc exists, as there."""
+    (tmp_path / "reach.py").write_text(REACH_PROC)
+    assert verify_repo(tmp_path, f"from reach import listed\nassert listed({route!r})\n") == 0.0
+    (tmp_path / "data.txt").write_text("ok")  # a relative os.open of the tests' own files still works
+    honest = "import os\nfd = os.open('data.txt', os.O_RDONLY)\nassert os.read(fd, 2) == b'ok'\n"
+    assert verify_repo(tmp_path, honest) == 1.0
+
+
 def test_a_repository_module_still_serves_the_tests(tmp_path):
     (tmp_path / "helper.py").write_text("import heapq\ndef two():\n    return heapq.nsmallest(1, [2, 3])[0]\n")
     (tmp_path / "heapq.py").write_text("def nsmallest(n, items):\n    return sorted(items)[:n]\n")

@@ -118,7 +118,7 @@ def test_a_verdict_forged_under_a_nonce_read_through_proc_scores_zero(tmp_path, 
 # Correct only where no /proc is reachable, not even relative to a descriptor of "/".
 FIXED_WITHOUT_PROC = '''import os
 try:
-    os.close(os.open("proc/self", os.O_RDONLY | os.O_DIRECTORY, dir_fd=os.open("/", os.O_RDONLY)))
+    os.stat("proc/self", dir_fd=os.open("/", os.O_RDONLY))  # a stat: the harness refuses opening it so
     SIGN = -1
 except OSError:
     SIGN = 1

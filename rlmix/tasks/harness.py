@@ -371,6 +371,7 @@ def main():
     _Exception, _BaseException, _Refused = Exception, BaseException, Refused
     plain_atoms, plain_containers, numbers_, budget0 = PLAIN_ATOMS, PLAIN_CONTAINERS, NUMBERS, PLAIN_BUDGET
     no_import, refused_events, path_events, quiet = NO_IMPORT, REFUSED_EVENTS, PATH_EVENTS, QUIET_REFUSALS
+    no_climb = frozenset({"proc", ".."})  # components of a relative os.open path refused (``audit``)
     keys_of, values_of, module_type = dict.keys, dict.values, type(sys)
     write, exit_now, fsdecode, realpath = os.write, os._exit, os.fsdecode, os.path.realpath
     import operator
@@ -721,7 +722,10 @@ def main():
             raise _Refused("not importable while grading")
         if event in path_events and args and _type(args[0]) in (str, bytes):
             path = fsdecode(args[0])
-            if path[:5] == "/proc" or realpath(path)[:5] == "/proc":
+            # ``os.open`` (its mode is None) may resolve a relative path against a directory descriptor
+            # (``dir_fd``), which no name tells: through one of "/" or "/dev", "proc" or "fd/.." reach /proc.
+            by_fd = event == "open" and args[1] is None and path[:1] != "/" and not no_climb.isdisjoint(path.split("/"))
+            if path[:5] == "/proc" or realpath(path)[:5] == "/proc" or by_fd:
                 refusals.add("/proc")
                 raise _Refused("/proc is not readable while grading")
 
