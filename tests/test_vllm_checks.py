@@ -89,6 +89,16 @@ def test_engine_dtype_and_quantization_override_the_precision():
     assert engine_precision(vllm_pool(precision="bf16"), "k") == ("bfloat16", None)
     assert engine_precision(vllm_pool(precision="fp8_e4m3", dtype="float16"), "k") == ("float16", "fp8")
     assert engine_precision(vllm_pool(precision="bf16", quantization="awq"), "k") == ("bfloat16", "awq")
+    assert engine_precision(vllm_pool(precision="bf16", dtype="fp16"), "k") == ("float16", None)  # rlmix's name
+
+
+@pytest.mark.parametrize("dtype", ["fp8_e4m3", "fp8"])
+def test_an_fp8_engine_dtype_is_refused_not_run_unquantised(dtype):
+    with pytest.raises(ConfigError) as err:  # it ran bfloat16 with no quantization, the pool's label unchanged
+        engine_precision(vllm_pool(precision="fp16", dtype=dtype), "fleet.pools.p")
+    assert str(err.value) == (f"fleet.pools.p.vllm.dtype={dtype}: the engine's dtype is one of bfloat16, float16, "
+                              f"float32; for fp8 give fleet.pools.p.precision={dtype} or "
+                              "fleet.pools.p.vllm.quantization=fp8")
 
 
 # vllm_gpu_mixed on the embedded model: each engine at the model's own length.

@@ -315,3 +315,22 @@ def test_cli_mixed_fleet_vllm_and_torch_pools_with_deepspeed(tmp_path):
     # every request after the first carried weights the trainer had published (an in-place reload).
     assert len(vllm_steps) >= 2, vllm_steps
     assert (run_dir / "checkpoints" / "step_12" / "deepspeed").is_dir()
+
+
+@pytest.mark.slow
+def test_probe_of_a_vllm_pool_keeps_vllm_off_the_console(tmp_path):
+    """``rlmix probe fleet=vllm_cpu_smoke``: the tables only; vLLM's engine start (some 45 records) goes to
+    probe.log beside probe.json."""
+    import subprocess
+    import sys
+
+    rlmix = str(Path(sys.executable).with_name("rlmix"))
+    out = subprocess.run([rlmix, "probe", "fleet=vllm_cpu_smoke", "probe.prompts=2", "probe.samples_per_prompt=1",
+                          f"probe.out_dir={tmp_path / 'probe'}"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    console = out.stdout + out.stderr
+    noise = ("INFO", "WARNING", "Warning:", "Loading safetensors", "Triton", "(MainProcess")
+    assert not [word for word in noise if word in console], console
+    log = tmp_path / "probe" / "probe.log"
+    assert f"libraries' messages: {log}" in out.stdout and "[vllm." in log.read_text(), out.stdout

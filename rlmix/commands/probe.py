@@ -17,6 +17,8 @@ is honoured). The measurement itself is ``rlmix.eval.probe.probe_fleet``; how to
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,6 +28,7 @@ from rlmix.eval.probe import FACTORS, PoolProbe, probe_fleet
 from rlmix.eval.where import POSITION_EDGES, PROB_EDGES, MismatchBin, env_distance_labels
 
 PROBE_FILE = "probe.json"
+PROBE_LOG = "probe.log"  # what the libraries said while the probe ran (vLLM's engine start, warnings)
 _COLUMNS = ("pool", "kl_k3", "kl_k1", "|dlogp|", "mult_err", "tail_frac", "rho", "P_H", "tok/s",
             "KL_exact", *(f"KL_{f}" for f in FACTORS), "shares w/kv/kern")
 
@@ -114,6 +117,7 @@ def run_probe(args: list[str]) -> None:
     from rlmix.commands.compose import compose_plan
     from rlmix.commands.eval import refuse_hydra_overrides
     from rlmix.metrics.console import CountedLines
+    from rlmix.metrics.quiet import library_logs_to, stderr_to
     from rlmix.orchestration.hardware import check_machine
 
     refuse_hydra_overrides(list(args), "probe", "probe.out_dir")
@@ -127,9 +131,23 @@ def run_probe(args: list[str]) -> None:
     out_dir = Path(cfg.probe.out_dir) if cfg.probe.out_dir else Path("outputs") / "probe" / time.strftime(
         "%Y-%m-%d_%H-%M-%S")
     check_output_dir("probe.out_dir", str(out_dir))
-    with CountedLines("probe") as progress:
+    # The libraries' messages (vLLM's engine start, above all; their stderr too) go to a file, not the console: beside
+    # probe.json once it is written; until then in the temporary directory, so nothing of a failed probe
+    # is left in probe.out_dir. logger.verbose=true streams them to the console instead.
+    library_log = None
+    if not cfg.logger.verbose:
+        with tempfile.NamedTemporaryFile("w", prefix="rlmix-probe-", suffix=".log", delete=False) as file:
+            library_log = Path(file.name)
+        library_logs_to(library_log)
+    with stderr_to(library_log), CountedLines("probe") as progress:
         results, summary = probe_fleet(plan, progress, split)
     print(probe_table(results))
     print(where_table(results))
     print(WHERE_LEGEND)
-    print(f"reference: {summary['reference']['label']}; wrote {write_probe(out_dir, summary)}")
+    written = write_probe(out_dir, summary)
+    if library_log is not None and library_log.stat().st_size:
+        library_log = Path(shutil.move(library_log, out_dir / PROBE_LOG))
+        print(f"libraries' messages: {library_log}")
+    elif library_log is not None:
+        library_log.unlink()
+    print(f"reference: {summary['reference']['label']}; wrote {written}")

@@ -22,6 +22,8 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 WORKERS_LOG = "workers.log"
@@ -126,6 +128,37 @@ def route_driver_logs(log_dir: Path, verbose: bool) -> None:
     root_file = next((h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)), None)
     for name in THIRD_PARTY:
         _to_file(logging.getLogger(name), Path(log_dir) / DRIVER_LOG, root_file.formatter if root_file else None)
+
+
+def library_logs_to(path: Path) -> None:
+    """The known libraries' records of this process go to ``path`` (their errors still to the console),
+    for a command without a run directory or Ray (``rlmix probe``). vLLM attaches its own console
+    handler when imported unless told not to: call before it is imported."""
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+    logging.captureWarnings(True)
+    formatter = logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+    for name in THIRD_PARTY:
+        _to_file(logging.getLogger(name), path, formatter)
+
+
+@contextmanager
+def stderr_to(path: Path | None):
+    """File descriptor 2 appends to ``path`` inside the block (None: left as it is): what libraries write
+    there from C++ or a progress bar (torch's ``[W...]`` lines, vLLM's weight loading), which no logging
+    handler sees. The block's own output goes to stdout; an exception still surfaces after it."""
+    if path is None:
+        yield
+        return
+    sys.stderr.flush()
+    saved, fd = os.dup(2), os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 2)
+    os.close(fd)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _raylet_reports_to_log() -> None:

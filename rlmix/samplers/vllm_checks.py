@@ -116,7 +116,11 @@ def engine_precision(pool, key: str) -> tuple[str, str | None]:
     else what ``precision`` implies."""
     dtype, implied = resolve_precision(pool.precision, f"{key}.precision")
     if pool.vllm.dtype is not None:
-        dtype = resolve_precision(pool.vllm.dtype, f"{key}.vllm.dtype")[0]
+        dtype, quantized = resolve_precision(pool.vllm.dtype, f"{key}.vllm.dtype")
+        if quantized is not None:  # a dtype cannot carry it: the engine would run unquantised, saying nothing
+            raise ConfigError(f"{key}.vllm.dtype={pool.vllm.dtype}: the engine's dtype is one of bfloat16, float16, "
+                              f"float32; for {quantized} give {key}.precision={pool.vllm.dtype} or "
+                              f"{key}.vllm.quantization={quantized}")
     return dtype, pool.vllm.quantization or implied
 
 
