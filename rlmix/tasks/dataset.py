@@ -30,7 +30,7 @@ from rlmix.errors import ConfigError
 from rlmix.tasks.base import Problem, Score
 from rlmix.tasks.chat import Message, prompt_messages, render_ids
 from rlmix.config.dataset import DatasetTaskConfig
-from rlmix.tasks.rewards import as_reward, resolve_reward
+from rlmix.tasks.rewards import BuiltinReward, as_reward, resolve_reward
 
 SPLITS = {"train": "train_files", "test": "eval_files"}
 ROLES = {"system", "user", "assistant", "tool"}
@@ -246,10 +246,15 @@ def _valid_text(rows, where: str):
     return rows
 
 
+# Built-in rewards that compare the completion with the row's answer.
+COMPARES_ANSWER = (BuiltinReward.exact.value, BuiltinReward.math.value)
+
+
 def check_columns(rows, cfg: DatasetTaskConfig, key: str) -> None:
     """Every field the task reads is a column, every row has a value for each and a prompt that is not
     empty or whitespace only (``_blank``), whatever the model's chat template would wrap around it (a
-    sampler would answer no question), and the first rows' messages are well-formed."""
+    sampler would answer no question), the first rows' messages are well-formed, and, for a reward that
+    compares with the answer (``COMPARES_ANSWER``), no answer is blank."""
     source = "task.messages_key" if cfg.messages_key else "task.prompt_key"
     wanted = {source: cfg.messages_key or cfg.prompt_key, "task.answer_key": cfg.answer_key}
     for name, column in wanted.items():
@@ -268,6 +273,13 @@ def check_columns(rows, cfg: DatasetTaskConfig, key: str) -> None:
     first = next((i for i, value in enumerate(columns[source]) if _blank(value, cfg)), None)
     if first is not None:
         refuse_empty_prompt(rows.name(first), cfg)
+    if cfg.reward in COMPARES_ANSWER:  # a blank answer is matched by a blank completion
+        first = next((i for i, value in enumerate(columns["task.answer_key"])
+                      if isinstance(value, str) and not value.strip()), None)
+        if first is not None:
+            raise ConfigError(f"{rows.name(first)}: the answer is empty (task.answer_key={cfg.answer_key!r} holds "
+                              f"no text but whitespace, and task.reward={cfg.reward} compares with it); "
+                              f"give the row its answer or drop it")
 
 
 def messages_of(row: dict, cfg: DatasetTaskConfig, where: str) -> list[Message]:

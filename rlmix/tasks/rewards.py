@@ -13,8 +13,9 @@ A reward function has this signature (a plain Python callable, no rlmix import n
 Built-ins (``task.reward=exact|math|python_tests``):
 
 - ``exact``: the stripped completion equals ``str(answer)`` stripped.
-- ``math``: the last number in the completion (``\\boxed{}`` content preferred; integers, decimals,
-  fractions ``a/b``, thousands separators, exponents ``1e-07``) equals the answer's number
+- ``math``: the last number in the completion (``\\boxed{}`` content preferred, and then it must be one
+  number; integers, decimals, fractions ``a/b`` and ``\\frac``, mixed numbers, thousands separators in
+  groups of three, exponents ``1e-07``; ``<think>`` blocks skipped) equals the answer's number
   (``math_answer``): exactly for an integer or fraction answer, to the places it shows for a decimal one.
 - ``python_tests``: the completion (its first fenced block, if any) is Python source; ``answer`` is
   test code (asserts). Graded in a bubblewrap sandbox (``rlmix.tasks.python_tests``: no network, a
@@ -49,12 +50,29 @@ from rlmix.tasks.python_tests import PythonTests
 
 RewardFn = Callable[[str, Any, Mapping[str, Any]], float]
 
-# An exponent (1e-07, 2.5E3, -1e+2) belongs to its number; a fraction's parts take none.
-_NUMBER = re.compile(r"-?(?:\d[\d,]*(?:\.\d+)?|\.\d+)[eE][+-]?\d+|-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
-_FRAC = re.compile(r"\\[dt]?frac\{\s*(-?[\d.]+)\s*\}\{\s*(-?[\d.]+)\s*\}")  # \frac{1}{2} -> 1/2
-# LaTeX's thousands separators (1{,}000, 1,\!000) and thin spaces, written out of a number
-_LATEX_GAPS = re.compile(r"\{,\}|,\\!|\\[!,;: ]")
-
+# A number: a sign only where it is no subtraction (x-5, 3-5), a fraction a/b, thousands in groups of
+# three (1,234,567; 0,5 and 1,2 are two numbers), decimals, and an exponent (1e-07, 2.5E3, -1e+2).
+_NUMBER = (r"(?:(?<![\w)\]}!%.])-)?(?<![\d.])(?:\d+/\d+(?![\d/]|\.\d)"
+           r"|(?:\d{1,3}(?:,\d{3})+(?!\d|,\d)|\d+)(?:\.\d+)?(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?)")
+# What stands where a number cannot be read: an exponent, a root, a ratio, a dotted run, an unread \frac.
+_MARK = "\ue000"
+_ITEM = re.compile(f"{_MARK}|{_NUMBER}")
+_DASHES = str.maketrans({"\u2212": "-", "\u2013": "-", "\u2012": "-", "\ufe63": "-", "\uff0d": "-"})
+# A spaced minus is a sign at the start, after = ( { [ , ; : $, or after a word (is - 5), not after x or 3.
+_SPACED_SIGN = re.compile(r"(^|[=({\[,;:$]|(?<![\\A-Za-z])[A-Za-z]{2,})\s*-\s+(?=\.?\d|\\frac)")
+# \frac{a}{b} (\frac14, signed or decimal parts), after an optional sign and a whole number (2\frac{1}{2})
+_FRAC = re.compile(r"(?:(?<![\w)\]}!%.])(?P<sign>-))?(?:(?<![\d.,])(?P<whole>\d+)\s*)?\\frac\s*"
+                   r"(?:\{\s*(?P<num>-?[\d.]+)\s*\}|(?P<num1>\d))\s*(?:\{\s*(?P<den>-?[\d.]+)\s*\}|(?P<den1>\d))")
+# LaTeX's thousands separators (1{,}000, 1,\!000, 1\,000) where a group of three follows; elsewhere a space
+_LATEX_GAPS = re.compile(r"(?<=\d)(?:\{,\}|,\\!|\\[!,;: ])(?=\d{3}(?!\d))")
+_NOT_READ = re.compile(r"\^\s*(?:\{[^{}]*\}|-?\d+(?:\.\d+)?)"  # 2^{10}, 2^10, 10^{-3}
+                       r"|\\sqrt\s*(?:\[[^\]]*\])?\s*(?:\{[^{}]*\}|\d+)"  # \sqrt{2}, \sqrt[3]{8}
+                       r"|(?<![\d.])\d+(?:\.\d+)?:\d+(?:\.\d+)?|(?<![\d.])\d+(?:\.\d+){2,}")  # 3:4, 1.2.3
+_DEGREES = re.compile(r"\^\s*(?:\{\s*\\circ\s*\}|\\circ)")
+_THINK = re.compile(r"<think>.*?(?:</think>|$)", re.DOTALL)
+# A box holds one number: after a name and = (x = 5), with a unit after it (\%, \text{cm}) at most.
+_BOX_NUMBER = re.compile(rf"\s*(?:[A-Za-z]\w*(?:_\{{?\w+\}}?)?(?:\([^()=]*\))?\s*=\s*)?\\?\$?\s*({_NUMBER})\s*"
+                         r"(?:\\?%|\\(?:text|mathrm|mbox)\s*\{\s*[^\W\d_]+\s*\})?\s*\.?\s*")
 
 class BuiltinReward(enum.Enum):
     exact = "exact"
@@ -79,18 +97,73 @@ def boxed(text: str) -> str | None:
     return None  # never closed
 
 
+def _read_frac(match: re.Match) -> str:
+    """One ``\\frac`` (with its sign and whole part) as `` p/q ``, or the mark where it is no number."""
+    num, den = match["num"] or match["num1"], match["den"] or match["den1"]
+    try:
+        value = Fraction(num) / Fraction(den)
+    except (ValueError, ZeroDivisionError):
+        return _MARK
+    if match["whole"] is not None:
+        if "-" in num + den or "." in num + den:  # 2\frac{-1}{2} is no mixed number
+            return _MARK
+        value += int(match["whole"])
+    value = -value if match["sign"] else value
+    return f" {value.numerator}/{value.denominator} " if value.denominator != 1 else f" {value.numerator} "
+
+
+def _unread_frac(text: str) -> str:
+    """Each ``\\frac`` left unread (``\\frac{\\pi}{2}``) as the mark, its two arguments with it."""
+    parts, end = [], 0
+    while (start := text.find("\\frac", end)) >= 0:
+        parts.append(text[end:start] + _MARK)
+        end = start + len("\\frac")
+        for _ in range(2):  # an argument: a group in braces, or one character
+            while end < len(text) and text[end].isspace():
+                end += 1
+            depth = 0
+            while end < len(text):
+                depth += {"{": 1, "}": -1}.get(text[end], 0)
+                end += 1
+                if depth <= 0:
+                    break
+    return "".join(parts) + text[end:]
+
+
+def _normalise(text: str) -> str:
+    """``text`` with its signs, fractions and thousands separators read, and the mark for each place
+    a number stands that is no answer (an exponent, a root, a ratio, a dotted run, an unread fraction)."""
+    text = re.sub(r"\\[dtc]frac", r"\\frac", text.translate(_DASHES))
+    text = _LATEX_GAPS.sub(",", re.sub(r"\{,\}|,\\!", ",", text))
+    text = re.sub(r"\\[!,;: ]", " ", text)
+    text = _SPACED_SIGN.sub(lambda m: f"{m[1]} -" if m[1][:1].isalpha() else f"{m[1]}-", text)
+    text = _unread_frac(_FRAC.sub(_read_frac, text))
+    return _NOT_READ.sub(_MARK, _DEGREES.sub("", text))
+
+
+def visible(text: str) -> str:
+    """``text`` without its reasoning: what follows the last ``</think>``, less any ``<think>`` block
+    (one never closed runs to the end). A box while thinking is no answer."""
+    return _THINK.sub(" ", text.rpartition("</think>")[2])
+
+
 def number_token(text: str) -> str | None:
     """The number ``text`` answers with, as written (thousands separators dropped), or None: the
     content of its last ``\\boxed{}`` when it has one, else its last number. ``\\frac{a}{b}`` reads
-    as a/b and LaTeX's thousands separators as none. A box holding anything but a number
-    (``\\sqrt{2}``, ``2^{10}``) is no number: reading the last digits of it would score
-    ``\\boxed{\\frac{1}{4}}`` right for the answer 4."""
+    as a/b, ``2\\frac{1}{2}`` as 5/2. A box holding anything but one number (``\\sqrt{2}``, ``2^{10}``,
+    ``5!``, ``1 or 2``, ``1,2``) is no number: reading the last digits of it would score
+    ``\\boxed{\\frac{1}{4}}`` right for the answer 4. Outside a box, a last number that is an
+    exponent, a root's argument, part of a ratio (3:4) or of a dotted run (1.2.3), or sits in a
+    fraction that is not read, is no number either."""
+    text = visible(text)
     inside = boxed(text)
-    source = _LATEX_GAPS.sub("", _FRAC.sub(r"\1/\2", text if inside is None else inside)).strip().rstrip(".")
-    if inside is not None and ("\\" in source or "^" in source or "{" in source):
-        return None
-    found = _NUMBER.findall(source)
-    return found[-1].replace(",", "") if found else None
+    if inside is not None:
+        found = _BOX_NUMBER.fullmatch(_normalise(inside))
+        token = found[1] if found else None
+    else:
+        items = _ITEM.findall(_normalise(text))
+        token = items[-1] if items and items[-1] != _MARK else None
+    return token.replace(",", "") if token else None
 
 
 # The largest exponent read: 1e10000000 as an exact number takes seconds to build, 1e100000000 minutes.
@@ -100,7 +173,10 @@ MAX_EXPONENT = 1000
 def parse_number(text: str) -> Fraction | None:
     """``number_token(text)`` as an exact number, or None (also for an exponent beyond ±``MAX_EXPONENT``)."""
     token = number_token(text)
-    if token is None or abs(int(token.lower().partition("e")[2] or 0)) > MAX_EXPONENT:
+    if token is None:
+        return None
+    exponent = token.lower().partition("e")[2].lstrip("+-").lstrip("0")
+    if len(exponent) > 4 or int(exponent or 0) > MAX_EXPONENT:  # int() refuses over 4300 digits
         return None
     try:
         return Fraction(token)
