@@ -38,6 +38,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from arguments import at_least
 from perf_common import verdict
 
 
@@ -173,9 +174,9 @@ def idle_fraction(concurrency: int, steps: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--episodes", type=int, default=16)
-    ap.add_argument("--group-size", type=int, default=4)
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--episodes", type=at_least(1), default=16)
+    ap.add_argument("--group-size", type=at_least(1), default=4)
+    ap.add_argument("--concurrency", type=at_least(0), nargs="+", default=[1, 8], help="episodes at once (0: all)")
     ap.add_argument("--prefix-cache", choices=["on", "off"], nargs="+", default=["on", "off"])
     ap.add_argument("--batching", choices=["continuous", "whole"], nargs="+", default=["continuous"],
                     help="task.continuous_batching true (continuous) or false (whole calls)")
@@ -183,8 +184,8 @@ def main() -> None:
                     help="how sandbox commands start: prlimit/setpriv (vfork) or a preexec_fn (fork)")
     ap.add_argument("--sandbox", choices=["resident", "per_command"], nargs="+", default=["resident"],
                     help="task.local_resident true (one sandbox per episode's working copy) or false (one per command)")
-    ap.add_argument("--repeats", type=int, default=1, help="rounds; every arm once per round, interleaved")
-    ap.add_argument("--train-steps", type=int, default=0, help="0 skips the trainer idle-fraction runs")
+    ap.add_argument("--repeats", type=at_least(1), default=1, help="rounds; every arm once per round, interleaved")
+    ap.add_argument("--train-steps", type=at_least(0), default=0, help="0 skips the trainer idle-fraction runs")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--goal", type=float, default=0.5, help="agentic / single-turn policy tokens/s to reach")
     ap.add_argument("--model", choices=["v1", "v2"], default="v1", help="the embedded agent model (model=embedded_v2: v2)")

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from arguments import at_least, existing
 from perf_common import step_times
 
 
@@ -81,11 +82,13 @@ def time_trainer(trainer, batch, repeats: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--new-tokens", type=int, default=48)
-    ap.add_argument("--candidates", type=int, default=128, help="K recorded per token (capped at the vocabulary)")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--model", default=None, help="an HF model dir instead of the embedded model")
+    ap.add_argument("--batch", type=at_least(1), default=64)
+    ap.add_argument("--new-tokens", type=at_least(1), default=48)
+    ap.add_argument("--candidates", type=at_least(1), default=128,
+                    help="K recorded per token (capped at the vocabulary)")
+    ap.add_argument("--repeats", type=at_least(1), default=3)
+    ap.add_argument("--model", type=existing("directory"), default=None,
+                    help="an HF model dir instead of the embedded model")
     ap.add_argument("--untrained", action="store_true",
                     help="the embedded model's architecture and tokenizer with its initial weights, no warm "
                          "start (the same timings: no stop tokens, every row generates --new-tokens)")

@@ -45,6 +45,7 @@ from rlmix.machine import cpu_model
 from rlmix.metrics.names import STALENESS_MAX
 
 from peer_workload import MODEL, Workload, build_workload
+from arguments import at_least
 from perf_common import load_average, median, read_metrics, run_rlmix, run_stamped, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -168,13 +169,15 @@ def print_verdicts(result: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=3, help="rounds (TRL, then each rlmix arm); 6 for the issue's")
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--repeats", type=at_least(1), default=3,
+                        help="rounds (TRL, then each rlmix arm); 6 for the issue's")
+    parser.add_argument("--steps", type=at_least(1), default=12)
     parser.add_argument("--peer-python", type=Path, default=ROOT / ".venv-peer" / "bin" / "python")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    if not args.peer_python.is_file():
-        raise SystemExit(f"{args.peer_python}: no TRL environment; `make bench-peer` builds it (requirements/peer.lock)")
+    if not args.peer_python.is_file():  # argparse's usage error: exit 2, before the workload is built
+        parser.error(f"--peer-python {args.peer_python}: no TRL environment; `make bench-peer` builds it "
+                     "(requirements/peer.lock)")
     with tempfile.TemporaryDirectory() as tmp:
         workload = build_workload(Path(tmp) / "workload")
         peer_python = args.peer_python.absolute()  # not resolve(): the link is what makes it the venv's python

@@ -30,6 +30,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from arguments import at_least
 from perf_common import isolated_step, load_average, median, read_metrics, run_rlmix
 
 POOLS = ("h100_fp8", "h200_fp8", "b200_nvfp4", "b300_nvfp4", "a100_bf16", "rtxpro6000_bf16")
@@ -72,7 +73,10 @@ def main() -> None:
     from rlmix.commands.compose import compose_plan, compose_run_config
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
+    def ints(text: str) -> list[int]:
+        """A comma-separated list of counts, each at least 1."""
+        return [at_least(1)(x) for x in text.split(",") if x]
+
     parser.add_argument("--lengths", type=ints, default=[24, 48, 96, 192, 384])
     parser.add_argument("--batches", type=ints, default=[4, 8, 16, 32])
     parser.add_argument("--pools", type=ints, default=[1, 2, 3, 6])

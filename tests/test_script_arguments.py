@@ -24,6 +24,11 @@ pytestmark = pytest.mark.slow  # a process per script
     (["calibrate_monitor.py", "--add", "bogus", "/tmp"], "--add bogus: the label is one of healthy, collapse"),
     (["calibrate_monitor.py", "--run", "0"], "--run 0: give a number of runs, at least 1"),
     (["lock.py", "check", "/nonexistent.lock"], "/nonexistent.lock: no such file"),
+    (["bench_agentic.py", "--repeats", "0"], "argument --repeats: 0: must be at least 1"),
+    (["bench_peer.py", "--steps", "0"], "argument --steps: 0: must be at least 1"),
+    (["bench_peer.py", "--peer-python", "/nonexistent/python"], "--peer-python /nonexistent/python: no TRL environment"),
+    (["bench_scaling.py", "--lengths", "24,0"], "argument --lengths: 0: must be at least 1"),
+    (["bench_backends.py", "--model", "/nonexistent"], "argument --model: /nonexistent: no such directory"),
 ])
 def test_a_count_or_path_a_script_cannot_use_is_one_usage_error(args, message, tmp_path):
     out = subprocess.run([sys.executable, str(SCRIPTS / args[0]), *args[1:]], cwd=tmp_path, capture_output=True,
