@@ -291,8 +291,8 @@ def _check_routing_replay(cfg: RunConfig, model: Mapping | None) -> None:
     key = "correction.routing_replay=true"
     experts = model is not None and (model.get("num_local_experts") or model.get("num_experts"))
     what = "the embedded model" if model is None else f"model.path={cfg.model.path} (model_type={model.get('model_type')!r})"
-    _require(bool(experts), f"{key} needs a mixture-of-experts model (model_type qwen3_moe or mixtral); "
-             f"{what} is dense: set it to false")
+    _require(bool(experts), f"{key} needs a mixture-of-experts model: model=embedded_v2 (a small Qwen3-MoE), or a "
+             f"model.path of model_type qwen3_moe or mixtral; {what} is dense: set it to false")
     _require(not cfg.trainer.activation_checkpointing,
              f"{key} cannot be combined with trainer.activation_checkpointing=true (the recomputed layers would "
              "route by the trainer's own choice); set one of them to false")
