@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -196,10 +195,11 @@ def _check_run(cfg: RunConfig) -> None:
 
 def check_output_dir(key: str, path: str) -> None:
     """``path`` can be created and written (checked without creating anything)."""
-    target = Path(path).absolute()
-    existing = next(p for p in (target, *target.parents) if p.exists())
-    _require(existing.is_dir(), f"{key}={path}: {existing} is a file, not a directory")
-    _require(os.access(existing, os.W_OK | os.X_OK), f"{key}={path}: {existing} is not writable")
+    from rlmix.metrics.written import unwritable
+
+    if (problem := unwritable(path)) is not None:
+        existing, why = problem
+        raise ConfigError(f"{key}={path}: {existing} {why}")
 
 
 def held_run(path: str | Path) -> list[str]:

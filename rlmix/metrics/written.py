@@ -4,9 +4,22 @@ says so instead of "none written"."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 WRITTEN: list[Path] = []
+
+
+def unwritable(path: str | Path) -> tuple[Path, str] | None:
+    """Why directory ``path`` could not be created and written, checked without creating anything: (the
+    nearest path that exists, "is a file, not a directory" or "is not writable"); None where it can."""
+    target = Path(path).absolute()
+    existing = next(p for p in (target, *target.parents) if p.exists())
+    if not existing.is_dir():
+        return existing, "is a file, not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return existing, "is not writable"
+    return None
 
 
 def write_atomically(path: Path, text: str) -> Path:

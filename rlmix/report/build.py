@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
 from rlmix.errors import ConfigError
 from rlmix.metrics.status import Status
+from rlmix.metrics.written import unwritable
 from rlmix.report.plots import PLOTS, write_plots
 from rlmix.report.runs import NO_STATUS, NO_SUMMARY, RunRecord, collect_runs
 from rlmix.report.sweep import NO_METRICS, NOT_RUN, SweepCheck, check_sweeps
@@ -51,12 +51,11 @@ def build_report(path: str | Path, out_dir: str | Path | None, windows: ReportWi
 
 
 def _check_out_dir(out: Path, key: str) -> None:
-    """``out`` can be created and written, checked before anything is written into it."""
-    existing = next(p for p in (out.absolute(), *out.absolute().parents) if p.exists())
-    if not existing.is_dir():
-        raise ConfigError(f"report: {key} {out}: {existing} is a file, not a directory (give a new or existing one)")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"report: {key} {out}: {existing} is not writable")
+    """``out`` can be created and written (``unwritable``), checked before anything is written into it."""
+    if (problem := unwritable(out)) is not None:
+        existing, why = problem
+        hint = "" if existing.is_dir() else " (give a new or existing one)"
+        raise ConfigError(f"report: {key} {out}: {existing} {why}{hint}")
 
 
 # The order statuses are counted in on the page: finished first, then how the others stopped.
