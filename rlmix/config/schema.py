@@ -289,6 +289,8 @@ class LoopConfig:
 class ClusterConfig:
     address: Optional[str] = None  # None starts a local Ray instance; "auto" joins a running cluster
     num_cpus: Optional[int] = None  # local instance only; None = all cores
+    # local instance only: actor processes are forked from one that has imported torch (docs/performance.md)
+    fork_workers: bool = True
 
 
 @dataclass

@@ -36,7 +36,8 @@ def start_ray(cfg: RunConfig, specs: list[SamplerSpec], log_dir: Path) -> dict[s
     route_driver_logs(log_dir, cfg.logger.verbose)
     env_vars = worker_env(log_dir, cfg.logger.verbose) | {LAUNCH_DIR_ENV: os.getcwd()}
     resources = {spec.resource for spec in specs} | {TRAINER_RESOURCE}
-    SESSION.ensure_ray(cfg.cluster.address, cfg.cluster.num_cpus, resources, env_vars, cfg.logger.verbose)
+    SESSION.ensure_ray(cfg.cluster.address, cfg.cluster.num_cpus, resources, env_vars, cfg.logger.verbose,
+                       cfg.cluster.fork_workers)
     return env_vars
 
 

@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlmix.isolation.scratch import ENV as SCRATCH_ENV, open_scratch, remove_scratch
+from rlmix.orchestration.forkserver import SCRIPT as FORK_WORKER, WORKER_ENV, ForkServer
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,7 @@ class Session:
     scratch: Path | None = None  # the processes' scratch directory, removed with them (rlmix.isolation.scratch)
     held: bool = False  # inside hold(): Ray and the parked processes outlive each command
     raylet: object = None  # the raylet of a local instance this session started (its Popen); None on a cluster
+    fork: ForkServer | None = None  # the local instance's fork server (rlmix.orchestration.forkserver), if any
 
     @contextmanager
     def hold(self):
@@ -131,7 +133,7 @@ class Session:
         return self.job
 
     def ensure_ray(self, address: str | None, num_cpus: int | None, resources: set[str], env_vars: dict[str, str],
-                   log_to_driver: bool) -> None:
+                   log_to_driver: bool, fork_workers: bool = True) -> None:
         """Start (or join) Ray unless the running instance already offers everything asked for.
 
         Each actor takes on its own run's ``env_vars`` in its constructor. A local instance gets
@@ -139,10 +141,12 @@ class Session:
         (``setup_worker.py``) and its runtime-env agent, 0.5-1 core-second per actor; its
         processes inherit this one's environment (``RLMIX_SCRATCH``) instead. Joining a cluster,
         ``env_vars`` (the first job's) go as the job's ``runtime_env``, for the nodes' processes.
+        ``fork_workers``: a local instance's worker processes are forked from a process that has
+        imported torch once (rlmix.orchestration.forkserver) instead of each importing it.
         """
         import ray
 
-        key = (address, num_cpus, tuple(sorted(resources)), log_to_driver)
+        key = (address, num_cpus, tuple(sorted(resources)), log_to_driver, fork_workers and address is None)
         # A kept instance whose node has since ended (its raylet killed between two jobs) is started anew.
         if ray.is_initialized() and self._covers(key) and self.node_lost() is None:
             if self.scratch is not None:  # a held instance: this command's run is open again
@@ -158,7 +162,8 @@ class Session:
             # Emulated accelerator types are declared as Ray's own accelerator_type resources,
             # so the same placement code runs unchanged on a real heterogeneous cluster. Each
             # is declared many times over so later jobs of a sweep with more instances fit too.
-            with _group_signals_blocked(), _without_unused_helpers(log_to_driver):
+            with _group_signals_blocked(), _without_unused_helpers(log_to_driver), \
+                    _workers_forked(self.scratch if fork_workers else None) as forked:
                 ray.init(
                     # "local": always a new instance of our own, never another process's `ray start`
                     # cluster found on this machine (which would refuse num_cpus and resources).
@@ -172,6 +177,7 @@ class Session:
                     # actor of the run imports torch at the same time.
                     _system_config={"worker_maximum_startup_concurrency": 64},
                 )
+            self.fork = forked.server
             self.raylet = _own_raylet()
         self.ray_key = key
 
@@ -203,12 +209,17 @@ class Session:
             how = signal.Signals(-code).name if code < 0 else how
         return f"the Ray node ended (its raylet exited, {how})"
 
+    def _stop_fork(self) -> None:
+        if self.fork is not None:
+            self.fork.stop()
+            self.fork = None
+
     def _covers(self, key: tuple) -> bool:
         if self.ray_key is None:
             return False
-        address, cpus, names, to_driver = key
+        address, cpus, names, to_driver, forked = key
         return self.ray_key[:2] == (address, cpus) and set(names) <= set(self.ray_key[2]) \
-            and self.ray_key[3] == to_driver
+            and self.ray_key[3:] == (to_driver, forked)
 
     def actors(self, wanted: list[ActorRequest]) -> tuple[list, list]:
         """(handles, readiness refs): one actor per request, warm where possible.
@@ -273,6 +284,7 @@ class Session:
                     (self.scratch / ENDING).touch()
             _stop_without_grace()
             ray.shutdown()
+        self._stop_fork()
         if self.scratch is not None:
             remove_scratch(self.scratch)  # and whatever the processes started that still runs from it
             self.scratch = None
@@ -318,6 +330,60 @@ def _without_unused_helpers(log_to_driver: bool):
     finally:
         for name, method in own.items():
             setattr(Node, name, method)
+
+
+class _Forked:
+    server: ForkServer | None = None
+
+
+@contextmanager
+def _workers_forked(scratch: Path | None):
+    """A local head started in the block has its raylet start each worker as ``fork_worker.py``, to be
+    forked by a fork server (rlmix.orchestration.forkserver) making its socket in ``scratch``, instead
+    of as Ray's ``default_worker.py``, which the script is told of. Yields where the server will be
+    (``.server``). None, or a Ray laid out otherwise, starts its workers as Ray always does."""
+    forked = _Forked()
+    # Started first, so that its imports take the core Ray's own start leaves idle.
+    forked.server = ForkServer.start(scratch) if scratch is not None else None
+    try:
+        from ray._private.node import Node
+    except ImportError:
+        scratch = None
+    own = Node.__dict__.get("start_raylet") if forked.server is not None else None
+    if not callable(own):
+        if forked.server is not None:
+            forked.server.stop()
+            forked.server = None
+        yield forked
+        return
+
+    def start_raylet(node, *args, **kwargs):
+        params = node._ray_params
+        if not (params.worker_path and os.path.basename(params.worker_path) == "default_worker.py"):
+            return own(node, *args, **kwargs)
+        server = forked.server
+        if server is not None:
+            os.environ[WORKER_ENV] = params.worker_path
+            params.worker_path = str(FORK_WORKER)
+        started = own(node, *args, **kwargs)
+        # Told now, not once ray.init returns: Ray answers the first driver only once the workers it
+        # prestarts for it have registered, and the server holds them until it knows their raylet.
+        infos = node.all_processes.get("raylet") or []
+        pid = getattr(getattr(infos[0], "process", None), "pid", None) if len(infos) == 1 else None
+        if server is not None and (pid is None or not server.serve_children_of(pid)):
+            server.stop()  # the workers waiting for it start on their own
+            forked.server = None
+        return started
+
+    Node.start_raylet = start_raylet
+    try:
+        yield forked
+    except BaseException:
+        if forked.server is not None:
+            forked.server.stop()
+        raise
+    finally:
+        Node.start_raylet = own
 
 
 def _start_nothing(self, *args, **kwargs) -> None:
