@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from rlmix.orchestration.forkserver import ENV, SCRIPT, WORKER_ENV, ForkServer
+from rlmix.orchestration.forkserver import ENV, GONE, SCRIPT, WORKER_ENV, ForkServer, discard_early, prestart
 from tests.faults import parent
 
 pytestmark = pytest.mark.slow
@@ -41,7 +41,7 @@ def served(tmp_path):
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)
     saved = {k: os.environ.get(k) for k in (ENV, WORKER_ENV)}
-    server = ForkServer.start(tmp_path)
+    server = ForkServer.for_run(tmp_path)
     assert server is not None and server.serve_children_of(os.getpid())
 
     def launch(*args: str, out: Path, cwd: Path = tmp_path, env: dict | None = None) -> subprocess.Popen:
@@ -121,6 +121,23 @@ def test_a_killed_launcher_takes_its_copy_with_it_and_a_killed_copy_ends_its_lau
     assert proc.wait(timeout=30) == 128 + signal.SIGKILL
 
 
+def test_a_killed_server_leaves_later_workers_to_start_on_their_own(served, tmp_path):
+    server, launch = served
+    out = tmp_path / "a.json"
+    proc = launch("--sleep", out=out)
+    copy = _report(out)["pid"]
+    server.process.kill()  # its socket stays, refusing
+    server.process.wait()
+    out = tmp_path / "b.json"
+    started = time.monotonic()
+    late = launch("5", out=out)
+    assert late.wait(timeout=120) == 5 and time.monotonic() - started < 30
+    assert _report(out)["pid"] == late.pid  # ran the worker program itself
+    assert _alive(copy)  # a copy made before runs on
+    proc.kill()
+    proc.wait()
+
+
 def test_only_the_raylets_own_children_are_served(served, tmp_path):
     server, _launch = served
     assert server.process.poll() is None
@@ -155,12 +172,12 @@ def test_with_no_server_the_script_runs_the_worker_program_itself(tmp_path):
 
 
 def test_a_server_that_cannot_import_tells_the_scripts_to_start_on_their_own(tmp_path):
-    """A failed import leaves ``<socket>.failed``: a waiting script does not wait out READY_WAIT_S."""
+    """A failed import (or a stopped server) leaves ``<socket>.gone``: a script does not wait out READY_WAIT_S."""
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)
     out = tmp_path / "report.json"
     sock = tmp_path / "fork-server.sock"
-    Path(f"{sock}.failed").touch()
+    Path(f"{sock}{GONE}").touch()
     env = dict(os.environ) | {WORKER_ENV: str(worker), "FORK_TEST_OUT": str(out), ENV: str(sock)}
     started = time.monotonic()
     assert subprocess.run([sys.executable, str(SCRIPT)], env=env, timeout=120).returncode == 0
@@ -196,3 +213,36 @@ def test_a_local_ray_instance_forks_its_actors_and_restarts_a_killed_one_the_sam
     finally:
         SESSION.close()
     assert not _alive(server)
+
+
+def _tagged(tag: str) -> list[int]:
+    """Processes whose environment holds ``tag`` (what a command started, wherever it was reparented)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if tag.encode() in Path(f"/proc/{pid}/environ").read_bytes() and _alive(int(pid)):
+                found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def test_bad_input_ends_the_server_its_command_launched(tmp_path):
+    import uuid
+
+    tag = f"FORK_TEST_TAG={uuid.uuid4().hex}"
+    env = dict(os.environ) | dict([tag.split("=")])
+    rlmix = Path(sys.executable).with_name("rlmix")
+    run = subprocess.run([str(rlmix), "train", "+experiment=smoke", "loop.steps=oops"], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2 and "loop.steps" in run.stderr
+    assert _tagged(tag) == []
+
+
+def test_an_untaken_server_is_discarded_at_once():
+    prestart()
+    from rlmix.orchestration import forkserver
+
+    server = forkserver._EARLY[0]
+    discard_early()
+    assert not forkserver._EARLY and server.process.poll() is not None

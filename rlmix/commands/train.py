@@ -203,12 +203,19 @@ def run_train(args: list[str]) -> None:
     from rlmix.config.schema import register_configs
     from rlmix.metrics.console import sweep_block
 
-    register_configs()
-    register_resolver()
-    args = resume_in_place(args)
-    _jobs[:] = plan_jobs(args)
-    _source[:] = repeated_source(args) if _jobs else []
+    from rlmix.orchestration.forkserver import discard_early
     from rlmix.orchestration.session import SESSION
+
+    _prestart_fork_server(args)
+    try:
+        register_configs()
+        register_resolver()
+        args = resume_in_place(args)
+        _jobs[:] = plan_jobs(args)
+        _source[:] = repeated_source(args) if _jobs else []
+    except BaseException:  # bad input: nothing of the run starts
+        discard_early()
+        raise
 
     sys.argv = ["rlmix train", *shared_dir_args(args, _jobs)]  # Hydra's; the printed commands repeat ``args``
     seen: list[Path] = []  # the sweep's directory, once Hydra resolved it for the launcher
@@ -262,6 +269,26 @@ def run_train(args: list[str]) -> None:
         _jobs.clear()
         _source.clear()
         SESSION.end_command()  # a sweep kept Ray and its processes warm between jobs
+
+
+def _prestart_fork_server(args: list[str]) -> None:
+    """Launch the fork server of the local Ray instance this command will start, before composing
+    anything (rlmix.orchestration.forkserver.prestart): not for help or a printed config, on a
+    cluster, with ``cluster.fork_workers=false``, or where this process already holds an instance."""
+    from rlmix.orchestration.forkserver import prestart
+    from rlmix.orchestration.session import SESSION
+
+    printed = {"--help", "-h", "--cfg", "-c", "--info", "--resolve", "--hydra-help"}
+    if printed & set(args) or SESSION.ray_key is not None:
+        return
+    for arg in args:
+        key, _, value = arg.partition("=")
+        key, value = key.lstrip("+~"), value.strip().lower()
+        if key == "cluster.address" and value not in ("", "null", "none"):
+            return  # a cluster's nodes start their workers as Ray does
+        if key == "cluster.fork_workers" and value in ("false", "0", "no", "off"):
+            return
+    prestart()
 
 
 @contextmanager

@@ -24,6 +24,7 @@ import time
 ENV = "RLMIX_FORK_SERVER"  # rlmix.orchestration.forkserver.ENV
 WORKER_ENV = "RLMIX_RAY_WORKER"  # rlmix.orchestration.forkserver.WORKER_ENV
 READY_WAIT_S = 60.0  # rlmix.orchestration.forkserver.READY_WAIT_S
+GONE = ".gone"  # rlmix.orchestration.forkserver.GONE
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
@@ -32,16 +33,20 @@ def on_its_own(argv):
 
 
 def connect(path):
-    """A connection to the server, or None where none is ready within ``READY_WAIT_S``."""
+    """A connection to the server, or None where it serves no more (``<socket>.gone``: stopped, or its
+    imports failed), has died (its socket refuses), or is not ready within ``READY_WAIT_S``."""
     deadline = time.monotonic() + READY_WAIT_S
+    refused = 0
     while True:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             conn.connect(path)
             return conn
-        except (FileNotFoundError, ConnectionRefusedError):
+        except (FileNotFoundError, ConnectionRefusedError) as err:
             conn.close()
-            if time.monotonic() > deadline or os.path.exists(path + ".failed") \
+            # Refused: a socket no process listens on, or one in the instant between its bind and listen.
+            refused = refused + 1 if isinstance(err, ConnectionRefusedError) else 0
+            if refused > 10 or time.monotonic() > deadline or os.path.exists(path + GONE) \
                     or not os.path.isdir(os.path.dirname(path)):
                 return None
             time.sleep(0.02)

@@ -1,11 +1,17 @@
 """Actor processes forked from one that has imported torch, instead of each importing it anew.
 
 Start-up on a CPU machine is mostly imports: every actor of the default run (six samplers and the
-trainer) is a new Python process importing torch, Ray and rlmix, ~2 core-seconds each, seven times
-over on two cores (docs/performance.md, Start-up). A local instance therefore starts one *fork
-server* beside Ray: a process that makes those imports once, while Ray starts, and then forks a
-copy of itself for every worker process the raylet starts. The copy shares the imported modules'
-memory with the server (copy on write) and is ready in milliseconds.
+trainer) was a new Python process importing torch and rlmix (~1.1 core-seconds), the trainer
+``transformers`` too (~2.3 more), seven processes on two cores (docs/performance.md, Start-up). A
+local instance therefore has one *fork server*: a process that makes those imports once and then
+forks a copy of itself for every worker process the raylet starts. The copy shares the imported
+modules' memory with the server (copy on write) and is ready in milliseconds. ``rlmix train``
+launches the server as the command starts (``prestart``), so that its imports run beside the
+driver's own and Ray's start; the local instance takes it then (``ForkServer.for_run``), and a
+command that starts none (bad input, a cluster, an instance already up) ends it (``discard_early``).
+
+Ray is the one import a copy makes itself: its core reads its settings from the environment as it
+loads, the worker's job among them, so a server that had imported it would hand every copy its own.
 
 The raylet still starts each worker itself, with the command Ray would run (``default_worker.py``
 and its arguments), but the program it starts is ``fork_worker.py``: a small script importing
@@ -18,9 +24,9 @@ beside it as the process the raylet started and ends with it, with its exit stat
 
 - the copy ends: the server reaps it and sends the script its status, which the script exits with;
 - the script ends (the raylet or the session killed it): the copy sees its socket close and exits;
-- the server ends: copies already made run on; a script that finds no server starts
-  ``default_worker.py`` itself, as Ray would have (as it does before the server is ready, after
-  ``READY_WAIT_S``).
+- the server ends: copies already made run on; a script that finds no server (its socket refuses,
+  or ``<socket>.gone`` says it serves no more) starts ``default_worker.py`` itself, as Ray would
+  have, and so does one that waited ``READY_WAIT_S`` for it.
 
 Only the raylet's own workers are served: the server answers a connection only from a process
 whose parent is the raylet it was told of (``SO_PEERCRED``), so nothing else on the machine (a
@@ -38,6 +44,7 @@ the calling thread, and CUDA must not be initialised in a process that forks.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -56,6 +63,7 @@ ENV = "RLMIX_FORK_SERVER"  # the server's socket, in the environment the raylet'
 WORKER_ENV = "RLMIX_RAY_WORKER"  # Ray's own worker program (default_worker.py), which a copy runs
 SCRIPT = Path(__file__).with_name("fork_worker.py")
 SOCKET_NAME = "fork-server.sock"
+GONE = ".gone"  # beside the socket (``<socket>.gone``): the server serves no more; workers start on their own
 READY_WAIT_S = 60.0  # how long a worker's script waits for the server before starting on its own
 MAX_REQUEST = 1 << 22  # bytes: a worker's arguments and environment
 # What a worker imports, made once here: rlmix's actors with torch, and the trainer's model code with
@@ -65,37 +73,50 @@ PRELOAD = ("rlmix.orchestration.workers", "rlmix.models.io", "rlmix.trainers.tor
 
 
 class ForkServer:
-    """The driver's handle on a running server (``start``): its process and socket."""
+    """The driver's handle on a running server: its process and, once it is given one, its socket."""
 
-    def __init__(self, process: subprocess.Popen, path: Path):
+    def __init__(self, process: subprocess.Popen):
         self.process = process
-        self.path = path
+        self.path: Path | None = None
 
     @classmethod
-    def start(cls, directory: Path) -> ForkServer | None:
-        """A server making its socket in ``directory`` (the run's scratch directory), or None where a
-        Unix socket's path would be too long there. Its workers find it through ``ENV``, set here
-        for the processes started from now on (Ray's)."""
+    def launch(cls) -> ForkServer:
+        """A server, importing from now on; it serves once given a socket (``listen_at``) and a raylet."""
+        process = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
+                                   stdout=subprocess.DEVNULL, close_fds=True)
+        return cls(process)
+
+    @classmethod
+    def for_run(cls, directory: Path) -> ForkServer | None:
+        """The server of a local instance starting now, its socket in ``directory`` (the run's scratch
+        directory): the one ``prestart`` launched, or a new one. Its workers find it through ``ENV``, set
+        here for the processes started from now on (Ray's). None where a Unix socket's path would be too
+        long there."""
+        server = _EARLY.pop() if _EARLY else cls.launch()
         path = directory / SOCKET_NAME
         if len(os.fsencode(path)) > 100:  # sun_path holds 108 bytes
             log.info("actor processes start on their own: %s is too long a path for a socket", path)
+            server.discard()
             return None
-        process = subprocess.Popen([sys.executable, "-m", __name__, str(path)], stdin=subprocess.PIPE,
-                                   stdout=subprocess.DEVNULL, close_fds=True)
+        server.path = path
         os.environ[ENV] = str(path)
-        return cls(process, path)
+        return server if server._tell(str(path)) else None
 
     def serve_children_of(self, raylet_pid: int) -> bool:
         """Tell the server whose workers to serve; False if it has ended (the workers then start on their own)."""
+        return self._tell(str(raylet_pid))
+
+    def _tell(self, line: str) -> bool:
         try:
-            self.process.stdin.write(f"{raylet_pid}\n".encode())
+            self.process.stdin.write(f"{line}\n".encode())
             self.process.stdin.flush()
             return True
         except (BrokenPipeError, ValueError):
             return False
 
     def stop(self) -> None:
-        if os.environ.get(ENV) == str(self.path):
+        """End the server (its copies run on) and unset ``ENV``: workers started later start on their own."""
+        if self.path is not None and os.environ.get(ENV) == str(self.path):
             del os.environ[ENV]
             os.environ.pop(WORKER_ENV, None)
         with suppress(OSError, ValueError):
@@ -105,8 +126,34 @@ class ForkServer:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
-        with suppress(FileNotFoundError):
-            self.path.unlink()
+        if self.path is not None:
+            with suppress(OSError):
+                Path(f"{self.path}{GONE}").touch()
+
+    def discard(self) -> None:
+        """End a server that never served: at once, whatever it is importing."""
+        with suppress(OSError, ValueError):
+            self.process.stdin.close()
+        self.process.kill()
+        self.process.wait()
+
+
+_EARLY: list[ForkServer] = []  # the server ``prestart`` launched, until a local instance takes it
+
+
+def prestart() -> None:
+    """Launch the server now, at a command's start, so that its imports (~3.5 core-seconds) run beside the
+    driver's own and Ray's start instead of after them; the run's local instance takes it (``for_run``)."""
+    if not _EARLY:
+        _EARLY.append(ForkServer.launch())
+        atexit.register(discard_early)
+
+
+def discard_early() -> None:
+    """A command that ended without starting a local instance (bad input, a cluster, Ray already up)
+    ends the server ``prestart`` launched for it."""
+    while _EARLY:
+        _EARLY.pop().discard()
 
 
 # --- the server process -------------------------------------------------------------------------
@@ -197,19 +244,31 @@ def _status(code: int) -> int:
     return os.WEXITSTATUS(code) if os.WIFEXITED(code) else 1
 
 
-def serve(path: Path) -> None:
-    """The server: import what a worker imports, then fork one copy per request until stdin ends."""
+def serve() -> None:
+    """The server: import what a worker imports, read its socket's path from stdin, then fork one copy
+    per request of the raylet's children (whose pid is stdin's next line) until stdin ends."""
     import importlib
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle, as in Ray's processes
+    # A signal to the driver's process group is the driver's to handle, as in Ray's own processes
+    # (rlmix.orchestration.session.GROUP_SIGNALS; Ray ignores SIGINT in them).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP})
+    stdin = sys.stdin.fileno()
+    failed = None
     try:
         for name in PRELOAD:
             importlib.import_module(name)
         if "ray._raylet" in sys.modules:
             raise ImportError(f"{', '.join(PRELOAD)} imported Ray's core, which a copy must load itself")
-    except BaseException:
-        Path(f"{path}.failed").touch()  # the workers' scripts start on their own at once
-        raise
+    except Exception as err:  # noqa: BLE001 - any failure leaves the workers to start on their own
+        failed = err
+    line = _line(stdin)
+    if line is None:  # discarded before it was needed
+        return
+    path = Path(line)
+    if failed is not None:
+        Path(f"{path}{GONE}").touch()  # the workers' scripts start on their own at once
+        raise failed
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     with suppress(FileNotFoundError):
         path.unlink()
@@ -222,12 +281,11 @@ def serve(path: Path) -> None:
     raylet: int | None = None
     waiting: list[socket.socket] = []  # connections made before the raylet was known
     children: dict[int, socket.socket] = {}
-    stdin = sys.stdin.buffer.raw
     pending = b""
     while True:
         readable, _, _ = select.select([listener, stdin], [], [], 0.2)
         if stdin in readable:
-            chunk = os.read(stdin.fileno(), 64)
+            chunk = os.read(stdin, 64)
             if not chunk:  # the driver closed it (Session.close) or ended
                 break
             pending += chunk
@@ -241,9 +299,19 @@ def serve(path: Path) -> None:
                 _answer(conn, raylet, children, listener)
             waiting = []
         _reap(children)
+    Path(f"{path}{GONE}").touch()
     listener.close()
-    with suppress(FileNotFoundError):
-        path.unlink()
+
+
+def _line(fd: int) -> str | None:
+    """One line from ``fd``, read a byte at a time so that nothing after it is taken; None at its end."""
+    line = b""
+    while not line.endswith(b"\n"):
+        byte = os.read(fd, 1)
+        if not byte:
+            return None
+        line += byte
+    return line.decode().strip()
 
 
 def _answer(conn: socket.socket, raylet: int, children: dict[int, socket.socket], listener: socket.socket) -> None:
@@ -286,4 +354,4 @@ def _reap(children: dict[int, socket.socket]) -> None:
 
 
 if __name__ == "__main__":
-    serve(Path(sys.argv[1]))
+    serve()

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlmix.isolation.scratch import ENV as SCRATCH_ENV, open_scratch, remove_scratch
-from rlmix.orchestration.forkserver import SCRIPT as FORK_WORKER, WORKER_ENV, ForkServer
+from rlmix.orchestration.forkserver import SCRIPT as FORK_WORKER, WORKER_ENV, ForkServer, discard_early
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +122,7 @@ class Session:
         """A command has finished: Ray and its processes end with it, unless held. Held, the scratch
         directory stays with them, but no run of this process is open until the next command: what
         this process starts meanwhile (a subprocess, a sandbox) makes its own."""
+        discard_early()  # a fork server launched for a command that started no local instance
         if not self.held:
             self.close()
         elif self.scratch is not None and os.environ.get(SCRATCH_ENV) == str(self.scratch):
@@ -343,8 +344,9 @@ def _workers_forked(scratch: Path | None):
     of as Ray's ``default_worker.py``, which the script is told of. Yields where the server will be
     (``.server``). None, or a Ray laid out otherwise, starts its workers as Ray always does."""
     forked = _Forked()
-    # Started first, so that its imports take the core Ray's own start leaves idle.
-    forked.server = ForkServer.start(scratch) if scratch is not None else None
+    # Before Ray, so that its imports take the core Ray's own start leaves idle (if ``prestart`` has not
+    # launched it already, at the command's start).
+    forked.server = ForkServer.for_run(scratch) if scratch is not None else None
     try:
         from ray._private.node import Node
     except ImportError:
@@ -352,7 +354,7 @@ def _workers_forked(scratch: Path | None):
     own = Node.__dict__.get("start_raylet") if forked.server is not None else None
     if not callable(own):
         if forked.server is not None:
-            forked.server.stop()
+            forked.server.discard()
             forked.server = None
         yield forked
         return
