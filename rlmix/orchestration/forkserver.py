@@ -268,7 +268,9 @@ def serve() -> None:
     path = Path(line)
     if failed is not None:
         Path(f"{path}{GONE}").touch()  # the workers' scripts start on their own at once
-        raise failed
+        print(f"rlmix: the fork server could not import what a worker needs ({type(failed).__name__}: {failed}); "
+              "actor processes start on their own", file=sys.stderr, flush=True)
+        sys.exit(1)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     with suppress(FileNotFoundError):
         path.unlink()
