@@ -47,3 +47,16 @@ def test_a_completed_run_logs_no_signal_in_workers_log(tmp_path):
     assert out.returncode == 0, out.stderr
     log = (run_dir / "workers.log").read_text()
     assert "SIGTERM" not in log and "SIGHUP" not in log, log
+
+
+@pytest.mark.slow
+def test_checkpoint_saves_draw_no_progress_bars_in_workers_log(tmp_path):
+    """Workers import transformers with the run's worker environment (no progress bars), the fork
+    server's copies included: the server imports it for them (rlmix.orchestration.forkserver)."""
+    run_dir = tmp_path / "run"
+    out = rlmix("train", "+experiment=smoke", "loop.steps=2", "loop.checkpoint_every=1", f"hydra.run.dir={run_dir}",
+                cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert (run_dir / "checkpoints" / "step_2").is_dir()
+    log = (run_dir / "workers.log").read_text()
+    assert "Writing model shards" not in log and "it/s]" not in log, log

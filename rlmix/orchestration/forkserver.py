@@ -57,6 +57,8 @@ import sys
 from contextlib import suppress
 from pathlib import Path
 
+from rlmix.metrics.quiet import WORKER_ENV as RUN_WORKER_ENV
+
 log = logging.getLogger(__name__)
 
 ENV = "RLMIX_FORK_SERVER"  # the server's socket, in the environment the raylet's workers inherit
@@ -81,9 +83,14 @@ class ForkServer:
 
     @classmethod
     def launch(cls) -> ForkServer:
-        """A server, importing from now on; it serves once given a socket (``listen_at``) and a raylet."""
+        """A server, importing from now on; it serves once given a socket (``for_run``) and a raylet.
+
+        It imports with the environment every worker takes on (rlmix.metrics.quiet.WORKER_ENV), as a
+        worker's own imports did: ``transformers`` and ``huggingface_hub`` read their progress bars
+        and verbosity from it as they load, so a server without it had the trainer's checkpoint saves
+        draw bars into workers.log."""
         process = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
-                                   stdout=subprocess.DEVNULL, close_fds=True)
+                                   stdout=subprocess.DEVNULL, close_fds=True, env=os.environ | RUN_WORKER_ENV)
         return cls(process)
 
     @classmethod
