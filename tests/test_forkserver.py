@@ -246,3 +246,15 @@ def test_an_untaken_server_is_discarded_at_once():
     server = forkserver._EARLY[0]
     discard_early()
     assert not forkserver._EARLY and server.process.poll() is not None
+
+
+def test_a_launched_server_that_has_ended_is_not_named_to_the_workers(tmp_path, monkeypatch):
+    """Workers told of a server that will never listen would each wait READY_WAIT_S for it."""
+    monkeypatch.delenv(ENV, raising=False)
+    prestart()
+    from rlmix.orchestration import forkserver
+
+    forkserver._EARLY[0].process.kill()
+    forkserver._EARLY[0].process.wait()
+    assert ForkServer.for_run(tmp_path) is None
+    assert ENV not in os.environ and not forkserver._EARLY

@@ -253,6 +253,15 @@ def run_limited(argv: Sequence[str], isolation: Isolation | None, cwd: str | Pat
     return Finished(-1 if timed_out else proc.returncode, out, timed_out, time.monotonic() - start)
 
 
+def parent_pid(pid: int) -> int | None:
+    """The parent of process ``pid``, from /proc; None once it is gone (or where /proc cannot tell)."""
+    try:
+        # the command's name, in parentheses, may hold spaces: the fields after it are fixed
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def exited(pid: int) -> bool:
     """Whether the child exited, without reaping it: its pid (and process group) stays ours to signal."""
     try:

@@ -57,6 +57,7 @@ import sys
 from contextlib import suppress
 from pathlib import Path
 
+from rlmix.isolation.process import parent_pid
 from rlmix.metrics.quiet import WORKER_ENV as RUN_WORKER_ENV
 
 log = logging.getLogger(__name__)
@@ -105,9 +106,12 @@ class ForkServer:
             log.info("actor processes start on their own: %s is too long a path for a socket", path)
             server.discard()
             return None
+        if not server._tell(str(path)):  # it has ended: Ray's workers start as Ray starts them
+            server.discard()
+            return None
         server.path = path
         os.environ[ENV] = str(path)
-        return server if server._tell(str(path)) else None
+        return server
 
     def serve_children_of(self, raylet_pid: int) -> bool:
         """Tell the server whose workers to serve; False if it has ended (the workers then start on their own)."""
@@ -167,11 +171,9 @@ def discard_early() -> None:
 
 def _peer_parent(conn: socket.socket) -> int | None:
     """The parent pid of the process at the other end of ``conn`` (its ``SO_PEERCRED`` pid's)."""
-    pid, _uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, _uid, _gid = struct.unpack("3i", creds)
+    return parent_pid(pid)
 
 
 def _read_request(conn: socket.socket) -> tuple[dict, list[int]]:

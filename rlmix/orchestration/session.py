@@ -55,6 +55,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlmix.isolation.process import parent_pid
 from rlmix.isolation.scratch import ENV as SCRATCH_ENV, open_scratch, remove_scratch
 from rlmix.orchestration.forkserver import SCRIPT as FORK_WORKER, WORKER_ENV, ForkServer, discard_early
 
@@ -344,18 +345,16 @@ def _workers_forked(scratch: Path | None):
     of as Ray's ``default_worker.py``, which the script is told of. Yields where the server will be
     (``.server``). None, or a Ray laid out otherwise, starts its workers as Ray always does."""
     forked = _Forked()
-    # Before Ray, so that its imports take the core Ray's own start leaves idle (if ``prestart`` has not
-    # launched it already, at the command's start).
-    forked.server = ForkServer.for_run(scratch) if scratch is not None else None
     try:
         from ray._private.node import Node
+
+        own = Node.__dict__.get("start_raylet")
     except ImportError:
-        scratch = None
-    own = Node.__dict__.get("start_raylet") if forked.server is not None else None
-    if not callable(own):
-        if forked.server is not None:
-            forked.server.discard()
-            forked.server = None
+        own = None
+    # Before Ray, so that its imports take the core Ray's own start leaves idle (if ``prestart`` has not
+    # launched it already, at the command's start).
+    server = ForkServer.for_run(scratch) if scratch is not None and callable(own) else None
+    if server is None:
         yield forked
         return
 
@@ -363,16 +362,15 @@ def _workers_forked(scratch: Path | None):
         params = node._ray_params
         if not (params.worker_path and os.path.basename(params.worker_path) == "default_worker.py"):
             return own(node, *args, **kwargs)
-        server = forked.server
-        if server is not None:
-            os.environ[WORKER_ENV] = params.worker_path
-            params.worker_path = str(FORK_WORKER)
+        os.environ[WORKER_ENV] = params.worker_path
+        params.worker_path = str(FORK_WORKER)
+        forked.server = server
         started = own(node, *args, **kwargs)
         # Told now, not once ray.init returns: Ray answers the first driver only once the workers it
         # prestarts for it have registered, and the server holds them until it knows their raylet.
         infos = node.all_processes.get("raylet") or []
         pid = getattr(getattr(infos[0], "process", None), "pid", None) if len(infos) == 1 else None
-        if server is not None and (pid is None or not server.serve_children_of(pid)):
+        if pid is None or not server.serve_children_of(pid):
             server.stop()  # the workers waiting for it start on their own
             forked.server = None
         return started
@@ -381,11 +379,12 @@ def _workers_forked(scratch: Path | None):
     try:
         yield forked
     except BaseException:
-        if forked.server is not None:
-            forked.server.stop()
+        forked.server = None
         raise
     finally:
         Node.start_raylet = own
+        if forked.server is None:  # Ray failed to start, or started no raylet of its workers here
+            server.stop()
 
 
 def _start_nothing(self, *args, **kwargs) -> None:
@@ -418,13 +417,8 @@ def _stop_without_grace() -> None:
 
 def _children(pid: int) -> list[int]:
     """The processes whose parent is ``pid`` (none where /proc cannot tell)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with suppress(OSError):
-            # the command's name, in parentheses, may hold spaces: the fields after it are fixed
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(stat.parent.name))
-    return found
+    return [int(entry.name) for entry in Path("/proc").iterdir()
+            if entry.name.isdigit() and parent_pid(int(entry.name)) == pid]
 
 
 def _own_raylet():
